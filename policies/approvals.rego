@@ -1,0 +1,49 @@
+# Approval requirements.
+#
+# A call needs a person's approval when its tool is high risk, or when it
+# changes something (not read-only) and the plan carries any signal. Signals
+# on a read-only tool (terraform_plan) are shown to the agent, not gated:
+# nothing is changed by planning. The number of approvers, the approval's
+# lifetime and whether a reason is required come from config/approvals.yaml.
+package gateway.approvals
+
+import data.gateway.signals
+import data.gateway.tools
+
+cfg := data.config.approvals
+
+default required := false
+
+required if tools.tier == "high"
+
+required if {
+	not tools.annotations.readOnlyHint
+	count(signals.signals) > 0
+}
+
+# Destructive (or not understood) plans use the stricter settings.
+settings := cfg.destructive if count(signals.signals) > 0
+
+else := cfg.default
+
+# Distinct people who approved the approval presented with this call.
+approvers := {a | some a in input.approval.approvers}
+
+# True when no approval is needed, or the presented approval is granted by
+# enough distinct people.
+default satisfied := false
+
+satisfied if not required
+
+satisfied if {
+	input.approval.status == "approved"
+	count(approvers) >= settings.approvers
+}
+
+requirement := {
+	"required": required,
+	"approvers": settings.approvers,
+	"ttl_seconds": settings.ttl_seconds,
+	"reason_required": settings.reason_required,
+	"satisfied": satisfied,
+}

@@ -1,0 +1,37 @@
+# The decision: the one question the gateway asks at every step of a call.
+#
+# The gateway evaluates data.gateway.decision with the input described in
+# README.md (tool, params, request_id, now, principal, and plan / approval
+# once they exist) and expects exactly this object back, every field
+# present. Each concern lives in its own file:
+#   tools.rego      catalog, params, risk tier, MCP annotations
+#   scope.rego      allowlists and the credential to mint
+#   signals.rego    destructive signals from the Terraform plan
+#   approvals.rego  when a person must approve, how many, for how long
+#   sandbox.rego    sandbox limits and egress
+# Tables live in config/*.yaml.
+package gateway
+
+import data.gateway.approvals
+import data.gateway.sandbox
+import data.gateway.scope
+import data.gateway.signals
+import data.gateway.tools
+
+# Deny by default: the call is allowed only when no rule found a reason to
+# refuse it.
+deny_reasons := tools.deny | scope.deny
+
+decision := {
+	"allow": count(deny_reasons) == 0,
+	"deny_reasons": sort(deny_reasons),
+	"tier": tools.tier,
+	"annotations": tools.annotations,
+	"credential": scope.credential,
+	"sandbox": sandbox.limits,
+	"signals": signals.signals,
+	"approval": approvals.requirement,
+}
+
+# tools/list: the tools this principal may see, by name.
+tool_list := tools.visible

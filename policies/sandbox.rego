@@ -1,0 +1,21 @@
+# Sandbox limits: CPU, memory, wall-clock deadline and network egress for the
+# throwaway sandbox a call runs in. Limits come from config/sandbox.yaml
+# (per-tool overrides over a default); egress comes from the credential: a
+# sandbox may reach only the endpoints its credential is for, and nothing at
+# all without one.
+package gateway.sandbox
+
+import data.gateway.scope
+
+cfg := data.config.sandbox
+
+overrides := object.get(cfg.tools, input.tool, {})
+
+merged := object.union(cfg.default, overrides)
+
+limits := {
+	"cpu": merged.cpu,
+	"memory": merged.memory,
+	"deadline_seconds": merged.deadline_seconds,
+	"egress": scope.egress,
+}

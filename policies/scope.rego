@@ -1,0 +1,93 @@
+# Credential scope derivation and target allowlists.
+#
+# From the tool (its `scope` and `credential` kind in config/tools.yaml) and
+# its params, derive the target (a namespace or a Terraform module dir) and
+# the exact credential to mint for it, using only config/scopes.yaml. A target
+# outside the allowlists, or a target for which no role is configured, is
+# refused: no scope, no call.
+package gateway.scope
+
+import data.gateway.tools
+
+cfg := data.config.scopes
+
+kind := tools.tool.credential
+
+# --- Kubernetes namespace targets -------------------------------------------
+
+namespace_entry := cfg.namespaces[tools.params.namespace] if tools.tool.scope == "namespace"
+
+deny contains msg if {
+	tools.tool.scope == "namespace"
+	ns := tools.params.namespace
+	is_string(ns)
+	not cfg.namespaces[ns]
+	msg := sprintf("namespace %q is not in the allowlist (allowed: %s)", [ns, concat(", ", sort(object.keys(cfg.namespaces)))])
+}
+
+# --- Terraform module targets -----------------------------------------------
+
+module_entry := cfg.modules[tools.params.working_dir] if tools.tool.scope == "module"
+
+deny contains msg if {
+	tools.tool.scope == "module"
+	wd := tools.params.working_dir
+	is_string(wd)
+	startswith(wd, "/")
+	msg := sprintf("working_dir %q is absolute: name an allowed module dir relative to the repository", [wd])
+}
+
+deny contains msg if {
+	tools.tool.scope == "module"
+	wd := tools.params.working_dir
+	is_string(wd)
+	".." in split(replace(wd, "\\", "/"), "/")
+	msg := sprintf("working_dir %q contains '..': paths may not leave the allowed module dirs", [wd])
+}
+
+deny contains msg if {
+	tools.tool.scope == "module"
+	wd := tools.params.working_dir
+	is_string(wd)
+	not cfg.modules[wd]
+	msg := sprintf("working_dir %q is not an allowed module dir (allowed: %s)", [wd, concat(", ", sort(object.keys(cfg.modules)))])
+}
+
+# --- The credential ---------------------------------------------------------
+
+# The namespace a credential is scoped to.
+target_namespace := tools.params.namespace if namespace_entry
+
+target_namespace := module_entry.namespace if module_entry
+
+# The allowlist entry of the target, whichever kind it is.
+entry := namespace_entry
+
+entry := module_entry
+
+# No credential unless one is derived below.
+default credential := null
+
+credential := {
+	"mount": cfg.credential_kinds[kind].mount,
+	"role": entry.roles[kind],
+	"params": {
+		"kubernetes_namespace": target_namespace,
+		"ttl": cfg.credential_kinds[kind].ttl,
+	},
+}
+
+# Network endpoints the credential is for (none without a credential).
+default egress := []
+
+egress := cfg.credential_kinds[kind].egress if credential != null
+
+# A target that is allowed but has no role for this tool's credential kind
+# (and does not say it needs none) has no scope: refuse.
+deny contains msg if {
+	kind
+	entry
+	credential == null
+	object.get(entry, "credential", "") != "none"
+	msg := sprintf("no credential scope: the policy has no %q role for this target", [kind])
+}

@@ -1,0 +1,127 @@
+# Destructive signals, read from the structured Terraform plan
+# (input.plan: the output of `terraform show -json PLANFILE`).
+#
+# A signal is raised for every planned change that deletes, replaces or
+# forgets a resource (by its actions, its action_reason or its
+# replace_paths), and for every way the plan could be hiding one: an
+# incomplete or errored plan, deferred changes, an unknown format version,
+# action or action_reason. Each signal names the resource address, the kind,
+# the actions, the reason, the replace paths and a one-line message.
+#
+# Not signals: resource_drift (changes outside Terraform, not planned),
+# output_changes, and create/update/read/no-op changes with no destructive
+# reason.
+package gateway.signals
+
+cfg := data.config.signals
+
+plan := input.plan
+
+# Terraform omits resource_changes when a plan has no resources at all.
+changes := object.get(plan, "resource_changes", [])
+
+# Every signal, sorted so that decisions are deterministic.
+signals := sort(found)
+
+# --- Per-resource signals ---------------------------------------------------
+
+found contains signal if {
+	some rc in changes
+	k := kind(rc)
+	signal := {
+		"address": address(rc),
+		"kind": k,
+		"actions": rc.change.actions,
+		"reason": object.get(rc, "action_reason", null),
+		"paths": object.get(rc.change, "replace_paths", []),
+		"message": message(k, rc),
+	}
+}
+
+# A deposed object (left over from a create-before-destroy) is named apart
+# from the current object at the same address.
+address(rc) := sprintf("%s (deposed object %s)", [rc.address, rc.deposed]) if {
+	rc.deposed
+} else := rc.address
+
+reason(rc) := object.get(rc, "action_reason", "")
+
+# The kind of a resource change, or undefined when it is not destructive.
+# The first matching line wins.
+kind(rc) := "replace" if {
+	"delete" in rc.change.actions
+	"create" in rc.change.actions
+} else := "delete" if {
+	"delete" in rc.change.actions
+} else := "forget" if {
+	"forget" in rc.change.actions
+} else := "unknown-action" if {
+	some action in rc.change.actions
+	not action in cfg.known_actions
+} else := "replace" if {
+	startswith(reason(rc), "replace_")
+} else := "delete" if {
+	startswith(reason(rc), "delete_")
+} else := "replace" if {
+	count(object.get(rc.change, "replace_paths", [])) > 0
+} else := "unknown-reason" if {
+	reason(rc) != ""
+	not reason(rc) in cfg.known_reasons
+}
+
+message(k, rc) := sprintf("%s will be destroyed and re-created", [address(rc)]) if {
+	k == "replace"
+	rc.change.actions == ["delete", "create"]
+} else := sprintf("%s will be replaced: the new object is created before the old one is destroyed", [address(rc)]) if {
+	k == "replace"
+	rc.change.actions == ["create", "delete"]
+} else := sprintf("%s will be replaced (action_reason %s, actions %v)", [address(rc), reason(rc), rc.change.actions]) if {
+	k == "replace"
+} else := sprintf("%s will be destroyed", [address(rc)]) if {
+	k == "delete"
+	"delete" in rc.change.actions
+} else := sprintf("%s carries destructive action_reason %s (actions %v)", [address(rc), reason(rc), rc.change.actions]) if {
+	k == "delete"
+} else := sprintf("%s will be removed from Terraform state but left running, unmanaged", [address(rc)]) if {
+	k == "forget"
+} else := sprintf("%s has actions %v, which this policy does not know", [address(rc), rc.change.actions]) if {
+	k == "unknown-action"
+} else := sprintf("%s has action_reason %q, which this policy does not know", [address(rc), reason(rc)])
+
+# --- Plan-level signals: the plan itself cannot be trusted to be complete ---
+
+plan_signal(k, msg) := {
+	"address": "",
+	"kind": k,
+	"actions": [],
+	"reason": null,
+	"paths": [],
+	"message": msg,
+}
+
+found contains plan_signal("plan-incomplete", "the plan is not complete: some changes are not planned yet (for example -target was used), so what it destroys is unknown") if {
+	plan.complete == false
+}
+
+found contains plan_signal("plan-errored", "Terraform reported errors while planning: the plan may be missing changes") if {
+	plan.errored == true
+}
+
+found contains plan_signal("plan-deferred", sprintf("the plan defers %d change(s) to a later run", [count(plan.deferred_changes)])) if {
+	count(plan.deferred_changes) > 0
+}
+
+found contains plan_signal("plan-unknown-format", sprintf("plan format_version %q is not one this policy understands", [version])) if {
+	version := object.get(plan, "format_version", "")
+	not split(version, ".")[0] in cfg.known_format_majors
+}
+
+found contains plan_signal("plan-malformed", "the plan's resource_changes is not a list") if {
+	plan
+	not is_array(changes)
+}
+
+found contains plan_signal("plan-malformed", sprintf("resource change %d has no change.actions list", [i])) if {
+	some i, rc in changes
+	not is_array(rc.change.actions)
+}

@@ -1,0 +1,66 @@
+//! The command line (SPEC §8).
+
+mod policy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gateway",
+    version,
+    about = "Policy-gated, sandboxed infrastructure actions for AI coding agents"
+)]
+pub struct Cli {
+    /// Directory of the Rego policies and their data files.
+    #[arg(
+        long,
+        global = true,
+        env = "GATEWAY_POLICIES",
+        default_value = "policies"
+    )]
+    pub policies: PathBuf,
+
+    /// Where approvals, the audit log and saved plans live
+    /// [default: $XDG_STATE_HOME/gateway or ~/.local/state/gateway].
+    #[arg(long, global = true, env = "GATEWAY_HOME")]
+    pub home: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Evaluate, test and check policies.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+}
+
+impl Cli {
+    /// The state directory in use.
+    pub fn home(&self) -> PathBuf {
+        self.home
+            .clone()
+            .unwrap_or_else(crate::config::default_home)
+    }
+}
+
+/// Logs go to stderr (stdout is for results and, for `serve`, protocol),
+/// filtered by `RUST_LOG` (default: warnings and errors).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Policy(cmd) => policy::run(&cli, cmd),
+    }
+}

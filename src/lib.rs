@@ -1,0 +1,8 @@
+//! `gateway`: policy-gated, sandboxed infrastructure actions for AI coding agents.
+//!
+//! The modules follow the pipeline of SPEC §1. Every decision is made by the
+//! Rego policies under `policies/` (see [`policy`]); Rust moves data.
+
+pub mod cli;
+pub mod config;
+pub mod policy;

@@ -1,0 +1,124 @@
+//! The policy input (SPEC §3), built the same way by the server and by
+//! `gateway policy eval`.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Who is making the call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Principal {
+    /// The MCP client's name (from `initialize`), or `cli`.
+    pub client: String,
+    /// The OS user the gateway runs as.
+    pub os_user: String,
+}
+
+/// The input of one decision.
+#[derive(Debug, Clone)]
+pub struct DecisionInput {
+    pub tool: String,
+    pub params: serde_json::Value,
+    pub request_id: String,
+    /// RFC 3339, UTC, seconds precision.
+    pub now: String,
+    pub principal: Principal,
+    /// `terraform show -json` of the plan, once one exists. Shared, because a
+    /// large plan is evaluated more than once and must not be copied.
+    pub plan: Option<Arc<serde_json::Value>>,
+    /// The approval presented with the call (`{id, status, approvers}`).
+    pub approval: Option<serde_json::Value>,
+}
+
+impl DecisionInput {
+    /// An input for `tool` with a fresh request id and the current time.
+    pub fn new(tool: impl Into<String>, params: serde_json::Value, principal: Principal) -> Self {
+        DecisionInput {
+            tool: tool.into(),
+            params,
+            request_id: new_request_id(),
+            now: now_rfc3339(),
+            principal,
+            plan: None,
+            approval: None,
+        }
+    }
+
+    /// The input as the JSON document the policy sees as `input`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("tool".into(), self.tool.clone().into());
+        m.insert("params".into(), self.params.clone());
+        m.insert("request_id".into(), self.request_id.clone().into());
+        m.insert("now".into(), self.now.clone().into());
+        m.insert(
+            "principal".into(),
+            serde_json::to_value(&self.principal).unwrap_or(serde_json::Value::Null),
+        );
+        if let Some(plan) = &self.plan {
+            m.insert("plan".into(), plan.as_ref().clone());
+        }
+        if let Some(approval) = &self.approval {
+            m.insert("approval".into(), approval.clone());
+        }
+        serde_json::Value::Object(m)
+    }
+
+    /// The input as a regorus value, converting the plan straight from the
+    /// parsed JSON (never re-parsing text: that costs more than the policy).
+    pub fn to_rego(&self) -> regorus::Value {
+        let mut obj = std::collections::BTreeMap::new();
+        let s = |v: &str| regorus::Value::from(v);
+        obj.insert(s("tool"), s(&self.tool));
+        obj.insert(s("params"), regorus::Value::from(self.params.clone()));
+        obj.insert(s("request_id"), s(&self.request_id));
+        obj.insert(s("now"), s(&self.now));
+        let mut principal = std::collections::BTreeMap::new();
+        principal.insert(s("client"), s(&self.principal.client));
+        principal.insert(s("os_user"), s(&self.principal.os_user));
+        obj.insert(s("principal"), regorus::Value::from(principal));
+        if let Some(plan) = &self.plan {
+            obj.insert(s("plan"), regorus::Value::from(plan.as_ref().clone()));
+        }
+        if let Some(approval) = &self.approval {
+            obj.insert(s("approval"), regorus::Value::from(approval.clone()));
+        }
+        regorus::Value::from(obj)
+    }
+}
+
+/// A new request id: `req-` and 128 random bits in hex.
+pub fn new_request_id() -> String {
+    format!("req-{}", uuid::Uuid::new_v4().simple())
+}
+
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rego_and_json_forms_are_the_same_document() {
+        let mut input = DecisionInput::new(
+            "terraform_apply",
+            json!({"working_dir": "terraform/offline-demo"}),
+            Principal {
+                client: "test".into(),
+                os_user: "alice".into(),
+            },
+        );
+        input.plan = Some(Arc::new(
+            json!({"format_version": "1.2", "resource_changes": [{"address": "a"}]}),
+        ));
+        input.approval = Some(json!({"id": "x", "status": "approved", "approvers": ["bob"]}));
+        let from_rego: serde_json::Value =
+            serde_json::from_str(&input.to_rego().to_json_str().expect("json")).expect("parse");
+        assert_eq!(from_rego, input.to_json());
+        assert!(input.request_id.starts_with("req-") && input.request_id.len() == 36);
+        assert!(input.now.ends_with('Z'));
+    }
+}

@@ -1,0 +1,245 @@
+//! Reading policy directories: every `.rego` module and every `.json` /
+//! `.yaml` / `.yml` data file below the given roots.
+//!
+//! Data files are mounted under `data` by their path relative to their root,
+//! following OPA's bundle convention: `config/tools.yaml` becomes
+//! `data.config.tools`, and a file named `data.json` / `data.yaml` is merged
+//! at its directory (`x/data.json` becomes `data.x`). Hidden files and
+//! directories (editor swap files, `.git`) and files ending in `~` are ignored.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::PolicyError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FileKind {
+    Rego,
+    Json,
+    Yaml,
+}
+
+/// One policy or data file, read.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    /// The path as shown in messages (the root as given, joined with the
+    /// relative path), e.g. `policies/tools.rego`.
+    pub display: String,
+    /// Path relative to its root, with `/` separators.
+    pub relative: String,
+    pub kind: FileKind,
+    pub content: String,
+}
+
+/// Everything read from a set of policy roots, in a stable order.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    pub files: Vec<SourceFile>,
+}
+
+impl Sources {
+    /// Read every policy and data file below `roots` (directories or single
+    /// files).
+    pub fn read(roots: &[PathBuf]) -> Result<Sources, PolicyError> {
+        let mut files = Vec::new();
+        for root in roots {
+            let meta = std::fs::metadata(root).map_err(|source| PolicyError::Io {
+                path: root.clone(),
+                source,
+            })?;
+            if meta.is_file() {
+                let name = root
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if let Some(kind) = kind_of(&name) {
+                    files.push(read_file(root, &name, kind)?);
+                }
+                continue;
+            }
+            let mut found = Vec::new();
+            walk(root, root, &mut found)?;
+            found.sort();
+            for (path, rel, kind) in found {
+                files.push(read_file(&path, &rel, kind)?);
+            }
+        }
+        Ok(Sources { files })
+    }
+
+    /// SHA-256 over every file's relative path, kind and content: equal
+    /// fingerprints mean the same policy set.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        for f in &self.files {
+            h.update(f.display.as_bytes());
+            h.update([0u8]);
+            h.update(f.content.as_bytes());
+            h.update([0u8]);
+        }
+        hex::encode(h.finalize())
+    }
+
+    pub fn rego_count(&self) -> usize {
+        self.files
+            .iter()
+            .filter(|f| f.kind == FileKind::Rego)
+            .count()
+    }
+}
+
+fn kind_of(name: &str) -> Option<FileKind> {
+    if name.starts_with('.') || name.ends_with('~') {
+        return None;
+    }
+    let ext = Path::new(name).extension()?.to_str()?;
+    match ext {
+        "rego" => Some(FileKind::Rego),
+        "json" => Some(FileKind::Json),
+        "yaml" | "yml" => Some(FileKind::Yaml),
+        _ => None,
+    }
+}
+
+fn walk(
+    root: &Path,
+    dir: &Path,
+    out: &mut Vec<(PathBuf, String, FileKind)>,
+) -> Result<(), PolicyError> {
+    let io = |source| PolicyError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        // Follow symlinks the way a reader of the directory would.
+        let meta = std::fs::metadata(&path).map_err(|source| PolicyError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if meta.is_dir() {
+            if !name.starts_with('.') {
+                walk(root, &path, out)?;
+            }
+        } else if let Some(kind) = kind_of(&name) {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            out.push((path, rel, kind));
+        }
+    }
+    Ok(())
+}
+
+fn read_file(path: &Path, relative: &str, kind: FileKind) -> Result<SourceFile, PolicyError> {
+    let bytes = std::fs::read(path).map_err(|source| PolicyError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let content = String::from_utf8(bytes).map_err(|_| PolicyError::Encoding {
+        path: path.to_path_buf(),
+    })?;
+    Ok(SourceFile {
+        display: path.display().to_string(),
+        relative: relative.to_string(),
+        kind,
+        content,
+    })
+}
+
+/// The `data` path a data file is mounted at.
+pub fn data_path(relative: &str) -> Vec<String> {
+    let mut parts: Vec<String> = relative.split('/').map(str::to_string).collect();
+    if let Some(last) = parts.pop() {
+        let stem = Path::new(&last)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or(last);
+        if stem != "data" {
+            parts.push(stem);
+        }
+    }
+    parts
+}
+
+/// Parse a data file into a regorus value mounted at its path.
+pub fn data_value(file: &SourceFile) -> Result<regorus::Value, PolicyError> {
+    let err = |message: String| PolicyError::Data {
+        path: PathBuf::from(&file.display),
+        message,
+    };
+    let mut value = match file.kind {
+        FileKind::Json => {
+            let v: serde_json::Value =
+                serde_json::from_str(&file.content).map_err(|e| err(e.to_string()))?;
+            regorus::Value::from(v)
+        }
+        FileKind::Yaml => {
+            regorus::Value::from_yaml_str(&file.content).map_err(|e| err(e.to_string()))?
+        }
+        FileKind::Rego => return Err(err("not a data file".into())),
+    };
+    let path = data_path(&file.relative);
+    if path.is_empty() && !matches!(value, regorus::Value::Object(_)) {
+        return Err(err("a data file at the root must hold an object".into()));
+    }
+    for key in path.iter().rev() {
+        let mut obj = std::collections::BTreeMap::new();
+        obj.insert(regorus::Value::from(key.as_str()), value);
+        value = regorus::Value::from(obj);
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_files_are_keyed_by_their_path() {
+        assert_eq!(data_path("config/tools.yaml"), vec!["config", "tools"]);
+        assert_eq!(data_path("x/data.json"), vec!["x"]);
+        assert!(data_path("data.yaml").is_empty());
+        assert_eq!(data_path("limits.yml"), vec!["limits"]);
+    }
+
+    #[test]
+    fn reads_rego_and_data_and_ignores_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path();
+        std::fs::create_dir_all(p.join("config")).expect("mkdir");
+        std::fs::create_dir_all(p.join(".git")).expect("mkdir");
+        std::fs::write(p.join("a.rego"), "package a\nx := 1\n").expect("write");
+        std::fs::write(p.join("config/t.yaml"), "k: v\n").expect("write");
+        std::fs::write(p.join(".git/x.rego"), "junk").expect("write");
+        std::fs::write(p.join(".a.rego.swp"), "junk").expect("write");
+        std::fs::write(p.join("a.rego~"), "junk").expect("write");
+        std::fs::write(p.join("README.md"), "# hi").expect("write");
+        let s = Sources::read(&[p.to_path_buf()]).expect("read");
+        let rel: Vec<_> = s.files.iter().map(|f| f.relative.as_str()).collect();
+        assert_eq!(rel, vec!["a.rego", "config/t.yaml"]);
+        let before = s.fingerprint();
+        std::fs::write(p.join("config/t.yaml"), "k: w\n").expect("write");
+        assert_ne!(
+            Sources::read(&[p.to_path_buf()])
+                .expect("read")
+                .fingerprint(),
+            before
+        );
+    }
+
+    #[test]
+    fn non_utf8_files_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a.rego"), b"package a\n\xff\n").expect("write");
+        let err = Sources::read(&[dir.path().to_path_buf()]).expect_err("refused");
+        assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Reading Terraform plan JSON (`terraform show -json PLANFILE`) for the
+//! policy input. This only checks that the bytes are a plan document; what
+//! the plan means is decided by the policy (`policies/signals.rego`).
+
+use std::path::Path;
+
+use super::decision::json_kind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read plan {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "plan {path} is {encoding}; Terraform writes plain UTF-8 JSON (was it re-saved by an editor or a shell redirect?)"
+    )]
+    Encoding {
+        path: String,
+        encoding: &'static str,
+    },
+    #[error("plan {path} is not valid JSON: {message}")]
+    Json { path: String, message: String },
+    #[error(
+        "{path} is not a Terraform plan: {message} (expected the output of `terraform show -json PLANFILE`)"
+    )]
+    NotAPlan { path: String, message: String },
+}
+
+/// Read and check a plan file.
+pub fn read_plan_file(path: &Path) -> Result<serde_json::Value, PlanError> {
+    let display = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| PlanError::Read {
+        path: display.clone(),
+        source,
+    })?;
+    parse_plan(&bytes, &display)
+}
+
+/// Check and parse plan JSON bytes. `origin` names them in errors.
+pub fn parse_plan(bytes: &[u8], origin: &str) -> Result<serde_json::Value, PlanError> {
+    let enc = |encoding| PlanError::Encoding {
+        path: origin.to_string(),
+        encoding,
+    };
+    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        return Err(enc("UTF-8 with a byte order mark"));
+    }
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Err(enc("UTF-16 (it starts with a UTF-16 byte order mark)"));
+    }
+    if bytes.iter().take(64).any(|b| *b == 0) {
+        return Err(enc("UTF-16 or binary (it contains NUL bytes)"));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| enc("not valid UTF-8"))?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::Json {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })?;
+    let not_a_plan = |message: String| PlanError::NotAPlan {
+        path: origin.to_string(),
+        message,
+    };
+    let obj = value.as_object().ok_or_else(|| {
+        not_a_plan(format!(
+            "the document is {}, not an object",
+            json_kind(&value)
+        ))
+    })?;
+    match obj.get("format_version") {
+        Some(serde_json::Value::String(_)) => {}
+        Some(other) => {
+            return Err(not_a_plan(format!(
+                "format_version is {}, not a string",
+                json_kind(other)
+            )));
+        }
+        None => return Err(not_a_plan("it has no format_version".into())),
+    }
+    if !obj.contains_key("planned_values") {
+        let hint = if obj.contains_key("values") {
+            "it has `values` but no `planned_values`: this looks like state (`terraform show -json` without a plan file)"
+        } else {
+            "it has no planned_values"
+        };
+        return Err(not_a_plan(hint.into()));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(bytes: &[u8]) -> String {
+        parse_plan(bytes, "p.json")
+            .expect_err("should be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn accepts_a_minimal_plan() {
+        let v = parse_plan(br#"{"format_version":"1.2","planned_values":{}}"#, "p").expect("plan");
+        assert_eq!(v["format_version"], "1.2");
+    }
+
+    #[test]
+    fn refuses_boms_utf16_and_bad_utf8_with_a_clear_error() {
+        let plan = r#"{"format_version":"1.2","planned_values":{}}"#;
+        let mut bom = vec![0xEF, 0xBB, 0xBF];
+        bom.extend_from_slice(plan.as_bytes());
+        assert!(err(&bom).contains("byte order mark"));
+        let mut utf16le = vec![0xFF, 0xFE];
+        utf16le.extend(plan.encode_utf16().flat_map(|u| u.to_le_bytes()));
+        assert!(err(&utf16le).contains("UTF-16"));
+        let no_bom: Vec<u8> = plan.encode_utf16().flat_map(|u| u.to_le_bytes()).collect();
+        assert!(err(&no_bom).contains("NUL bytes"));
+        assert!(err(b"{\"a\":\"\xff\"}").contains("not valid UTF-8"));
+    }
+
+    #[test]
+    fn refuses_documents_that_are_not_plans() {
+        assert!(err(b"{not json").contains("not valid JSON"));
+        assert!(err(b"[1,2]").contains("an array, not an object"));
+        assert!(err(br#"{"planned_values":{}}"#).contains("no format_version"));
+        assert!(
+            err(br#"{"format_version":1,"planned_values":{}}"#)
+                .contains("format_version is a number")
+        );
+        assert!(err(br#"{"format_version":"1.0","values":{}}"#).contains("looks like state"));
+    }
+}

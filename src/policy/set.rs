@@ -1,0 +1,367 @@
+//! A loaded, compiled policy set and the evaluation of decisions against it.
+
+use std::num::NonZeroU32;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use regorus::utils::limits::{ExecutionTimerConfig, LimitError};
+
+use super::loader::{FileKind, Sources, data_value};
+use super::{DECISION_RULE, Decision, DecisionInput, PolicyError};
+
+/// Default budget for one evaluation. A 5,000-resource plan takes a few
+/// milliseconds in release builds; anything near a second is a runaway policy.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
+
+/// How a policy set is loaded.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Time budget of one evaluation; over it, the evaluation is an error.
+    pub budget: Duration,
+    /// Rule the set must compile for (`None`: only parse, as for tests).
+    pub entrypoint: Option<String>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            budget: DEFAULT_BUDGET,
+            entrypoint: Some(DECISION_RULE.to_string()),
+        }
+    }
+}
+
+/// A compiled policy set. Built once, shared by every request (each
+/// evaluation works on a cheap clone of the prepared engine).
+#[derive(Debug)]
+pub struct PolicySet {
+    engine: regorus::Engine,
+    /// SHA-256 over the set's files (see [`Sources::fingerprint`]).
+    pub fingerprint: String,
+    /// The files the set was built from, as displayed in messages.
+    pub files: Vec<String>,
+    pub budget: Duration,
+}
+
+/// The outcome of one decision.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    /// The decision to act on: the policy's, or a fail-closed deny.
+    pub decision: Decision,
+    /// Set when the policy could not give a valid decision (the decision is
+    /// then a deny carrying this as its reason).
+    pub error: Option<String>,
+    pub elapsed: Duration,
+    /// Fingerprint of the policy set that decided.
+    pub policy: String,
+}
+
+impl PolicySet {
+    /// Load every policy and data file under `roots` and compile.
+    pub fn load(roots: &[PathBuf], opts: &LoadOptions) -> Result<PolicySet, PolicyError> {
+        let sources = Sources::read(roots)?;
+        if sources.rego_count() == 0 {
+            return Err(PolicyError::Empty(
+                roots.first().cloned().unwrap_or_default(),
+            ));
+        }
+        PolicySet::from_sources(&sources, opts)
+    }
+
+    /// Build from files already read.
+    pub fn from_sources(sources: &Sources, opts: &LoadOptions) -> Result<PolicySet, PolicyError> {
+        let mut engine = new_engine(opts.budget);
+        for f in &sources.files {
+            match f.kind {
+                FileKind::Rego => {
+                    engine
+                        .add_policy(f.display.clone(), f.content.clone())
+                        .map_err(|e| PolicyError::Parse(e.to_string()))?;
+                }
+                FileKind::Json | FileKind::Yaml => {
+                    engine
+                        .add_data(data_value(f)?)
+                        .map_err(|e| PolicyError::Data {
+                            path: PathBuf::from(&f.display),
+                            message: e.to_string(),
+                        })?;
+                }
+            }
+        }
+        if let Some(rule) = &opts.entrypoint {
+            // Compiling catches what parsing does not (unknown functions,
+            // reassigned variables, a missing entrypoint) before the set is
+            // ever used.
+            let compiled = catch_unwind(AssertUnwindSafe(|| {
+                let policy = engine
+                    .compile_with_entrypoint(&rule.as_str().into())
+                    .map_err(|e| e.to_string())?;
+                regorus::languages::rego::compiler::Compiler::compile_from_policy(
+                    &policy,
+                    &[rule.as_str()],
+                )
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }));
+            match compiled {
+                Ok(Ok(())) => {}
+                Ok(Err(message)) => {
+                    return Err(PolicyError::Compile {
+                        rule: rule.clone(),
+                        message,
+                    });
+                }
+                Err(p) => return Err(PolicyError::Panic(panic_message(&p))),
+            }
+        }
+        Ok(PolicySet {
+            engine,
+            fingerprint: sources.fingerprint(),
+            files: sources.files.iter().map(|f| f.display.clone()).collect(),
+            budget: opts.budget,
+        })
+    }
+
+    /// Evaluate `rule` for `input`: a panic in the engine, an error or a
+    /// budget overrun is an error, never a value.
+    pub fn eval_rule(
+        &self,
+        rule: &str,
+        input: regorus::Value,
+    ) -> Result<serde_json::Value, PolicyError> {
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let mut engine = self.engine.clone();
+            engine.set_input(input);
+            engine.eval_rule(rule.to_string())
+        }));
+        let value = match result {
+            Err(p) => return Err(PolicyError::Panic(panic_message(&p))),
+            Ok(Err(e)) => {
+                let timed_out = e.chain().any(|c| {
+                    matches!(
+                        c.downcast_ref::<LimitError>(),
+                        Some(LimitError::TimeLimitExceeded { .. })
+                    )
+                });
+                if timed_out || started.elapsed() > self.budget {
+                    return Err(PolicyError::Timeout {
+                        budget_ms: self.budget.as_millis(),
+                        message: e.to_string(),
+                    });
+                }
+                return Err(PolicyError::Eval(e.to_string()));
+            }
+            Ok(Ok(v)) => v,
+        };
+        if started.elapsed() > self.budget {
+            return Err(PolicyError::Timeout {
+                budget_ms: self.budget.as_millis(),
+                message: format!("took {} ms", started.elapsed().as_millis()),
+            });
+        }
+        if value == regorus::Value::Undefined {
+            return Err(PolicyError::Contract(format!(
+                "{rule} is undefined for this input"
+            )));
+        }
+        serde_json::to_value(&value)
+            .map_err(|e| PolicyError::Eval(format!("result is not JSON: {e}")))
+    }
+
+    /// The decision for `input`. Never fails: anything that keeps the policy
+    /// from giving a valid decision yields a deny with the error as reason.
+    pub fn decide(&self, input: &DecisionInput) -> Evaluation {
+        let started = Instant::now();
+        let result = self
+            .eval_rule(DECISION_RULE, input.to_rego())
+            .and_then(Decision::from_policy_value);
+        let (decision, error) = match result {
+            Ok(d) => (d.with_default_reason(), None),
+            Err(e) => {
+                let msg = e.to_string();
+                (Decision::fail_closed(msg.clone()), Some(msg))
+            }
+        };
+        Evaluation {
+            decision,
+            error,
+            elapsed: started.elapsed(),
+            policy: self.fingerprint.clone(),
+        }
+    }
+}
+
+fn new_engine(budget: Duration) -> regorus::Engine {
+    let mut engine = regorus::Engine::new();
+    // A builtin that errors (a type mismatch in sprintf, count of a number)
+    // is an evaluation error, not a silently undefined expression that could
+    // keep a deny rule from firing.
+    engine.set_strict_builtin_errors(true);
+    engine.set_execution_timer_config(ExecutionTimerConfig {
+        limit: budget,
+        check_interval: NonZeroU32::MIN.saturating_add(63),
+    });
+    engine
+}
+
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Principal;
+    use serde_json::json;
+
+    fn set_from(files: &[(&str, &str)], opts: &LoadOptions) -> Result<PolicySet, PolicyError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, content) in files {
+            let p = dir.path().join(name);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, content).expect("write");
+        }
+        PolicySet::load(&[dir.path().to_path_buf()], opts)
+    }
+
+    fn input() -> DecisionInput {
+        DecisionInput::new(
+            "t",
+            json!({}),
+            Principal {
+                client: "test".into(),
+                os_user: "u".into(),
+            },
+        )
+    }
+
+    const ALLOW_ALL: &str = r#"package gateway
+decision := {
+  "allow": true, "deny_reasons": [], "tier": data.cfg.tier,
+  "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false},
+  "credential": null,
+  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "egress": []},
+  "signals": [],
+  "approval": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true},
+}
+"#;
+
+    #[test]
+    fn a_valid_set_decides_and_reads_its_data() {
+        let set = set_from(
+            &[("d.rego", ALLOW_ALL), ("cfg.yaml", "tier: medium\n")],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        let ev = set.decide(&input());
+        assert_eq!(ev.error, None);
+        assert!(ev.decision.allow);
+        assert_eq!(ev.decision.tier, "medium");
+    }
+
+    #[test]
+    fn syntax_errors_name_file_line_and_column() {
+        let err = set_from(
+            &[("bad.rego", "package gateway\n\ndecision := {\n")],
+            &LoadOptions::default(),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("bad.rego:"), "{err}");
+        assert!(err.contains(":4:") || err.contains(":3:"), "{err}");
+    }
+
+    #[test]
+    fn unknown_functions_are_caught_at_load_not_at_first_use() {
+        let rego = "package gateway\ndecision := no_such_function(1)\n";
+        let err = set_from(&[("d.rego", rego)], &LoadOptions::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("no_such_function"), "{err}");
+        assert!(err.contains("d.rego:2:"), "{err}");
+    }
+
+    #[test]
+    fn a_set_without_the_entrypoint_is_refused() {
+        let err = set_from(
+            &[("d.rego", "package other\nx := 1\n")],
+            &LoadOptions::default(),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("data.gateway.decision"), "{err}");
+    }
+
+    #[test]
+    fn a_decision_that_breaks_the_contract_is_a_deny_with_the_reason() {
+        let rego = ALLOW_ALL.replace("\"signals\": [],", "");
+        let set = set_from(
+            &[("d.rego", &rego), ("cfg.yaml", "tier: low\n")],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        let ev = set.decide(&input());
+        assert!(!ev.decision.allow);
+        assert!(
+            ev.decision.deny_reasons[0].contains("missing field `signals`"),
+            "{:?}",
+            ev.decision
+        );
+    }
+
+    #[test]
+    fn an_undefined_decision_is_a_deny() {
+        let rego = "package gateway\ndecision := 1 if input.tool == \"never\"\n";
+        let set = set_from(&[("d.rego", rego)], &LoadOptions::default()).expect("loads");
+        let ev = set.decide(&input());
+        assert!(!ev.decision.allow);
+        assert!(
+            ev.decision.deny_reasons[0].contains("undefined"),
+            "{:?}",
+            ev.decision.deny_reasons
+        );
+    }
+
+    #[test]
+    fn runtime_errors_are_a_deny_not_an_allow() {
+        // Strict builtins: a sprintf type error is an error, not undefined.
+        let rego = ALLOW_ALL.replace("data.cfg.tier", "sprintf(\"%s\", 1)");
+        let set = set_from(&[("d.rego", &rego)], &LoadOptions::default()).expect("loads");
+        let ev = set.decide(&input());
+        assert!(!ev.decision.allow);
+        assert!(ev.error.is_some());
+    }
+
+    #[test]
+    fn an_evaluation_over_its_budget_is_a_deny() {
+        let rego = ALLOW_ALL.replace(
+            "data.cfg.tier",
+            "sprintf(\"%d\", [count([1 | some x in numbers.range(1, 5000); some y in numbers.range(1, 5000)])])",
+        );
+        let opts = LoadOptions {
+            budget: Duration::from_millis(50),
+            ..LoadOptions::default()
+        };
+        let set = set_from(&[("d.rego", &rego)], &opts).expect("loads");
+        let started = Instant::now();
+        let ev = set.decide(&input());
+        assert!(!ev.decision.allow);
+        assert!(
+            ev.decision.deny_reasons[0].contains("time budget of 50 ms"),
+            "{:?}",
+            ev.decision.deny_reasons
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the budget stopped the evaluation"
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! The active policy set, hot-reloaded.
+//!
+//! A [`PolicyStore`] holds the last good [`PolicySet`] behind an `Arc` that
+//! is swapped atomically: a request takes the `Arc` once and decides with
+//! that whole set, whatever happens to the files meanwhile. A watcher thread
+//! polls the policy directory (content fingerprint, every 250 ms by default)
+//! and reloads when anything changed: an edited, added or removed file. A
+//! broken edit never replaces a good set; it is reported through the event
+//! callback (stderr and audit `policy.reload_failed`). If no good set was
+//! ever loaded, every decision is a deny whose reason is the load error.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::loader::Sources;
+use super::set::{Evaluation, LoadOptions, PolicySet};
+use super::{Decision, DecisionInput, PolicyError};
+
+/// What the store reports about (re)loads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyEvent {
+    /// A new policy set is active.
+    Reloaded { fingerprint: String, files: usize },
+    /// A changed policy set failed to load; the previous one stays active
+    /// (or, if none ever loaded, every call stays denied).
+    ReloadFailed {
+        error: String,
+        active: Option<String>,
+    },
+}
+
+enum Active {
+    Ready(Arc<PolicySet>),
+    Broken(String),
+}
+
+pub struct PolicyStore {
+    roots: Vec<PathBuf>,
+    opts: LoadOptions,
+    active: RwLock<Arc<Active>>,
+    /// Fingerprint of the files last attempted (good or broken), so a broken
+    /// edit is reported once, not at every poll.
+    last_seen: RwLock<Option<String>>,
+}
+
+impl std::fmt::Debug for PolicyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyStore")
+            .field("roots", &self.roots)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyStore {
+    /// Load the policy set under `roots`. A failure is not an error here: the
+    /// store starts broken and denies every call with the load error.
+    pub fn open(roots: Vec<PathBuf>, opts: LoadOptions) -> PolicyStore {
+        let store = PolicyStore {
+            roots,
+            opts,
+            active: RwLock::new(Arc::new(Active::Broken("policy set not loaded yet".into()))),
+            last_seen: RwLock::new(None),
+        };
+        store.reload();
+        store
+    }
+
+    /// The active set, or the error that keeps every call denied.
+    pub fn current(&self) -> Result<Arc<PolicySet>, String> {
+        let active = self
+            .active
+            .read()
+            .map(|a| Arc::clone(&a))
+            .unwrap_or_else(|p| Arc::clone(&p.into_inner()));
+        match active.as_ref() {
+            Active::Ready(set) => Ok(Arc::clone(set)),
+            Active::Broken(e) => Err(e.clone()),
+        }
+    }
+
+    /// Decide with the active set (fail closed when there is none).
+    pub fn decide(&self, input: &DecisionInput) -> Evaluation {
+        match self.current() {
+            Ok(set) => set.decide(input),
+            Err(e) => {
+                let msg = format!("no usable policy set: {e}");
+                Evaluation {
+                    decision: Decision::fail_closed(msg.clone()),
+                    error: Some(msg),
+                    elapsed: Duration::ZERO,
+                    policy: String::new(),
+                }
+            }
+        }
+    }
+
+    /// Reload now if the files changed since the last attempt. Returns what
+    /// happened, or `None` when nothing changed.
+    pub fn reload(&self) -> Option<PolicyEvent> {
+        let sources = Sources::read(&self.roots);
+        let fingerprint = sources.as_ref().map(Sources::fingerprint).ok();
+        {
+            let seen = self.last_seen.read().map(|s| s.clone()).unwrap_or(None);
+            if fingerprint.is_some() && seen == fingerprint {
+                return None;
+            }
+        }
+        if let Ok(mut seen) = self.last_seen.write() {
+            *seen = fingerprint;
+        }
+        let loaded = sources.and_then(|s| {
+            if s.rego_count() == 0 {
+                Err(PolicyError::Empty(
+                    self.roots.first().cloned().unwrap_or_default(),
+                ))
+            } else {
+                PolicySet::from_sources(&s, &self.opts)
+            }
+        });
+        let event = match loaded {
+            Ok(set) => {
+                let ev = PolicyEvent::Reloaded {
+                    fingerprint: set.fingerprint.clone(),
+                    files: set.files.len(),
+                };
+                self.swap(Active::Ready(Arc::new(set)));
+                ev
+            }
+            Err(e) => {
+                let error = e.to_string();
+                let active = self.current().ok().map(|s| s.fingerprint.clone());
+                if active.is_none() {
+                    self.swap(Active::Broken(error.clone()));
+                }
+                PolicyEvent::ReloadFailed { error, active }
+            }
+        };
+        Some(event)
+    }
+
+    fn swap(&self, next: Active) {
+        let next = Arc::new(next);
+        match self.active.write() {
+            Ok(mut a) => *a = next,
+            Err(p) => *p.into_inner() = next,
+        }
+    }
+
+    /// Watch the policy files and reload on change, calling `on_event` for
+    /// each reload or failure. The watcher stops when the handle is dropped.
+    pub fn watch(
+        self: &Arc<Self>,
+        interval: Duration,
+        on_event: impl Fn(&PolicyEvent) + Send + 'static,
+    ) -> WatchHandle {
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(self);
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("policy-watch".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Relaxed) {
+                    let until = Instant::now() + interval;
+                    while Instant::now() < until && !stop2.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20).min(interval));
+                    }
+                    let Some(store) = weak.upgrade() else { break };
+                    if let Some(ev) = store.reload() {
+                        on_event(&ev);
+                    }
+                }
+            })
+            .ok();
+        WatchHandle { stop, thread }
+    }
+}
+
+/// Stops the watcher thread when dropped.
+#[derive(Debug)]
+pub struct WatchHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Print reload events to stderr through tracing (the audit log is wired in
+/// by the server).
+pub fn log_event(ev: &PolicyEvent) {
+    match ev {
+        PolicyEvent::Reloaded { fingerprint, files } => {
+            tracing::info!(event = "policy.reloaded", fingerprint = %fingerprint, files, "policy set reloaded");
+        }
+        PolicyEvent::ReloadFailed { error, active } => {
+            tracing::error!(
+                event = "policy.reload_failed",
+                active = active.as_deref().unwrap_or("none: every call is denied"),
+                "policy reload failed, keeping the last good set: {error}"
+            );
+        }
+    }
+}
