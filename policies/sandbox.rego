@@ -9,7 +9,7 @@ import data.gateway.scope
 
 cfg := data.config.sandbox
 
-overrides := object.get(cfg.tools, input.tool, {})
+overrides := object.get(cfg.tools, object.get(input, "tool", ""), {})
 
 merged := object.union(cfg.default, overrides)
 

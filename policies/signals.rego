@@ -18,10 +18,17 @@ cfg := data.config.signals
 plan := input.plan
 
 # Terraform omits resource_changes when a plan has no resources at all.
-changes := object.get(plan, "resource_changes", [])
+raw_changes := object.get(plan, "resource_changes", [])
 
-# Every signal, sorted so that decisions are deterministic.
-signals := sort(found)
+# The resource changes that are well-formed enough to read; the rest are
+# reported as plan-malformed below.
+changes := [rc | some rc in raw_changes; is_array(rc.change.actions)] if is_array(raw_changes)
+
+else := []
+
+# Every signal, ordered by address (then kind and message) so that decisions
+# are deterministic.
+signals := [entry[3] | some entry in sort({[s.address, s.kind, s.message, s] | some s in found})]
 
 # --- Per-resource signals ---------------------------------------------------
 
@@ -118,10 +125,11 @@ found contains plan_signal("plan-unknown-format", sprintf("plan format_version %
 
 found contains plan_signal("plan-malformed", "the plan's resource_changes is not a list") if {
 	plan
-	not is_array(changes)
+	not is_array(raw_changes)
 }
 
 found contains plan_signal("plan-malformed", sprintf("resource change %d has no change.actions list", [i])) if {
-	some i, rc in changes
+	is_array(raw_changes)
+	some i, rc in raw_changes
 	not is_array(rc.change.actions)
 }

@@ -10,8 +10,13 @@ catalog := data.config.tools
 # The catalog entry of the requested tool (undefined for an unknown tool).
 tool := catalog[input.tool]
 
-# The request's params; a missing params object counts as empty.
-params := object.get(input, "params", {})
+# The request's params as sent; a missing params object counts as empty.
+raw_params := object.get(input, "params", {})
+
+# The params when they are an object (anything else is refused below).
+params := raw_params if is_object(raw_params)
+
+else := {}
 
 # The MCP client making the call ("" when unknown).
 client := object.get(object.get(input, "principal", {}), "client", "")
@@ -62,7 +67,7 @@ deny contains msg if {
 
 deny contains msg if {
 	tool
-	not is_object(params)
+	not is_object(raw_params)
 	msg := "params must be an object"
 }
 

@@ -1,0 +1,68 @@
+# When a person must approve, how many, for how long.
+package gateway_test.approvals
+
+import data.gateway.approvals
+
+call(tool, params) := {"tool": tool, "params": params, "principal": {"client": "c", "os_user": "u"}}
+
+apply := call("terraform_apply", {"working_dir": "terraform/offline-demo"})
+
+delete_plan := {"format_version": "1.2", "planned_values": {}, "complete": true, "resource_changes": [{
+	"address": "terraform_data.db",
+	"change": {"actions": ["delete"]},
+	"action_reason": "delete_because_no_resource_config",
+}]}
+
+create_plan := {"format_version": "1.2", "planned_values": {}, "complete": true, "resource_changes": [{
+	"address": "terraform_data.db",
+	"change": {"actions": ["create"]},
+}]}
+
+test_high_tier_needs_approval_even_for_a_harmless_plan if {
+	r := approvals.requirement with input as object.union(apply, {"plan": create_plan})
+	r == {"required": true, "approvers": 1, "ttl_seconds": 1800, "reason_required": false, "satisfied": false}
+}
+
+test_a_destructive_plan_uses_the_destructive_settings if {
+	r := approvals.requirement with input as object.union(apply, {"plan": delete_plan})
+	r.required
+	r.reason_required
+}
+
+test_low_tier_read_only_tools_need_no_approval if {
+	r := approvals.requirement with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
+	not r.required
+	r.satisfied
+}
+
+test_signals_on_a_read_only_tool_are_shown_not_gated if {
+	r := approvals.requirement with input as object.union(call("terraform_plan", {"working_dir": "terraform/offline-demo"}), {"plan": delete_plan})
+	not r.required
+}
+
+test_signals_on_a_low_tier_tool_that_changes_things_need_approval if {
+	catalog := object.union(data.config.tools, {"terraform_apply": object.union(data.config.tools.terraform_apply, {"tier": "low"})})
+	r := approvals.requirement with data.config.tools as catalog with input as object.union(apply, {"plan": delete_plan})
+	r.required
+	r2 := approvals.requirement with data.config.tools as catalog with input as object.union(apply, {"plan": create_plan})
+	not r2.required
+}
+
+test_an_approved_approval_satisfies_the_requirement if {
+	inp := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["bob"]}})
+	approvals.requirement.satisfied with input as inp
+}
+
+test_a_pending_approval_does_not_satisfy if {
+	inp := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "pending", "approvers": []}})
+	not approvals.requirement.satisfied with input as inp
+}
+
+test_k_of_n_needs_k_distinct_approvers if {
+	cfg := object.union(data.config.approvals, {"default": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
+	twice := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "bob"]}})
+	not approvals.requirement.satisfied with data.config.approvals as cfg with input as twice
+	two := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "carol"]}})
+	approvals.requirement.satisfied with data.config.approvals as cfg with input as two
+	approvals.requirement.ttl_seconds == 600 with data.config.approvals as cfg with input as two
+}

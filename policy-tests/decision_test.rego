@@ -1,0 +1,104 @@
+# End-to-end tests of data.gateway.decision: one per tool, allow and deny,
+# and the contract's shape.
+package gateway_test.decision
+
+import data.gateway
+
+principal := {"client": "test-client", "os_user": "alice"}
+
+call(tool, params) := {
+	"tool": tool,
+	"params": params,
+	"request_id": "req-test",
+	"now": "2026-11-29T10:00:00Z",
+	"principal": principal,
+}
+
+decide(tool, params) := d if {
+	d := gateway.decision with input as call(tool, params)
+}
+
+test_pod_status_in_allowed_namespace_is_allowed_with_a_pod_reader_credential if {
+	d := decide("k8s_get_pod_status", {"namespace": "demo-app"})
+	d.allow
+	d.deny_reasons == []
+	d.tier == "low"
+	d.credential == {
+		"mount": "kubernetes",
+		"role": "gateway-pod-reader-demo-app",
+		"params": {"kubernetes_namespace": "demo-app", "ttl": "10m"},
+	}
+	d.sandbox.egress == ["kube-apiserver"]
+	not d.approval.required
+}
+
+test_pod_status_outside_the_allowlist_is_denied_without_credential if {
+	d := decide("k8s_get_pod_status", {"namespace": "kube-system"})
+	not d.allow
+	d.credential == null
+	d.deny_reasons == [`namespace "kube-system" is not in the allowlist (allowed: demo-app)`]
+}
+
+test_plan_of_the_offline_module_needs_no_credential_and_no_network if {
+	d := decide("terraform_plan", {"working_dir": "terraform/offline-demo"})
+	d.allow
+	d.credential == null
+	d.sandbox.egress == []
+	d.sandbox.deadline_seconds == 300
+	not d.approval.required
+}
+
+test_plan_of_the_cluster_module_gets_a_plan_credential if {
+	d := decide("terraform_plan", {"working_dir": "terraform/k8s-demo"})
+	d.allow
+	d.credential.role == "gateway-tf-plan-demo-app"
+	d.credential.params.kubernetes_namespace == "demo-app"
+}
+
+test_apply_is_high_tier_and_always_needs_approval if {
+	d := decide("terraform_apply", {"working_dir": "terraform/k8s-demo"})
+	d.allow
+	d.tier == "high"
+	d.approval.required
+	not d.approval.satisfied
+	d.annotations.destructiveHint
+	d.credential.role == "gateway-tf-apply-demo-app"
+	d.credential.params.ttl == "15m"
+}
+
+test_unknown_tool_is_denied_with_cautious_defaults if {
+	d := decide("kubectl_delete_namespace", {"namespace": "demo-app"})
+	not d.allow
+	d.deny_reasons == [`unknown tool "kubectl_delete_namespace": the policy's tool catalog does not list it`]
+	d.tier == "high"
+	d.annotations.destructiveHint
+	d.credential == null
+	d.approval.required
+}
+
+test_missing_tool_is_denied if {
+	d := gateway.decision with input as {"params": {}}
+	not d.allow
+	d.deny_reasons == [`unknown tool "": the policy's tool catalog does not list it`]
+}
+
+test_every_field_of_the_contract_is_present if {
+	d := decide("nope", {})
+	object.keys(d) == {"allow", "deny_reasons", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
+	object.keys(d.approval) == {"required", "approvers", "ttl_seconds", "reason_required", "satisfied"}
+	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "egress"}
+}
+
+test_deny_reasons_are_sorted_and_all_reported if {
+	d := decide("terraform_plan", {"working_dir": "/etc/../x", "extra": "1"})
+	not d.allow
+	count(d.deny_reasons) == 4
+	d.deny_reasons == sort(d.deny_reasons)
+}
+
+test_tool_list_shows_catalog_tools_to_every_client_by_default if {
+	l := gateway.tool_list with input as {"principal": principal}
+	object.keys(l) == {"k8s_get_pod_status", "terraform_plan", "terraform_apply"}
+	l.terraform_apply.tier == "high"
+	l.k8s_get_pod_status.annotations.readOnlyHint
+}

@@ -1,0 +1,181 @@
+# Destructive signals. data.plans.* are the real plans under
+# tests/fixtures/plans (made by scripts/make-plan-fixtures.sh with a real
+# Terraform), mounted here through the policy-tests/plans link; the small
+# inline plans cover formats and cases a current Terraform cannot produce on
+# demand (errored, deferred, old format versions, unknown values).
+package gateway_test.signals
+
+import data.gateway.signals
+
+sig(plan) := s if {
+	s := signals.signals with input as {"tool": "terraform_apply", "params": {}, "plan": plan}
+}
+
+plan_with(changes) := {"format_version": "1.2", "planned_values": {}, "complete": true, "errored": false, "resource_changes": changes}
+
+rc(address, actions, extra) := object.union({"address": address, "change": {"actions": actions}}, extra)
+
+test_real_replace_plan_gives_one_replace_signal if {
+	sig(data.plans.replace) == [{
+		"address": "terraform_data.web",
+		"kind": "replace",
+		"actions": ["delete", "create"],
+		"reason": "replace_because_cannot_update",
+		"paths": [["triggers_replace"]],
+		"message": "terraform_data.web will be destroyed and re-created",
+	}]
+}
+
+test_real_create_before_destroy_replace if {
+	[s] := sig(data.plans["replace-create-before-destroy"])
+	s.kind == "replace"
+	s.actions == ["create", "delete"]
+	s.message == "terraform_data.web will be replaced: the new object is created before the old one is destroyed"
+}
+
+test_real_replace_by_request if {
+	[s] := sig(data.plans["replace-by-request"])
+	s.kind == "replace"
+	s.reason == "replace_by_request"
+	s.address == "terraform_data.db"
+}
+
+test_real_delete_of_a_removed_resource if {
+	sig(data.plans.delete) == [{
+		"address": "terraform_data.db",
+		"kind": "delete",
+		"actions": ["delete"],
+		"reason": "delete_because_no_resource_config",
+		"paths": [],
+		"message": "terraform_data.db will be destroyed",
+	}]
+}
+
+test_real_delete_by_count_index if {
+	[s] := sig(data.plans["delete-count-index"])
+	s.address == "terraform_data.worker[2]"
+	s.reason == "delete_because_count_index"
+}
+
+test_real_destroy_plan_signals_every_resource if {
+	s := sig(data.plans["destroy-all"])
+	[x.address | some x in s] == ["terraform_data.db", "terraform_data.web"]
+	every x in s {
+		x.kind == "delete"
+		x.reason == null
+	}
+}
+
+test_real_forget_is_a_signal if {
+	[s] := sig(data.plans.forget)
+	s.kind == "forget"
+	s.actions == ["forget"]
+	s.message == "terraform_data.db will be removed from Terraform state but left running, unmanaged"
+}
+
+test_real_plans_without_destruction_have_no_signals if {
+	sig(data.plans.create) == []
+	sig(data.plans.update) == []
+	sig(data.plans["no-changes"]) == []
+}
+
+test_real_empty_plan_without_resource_changes_has_no_signals if {
+	not data.plans.empty.resource_changes
+	sig(data.plans.empty) == []
+}
+
+test_real_targeted_plan_is_incomplete if {
+	[s] := sig(data.plans["targeted-incomplete"])
+	s.kind == "plan-incomplete"
+	s.address == ""
+}
+
+test_no_plan_no_signals if {
+	signals.signals == [] with input as {"tool": "terraform_plan", "params": {}}
+}
+
+test_errored_plan_is_a_signal if {
+	p := object.union(plan_with([]), {"errored": true})
+	[s.kind | some s in sig(p)] == ["plan-errored"]
+}
+
+test_deferred_changes_are_a_signal if {
+	p := object.union(plan_with([]), {"deferred_changes": [{"reason": "provider_config_unknown", "resource_change": {}}]})
+	[s] := sig(p)
+	s.kind == "plan-deferred"
+	s.message == "the plan defers 1 change(s) to a later run"
+}
+
+test_unknown_format_version_is_a_signal if {
+	p := object.union(plan_with([]), {"format_version": "2.0"})
+	[s.kind | some s in sig(p)] == ["plan-unknown-format"]
+}
+
+test_format_0_1_plans_from_terraform_0_12_are_understood if {
+	# Terraform 0.12 wrote format 0.1: no action_reason, no complete/errored.
+	p := {"format_version": "0.1", "terraform_version": "0.12.31", "planned_values": {}, "resource_changes": [
+		rc("aws_instance.a", ["delete", "create"], {}),
+		rc("aws_instance.b", ["update"], {}),
+		rc("aws_instance.c", ["delete"], {}),
+	]}
+	[[s.address, s.kind] | some s in sig(p)] == [["aws_instance.a", "replace"], ["aws_instance.c", "delete"]]
+}
+
+test_unknown_action_is_a_signal if {
+	[s] := sig(plan_with([rc("x.y", ["teleport"], {})]))
+	s.kind == "unknown-action"
+	s.message == `x.y has actions ["teleport"], which this policy does not know`
+}
+
+test_unknown_action_reason_is_a_signal if {
+	[s] := sig(plan_with([rc("x.y", ["update"], {"action_reason": "replace_because_moon_phase_x"})]))
+	s.kind == "replace"
+	[t] := sig(plan_with([rc("x.y", ["update"], {"action_reason": "because_i_said_so"})]))
+	t.kind == "unknown-reason"
+	t.message == `x.y has action_reason "because_i_said_so", which this policy does not know`
+}
+
+test_no_op_with_a_replace_reason_is_still_a_signal if {
+	[s] := sig(plan_with([rc("x.y", ["no-op"], {"action_reason": "replace_because_tainted"})]))
+	s.kind == "replace"
+	s.message == `x.y will be replaced (action_reason replace_because_tainted, actions ["no-op"])`
+}
+
+test_no_op_with_a_delete_reason_is_still_a_signal if {
+	[s] := sig(plan_with([rc("x.y", ["no-op"], {"action_reason": "delete_because_each_key"})]))
+	s.kind == "delete"
+	s.message == `x.y carries destructive action_reason delete_because_each_key (actions ["no-op"])`
+}
+
+test_read_reasons_are_not_signals if {
+	sig(plan_with([rc("data.x.y", ["read"], {"action_reason": "read_because_config_unknown", "mode": "data"})])) == []
+}
+
+test_replace_paths_alone_are_a_signal if {
+	[s] := sig(plan_with([{"address": "x.y", "change": {"actions": ["update"], "replace_paths": [["name"]]}}]))
+	s.kind == "replace"
+	s.paths == [["name"]]
+}
+
+test_deposed_objects_are_named_apart if {
+	[s] := sig(plan_with([rc("x.y", ["delete"], {"deposed": "00a1b2c3"})]))
+	s.address == "x.y (deposed object 00a1b2c3)"
+	s.message == "x.y (deposed object 00a1b2c3) will be destroyed"
+}
+
+test_resource_drift_is_not_a_planned_change if {
+	p := object.union(plan_with([]), {"resource_drift": [rc("x.y", ["delete"], {})]})
+	sig(p) == []
+}
+
+test_malformed_resource_changes_are_a_signal if {
+	p := object.union(plan_with([]), {"resource_changes": {"x": 1}})
+	"plan-malformed" in {s.kind | some s in sig(p)}
+	[t] := sig(plan_with([{"address": "x.y", "change": {}}]))
+	t.message == "resource change 0 has no change.actions list"
+}
+
+test_signals_are_sorted_and_deterministic if {
+	s := sig(plan_with([rc("b.b", ["delete"], {}), rc("a.a", ["delete"], {})]))
+	[x.address | some x in s] == ["a.a", "b.b"]
+}

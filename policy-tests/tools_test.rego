@@ -1,0 +1,82 @@
+# The tool catalog: params, tiers, annotations, per-client visibility.
+package gateway_test.tools
+
+import data.gateway.tools
+
+call(tool, params) := {"tool": tool, "params": params, "principal": {"client": "c", "os_user": "u"}}
+
+test_tiers_come_from_the_catalog if {
+	tools.tier == "low" with input as call("k8s_get_pod_status", {})
+	tools.tier == "low" with input as call("terraform_plan", {})
+	tools.tier == "high" with input as call("terraform_apply", {})
+}
+
+test_unknown_tool_is_high_tier if {
+	tools.tier == "high" with input as call("rm_rf", {})
+}
+
+test_annotations_come_from_the_catalog if {
+	a := tools.annotations with input as call("terraform_plan", {})
+	a == {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true}
+}
+
+test_missing_required_param_is_denied if {
+	r := tools.deny with input as call("k8s_get_pod_status", {})
+	r == {`missing required param "namespace"`}
+}
+
+test_optional_param_may_be_left_out if {
+	r := tools.deny with input as call("terraform_apply", {"working_dir": "terraform/offline-demo"})
+	r == set()
+}
+
+test_optional_param_may_be_given if {
+	r := tools.deny with input as call("terraform_apply", {"working_dir": "terraform/offline-demo", "approval_id": "ap-1"})
+	r == set()
+}
+
+test_unknown_param_is_denied if {
+	r := tools.deny with input as call("k8s_get_pod_status", {"namespace": "demo-app", "role": "admin"})
+	r == {`unknown param "role" for tool "k8s_get_pod_status"`}
+}
+
+test_non_string_param_is_denied if {
+	r := tools.deny with input as call("k8s_get_pod_status", {"namespace": ["demo-app"]})
+	r == {`param "namespace" must be a string`}
+}
+
+test_overlong_param_is_denied if {
+	r := tools.deny with input as call("k8s_get_pod_status", {"namespace": concat("", [x | some _ in numbers.range(1, 64); x := "a"])})
+	r == {`param "namespace" is longer than 63 characters`}
+}
+
+test_params_that_are_not_an_object_are_denied if {
+	r := tools.deny with input as call("terraform_plan", "working_dir=x")
+	`params must be an object` in r
+}
+
+test_missing_params_count_as_empty if {
+	r := tools.deny with input as {"tool": "terraform_plan"}
+	r == {`missing required param "working_dir"`}
+}
+
+test_tool_restricted_to_some_clients_is_hidden_and_denied_for_others if {
+	catalog := object.union(data.config.tools, {"terraform_apply": object.union(data.config.tools.terraform_apply, {"clients": ["ops-console"]})})
+	l := tools.visible with data.config.tools as catalog with input as call("terraform_plan", {})
+	not l.terraform_apply
+	l.terraform_plan
+	r := tools.deny with data.config.tools as catalog with input as call("terraform_apply", {"working_dir": "terraform/offline-demo"})
+	r == {`tool "terraform_apply" is not available to client "c"`}
+}
+
+test_tool_restricted_to_some_clients_is_allowed_for_them if {
+	catalog := object.union(data.config.tools, {"terraform_apply": object.union(data.config.tools.terraform_apply, {"clients": ["ops-console"]})})
+	inp := object.union(call("terraform_apply", {"working_dir": "terraform/offline-demo"}), {"principal": {"client": "ops-console"}})
+	r := tools.deny with data.config.tools as catalog with input as inp
+	r == set()
+}
+
+test_an_empty_catalog_has_no_tools if {
+	r := tools.deny with data.config.tools as {} with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
+	r == {`unknown tool "k8s_get_pod_status": the policy's tool catalog does not list it`}
+}
