@@ -1,1 +1,98 @@
-fn main() {}
+//! Decision latency of the default policies:
+//! - `request`: a k8s_get_pod_status decision (no plan);
+//! - `plan_5000`: a terraform_apply decision on a 5,000-resource plan (about
+//!   5 MB of plan JSON) whose conversion to a policy value was done once;
+//! - `plan_5000_convert_once`: that one-time conversion (clone of the parsed
+//!   JSON included), done once per plan by `PlanInput::new`.
+//!
+//! Run: `cargo bench --bench policy`. The plan is built from the real
+//! `replace.json` fixture: its resource change repeated 5,000 times under
+//! new addresses with a mix of create, update, no-op, delete and replace.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{DecisionInput, PlanInput, PolicySet, Principal, plan};
+
+fn big_plan(n: usize) -> serde_json::Value {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut p =
+        plan::read_plan_file(&root.join("tests/fixtures/plans/replace.json")).expect("fixture");
+    let template = p["resource_changes"]
+        .as_array()
+        .and_then(|rcs| rcs.iter().find(|rc| rc["change"]["actions"][0] == "delete"))
+        .cloned()
+        .expect("a replace in the fixture");
+    let actions: [&[&str]; 5] = [
+        &["create"],
+        &["update"],
+        &["no-op"],
+        &["delete"],
+        &["delete", "create"],
+    ];
+    let changes: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            let mut rc = template.clone();
+            rc["address"] = format!("terraform_data.r[{i}]").into();
+            rc["index"] = i.into();
+            rc["change"]["actions"] = serde_json::json!(actions[i % actions.len()]);
+            if i % actions.len() != 4 {
+                if let Some(o) = rc.as_object_mut() {
+                    o.remove("action_reason");
+                }
+                if let Some(c) = rc["change"].as_object_mut() {
+                    c.remove("replace_paths");
+                }
+            }
+            rc
+        })
+        .collect();
+    p["resource_changes"] = changes.into();
+    p
+}
+
+fn bench(c: &mut Criterion) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let set = PolicySet::load(&[root.join("policies")], &LoadOptions::default()).expect("policies");
+    let principal = Principal {
+        client: "bench".into(),
+        os_user: "bench".into(),
+    };
+
+    let request = DecisionInput::new(
+        "k8s_get_pod_status",
+        serde_json::json!({"namespace": "demo-app"}),
+        principal.clone(),
+    );
+    c.bench_function("decision/request", |b| {
+        b.iter(|| {
+            let ev = set.decide(&request);
+            assert!(ev.decision.allow);
+            ev
+        })
+    });
+
+    let mut apply = DecisionInput::new(
+        "terraform_apply",
+        serde_json::json!({"working_dir": "terraform/offline-demo"}),
+        principal,
+    );
+    let json = big_plan(5000);
+    apply.plan = Some(PlanInput::new(json.clone()));
+    let mut g = c.benchmark_group("decision");
+    g.sample_size(10);
+    g.bench_function("plan_5000", |b| {
+        b.iter(|| {
+            let ev = set.decide(&apply);
+            assert_eq!(ev.error, None);
+            assert_eq!(ev.decision.signals.len(), 2000);
+            ev
+        })
+    });
+    g.bench_function("plan_5000_convert_once", |b| {
+        b.iter(|| PlanInput::new(json.clone()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -10,7 +9,7 @@ use clap::{Subcommand, ValueEnum};
 
 use super::Cli;
 use crate::policy::set::LoadOptions;
-use crate::policy::{DecisionInput, PolicySet, Principal, plan, testing};
+use crate::policy::{DecisionInput, PlanInput, PolicySet, Principal, plan, testing};
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
@@ -136,10 +135,10 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
         input.now = now.clone();
     }
     if let Some(p) = &a.plan {
-        input.plan = Some(Arc::new(plan::read_plan_file(p)?));
+        input.plan = Some(PlanInput::new(plan::read_plan_file(p)?));
     } else if let Some(p) = base.get("plan") {
         let bytes = serde_json::to_vec(p)?;
-        input.plan = Some(Arc::new(plan::parse_plan(
+        input.plan = Some(PlanInput::new(plan::parse_plan(
             &bytes,
             "the --input document's plan",
         )?));

@@ -23,9 +23,8 @@ pub struct DecisionInput {
     /// RFC 3339, UTC, seconds precision.
     pub now: String,
     pub principal: Principal,
-    /// `terraform show -json` of the plan, once one exists. Shared, because a
-    /// large plan is evaluated more than once and must not be copied.
-    pub plan: Option<Arc<serde_json::Value>>,
+    /// `terraform show -json` of the plan, once one exists.
+    pub plan: Option<PlanInput>,
     /// The approval presented with the call (`{id, status, approvers}`).
     pub approval: Option<serde_json::Value>,
 }
@@ -56,7 +55,7 @@ impl DecisionInput {
             serde_json::to_value(&self.principal).unwrap_or(serde_json::Value::Null),
         );
         if let Some(plan) = &self.plan {
-            m.insert("plan".into(), plan.as_ref().clone());
+            m.insert("plan".into(), plan.json.as_ref().clone());
         }
         if let Some(approval) = &self.approval {
             m.insert("approval".into(), approval.clone());
@@ -78,12 +77,32 @@ impl DecisionInput {
         principal.insert(s("os_user"), s(&self.principal.os_user));
         obj.insert(s("principal"), regorus::Value::from(principal));
         if let Some(plan) = &self.plan {
-            obj.insert(s("plan"), regorus::Value::from(plan.as_ref().clone()));
+            obj.insert(s("plan"), plan.rego.clone());
         }
         if let Some(approval) = &self.approval {
             obj.insert(s("approval"), regorus::Value::from(approval.clone()));
         }
         regorus::Value::from(obj)
+    }
+}
+
+/// A plan in both forms: the JSON (for display and storage) and the policy
+/// value, converted once. Both are shared, not copied, when the input is
+/// cloned or evaluated again (an apply evaluates its plan more than once,
+/// and converting a large plan costs more than the policy does).
+#[derive(Debug, Clone)]
+pub struct PlanInput {
+    pub json: Arc<serde_json::Value>,
+    rego: regorus::Value,
+}
+
+impl PlanInput {
+    pub fn new(json: serde_json::Value) -> PlanInput {
+        let rego = regorus::Value::from(json.clone());
+        PlanInput {
+            json: Arc::new(json),
+            rego,
+        }
     }
 }
 
@@ -111,7 +130,7 @@ mod tests {
                 os_user: "alice".into(),
             },
         );
-        input.plan = Some(Arc::new(
+        input.plan = Some(PlanInput::new(
             json!({"format_version": "1.2", "resource_changes": [{"address": "a"}]}),
         ));
         input.approval = Some(json!({"id": "x", "status": "approved", "approvers": ["bob"]}));

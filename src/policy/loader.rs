@@ -58,11 +58,19 @@ impl Sources {
                 }
                 continue;
             }
+            // Resolve the root once, so that a directory swapped in by
+            // renaming a symlink is read wholly before or wholly after.
+            let real = std::fs::canonicalize(root).map_err(|source| PolicyError::Io {
+                path: root.clone(),
+                source,
+            })?;
             let mut found = Vec::new();
-            walk(root, root, &mut found)?;
+            walk(&real, &real, &mut found)?;
             found.sort();
             for (path, rel, kind) in found {
-                files.push(read_file(&path, &rel, kind)?);
+                let mut file = read_file(&path, &rel, kind)?;
+                file.display = root.join(&rel).display().to_string();
+                files.push(file);
             }
         }
         Ok(Sources { files })

@@ -20,7 +20,7 @@ pub mod testing;
 pub use decision::{
     Annotations, ApprovalRequirement, CredentialScope, Decision, SandboxLimits, Signal,
 };
-pub use input::{DecisionInput, Principal};
+pub use input::{DecisionInput, PlanInput, Principal};
 pub use set::{Evaluation, PolicySet};
 pub use store::{PolicyEvent, PolicyStore};
 

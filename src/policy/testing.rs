@@ -156,12 +156,9 @@ pub fn run(roots: &[PathBuf], opts: &RunOptions) -> Result<Report, PolicyError> 
                 continue;
             }
             let full = format!("{package}.{name}");
-            if !tests.contains_key(&full) {
-                order.push(full.clone());
-                tests.insert(
-                    full,
-                    (package.clone(), span.source.file().clone(), span.line),
-                );
+            if let std::collections::btree_map::Entry::Vacant(e) = tests.entry(full.clone()) {
+                order.push(full);
+                e.insert((package.clone(), span.source.file().clone(), span.line));
             }
         }
     }

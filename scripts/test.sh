@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run runs exactly this):
+# set-up, format and lint checks, the policy set's own checks and Rego unit
+# tests (100% line coverage of policies/ required), then every Rust test.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "bootstrap"
+scripts/bootstrap.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+
+step "build"
+cargo build --all-targets --locked
+
+step "gateway policy check"
+target/debug/gateway --policies policies policy check
+
+step "gateway policy test --coverage --threshold 100"
+target/debug/gateway --policies policies policy test policies policy-tests --coverage --threshold 100
+
+step "cargo test"
+# CI=true: insta never writes snapshots, a mismatch fails.
+CI=true cargo test --all-targets --locked

@@ -1,0 +1,41 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The real `gateway` binary, run in the repository root with a private home.
+pub fn gateway(home: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.current_dir(repo())
+        .env("GATEWAY_HOME", home)
+        .env_remove("GATEWAY_POLICIES")
+        .env_remove("RUST_LOG");
+    cmd
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Copy a directory tree (following symlinks).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if std::fs::metadata(entry.path()).expect("metadata").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Hot reload of the policy set: edits, additions and removals are picked up
+//! within a second; a broken edit keeps the last good set and is reported;
+//! a request never sees half a policy set.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{DecisionInput, PolicyEvent, PolicyStore, Principal};
+
+fn pod_status(ns: &str) -> DecisionInput {
+    DecisionInput::new(
+        "k8s_get_pod_status",
+        serde_json::json!({"namespace": ns}),
+        Principal {
+            client: "test".into(),
+            os_user: "alice".into(),
+        },
+    )
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let s = std::fs::read_to_string(path).expect("read");
+    assert!(
+        s.contains(from),
+        "{} should contain {from:?}",
+        path.display()
+    );
+    // Write a sibling and rename it over the file, as editors do.
+    let tmp = path.with_extension("tmp-edit");
+    std::fs::write(&tmp, s.replace(from, to)).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+/// Poll `cond` until it holds or `limit` passes; returns how long it took.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    policies: std::path::PathBuf,
+    store: Arc<PolicyStore>,
+    events: Arc<Mutex<Vec<PolicyEvent>>>,
+    _watch: gateway::policy::store::WatchHandle,
+}
+
+fn watched_copy_of_default_policies() -> Fixture {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policies = dir.path().join("policies");
+    common::copy_dir(&common::repo().join("policies"), &policies);
+    let store = Arc::new(PolicyStore::open(
+        vec![policies.clone()],
+        LoadOptions::default(),
+    ));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let watch = store.watch(Duration::from_millis(100), move |ev| {
+        if let Ok(mut v) = sink.lock() {
+            v.push(ev.clone());
+        }
+    });
+    Fixture {
+        _dir: dir,
+        policies,
+        store,
+        events,
+        _watch: watch,
+    }
+}
+
+#[test]
+fn an_edited_data_file_takes_effect_within_a_second() {
+    let f = watched_copy_of_default_policies();
+    assert!(!f.store.decide(&pod_status("staging")).decision.allow);
+    edit(
+        &f.policies.join("config/scopes.yaml"),
+        "namespaces:\n",
+        "namespaces:\n  staging:\n    roles:\n      pod_reader: ro-staging\n",
+    );
+    let took = wait_for(Duration::from_secs(1), || {
+        f.store.decide(&pod_status("staging")).decision.allow
+    });
+    assert!(took.is_some(), "the edit was not picked up within a second");
+    let events = f.events.lock().expect("events").clone();
+    assert!(
+        matches!(events.last(), Some(PolicyEvent::Reloaded { .. })),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn added_and_removed_policy_files_take_effect() {
+    let f = watched_copy_of_default_policies();
+    // An added file contributes a deny rule to the tools package.
+    std::fs::write(
+        f.policies.join("freeze.rego"),
+        "package gateway.tools\n\ndeny contains \"change freeze: no tool calls today\" if true\n",
+    )
+    .expect("write");
+    assert!(
+        wait_for(Duration::from_secs(1), || !f
+            .store
+            .decide(&pod_status("demo-app"))
+            .decision
+            .allow)
+        .is_some(),
+        "added file not picked up"
+    );
+    let d = f.store.decide(&pod_status("demo-app")).decision;
+    assert_eq!(
+        d.deny_reasons,
+        vec!["change freeze: no tool calls today".to_string()]
+    );
+    std::fs::remove_file(f.policies.join("freeze.rego")).expect("rm");
+    assert!(
+        wait_for(Duration::from_secs(1), || f
+            .store
+            .decide(&pod_status("demo-app"))
+            .decision
+            .allow)
+        .is_some(),
+        "removal not picked up"
+    );
+}
+
+#[test]
+fn a_broken_edit_keeps_the_last_good_set_and_is_reported_once() {
+    let f = watched_copy_of_default_policies();
+    let good = f.store.current().expect("loaded").fingerprint.clone();
+    edit(
+        &f.policies.join("tools.rego"),
+        "default tier := \"high\"",
+        "default tier := ",
+    );
+    let reported = wait_for(Duration::from_secs(1), || {
+        f.events
+            .lock()
+            .map(|e| {
+                e.iter()
+                    .any(|ev| matches!(ev, PolicyEvent::ReloadFailed { .. }))
+            })
+            .unwrap_or(false)
+    });
+    assert!(reported.is_some(), "the failure was not reported");
+    // Still deciding with the last good set.
+    assert!(f.store.decide(&pod_status("demo-app")).decision.allow);
+    assert_eq!(f.store.current().expect("still loaded").fingerprint, good);
+    std::thread::sleep(Duration::from_millis(400));
+    let events = f.events.lock().expect("events").clone();
+    let failures: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, PolicyEvent::ReloadFailed { .. }))
+        .collect();
+    assert_eq!(
+        failures.len(),
+        1,
+        "reported once, not at every poll: {events:?}"
+    );
+    match failures[0] {
+        PolicyEvent::ReloadFailed { error, active } => {
+            assert!(error.contains("tools.rego:"), "names the file: {error}");
+            assert_eq!(active.as_deref(), Some(good.as_str()));
+        }
+        PolicyEvent::Reloaded { .. } => unreachable!(),
+    }
+    // Fixing the file recovers.
+    edit(
+        &f.policies.join("tools.rego"),
+        "default tier := \n",
+        "default tier := \"high\"\n",
+    );
+    assert!(
+        wait_for(Duration::from_secs(1), || {
+            f.events
+                .lock()
+                .map(|e| matches!(e.last(), Some(PolicyEvent::Reloaded { .. })))
+                .unwrap_or(false)
+        })
+        .is_some()
+    );
+}
+
+#[test]
+fn a_store_that_never_loaded_denies_everything_until_fixed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policies = dir.path().join("policies");
+    common::copy_dir(&common::repo().join("policies"), &policies);
+    edit(
+        &policies.join("scope.rego"),
+        "import data.gateway.tools",
+        "import data.gateway.tools\n\nbroken := no_such_builtin(1)",
+    );
+    let store = Arc::new(PolicyStore::open(
+        vec![policies.clone()],
+        LoadOptions::default(),
+    ));
+    let ev = store.decide(&pod_status("demo-app"));
+    assert!(!ev.decision.allow);
+    assert!(
+        ev.decision.deny_reasons[0].contains("no usable policy set"),
+        "{:?}",
+        ev.decision.deny_reasons
+    );
+    assert!(
+        ev.decision.deny_reasons[0].contains("scope.rego:"),
+        "{:?}",
+        ev.decision.deny_reasons
+    );
+    let _watch = store.watch(Duration::from_millis(50), |_| {});
+    edit(
+        &policies.join("scope.rego"),
+        "\n\nbroken := no_such_builtin(1)",
+        "",
+    );
+    assert!(
+        wait_for(Duration::from_secs(1), || store
+            .decide(&pod_status("demo-app"))
+            .decision
+            .allow)
+        .is_some()
+    );
+}
+
+/// Readers never see a mix of two policy sets: each set's rego and data
+/// agree on a version, and the directory is swapped atomically (a symlink
+/// renamed over the old one), so every decision must carry one version in
+/// both places.
+#[test]
+fn requests_never_see_half_a_policy_set() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for v in ["a", "b"] {
+        let d = dir.path().join(v);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        std::fs::write(
+            d.join("decision.rego"),
+            format!(
+                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [],\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
+            ),
+        )
+        .expect("write");
+        std::fs::write(d.join("version.json"), format!("{{\"v\": \"{v}\"}}")).expect("write");
+    }
+    let link = dir.path().join("current");
+    std::os::unix::fs::symlink(dir.path().join("a"), &link).expect("symlink");
+    let store = Arc::new(PolicyStore::open(
+        vec![link.clone()],
+        LoadOptions::default(),
+    ));
+    let _watch = store.watch(Duration::from_millis(5), |_| {});
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let decisions = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop, seen, decisions) = (
+                Arc::clone(&store),
+                Arc::clone(&stop),
+                Arc::clone(&seen),
+                Arc::clone(&decisions),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let ev = store.decide(&pod_status("x"));
+                    assert_eq!(ev.error, None);
+                    let tier = ev.decision.tier;
+                    assert!(tier == "a-a" || tier == "b-b", "half a policy set: {tier}");
+                    decisions.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut s) = seen.lock() {
+                        s.insert(tier);
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut flip = 0;
+    while start.elapsed() < Duration::from_millis(1500) {
+        flip += 1;
+        let target = dir.path().join(if flip % 2 == 0 { "a" } else { "b" });
+        let tmp = dir.path().join("current.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&target, &tmp).expect("symlink");
+        std::fs::rename(&tmp, &link).expect("swap");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().expect("reader found no mixed set");
+    }
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(
+        seen.len(),
+        2,
+        "both sets were active at some point: {seen:?}"
+    );
+    assert!(decisions.load(Ordering::Relaxed) > 100);
+}
