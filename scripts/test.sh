@@ -26,6 +26,9 @@ target/debug/gateway --policies policies policy check
 step "gateway policy test --coverage --threshold 100"
 target/debug/gateway --policies policies policy test policies policy-tests --coverage --threshold 100
 
+step "benchmarks, once each as a smoke test (criterion --test mode)"
+cargo test --benches --locked
+
 step "cargo test"
 # CI=true: insta never writes snapshots, a mismatch fails.
-CI=true cargo test --all-targets --locked
+CI=true cargo test --lib --bins --tests --locked

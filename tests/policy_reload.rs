@@ -308,3 +308,20 @@ fn requests_never_see_half_a_policy_set() {
     );
     assert!(decisions.load(Ordering::Relaxed) > 100);
 }
+
+#[test]
+fn a_vanished_policy_dir_keeps_the_last_good_set_and_is_reported_once() {
+    let f = watched_copy_of_default_policies();
+    std::fs::rename(&f.policies, f.policies.with_extension("moved")).expect("move away");
+    std::thread::sleep(Duration::from_millis(600));
+    let events = f.events.lock().expect("events").clone();
+    let failures = events
+        .iter()
+        .filter(|e| matches!(e, PolicyEvent::ReloadFailed { .. }))
+        .count();
+    assert_eq!(failures, 1, "{events:?}");
+    assert!(
+        f.store.decide(&pod_status("demo-app")).decision.allow,
+        "last good set still decides"
+    );
+}

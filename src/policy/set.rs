@@ -170,6 +170,24 @@ impl PolicySet {
             .map_err(|e| PolicyError::Eval(format!("result is not JSON: {e}")))
     }
 
+    /// `data.gateway.tool_list` for a principal: the tools it may see, by
+    /// name, as the policy describes them (title, description, tier,
+    /// annotations, params).
+    pub fn tool_list(
+        &self,
+        principal: &super::Principal,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, PolicyError> {
+        let input = serde_json::json!({"principal": principal});
+        match self.eval_rule(super::TOOL_LIST_RULE, regorus::Value::from(input))? {
+            serde_json::Value::Object(m) => Ok(m),
+            other => Err(PolicyError::Contract(format!(
+                "{} must be an object of tools by name, got {}",
+                super::TOOL_LIST_RULE,
+                super::decision::json_kind(&other)
+            ))),
+        }
+    }
+
     /// The decision for `input`. Never fails: anything that keeps the policy
     /// from giving a valid decision yields a deny with the error as reason.
     pub fn decide(&self, input: &DecisionInput) -> Evaluation {
@@ -265,6 +283,37 @@ decision := {
         assert_eq!(ev.error, None);
         assert!(ev.decision.allow);
         assert_eq!(ev.decision.tier, "medium");
+    }
+
+    #[test]
+    fn the_tool_list_comes_from_the_policy() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default())
+            .expect("defaults load");
+        let tools = set
+            .tool_list(&Principal {
+                client: "c".into(),
+                os_user: "u".into(),
+            })
+            .expect("tool list");
+        let names: Vec<&str> = tools.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            vec!["k8s_get_pod_status", "terraform_apply", "terraform_plan"]
+        );
+        assert_eq!(tools["terraform_apply"]["tier"], "high");
+        let other = set_from(
+            &[("d.rego", &format!("{ALLOW_ALL}\ntool_list := [1]\n"))],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        let err = other
+            .tool_list(&Principal {
+                client: "c".into(),
+                os_user: "u".into(),
+            })
+            .expect_err("not an object");
+        assert!(err.to_string().contains("must be an object"), "{err}");
     }
 
     #[test]

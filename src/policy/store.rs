@@ -37,6 +37,10 @@ enum Active {
     Broken(String),
 }
 
+/// How often the watcher looks at the policy files by default: edits take
+/// effect within this interval plus the (millisecond) reload.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
 pub struct PolicyStore {
     roots: Vec<PathBuf>,
     opts: LoadOptions,
@@ -101,10 +105,15 @@ impl PolicyStore {
     /// happened, or `None` when nothing changed.
     pub fn reload(&self) -> Option<PolicyEvent> {
         let sources = Sources::read(&self.roots);
-        let fingerprint = sources.as_ref().map(Sources::fingerprint).ok();
+        // An unreadable directory is fingerprinted by its error, so that it
+        // too is reported once rather than at every poll.
+        let fingerprint = Some(match &sources {
+            Ok(s) => s.fingerprint(),
+            Err(e) => format!("unreadable: {e}"),
+        });
         {
             let seen = self.last_seen.read().map(|s| s.clone()).unwrap_or(None);
-            if fingerprint.is_some() && seen == fingerprint {
+            if seen == fingerprint {
                 return None;
             }
         }
