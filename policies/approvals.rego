@@ -47,3 +47,13 @@ requirement := {
 	"reason_required": settings.reason_required,
 	"satisfied": satisfied,
 }
+
+# The identity an approval or denial is recorded under, asked by the
+# `gateway approve` / `gateway deny` CLI with input {"os_user", "as"}.
+# Undefined (refused) when --as is used and the configuration forbids it.
+approver := input.os_user if not input.as
+
+approver := input.as if {
+	input.as
+	cfg.identity.allow_as
+}

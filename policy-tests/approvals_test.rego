@@ -66,3 +66,15 @@ test_k_of_n_needs_k_distinct_approvers if {
 	approvals.requirement.satisfied with data.config.approvals as cfg with input as two
 	approvals.requirement.ttl_seconds == 600 with data.config.approvals as cfg with input as two
 }
+
+test_the_approver_is_the_os_user_by_default if {
+	approvals.approver == "alice" with input as {"os_user": "alice"}
+}
+
+test_approve_as_is_allowed_by_the_default_configuration if {
+	approvals.approver == "bob" with input as {"os_user": "alice", "as": "bob"}
+}
+
+test_approve_as_is_refused_when_the_configuration_forbids_it if {
+	not approvals.approver with input as {"os_user": "alice", "as": "bob"} with data.config.approvals.identity.allow_as as false
+}

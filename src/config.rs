@@ -15,10 +15,12 @@ pub fn default_home() -> PathBuf {
     PathBuf::from(".gateway")
 }
 
-/// The OS user running this process, as the policy input's `principal.os_user`.
-pub fn os_user() -> String {
-    ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| "unknown".to_string())
+/// The real OS user running this process (from the uid, not from the
+/// environment, which the caller controls): the approver's default identity.
+pub fn os_identity() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(u)) => u.name,
+        _ => format!("uid:{uid}"),
+    }
 }

@@ -3,6 +3,9 @@
 //! The modules follow the pipeline of SPEC §1. Every decision is made by the
 //! Rego policies under `policies/` (see [`policy`]); Rust moves data.
 
+pub mod approvals;
+pub mod audit;
+pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod policy;

@@ -1,5 +1,7 @@
 //! The command line (SPEC §8).
 
+mod approvals;
+mod audit;
 mod policy;
 
 use std::path::PathBuf;
@@ -37,6 +39,14 @@ pub enum Command {
     /// Evaluate, test and check policies.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Pending approvals and what they would do (`approvals show ID`).
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve a pending call (a person, out of band; never the agent).
+    Approve(approvals::VerdictArgs),
+    /// Deny a pending call.
+    Deny(approvals::VerdictArgs),
+    /// Read the audit trail (`audit verify` checks its hash chain).
+    Audit(audit::AuditArgs),
 }
 
 impl Cli {
@@ -62,5 +72,9 @@ pub fn init_tracing() {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Policy(cmd) => policy::run(&cli, cmd),
+        Command::Approvals(a) => approvals::list(&cli, a),
+        Command::Approve(a) => approvals::verdict(&cli, a, true),
+        Command::Deny(a) => approvals::verdict(&cli, a, false),
+        Command::Audit(a) => audit::run(&cli, a),
     }
 }

@@ -124,7 +124,7 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
             .context("`principal` in --input must be {\"client\", \"os_user\"}")?,
         None => Principal {
             client: a.client.clone(),
-            os_user: crate::config::os_user(),
+            os_user: crate::config::os_identity(),
         },
     };
     let mut input = DecisionInput::new(tool, params, principal);

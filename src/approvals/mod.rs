@@ -1,0 +1,958 @@
+//! Approvals (SPEC §4): a SQLite store (WAL, busy timeout, versioned schema)
+//! of approvals that are bound to one call, single-use, expiring, and
+//! granted only out of band by a person through the CLI.
+//!
+//! States: `pending` -> `approved` (enough distinct approvers) -> `spent`;
+//! `pending` -> `denied`; `pending`/`approved` -> `expired` (by time,
+//! computed at every read and spend).
+//!
+//! The MCP server uses only [`ApprovalStore::create`], [`ApprovalStore::get`]
+//! and [`ApprovalStore::spend`]; granting and denying are reached only from
+//! the CLI (`gateway approve` / `gateway deny`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The database file's name under the gateway's home.
+pub const FILE_NAME: &str = "approvals.db";
+
+const SCHEMA_VERSION: i64 = 1;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: approvals and the verdicts people gave on them.
+    r#"
+    CREATE TABLE approvals (
+        id                 TEXT PRIMARY KEY,
+        tool               TEXT NOT NULL,
+        params_json        TEXT NOT NULL,
+        params_sha256      TEXT NOT NULL,
+        plan_sha256        TEXT,
+        plan_summary_json  TEXT NOT NULL,
+        signals_json       TEXT NOT NULL,
+        request_id         TEXT NOT NULL,
+        requested_by       TEXT NOT NULL,
+        requested_client   TEXT NOT NULL,
+        created_at_ms      INTEGER NOT NULL,
+        expires_at_ms      INTEGER NOT NULL,
+        approvers_required INTEGER NOT NULL CHECK (approvers_required >= 1),
+        reason_required    INTEGER NOT NULL,
+        state              TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'spent')),
+        spent_at_ms        INTEGER,
+        spent_request_id   TEXT
+    );
+    CREATE TABLE verdicts (
+        approval_id TEXT NOT NULL REFERENCES approvals(id),
+        approver    TEXT NOT NULL,
+        verdict     TEXT NOT NULL CHECK (verdict IN ('grant', 'deny')),
+        reason      TEXT NOT NULL,
+        at_ms       INTEGER NOT NULL,
+        UNIQUE (approval_id, approver, verdict)
+    );
+    CREATE INDEX approvals_state ON approvals(state, expires_at_ms);
+    "#,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    #[error("approval database {path}: {source}")]
+    Db {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "approval database {path} has schema version {found}, newer than this gateway understands ({SCHEMA_VERSION})"
+    )]
+    SchemaTooNew { path: PathBuf, found: i64 },
+    #[error("stored approval {id} is corrupt: {message}")]
+    Corrupt { id: String, message: String },
+    #[error("cannot generate an approval id: {0}")]
+    Random(String),
+}
+
+/// Why a grant, denial or spend was refused. Each names the check that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[serde(tag = "refusal", rename_all = "snake_case")]
+pub enum Refusal {
+    #[error("no approval with id {id}")]
+    UnknownId { id: String },
+    #[error("approval {id} expired at {expired_at}")]
+    Expired { id: String, expired_at: String },
+    #[error("approval {id} was denied")]
+    Denied { id: String },
+    #[error("approval {id} was already spent")]
+    AlreadySpent { id: String },
+    #[error("approval {id} is still pending: {given} of {needed} approvals given")]
+    NotApproved { id: String, given: u32, needed: u32 },
+    #[error("approval {id} is already {state}; nothing to decide")]
+    AlreadyDecided { id: String, state: String },
+    #[error("approval {id} is bound to other params (params digest differs)")]
+    ParamsMismatch { id: String },
+    #[error(
+        "approval {id} is bound to another plan (plan digest differs: re-planned or changed plan file)"
+    )]
+    PlanMismatch { id: String },
+    #[error("approval {id} is for tool {bound}, not {asked}")]
+    ToolMismatch {
+        id: String,
+        bound: String,
+        asked: String,
+    },
+    #[error("{approver} requested this call and cannot approve it")]
+    SelfApproval { approver: String },
+    #[error("{approver} already approved {id}; it needs approvals from other people")]
+    DuplicateApprover { id: String, approver: String },
+    #[error("approval {id} requires a reason (--reason)")]
+    ReasonRequired { id: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Pending,
+    Approved,
+    Denied,
+    Spent,
+    Expired,
+}
+
+impl State {
+    fn parse(s: &str) -> Option<State> {
+        Some(match s {
+            "pending" => State::Pending,
+            "approved" => State::Approved,
+            "denied" => State::Denied,
+            "spent" => State::Spent,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Approved => "approved",
+            State::Denied => "denied",
+            State::Spent => "spent",
+            State::Expired => "expired",
+        }
+    }
+}
+
+/// What is recorded when a call needs approval.
+#[derive(Debug, Clone)]
+pub struct NewApproval {
+    pub tool: String,
+    pub params: Value,
+    /// SHA-256 of the saved plan file, when the call applies a plan.
+    pub plan_sha256: Option<String>,
+    /// What the plan would do: each resource change (address, actions,
+    /// reason, replace paths), for the approver to read.
+    pub plan_summary: Value,
+    /// The decision's signals.
+    pub signals: Value,
+    pub request_id: String,
+    pub requested_by: String,
+    pub requested_client: String,
+    pub approvers_required: u32,
+    pub ttl: Duration,
+    pub reason_required: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub approver: String,
+    pub verdict: String,
+    pub reason: String,
+    pub at: String,
+}
+
+/// An approval as read (with its effective state: expiry is applied).
+#[derive(Debug, Clone, Serialize)]
+pub struct Approval {
+    pub id: String,
+    pub tool: String,
+    pub params: Value,
+    pub params_sha256: String,
+    pub plan_sha256: Option<String>,
+    pub plan_summary: Value,
+    pub signals: Value,
+    pub request_id: String,
+    pub requested_by: String,
+    pub requested_client: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub approvers_required: u32,
+    pub reason_required: bool,
+    pub state: State,
+    pub verdicts: Vec<Verdict>,
+    pub spent_at: Option<String>,
+    pub spent_request_id: Option<String>,
+    #[serde(skip)]
+    pub created_at_ms: i64,
+    #[serde(skip)]
+    pub expires_at_ms: i64,
+}
+
+impl Approval {
+    /// Distinct people who granted it.
+    pub fn grants(&self) -> u32 {
+        self.verdicts
+            .iter()
+            .filter(|v| v.verdict == "grant")
+            .count() as u32
+    }
+}
+
+#[derive(Debug)]
+pub struct ApprovalStore {
+    path: PathBuf,
+    conn: Connection,
+}
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn ms_to_rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// A new approval id: `ap-` and 160 random bits, lowercase hex.
+pub fn new_id() -> Result<String, ApprovalError> {
+    let mut bytes = [0u8; 20];
+    getrandom::fill(&mut bytes).map_err(|e| ApprovalError::Random(e.to_string()))?;
+    Ok(format!("ap-{}", hex::encode(bytes)))
+}
+
+impl ApprovalStore {
+    /// Open (creating and migrating) the database at `path`.
+    pub fn open(path: impl Into<PathBuf>) -> Result<ApprovalStore, ApprovalError> {
+        let path = path.into();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let db = |source| ApprovalError::Db {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(db)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(db)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(db)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(db)?;
+        let mut store = ApprovalStore { path, conn };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The database under a gateway home directory.
+    pub fn in_home(home: &Path) -> Result<ApprovalStore, ApprovalError> {
+        ApprovalStore::open(home.join(FILE_NAME))
+    }
+
+    fn db(&self) -> impl Fn(rusqlite::Error) -> ApprovalError + '_ {
+        move |source| ApprovalError::Db {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn migrate(&mut self) -> Result<(), ApprovalError> {
+        let path = self.path.clone();
+        let db = |source| ApprovalError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(db)?;
+        if version > SCHEMA_VERSION {
+            return Err(ApprovalError::SchemaTooNew {
+                path,
+                found: version,
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(sql).map_err(db)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(db)?;
+        }
+        tx.commit().map_err(db)
+    }
+
+    /// Record a pending approval; returns it.
+    pub fn create(&mut self, new: &NewApproval) -> Result<Approval, ApprovalError> {
+        let id = new_id()?;
+        let now = now_ms();
+        let ttl_ms = i64::try_from(new.ttl.as_millis()).unwrap_or(i64::MAX);
+        let params = crate::canonical::canonical_json(&new.params);
+        self.conn
+            .execute(
+                "INSERT INTO approvals (id, tool, params_json, params_sha256, plan_sha256, plan_summary_json,
+                    signals_json, request_id, requested_by, requested_client, created_at_ms, expires_at_ms,
+                    approvers_required, reason_required, state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'pending')",
+                params![
+                    id,
+                    new.tool,
+                    params,
+                    crate::canonical::call_digest(&new.tool, &new.params),
+                    new.plan_sha256,
+                    new.plan_summary.to_string(),
+                    new.signals.to_string(),
+                    new.request_id,
+                    new.requested_by,
+                    new.requested_client,
+                    now,
+                    now.saturating_add(ttl_ms),
+                    new.approvers_required.max(1),
+                    new.reason_required,
+                ],
+            )
+            .map_err(self.db())?;
+        self.get(&id)?.ok_or_else(|| ApprovalError::Corrupt {
+            id,
+            message: "vanished after insert".into(),
+        })
+    }
+
+    /// One approval with its effective state, or `None`.
+    pub fn get(&self, id: &str) -> Result<Option<Approval>, ApprovalError> {
+        read_approval(&self.conn, id, now_ms()).map_err(|e| self.map(e))
+    }
+
+    fn map(&self, e: ReadError) -> ApprovalError {
+        map_read(&self.path, e)
+    }
+
+    /// Approvals, newest first. `all == false`: only pending and approved
+    /// (not yet spent, not expired).
+    pub fn list(&self, all: bool) -> Result<Vec<Approval>, ApprovalError> {
+        let ids: Vec<String> = {
+            let mut stmt = self
+                .conn
+                .prepare("SELECT id FROM approvals ORDER BY created_at_ms DESC, id")
+                .map_err(self.db())?;
+            let rows = stmt.query_map([], |r| r.get(0)).map_err(self.db())?;
+            rows.collect::<Result<_, _>>().map_err(self.db())?
+        };
+        let now = now_ms();
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(a) = read_approval(&self.conn, &id, now).map_err(|e| self.map(e))?
+                && (all || matches!(a.state, State::Pending | State::Approved))
+            {
+                out.push(a);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A person grants the approval. Becomes `approved` once enough distinct
+    /// people granted it.
+    pub fn grant(
+        &mut self,
+        id: &str,
+        approver: &str,
+        reason: &str,
+    ) -> Result<Result<Approval, Refusal>, ApprovalError> {
+        self.decide(id, approver, reason, "grant")
+    }
+
+    /// A person denies the approval: it can no longer be approved or spent.
+    pub fn deny(
+        &mut self,
+        id: &str,
+        approver: &str,
+        reason: &str,
+    ) -> Result<Result<Approval, Refusal>, ApprovalError> {
+        self.decide(id, approver, reason, "deny")
+    }
+
+    fn decide(
+        &mut self,
+        id: &str,
+        approver: &str,
+        reason: &str,
+        verdict: &str,
+    ) -> Result<Result<Approval, Refusal>, ApprovalError> {
+        let path = self.path.clone();
+        let db = |source| ApprovalError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let now = now_ms();
+        let approval = match read_approval(&tx, id, now) {
+            Ok(Some(a)) => a,
+            Ok(None) => return Ok(Err(Refusal::UnknownId { id: id.into() })),
+            Err(e) => return Err(map_read(&path, e)),
+        };
+        let refusal = match approval.state {
+            State::Expired => Some(Refusal::Expired {
+                id: id.into(),
+                expired_at: approval.expires_at.clone(),
+            }),
+            State::Denied => Some(Refusal::Denied { id: id.into() }),
+            State::Spent => Some(Refusal::AlreadySpent { id: id.into() }),
+            State::Approved => Some(Refusal::AlreadyDecided {
+                id: id.into(),
+                state: "approved".into(),
+            }),
+            State::Pending => None,
+        };
+        if let Some(r) = refusal {
+            return Ok(Err(r));
+        }
+        if verdict == "grant" && approver == approval.requested_by {
+            return Ok(Err(Refusal::SelfApproval {
+                approver: approver.into(),
+            }));
+        }
+        if approval.reason_required && reason.trim().is_empty() {
+            return Ok(Err(Refusal::ReasonRequired { id: id.into() }));
+        }
+        if verdict == "grant"
+            && approval
+                .verdicts
+                .iter()
+                .any(|v| v.verdict == "grant" && v.approver == approver)
+        {
+            return Ok(Err(Refusal::DuplicateApprover {
+                id: id.into(),
+                approver: approver.into(),
+            }));
+        }
+        tx.execute(
+            "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, approver, verdict, reason, now],
+        )
+        .map_err(db)?;
+        let grants: i64 = tx
+            .query_row(
+                "SELECT COUNT(DISTINCT approver) FROM verdicts WHERE approval_id = ?1 AND verdict = 'grant'",
+                [id],
+                |r| r.get(0),
+            )
+            .map_err(db)?;
+        let next = if verdict == "deny" {
+            "denied"
+        } else if grants >= i64::from(approval.approvers_required) {
+            "approved"
+        } else {
+            "pending"
+        };
+        tx.execute(
+            "UPDATE approvals SET state = ?2 WHERE id = ?1 AND state = 'pending'",
+            params![id, next],
+        )
+        .map_err(db)?;
+        let after = read_approval(&tx, id, now).map_err(|e| map_read(&path, e))?;
+        tx.commit().map_err(db)?;
+        after.map(Ok).ok_or_else(|| ApprovalError::Corrupt {
+            id: id.into(),
+            message: "vanished".into(),
+        })
+    }
+
+    /// Spend the approval for one call: in one transaction, check that it
+    /// exists, is approved, has not expired, is for this tool, and is bound
+    /// to these params and this plan digest; then mark it spent. Of any
+    /// number of concurrent spenders exactly one succeeds.
+    pub fn spend(
+        &mut self,
+        id: &str,
+        tool: &str,
+        params: &Value,
+        plan_sha256: Option<&str>,
+        request_id: &str,
+    ) -> Result<Result<Approval, Refusal>, ApprovalError> {
+        let path = self.path.clone();
+        let db = |source| ApprovalError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let now = now_ms();
+        let approval = match read_approval(&tx, id, now) {
+            Ok(Some(a)) => a,
+            Ok(None) => return Ok(Err(Refusal::UnknownId { id: id.into() })),
+            Err(e) => return Err(map_read(&path, e)),
+        };
+        let refusal = match approval.state {
+            State::Expired => Some(Refusal::Expired {
+                id: id.into(),
+                expired_at: approval.expires_at.clone(),
+            }),
+            State::Denied => Some(Refusal::Denied { id: id.into() }),
+            State::Spent => Some(Refusal::AlreadySpent { id: id.into() }),
+            State::Pending => Some(Refusal::NotApproved {
+                id: id.into(),
+                given: approval.grants(),
+                needed: approval.approvers_required,
+            }),
+            State::Approved => None,
+        }
+        .or_else(|| {
+            (approval.tool != tool).then(|| Refusal::ToolMismatch {
+                id: id.into(),
+                bound: approval.tool.clone(),
+                asked: tool.into(),
+            })
+        })
+        .or_else(|| {
+            (approval.params_sha256 != crate::canonical::call_digest(tool, params))
+                .then(|| Refusal::ParamsMismatch { id: id.into() })
+        })
+        .or_else(|| {
+            (approval.plan_sha256.as_deref() != plan_sha256)
+                .then(|| Refusal::PlanMismatch { id: id.into() })
+        });
+        if let Some(r) = refusal {
+            return Ok(Err(r));
+        }
+        // The state check again in the UPDATE itself: even without the
+        // immediate transaction, only one spender could flip it.
+        let changed = tx
+            .execute(
+                "UPDATE approvals SET state = 'spent', spent_at_ms = ?2, spent_request_id = ?3
+                 WHERE id = ?1 AND state = 'approved' AND expires_at_ms > ?2",
+                params![id, now, request_id],
+            )
+            .map_err(db)?;
+        if changed != 1 {
+            return Ok(Err(Refusal::AlreadySpent { id: id.into() }));
+        }
+        let after = read_approval(&tx, id, now).map_err(|e| map_read(&path, e))?;
+        tx.commit().map_err(db)?;
+        after.map(Ok).ok_or_else(|| ApprovalError::Corrupt {
+            id: id.into(),
+            message: "vanished".into(),
+        })
+    }
+}
+
+fn map_read(path: &Path, e: ReadError) -> ApprovalError {
+    match e {
+        ReadError::Db(source) => ApprovalError::Db {
+            path: path.to_path_buf(),
+            source,
+        },
+        ReadError::Corrupt(id, message) => ApprovalError::Corrupt { id, message },
+    }
+}
+
+enum ReadError {
+    Db(rusqlite::Error),
+    Corrupt(String, String),
+}
+
+impl From<rusqlite::Error> for ReadError {
+    fn from(e: rusqlite::Error) -> Self {
+        ReadError::Db(e)
+    }
+}
+
+fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approval>, ReadError> {
+    let row = conn
+        .query_row(
+            "SELECT id, tool, params_json, params_sha256, plan_sha256, plan_summary_json, signals_json, request_id,
+                    requested_by, requested_client, created_at_ms, expires_at_ms, approvers_required,
+                    reason_required, state, spent_at_ms, spent_request_id
+             FROM approvals WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?),
+                    (r.get::<_, Option<String>>(4)?, r.get::<_, String>(5)?, r.get::<_, String>(6)?, r.get::<_, String>(7)?),
+                    (r.get::<_, String>(8)?, r.get::<_, String>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?),
+                    (r.get::<_, i64>(12)?, r.get::<_, bool>(13)?, r.get::<_, String>(14)?),
+                    (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<String>>(16)?),
+                ))
+            },
+        )
+        .optional()?;
+    let Some((
+        (id, tool, params_json, params_sha256),
+        (plan_sha256, summary, signals, request_id),
+        (by, client, created, expires),
+        (required, reason_required, state),
+        (spent_at, spent_req),
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let corrupt = |m: String| ReadError::Corrupt(id.clone(), m);
+    let json = |s: &str| serde_json::from_str::<Value>(s).map_err(|e| corrupt(e.to_string()));
+    let stored = State::parse(&state).ok_or_else(|| corrupt(format!("unknown state {state}")))?;
+    let effective = if matches!(stored, State::Pending | State::Approved) && now >= expires {
+        State::Expired
+    } else {
+        stored
+    };
+    let mut stmt = conn.prepare(
+        "SELECT approver, verdict, reason, at_ms FROM verdicts WHERE approval_id = ?1 ORDER BY at_ms, rowid",
+    )?;
+    let verdicts = stmt
+        .query_map([&id], |r| {
+            Ok(Verdict {
+                approver: r.get(0)?,
+                verdict: r.get(1)?,
+                reason: r.get(2)?,
+                at: ms_to_rfc3339(r.get(3)?),
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Approval {
+        params: json(&params_json)?,
+        plan_summary: json(&summary)?,
+        signals: json(&signals)?,
+        id: id.clone(),
+        tool,
+        params_sha256,
+        plan_sha256,
+        request_id,
+        requested_by: by,
+        requested_client: client,
+        created_at: ms_to_rfc3339(created),
+        expires_at: ms_to_rfc3339(expires),
+        approvers_required: u32::try_from(required).unwrap_or(1),
+        reason_required,
+        state: effective,
+        verdicts,
+        spent_at: spent_at.map(ms_to_rfc3339),
+        spent_request_id: spent_req,
+        created_at_ms: created,
+        expires_at_ms: expires,
+    }))
+}
+
+/// What a plan would do, for the approver: each resource change that is not
+/// a no-op, as `{address, actions, reason, paths}` (taken from the plan JSON
+/// as is; what counts as destructive is the policy's signals, stored apart).
+pub fn plan_summary(plan: &Value) -> Value {
+    let changes = plan
+        .get("resource_changes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    Value::Array(
+        changes
+            .iter()
+            .filter(|rc| rc["change"]["actions"] != serde_json::json!(["no-op"]))
+            .map(|rc| {
+                let mut address = rc["address"].clone();
+                if let (Some(a), Some(d)) = (rc["address"].as_str(), rc["deposed"].as_str()) {
+                    address = format!("{a} (deposed object {d})").into();
+                }
+                serde_json::json!({
+                    "address": address,
+                    "actions": rc["change"]["actions"].clone(),
+                    "reason": rc.get("action_reason").cloned().unwrap_or(Value::Null),
+                    "paths": rc["change"].get("replace_paths").cloned().unwrap_or_else(|| serde_json::json!([])),
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn new(approvers: u32, ttl: Duration) -> NewApproval {
+        NewApproval {
+            tool: "terraform_apply".into(),
+            params: json!({"working_dir": "terraform/offline-demo"}),
+            plan_sha256: Some("aa".repeat(32)),
+            plan_summary: json!([{"address": "terraform_data.web", "actions": ["delete", "create"], "reason": null, "paths": []}]),
+            signals: json!([{"kind": "replace"}]),
+            request_id: "req-1".into(),
+            requested_by: "alice".into(),
+            requested_client: "test".into(),
+            approvers_required: approvers,
+            ttl,
+            reason_required: false,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, ApprovalStore) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = ApprovalStore::in_home(dir.path()).expect("open");
+        (dir, s)
+    }
+
+    const MIN30: Duration = Duration::from_secs(1800);
+
+    fn spend(s: &mut ApprovalStore, id: &str) -> Result<Approval, Refusal> {
+        s.spend(
+            id,
+            "terraform_apply",
+            &json!({"working_dir": "terraform/offline-demo"}),
+            Some(&"aa".repeat(32)),
+            "req-2",
+        )
+        .expect("db")
+    }
+
+    #[test]
+    fn create_grant_spend_then_refuse_reuse() {
+        let (_d, mut s) = store();
+        let a = s.create(&new(1, MIN30)).expect("create");
+        assert_eq!(a.state, State::Pending);
+        assert!(
+            a.id.starts_with("ap-") && a.id.len() == 43,
+            "160 random bits: {}",
+            a.id
+        );
+        assert_eq!(
+            spend(&mut s, &a.id).map(|_| ()),
+            Err(Refusal::NotApproved {
+                id: a.id.clone(),
+                given: 0,
+                needed: 1
+            })
+        );
+        let g = s
+            .grant(&a.id, "bob", "looks right")
+            .expect("db")
+            .expect("granted");
+        assert_eq!(g.state, State::Approved);
+        let spent = spend(&mut s, &a.id).expect("spent");
+        assert_eq!(spent.state, State::Spent);
+        assert_eq!(spent.spent_request_id.as_deref(), Some("req-2"));
+        assert_eq!(
+            spend(&mut s, &a.id).map(|_| ()),
+            Err(Refusal::AlreadySpent { id: a.id.clone() })
+        );
+        assert_eq!(
+            s.grant(&a.id, "carol", "").expect("db").map(|_| ()),
+            Err(Refusal::AlreadySpent { id: a.id.clone() })
+        );
+    }
+
+    #[test]
+    fn params_plan_and_tool_are_bound() {
+        let (_d, mut s) = store();
+        let a = s.create(&new(1, MIN30)).expect("create");
+        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        let other_params = s
+            .spend(
+                &a.id,
+                "terraform_apply",
+                &json!({"working_dir": "terraform/k8s-demo"}),
+                Some(&"aa".repeat(32)),
+                "r",
+            )
+            .expect("db");
+        assert_eq!(
+            other_params.map(|_| ()),
+            Err(Refusal::ParamsMismatch { id: a.id.clone() })
+        );
+        let other_plan = s
+            .spend(
+                &a.id,
+                "terraform_apply",
+                &json!({"working_dir": "terraform/offline-demo"}),
+                Some(&"bb".repeat(32)),
+                "r",
+            )
+            .expect("db");
+        assert_eq!(
+            other_plan.map(|_| ()),
+            Err(Refusal::PlanMismatch { id: a.id.clone() })
+        );
+        let no_plan = s
+            .spend(
+                &a.id,
+                "terraform_apply",
+                &json!({"working_dir": "terraform/offline-demo"}),
+                None,
+                "r",
+            )
+            .expect("db");
+        assert_eq!(
+            no_plan.map(|_| ()),
+            Err(Refusal::PlanMismatch { id: a.id.clone() })
+        );
+        let other_tool = s
+            .spend(
+                &a.id,
+                "terraform_plan",
+                &json!({"working_dir": "terraform/offline-demo"}),
+                Some(&"aa".repeat(32)),
+                "r",
+            )
+            .expect("db");
+        assert!(matches!(other_tool, Err(Refusal::ToolMismatch { .. })));
+        // Key order in params does not matter (canonical digest).
+        assert!(spend(&mut s, &a.id).is_ok());
+    }
+
+    #[test]
+    fn expiry_is_checked_at_read_grant_and_spend() {
+        let (_d, mut s) = store();
+        let a = s
+            .create(&new(1, Duration::from_millis(300)))
+            .expect("create");
+        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(
+            s.get(&a.id).expect("db").map(|x| x.state),
+            Some(State::Expired)
+        );
+        assert!(matches!(spend(&mut s, &a.id), Err(Refusal::Expired { .. })));
+        let b = s.create(&new(1, Duration::from_millis(1))).expect("create");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(matches!(
+            s.grant(&b.id, "bob", "").expect("db"),
+            Err(Refusal::Expired { .. })
+        ));
+        assert!(
+            s.list(false).expect("list").is_empty(),
+            "expired ones are not pending"
+        );
+        assert_eq!(s.list(true).expect("list").len(), 2);
+    }
+
+    #[test]
+    fn a_denial_ends_it() {
+        let (_d, mut s) = store();
+        let a = s.create(&new(2, MIN30)).expect("create");
+        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        let d = s
+            .deny(&a.id, "carol", "not during the freeze")
+            .expect("db")
+            .expect("denied");
+        assert_eq!(d.state, State::Denied);
+        assert_eq!(
+            s.grant(&a.id, "dave", "").expect("db").map(|_| ()),
+            Err(Refusal::Denied { id: a.id.clone() })
+        );
+        assert_eq!(
+            spend(&mut s, &a.id).map(|_| ()),
+            Err(Refusal::Denied { id: a.id.clone() })
+        );
+    }
+
+    #[test]
+    fn the_requester_cannot_approve_and_one_person_counts_once() {
+        let (_d, mut s) = store();
+        let a = s.create(&new(2, MIN30)).expect("create");
+        assert_eq!(
+            s.grant(&a.id, "alice", "mine").expect("db").map(|_| ()),
+            Err(Refusal::SelfApproval {
+                approver: "alice".into()
+            })
+        );
+        let one = s.grant(&a.id, "bob", "").expect("db").expect("recorded");
+        assert_eq!((one.state, one.grants()), (State::Pending, 1));
+        assert!(matches!(
+            s.grant(&a.id, "bob", "again").expect("db"),
+            Err(Refusal::DuplicateApprover { .. })
+        ));
+        assert!(matches!(
+            spend(&mut s, &a.id),
+            Err(Refusal::NotApproved {
+                given: 1,
+                needed: 2,
+                ..
+            })
+        ));
+        let two = s.grant(&a.id, "carol", "").expect("db").expect("approved");
+        assert_eq!((two.state, two.grants()), (State::Approved, 2));
+        assert!(spend(&mut s, &a.id).is_ok());
+    }
+
+    #[test]
+    fn a_required_reason_must_be_given() {
+        let (_d, mut s) = store();
+        let mut n = new(1, MIN30);
+        n.reason_required = true;
+        let a = s.create(&n).expect("create");
+        assert_eq!(
+            s.grant(&a.id, "bob", "  ").expect("db").map(|_| ()),
+            Err(Refusal::ReasonRequired { id: a.id.clone() })
+        );
+        assert!(
+            s.grant(&a.id, "bob", "checked the plan")
+                .expect("db")
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn unknown_ids_are_refused() {
+        let (_d, mut s) = store();
+        assert_eq!(
+            spend(&mut s, "ap-nope").map(|_| ()),
+            Err(Refusal::UnknownId {
+                id: "ap-nope".into()
+            })
+        );
+        assert_eq!(
+            s.grant("ap-nope", "bob", "").expect("db").map(|_| ()),
+            Err(Refusal::UnknownId {
+                id: "ap-nope".into()
+            })
+        );
+    }
+
+    #[test]
+    fn schema_is_versioned_and_a_newer_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(FILE_NAME);
+        drop(ApprovalStore::open(&path).expect("open"));
+        let conn = Connection::open(&path).expect("open");
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("pragma");
+        assert_eq!(v, SCHEMA_VERSION);
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .expect("pragma");
+        assert_eq!(mode, "wal");
+        conn.pragma_update(None, "user_version", 99).expect("bump");
+        drop(conn);
+        assert!(matches!(
+            ApprovalStore::open(&path),
+            Err(ApprovalError::SchemaTooNew { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn plan_summary_lists_every_change_but_no_ops() {
+        let plan: Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/plans/replace.json"
+            ))
+            .expect("fixture"),
+        )
+        .expect("json");
+        assert_eq!(
+            plan_summary(&plan),
+            json!([{"address": "terraform_data.web", "actions": ["delete", "create"], "reason": "replace_because_cannot_update", "paths": [["triggers_replace"]]}])
+        );
+        assert_eq!(plan_summary(&json!({"format_version": "1.2"})), json!([]));
+    }
+}

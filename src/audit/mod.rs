@@ -1,0 +1,332 @@
+//! The audit trail (SPEC §7): an append-only JSONL file, one event per line,
+//! hash-chained and scrubbed of secrets.
+//!
+//! Every event has `ts`, `request_id`, `event`, `data`, `prev` (the `hash`
+//! of the previous line; 64 zeros for the first) and `hash` (SHA-256 of the
+//! canonical JSON of the event without `hash`). Policy decisions also carry
+//! OPA decision-log fields (`decision_id`, `path`, `input`, `result`,
+//! `timestamp`) at the top level so existing decision-log tooling reads them.
+//!
+//! Writers in several processes (the server and the CLI) take an exclusive
+//! `flock` on the file for each append, so lines never interleave; each line
+//! is written with one `write` and `fsync`ed before `append` returns.
+
+pub mod scrub;
+pub mod verify;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::{Map, Value};
+
+use crate::canonical::{canonical_json, sha256_hex};
+
+/// `prev` of the first event.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The audit file's name under the gateway's home.
+pub const FILE_NAME: &str = "audit.jsonl";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("audit event is not an object")]
+    NotAnObject,
+}
+
+/// Where the chain stands at the end of the file.
+#[derive(Debug, Clone, Default)]
+struct Tail {
+    len: u64,
+    last_hash: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct AuditLog {
+    path: PathBuf,
+    tail: Mutex<Tail>,
+}
+
+/// The hash of an event: SHA-256 over its canonical JSON without `hash`.
+pub fn event_hash(event: &Map<String, Value>) -> String {
+    let mut without = event.clone();
+    without.remove("hash");
+    sha256_hex(canonical_json(&Value::Object(without)).as_bytes())
+}
+
+pub fn now_ts() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl AuditLog {
+    /// Open (creating, mode 0600) the audit log at `path`.
+    pub fn open(path: impl Into<PathBuf>) -> Result<AuditLog, AuditError> {
+        let path = path.into();
+        let io = |source| AuditError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        open_file(&path).map_err(io)?;
+        Ok(AuditLog {
+            path,
+            tail: Mutex::new(Tail::default()),
+        })
+    }
+
+    /// The audit log under a gateway home directory.
+    pub fn in_home(home: &Path) -> Result<AuditLog, AuditError> {
+        AuditLog::open(home.join(FILE_NAME))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one event. `data` is scrubbed of secrets before it is written.
+    pub fn append(
+        &self,
+        request_id: &str,
+        event: &str,
+        data: Value,
+    ) -> Result<Map<String, Value>, AuditError> {
+        self.append_with(request_id, event, data, Map::new())
+    }
+
+    /// Append one event with extra top-level fields (scrubbed too).
+    pub fn append_with(
+        &self,
+        request_id: &str,
+        event: &str,
+        data: Value,
+        extra: Map<String, Value>,
+    ) -> Result<Map<String, Value>, AuditError> {
+        let io = |source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = open_file(&self.path).map_err(io)?;
+        file.lock().map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len != tail.len || tail.last_hash.is_none() {
+            *tail = read_tail(&mut file, len).map_err(io)?;
+            if let Some(cut) = tail_is_cut(&mut file, len).map_err(io)? {
+                // A crash cut the last line short: end it, and record the
+                // recovery so `audit verify` can tell it from tampering.
+                file.write_all(b"\n").map_err(io)?;
+                let data = serde_json::json!({"truncated_sha256": sha256_hex(&cut), "truncated_bytes": cut.len()});
+                let line = build_line(
+                    tail.last_hash.as_deref(),
+                    "",
+                    "audit.recovered",
+                    data,
+                    Map::new(),
+                );
+                file.write_all(line.1.as_bytes()).map_err(io)?;
+                tail.last_hash = Some(
+                    line.0
+                        .get("hash")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+            }
+        }
+        let (event_obj, line) =
+            build_line(tail.last_hash.as_deref(), request_id, event, data, extra);
+        file.write_all(line.as_bytes()).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        tail.len = file.metadata().map_err(io)?.len();
+        tail.last_hash = event_obj
+            .get("hash")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let _ = file.unlock();
+        Ok(event_obj)
+    }
+}
+
+fn open_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+}
+
+fn build_line(
+    prev: Option<&str>,
+    request_id: &str,
+    event: &str,
+    data: Value,
+    extra: Map<String, Value>,
+) -> (Map<String, Value>, String) {
+    let mut obj = Map::new();
+    obj.insert("ts".into(), now_ts().into());
+    obj.insert("request_id".into(), request_id.into());
+    obj.insert("event".into(), event.into());
+    obj.insert("data".into(), scrub::scrub(&data));
+    for (k, v) in extra {
+        if !matches!(
+            k.as_str(),
+            "ts" | "request_id" | "event" | "data" | "prev" | "hash"
+        ) {
+            obj.insert(k, scrub::scrub(&v));
+        }
+    }
+    obj.insert("prev".into(), prev.unwrap_or(GENESIS).into());
+    let hash = event_hash(&obj);
+    obj.insert("hash".into(), hash.into());
+    let mut line = serde_json::to_string(&Value::Object(obj.clone())).unwrap_or_default();
+    line.push('\n');
+    (obj, line)
+}
+
+/// The hash at the end of the chain: the last complete line's `hash`.
+fn read_tail(file: &mut File, len: u64) -> std::io::Result<Tail> {
+    let last = last_complete_line(file, len)?;
+    let last_hash = last.map(|bytes| {
+        serde_json::from_slice::<Map<String, Value>>(&bytes)
+            .ok()
+            .and_then(|m| m.get("hash").and_then(Value::as_str).map(str::to_string))
+            // A line that is not an event still anchors the chain, by its bytes.
+            .unwrap_or_else(|| sha256_hex(&bytes))
+    });
+    Ok(Tail { len, last_hash })
+}
+
+/// The bytes after the last newline, when the file does not end with one.
+fn tail_is_cut(file: &mut File, len: u64) -> std::io::Result<Option<Vec<u8>>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let start = last_newline_before(file, len)?.map(|p| p + 1).unwrap_or(0);
+    if start == len {
+        return Ok(None);
+    }
+    let mut buf = vec![0; (len - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+fn last_complete_line(file: &mut File, len: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let Some(end) = last_newline_before(file, len)? else {
+        return Ok(None);
+    };
+    let start = last_newline_before(file, end)?.map(|p| p + 1).unwrap_or(0);
+    let mut buf = vec![0; (end - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+/// Position of the last `\n` strictly before `end`.
+fn last_newline_before(file: &mut File, end: u64) -> std::io::Result<Option<u64>> {
+    const CHUNK: u64 = 64 * 1024;
+    let mut pos = end;
+    while pos > 0 {
+        let start = pos.saturating_sub(CHUNK);
+        let mut buf = vec![0; (pos - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf)?;
+        if let Some(i) = buf.iter().rposition(|b| *b == b'\n') {
+            return Ok(Some(start + i as u64));
+        }
+        pos = start;
+    }
+    Ok(None)
+}
+
+/// Every event in the file (lines that do not parse are skipped; `audit
+/// verify` reports them).
+pub fn read_events(path: &Path) -> Result<Vec<Map<String, Value>>, AuditError> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(source) => {
+            return Err(AuditError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    Ok(text
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Map<String, Value>>(l).ok())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_chain_and_are_scrubbed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = AuditLog::open(dir.path().join("a.jsonl")).expect("open");
+        let a = log
+            .append("req-1", "tool.request", json!({"tool": "t"}))
+            .expect("append");
+        let b = log
+            .append(
+                "req-1",
+                "credential.issued",
+                json!({"lease_id": "k/creds/r/1", "token": "hvs.AAAAAAAAAAAAAAAAAAAAAAAA"}),
+            )
+            .expect("append");
+        assert_eq!(a["prev"], GENESIS);
+        assert_eq!(b["prev"], a["hash"]);
+        let text = std::fs::read_to_string(log.path()).expect("read");
+        assert!(!text.contains("hvs.AAAA"));
+        assert!(text.contains("k/creds/r/1"));
+        assert_eq!(text.lines().count(), 2);
+        assert_eq!(event_hash(&b), b["hash"]);
+    }
+
+    #[test]
+    fn a_second_writer_continues_the_chain() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let one = AuditLog::open(&path).expect("open");
+        let two = AuditLog::open(&path).expect("open");
+        let a = one.append("r", "x", json!({})).expect("append");
+        let b = two.append("r", "y", json!({})).expect("append");
+        let c = one.append("r", "z", json!({})).expect("append");
+        assert_eq!(b["prev"], a["hash"]);
+        assert_eq!(c["prev"], b["hash"]);
+    }
+
+    #[test]
+    fn a_line_cut_by_a_crash_is_ended_and_recorded() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        let a = log.append("r", "x", json!({})).expect("append");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(b"{\"ts\":\"2026"))
+            .expect("cut");
+        let fresh = AuditLog::open(&path).expect("open");
+        let b = fresh.append("r", "y", json!({})).expect("append");
+        let events = read_events(&path).expect("read");
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[1]["event"], "audit.recovered");
+        assert_eq!(events[1]["prev"], a["hash"]);
+        assert_eq!(b["prev"], events[1]["hash"]);
+    }
+}

@@ -1,0 +1,235 @@
+//! Scrubbing secrets out of audit data before it is written.
+//!
+//! Recursively through objects and arrays: the value of any key whose name
+//! says it holds a secret (token, secret, password, authorization,
+//! credential, client_key, …) is replaced when it is a string or number;
+//! objects under such keys are scrubbed recursively (so a decision's
+//! `credential: {mount, role, params}` keeps its scope). Anywhere in any
+//! string (and in keys), JWT-shaped strings, Vault/OpenBao tokens (`hvs.`,
+//! `hvb.`, `hvr.`, legacy `s.`/`b.`/`r.`), bearer credentials and PEM private
+//! keys are cut out. Lease ids, scopes, TTLs and role names are kept.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::Value;
+
+pub const REDACTED: &str = "<redacted>";
+
+/// Key names (lowercased, substring match) whose scalar values are secrets.
+const SECRET_KEY_PARTS: &[&str] = &[
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "passphrase",
+    "authorization",
+    "credential",
+    "client_key",
+    "private_key",
+    "api_key",
+    "apikey",
+    "cookie",
+    "session",
+];
+
+/// Keys that contain a secret-sounding word but hold no secret.
+const SAFE_KEYS: &[&str] = &[
+    "lease_id",
+    "token_ttl",
+    "token_type",
+    "token_policies",
+    "lease_duration",
+];
+
+static SECRET_VALUE: LazyLock<Regex> = LazyLock::new(|| {
+    // The patterns are constants; a failure here is a bug caught by the tests.
+    Regex::new(concat!(
+        r"eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*", // JWT
+        r"|\b(?:hv[sbr]|[sbr])\.[A-Za-z0-9_-]{20,}",                // Vault / OpenBao tokens
+        r"|(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}",             // Authorization values
+        r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)", // PEM keys
+    ))
+    .expect("the secret patterns are valid regular expressions")
+});
+
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    !SAFE_KEYS.contains(&k.as_str()) && SECRET_KEY_PARTS.iter().any(|p| k.contains(p))
+}
+
+/// Cut secret-shaped substrings out of a string.
+pub fn scrub_str(s: &str) -> String {
+    SECRET_VALUE.replace_all(s, REDACTED).into_owned()
+}
+
+/// A scrubbed copy of `value`.
+pub fn scrub(value: &Value) -> Value {
+    scrub_inner(value, false)
+}
+
+fn scrub_inner(value: &Value, secret_key: bool) -> Value {
+    match value {
+        Value::String(s) if secret_key && !s.is_empty() => Value::String(REDACTED.into()),
+        Value::Number(_) if secret_key => Value::String(REDACTED.into()),
+        Value::String(s) => Value::String(scrub_str(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|v| scrub_inner(v, secret_key)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (scrub_str(k), scrub_inner(v, is_secret_key(k))))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const JWT: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ.c2lnbmF0dXJlLWJ5dGVz";
+    const HVS: &str = "hvs.CAESIJ3kq2m9x0Zr7Yt5UvWbXcDeFgHiJkLmNoPqRsTuVwX";
+
+    #[test]
+    fn keeps_scopes_lease_ids_and_ttls() {
+        let v = json!({
+            "credential": {"mount": "kubernetes", "role": "gateway-pod-reader-demo-app", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
+            "lease_id": "kubernetes/creds/gateway-pod-reader-demo-app/AbCdEf123",
+            "token_ttl": 600,
+        });
+        assert_eq!(scrub(&v), v);
+    }
+
+    #[test]
+    fn removes_secrets_by_key_and_by_shape() {
+        let v = json!({
+            "service_account_token": "opaque-but-secret",
+            "Authorization": "Bearer abcdefghijklmnop",
+            "nested": [{"password": 12345}, {"note": format!("token was {HVS} ok")}],
+            "jwt_anywhere": format!("x {JWT} y"),
+            JWT: "a JWT used as a key",
+            "legacy": "s.AbCdEfGhIjKlMnOpQrStUvWx",
+            "pem": "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----",
+        });
+        let out = serde_json::to_string(&scrub(&v)).expect("json");
+        for secret in [
+            "opaque-but-secret",
+            "abcdefghijklmnop",
+            "12345",
+            HVS,
+            JWT,
+            "s.AbCdEf",
+            "MIIE",
+        ] {
+            assert!(!out.contains(secret), "{secret} leaked: {out}");
+        }
+        assert!(out.contains("token was <redacted> ok"), "{out}");
+    }
+
+    fn secret() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[A-Za-z0-9_-]{20,40}".prop_map(|s| format!("hvs.{s}")),
+            "[A-Za-z0-9_-]{24,40}".prop_map(|s| format!("s.{s}")),
+            (
+                "[A-Za-z0-9_-]{10,30}",
+                "[A-Za-z0-9_-]{10,60}",
+                "[A-Za-z0-9_-]{10,40}"
+            )
+                .prop_map(|(a, b, c)| format!("eyJ{a}.{b}.{c}")),
+        ]
+    }
+
+    /// A JSON tree (plain keys and values) with one secret planted at a
+    /// random place: as a value, inside a longer string, as a key, or as an
+    /// opaque value under a secret-named key.
+    fn tree_with_secret() -> impl Strategy<Value = (Value, String)> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            "[a-z ]{0,12}".prop_map(Value::String),
+        ];
+        let tree = leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z_]{1,8}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        (
+            tree,
+            secret(),
+            0usize..4,
+            any::<prop::sample::Index>(),
+            "[a-z]{1,6}",
+            "[a-z ]{0,8}",
+        )
+            .prop_map(|(mut tree, secret, how, at, key, pad)| {
+                let planted = match how {
+                    0 => Value::String(secret.clone()),
+                    1 => Value::String(format!("{pad} {secret} {pad}")),
+                    2 => json!({ secret.clone(): pad }),
+                    _ => json!({ format!("{key}_token"): format!("opaque{}", secret.len()) }),
+                };
+                let needle = if how == 3 {
+                    format!("opaque{}", secret.len())
+                } else {
+                    secret
+                };
+                plant(&mut tree, planted, at);
+                (tree, needle)
+            })
+    }
+
+    fn containers(v: &Value) -> usize {
+        match v {
+            Value::Array(a) => 1 + a.iter().map(containers).sum::<usize>(),
+            Value::Object(m) => 1 + m.values().map(containers).sum::<usize>(),
+            _ => 0,
+        }
+    }
+
+    /// Put `planted` into the n-th container (depth-first) of `v`.
+    fn plant_at(v: &mut Value, planted: &Value, n: &mut usize) -> bool {
+        let here = *n == 0;
+        match v {
+            Value::Array(a) => {
+                if here {
+                    a.push(planted.clone());
+                    return true;
+                }
+                *n -= 1;
+                a.iter_mut().any(|x| plant_at(x, planted, n))
+            }
+            Value::Object(m) => {
+                if here {
+                    m.insert("planted".into(), planted.clone());
+                    return true;
+                }
+                *n -= 1;
+                m.values_mut().any(|x| plant_at(x, planted, n))
+            }
+            _ => false,
+        }
+    }
+
+    fn plant(tree: &mut Value, planted: Value, at: prop::sample::Index) {
+        let count = containers(tree);
+        if count == 0 {
+            *tree = json!([planted]);
+            return;
+        }
+        let mut n = at.index(count);
+        plant_at(tree, &planted, &mut n);
+    }
+
+    proptest! {
+        #[test]
+        fn a_planted_secret_never_survives_scrubbing((tree, needle) in tree_with_secret()) {
+            let out = serde_json::to_string(&scrub(&tree)).expect("json");
+            prop_assert!(!out.contains(&needle), "secret {} leaked in {}", needle, out);
+        }
+    }
+}

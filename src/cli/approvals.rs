@@ -1,0 +1,361 @@
+//! `gateway approvals [show ID]`, `gateway approve ID`, `gateway deny ID`:
+//! the operator's side of the approval gate. This process is the only way an
+//! approval is granted: the MCP server has no code path for it.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use super::Cli;
+use crate::approvals::{Approval, ApprovalStore, State};
+use crate::audit::{AuditLog, scrub::scrub};
+use crate::policy::PolicySet;
+use crate::policy::set::LoadOptions;
+
+#[derive(Debug, clap::Args)]
+pub struct ApprovalsArgs {
+    #[command(subcommand)]
+    show: Option<ApprovalsCommand>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// Include ended approvals (spent, denied, expired).
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ApprovalsCommand {
+    /// Everything needed to decide: the call, each planned change, the signals.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct VerdictArgs {
+    /// The approval id (from `gateway approvals`).
+    id: String,
+    /// Why (required when the policy says so for this approval).
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Record the verdict under this identity instead of the OS user
+    /// (only when the policy allows it: data.config.approvals.identity).
+    #[arg(long = "as", value_name = "NAME")]
+    as_name: Option<String>,
+}
+
+fn store(cli: &Cli) -> anyhow::Result<ApprovalStore> {
+    let home = cli.home();
+    ApprovalStore::in_home(&home)
+        .with_context(|| format!("cannot open the approval store under {}", home.display()))
+}
+
+pub fn list(cli: &Cli, a: &ApprovalsArgs) -> anyhow::Result<ExitCode> {
+    let store = store(cli)?;
+    if let Some(ApprovalsCommand::Show { id, json }) = &a.show {
+        let Some(approval) = store.get(id)? else {
+            eprintln!("gateway: no approval with id {id}");
+            return Ok(ExitCode::FAILURE);
+        };
+        if *json || a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&scrub(&serde_json::to_value(&approval)?))?
+            );
+        } else {
+            print!("{}", render_show(&approval));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let approvals = store.list(a.all)?;
+    if a.json {
+        let v: Vec<Value> = approvals
+            .iter()
+            .map(|x| serde_json::to_value(x).map(|v| scrub(&v)))
+            .collect::<Result<_, _>>()?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if approvals.is_empty() {
+        println!("no {}approvals", if a.all { "" } else { "pending " });
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = crate::approvals::now_ms();
+    let rows: Vec<[String; 8]> = approvals
+        .iter()
+        .map(|x| {
+            [
+                x.id.clone(),
+                x.state.as_str().to_string(),
+                x.tool.clone(),
+                crate::audit::scrub::scrub_str(&x.params.to_string()),
+                x.signals.as_array().map(Vec::len).unwrap_or(0).to_string(),
+                human(now - x.created_at_ms),
+                if matches!(x.state, State::Pending | State::Approved) {
+                    human(x.expires_at_ms - now)
+                } else {
+                    "-".into()
+                },
+                format!("{}/{}", x.grants(), x.approvers_required),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID",
+        "STATE",
+        "TOOL",
+        "PARAMS",
+        "SIGNALS",
+        "AGE",
+        "EXPIRES IN",
+        "APPROVALS",
+    ];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r.iter()) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(header.to_vec()));
+    for r in &rows {
+        println!("{}", line(r.iter().map(String::as_str).collect()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `3d4h`, `12m`, `45s`.
+fn human(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+fn render_show(a: &Approval) -> String {
+    use std::fmt::Write;
+    let now = crate::approvals::now_ms();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "approval {}  [{}: {} of {} approvals]",
+        a.id,
+        a.state.as_str(),
+        a.grants(),
+        a.approvers_required
+    );
+    let _ = writeln!(o, "  tool:          {}", a.tool);
+    let _ = writeln!(
+        o,
+        "  params:        {}",
+        crate::audit::scrub::scrub_str(&a.params.to_string())
+    );
+    let _ = writeln!(
+        o,
+        "  requested by:  {} via {} (request {}) at {}, {} ago",
+        a.requested_by,
+        a.requested_client,
+        a.request_id,
+        a.created_at,
+        human(now - a.created_at_ms)
+    );
+    let _ = writeln!(
+        o,
+        "  expires:       {} (in {})",
+        a.expires_at,
+        human(a.expires_at_ms - now)
+    );
+    if let Some(p) = &a.plan_sha256 {
+        let _ = writeln!(o, "  plan file:     sha256 {p}");
+    }
+    let _ = writeln!(
+        o,
+        "  reason needed: {}",
+        if a.reason_required {
+            "yes (--reason)"
+        } else {
+            "no"
+        }
+    );
+    let changes = a.plan_summary.as_array().cloned().unwrap_or_default();
+    let _ = writeln!(o, "\nplanned changes ({}):", changes.len());
+    if changes.is_empty() {
+        let _ = writeln!(o, "  (none recorded)");
+    }
+    for c in &changes {
+        let actions: Vec<&str> = c["actions"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mark = match actions.as_slice() {
+            ["create"] => "+",
+            ["update"] => "~",
+            ["no-op"] | ["read"] => " ",
+            ["delete"] => "-",
+            _ => "!",
+        };
+        let _ = write!(
+            o,
+            "  {mark} {:<24} {}",
+            actions.join(","),
+            crate::audit::scrub::scrub_str(c["address"].as_str().unwrap_or("?"))
+        );
+        if let Some(r) = c["reason"].as_str() {
+            let _ = write!(o, "  reason={r}");
+        }
+        if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
+            let _ = write!(o, "  paths={}", Value::Array(p.clone()));
+        }
+        let _ = writeln!(o);
+    }
+    let signals = a.signals.as_array().cloned().unwrap_or_default();
+    if signals.is_empty() {
+        let _ = writeln!(o, "\nno destructive signals");
+    } else {
+        let _ = writeln!(o, "\n!!! DESTRUCTIVE SIGNALS ({}) !!!", signals.len());
+        for s in &signals {
+            let _ = writeln!(
+                o,
+                "  !! [{}] {}",
+                s["kind"].as_str().unwrap_or("?"),
+                crate::audit::scrub::scrub_str(s["message"].as_str().unwrap_or(""))
+            );
+        }
+    }
+    for v in &a.verdicts {
+        let _ = writeln!(
+            o,
+            "\n{} by {} at {}: {}",
+            v.verdict, v.approver, v.at, v.reason
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\napproving lets the next {} call with approval_id {} run exactly this call{}, once, before it expires.",
+        a.tool,
+        a.id,
+        if a.plan_sha256.is_some() {
+            " and this saved plan"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  gateway approve {} --reason \"...\"     gateway deny {} --reason \"...\"",
+        a.id, a.id
+    );
+    o
+}
+
+/// The identity a verdict is recorded under, as the policy decides
+/// (data.gateway.approvals.approver).
+fn approver(cli: &Cli, as_name: Option<&str>) -> anyhow::Result<Result<String, String>> {
+    let os_user = crate::config::os_identity();
+    let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())
+        .with_context(|| {
+            format!(
+                "the policy set in {} does not load; refusing",
+                cli.policies.display()
+            )
+        })?;
+    let mut input = json!({"os_user": os_user});
+    if let Some(n) = as_name {
+        input["as"] = n.into();
+    }
+    match set.eval_rule(
+        "data.gateway.approvals.approver",
+        regorus::Value::from(input),
+    ) {
+        Ok(Value::String(s)) if !s.trim().is_empty() => Ok(Ok(s)),
+        Ok(other) => Ok(Err(format!(
+            "the policy gave no usable approver identity ({other})"
+        ))),
+        Err(e) => Ok(Err(match as_name {
+            Some(n) => format!(
+                "--as {n} is not allowed by the policy (data.config.approvals.identity): {e}"
+            ),
+            None => format!("the policy gave no approver identity: {e}"),
+        })),
+    }
+}
+
+pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCode> {
+    let home = cli.home();
+    let audit = AuditLog::in_home(&home)?;
+    let mut store = store(cli)?;
+    let request_id = store.get(&a.id)?.map(|x| x.request_id).unwrap_or_default();
+    let who = match approver(cli, a.as_name.as_deref())? {
+        Ok(w) => w,
+        Err(why) => {
+            audit.append(&request_id, "approval.refused", json!({"approval_id": a.id, "os_user": crate::config::os_identity(), "reason": why}))?;
+            eprintln!("gateway: refused: {why}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let result = if grant {
+        store.grant(&a.id, &who, &a.reason)?
+    } else {
+        store.deny(&a.id, &who, &a.reason)?
+    };
+    match result {
+        Ok(approval) => {
+            let event = if grant {
+                "approval.granted"
+            } else {
+                "approval.denied"
+            };
+            audit.append(
+                &approval.request_id,
+                event,
+                json!({"approval_id": approval.id, "approver": who, "reason": a.reason, "state": approval.state.as_str(),
+                       "grants": approval.grants(), "approvers_required": approval.approvers_required}),
+            )?;
+            if grant {
+                match approval.state {
+                    State::Approved => println!(
+                        "approved {} as {who}: the next {} call with approval_id {} may run it, once, until {}",
+                        approval.id, approval.tool, approval.id, approval.expires_at
+                    ),
+                    _ => println!(
+                        "recorded {who}'s approval of {}: {} of {} approvals given",
+                        approval.id,
+                        approval.grants(),
+                        approval.approvers_required
+                    ),
+                }
+            } else {
+                println!(
+                    "denied {} as {who}: it can no longer be approved or used",
+                    approval.id
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(refusal) => {
+            audit.append(
+                &request_id,
+                "approval.refused",
+                json!({"approval_id": a.id, "approver": who, "action": if grant { "approve" } else { "deny" }, "refusal": refusal}),
+            )?;
+            eprintln!("gateway: refused: {refusal}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

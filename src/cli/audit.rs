@@ -1,0 +1,187 @@
+//! `gateway audit [--request-id ID] [--since DURATION] [--json]` and
+//! `gateway audit verify [--file F]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use serde_json::{Map, Value};
+
+use super::Cli;
+use crate::audit::{self, verify};
+
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    verify: Option<AuditCommand>,
+    /// Only this request's events.
+    #[arg(long)]
+    request_id: Option<String>,
+    /// Only events newer than this (e.g. 30s, 15m, 2h, 1d).
+    #[arg(long)]
+    since: Option<String>,
+    /// Raw events, one JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// The audit file [default: HOME/audit.jsonl].
+    #[arg(long)]
+    file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain; non-zero exit and the first bad line when the
+    /// log was edited, cut, reordered or added to.
+    Verify {
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `30s`, `15m`, `2h`, `1d` as milliseconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<i64> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration like 30s, 15m, 2h or 1d"))?;
+    let mult = match unit {
+        "ms" => 1,
+        "s" | "" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => bail!("{s:?}: unknown unit {unit:?} (use s, m, h or d)"),
+    };
+    Ok(n.saturating_mul(mult))
+}
+
+fn ts_ms(e: &Map<String, Value>) -> Option<i64> {
+    e.get("ts")
+        .and_then(Value::as_str)
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.timestamp_millis())
+}
+
+pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
+    if let Some(AuditCommand::Verify { file, json }) = &a.verify {
+        let path = file
+            .clone()
+            .or_else(|| a.file.clone())
+            .unwrap_or_else(|| cli.home().join(audit::FILE_NAME));
+        let report = verify::verify_file(&path)
+            .with_context(|| format!("cannot read audit log {}", path.display()))?;
+        if *json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            for w in &report.warnings {
+                println!("warning: {w}");
+            }
+            match &report.first_bad {
+                None => println!(
+                    "ok: {} events verified in {}",
+                    report.verified,
+                    path.display()
+                ),
+                Some((line, why)) => {
+                    println!(
+                        "FAIL: {}: line {line}: {why} ({} events before it verified)",
+                        path.display(),
+                        report.verified
+                    )
+                }
+            }
+        }
+        return Ok(if report.ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let path = a
+        .file
+        .clone()
+        .unwrap_or_else(|| cli.home().join(audit::FILE_NAME));
+    let since = a
+        .since
+        .as_deref()
+        .map(parse_duration)
+        .transpose()?
+        .map(|d| crate::approvals::now_ms() - d);
+    let events: Vec<Map<String, Value>> = audit::read_events(&path)?
+        .into_iter()
+        .filter(|e| {
+            a.request_id
+                .as_deref()
+                .is_none_or(|id| e.get("request_id").and_then(Value::as_str) == Some(id))
+        })
+        .filter(|e| since.is_none_or(|s| ts_ms(e).is_some_and(|t| t >= s)))
+        .collect();
+    if a.json {
+        for e in &events {
+            println!("{}", serde_json::to_string(e)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if events.is_empty() {
+        println!(
+            "no audit events{}",
+            a.request_id
+                .as_ref()
+                .map(|r| format!(" for {r}"))
+                .unwrap_or_default()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    // One block per request id, in the order each first appeared.
+    let mut order: Vec<String> = Vec::new();
+    let mut by_request: std::collections::HashMap<String, Vec<&Map<String, Value>>> =
+        Default::default();
+    for e in &events {
+        let id = e
+            .get("request_id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if !by_request.contains_key(&id) {
+            order.push(id.clone());
+        }
+        by_request.entry(id).or_default().push(e);
+    }
+    for id in order {
+        let list = &by_request[&id];
+        let first = list.first().and_then(|e| ts_ms(e)).unwrap_or(0);
+        let last = list.last().and_then(|e| ts_ms(e)).unwrap_or(first);
+        println!(
+            "{} ({} events, {} ms)",
+            if id.is_empty() { "(no request)" } else { &id },
+            list.len(),
+            last - first
+        );
+        for e in list {
+            let t = e.get("ts").and_then(Value::as_str).unwrap_or("?");
+            let offset = ts_ms(e).map(|x| x - first).unwrap_or(0);
+            let name = e.get("event").and_then(Value::as_str).unwrap_or("?");
+            let data = e.get("data").map(|d| d.to_string()).unwrap_or_default();
+            println!("  {t}  +{offset:>6}ms  {name:<22} {data}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").ok(), Some(30_000));
+        assert_eq!(parse_duration("15m").ok(), Some(900_000));
+        assert_eq!(parse_duration("2h").ok(), Some(7_200_000));
+        assert_eq!(parse_duration("1d").ok(), Some(86_400_000));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
+    }
+}

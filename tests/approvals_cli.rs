@@ -1,0 +1,547 @@
+//! The approval store and the operator's CLI, through the real binary and
+//! real SQLite: concurrent spenders, out-of-band approval, refusals, the
+//! audit trail they leave, and no secret in any output.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::{gateway, stderr, stdout};
+use gateway::approvals::{ApprovalStore, NewApproval, Refusal};
+use gateway::audit::AuditLog;
+use serde_json::{Value, json};
+
+const PLAN_SHA: &str = "3b5d3c7d207e37dceeedd301e35e2e58408a7a2c1d6f2e3b2a6c7d8e9f0a1b2c";
+const JWT: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6ZGVtbyJ9.c2lnbmF0dXJlLWJ5dGVzLWhlcmU";
+const VAULT_TOKEN: &str = "hvs.CAESIPlantedSecretTokenValue0123456789abcd";
+
+fn new_approval(requested_by: &str, approvers: u32, reason_required: bool) -> NewApproval {
+    let plan: Value = serde_json::from_str(
+        &std::fs::read_to_string(common::repo().join("tests/fixtures/plans/replace.json"))
+            .expect("fixture"),
+    )
+    .expect("json");
+    NewApproval {
+        tool: "terraform_apply".into(),
+        params: json!({"working_dir": "terraform/offline-demo"}),
+        plan_sha256: Some(PLAN_SHA.into()),
+        plan_summary: gateway::approvals::plan_summary(&plan),
+        signals: json!([{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"],
+                         "reason": "replace_because_cannot_update", "paths": [["triggers_replace"]],
+                         "message": "terraform_data.web will be destroyed and re-created"}]),
+        request_id: "req-cli-test".into(),
+        requested_by: requested_by.into(),
+        requested_client: "claude-desktop".into(),
+        approvers_required: approvers,
+        ttl: Duration::from_secs(1800),
+        reason_required,
+    }
+}
+
+fn spend(store: &mut ApprovalStore, id: &str) -> Result<(), Refusal> {
+    store
+        .spend(
+            id,
+            "terraform_apply",
+            &json!({"working_dir": "terraform/offline-demo"}),
+            Some(PLAN_SHA),
+            "req-spend",
+        )
+        .expect("database")
+        .map(|_| ())
+}
+
+fn approved(home: &Path) -> String {
+    let mut store = ApprovalStore::in_home(home).expect("open");
+    let a = store
+        .create(&new_approval("alice", 1, false))
+        .expect("create");
+    store
+        .grant(&a.id, "bob", "ok")
+        .expect("db")
+        .expect("granted");
+    a.id
+}
+
+#[test]
+fn of_32_concurrent_spender_threads_exactly_one_succeeds() {
+    let home = tempfile::tempdir().expect("home");
+    let id = approved(home.path());
+    let barrier = Arc::new(Barrier::new(32));
+    let handles: Vec<_> = (0..32)
+        .map(|_| {
+            let (home, id, barrier) = (home.path().to_path_buf(), id.clone(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let mut store = ApprovalStore::in_home(&home).expect("open");
+                barrier.wait();
+                spend(&mut store, &id)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    for r in results.iter().filter(|r| r.is_err()) {
+        assert_eq!(r, &Err(Refusal::AlreadySpent { id: id.clone() }));
+    }
+}
+
+/// Run by `of_8_concurrent_spender_processes_exactly_one_succeeds` in child
+/// processes (this test binary, re-executed): spends the approval named in
+/// the environment and prints the outcome.
+#[test]
+#[ignore = "helper: run in child processes by the multi-process test"]
+fn spender_child_process() {
+    let home = std::env::var("SPEND_HOME").expect("SPEND_HOME");
+    let id = std::env::var("SPEND_ID").expect("SPEND_ID");
+    let start: u128 = std::env::var("SPEND_AT_MS")
+        .expect("SPEND_AT_MS")
+        .parse()
+        .expect("ms");
+    let mut store = ApprovalStore::in_home(Path::new(&home)).expect("open");
+    // Line the processes up on a common start time.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    };
+    while now() < start {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match spend(&mut store, &id) {
+        Ok(()) => println!("OUTCOME:SPENT"),
+        Err(r) => println!("OUTCOME:REFUSED:{r}"),
+    }
+}
+
+#[test]
+fn of_8_concurrent_spender_processes_exactly_one_succeeds() {
+    let home = tempfile::tempdir().expect("home");
+    let id = approved(home.path());
+    let exe = std::env::current_exe().expect("test binary");
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis()
+        + 1500;
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "spender_child_process",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("SPEND_HOME", home.path())
+                .env("SPEND_ID", &id)
+                .env("SPEND_AT_MS", start.to_string())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let outcomes: Vec<String> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().expect("child");
+            assert!(out.status.success(), "{}", stdout(&out));
+            stdout(&out)
+                .lines()
+                .find_map(|l| l.find("OUTCOME:").map(|i| l[i..].to_string()))
+                .unwrap_or_else(|| "none".into())
+        })
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "OUTCOME:SPENT").count(),
+        1,
+        "{outcomes:?}"
+    );
+    let refused = format!("OUTCOME:REFUSED:approval {id} was already spent");
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == refused).count(),
+        7,
+        "{outcomes:?}"
+    );
+}
+
+#[test]
+fn of_8_concurrent_approve_processes_exactly_one_approves() {
+    let home = tempfile::tempdir().expect("home");
+    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let a = store
+        .create(&new_approval("alice", 1, false))
+        .expect("create");
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            gateway(home.path())
+                .args([
+                    "approve",
+                    &a.id,
+                    "--as",
+                    &format!("approver{i}"),
+                    "--reason",
+                    "race",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait"))
+        .collect();
+    assert_eq!(outs.iter().filter(|o| o.status.success()).count(), 1);
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        assert!(stderr(o).contains("is already approved"), "{}", stderr(o));
+    }
+    let a = store.get(&a.id).expect("db").expect("exists");
+    assert_eq!(a.grants(), 1);
+}
+
+#[test]
+fn the_operator_cli_lists_shows_approves_and_refuses() {
+    let home = tempfile::tempdir().expect("home");
+    let me = gateway::config::os_identity();
+    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let a = store.create(&new_approval(&me, 1, true)).expect("create");
+
+    let list = gateway(home.path())
+        .args(["approvals"])
+        .output()
+        .expect("run");
+    assert!(list.status.success());
+    let text = stdout(&list);
+    assert!(text.starts_with("ID"), "{text}");
+    assert!(
+        text.contains(&a.id) && text.contains("terraform_apply") && text.contains("0/1"),
+        "{text}"
+    );
+
+    let show = gateway(home.path())
+        .args(["approvals", "show", &a.id])
+        .output()
+        .expect("run");
+    let text = stdout(&show);
+    assert!(text.contains("DESTRUCTIVE SIGNALS (1)"), "{text}");
+    assert!(
+        text.contains("terraform_data.web will be destroyed and re-created"),
+        "{text}"
+    );
+    assert!(
+        text.contains("delete,create") && text.contains("replace_because_cannot_update"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("requested by:  {me} via claude-desktop")),
+        "{text}"
+    );
+
+    // The requester cannot approve their own call.
+    let own = gateway(home.path())
+        .args(["approve", &a.id, "--reason", "mine"])
+        .output()
+        .expect("run");
+    assert!(!own.status.success());
+    assert!(
+        stderr(&own).contains("requested this call and cannot approve it"),
+        "{}",
+        stderr(&own)
+    );
+    // The reason is required for this approval.
+    let no_reason = gateway(home.path())
+        .args(["approve", &a.id, "--as", "bob"])
+        .output()
+        .expect("run");
+    assert!(!no_reason.status.success());
+    assert!(
+        stderr(&no_reason).contains("requires a reason"),
+        "{}",
+        stderr(&no_reason)
+    );
+    // Bob approves.
+    let ok = gateway(home.path())
+        .args([
+            "approve",
+            &a.id,
+            "--as",
+            "bob",
+            "--reason",
+            "replacement expected",
+        ])
+        .output()
+        .expect("run");
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    assert!(
+        stdout(&ok).contains(&format!("approved {} as bob", a.id)),
+        "{}",
+        stdout(&ok)
+    );
+    // Unknown ids.
+    let unknown = gateway(home.path())
+        .args(["approve", "ap-0000", "--as", "bob"])
+        .output()
+        .expect("run");
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("no approval with id ap-0000"));
+
+    let json = gateway(home.path())
+        .args(["approvals", "--json"])
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(v[0]["state"], "approved");
+    assert_eq!(v[0]["verdicts"][0]["approver"], "bob");
+
+    // The audit trail has every verdict and refusal, chained.
+    let trail = gateway(home.path())
+        .args(["audit", "--request-id", "req-cli-test", "--json"])
+        .output()
+        .expect("run");
+    let events: Vec<String> = stdout(&trail)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        events,
+        vec!["approval.refused", "approval.refused", "approval.granted"]
+    );
+    let verify = gateway(home.path())
+        .args(["audit", "verify"])
+        .output()
+        .expect("run");
+    assert!(verify.status.success(), "{}", stdout(&verify));
+}
+
+#[test]
+fn deny_ends_an_approval() {
+    let home = tempfile::tempdir().expect("home");
+    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let a = store
+        .create(&new_approval("alice", 1, false))
+        .expect("create");
+    let d = gateway(home.path())
+        .args(["deny", &a.id, "--as", "bob", "--reason", "not now"])
+        .output()
+        .expect("run");
+    assert!(d.status.success(), "{}", stderr(&d));
+    let again = gateway(home.path())
+        .args(["approve", &a.id, "--as", "carol"])
+        .output()
+        .expect("run");
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("was denied"));
+    assert_eq!(
+        spend(&mut store, &a.id),
+        Err(Refusal::Denied { id: a.id.clone() })
+    );
+    assert!(
+        stdout(
+            &gateway(home.path())
+                .args(["approvals"])
+                .output()
+                .expect("run")
+        )
+        .contains("no pending approvals")
+    );
+}
+
+#[test]
+fn approve_as_is_refused_when_the_policy_forbids_it() {
+    let home = tempfile::tempdir().expect("home");
+    let dir = tempfile::tempdir().expect("tmp");
+    let policies = dir.path().join("policies");
+    common::copy_dir(&common::repo().join("policies"), &policies);
+    let cfg = policies.join("config/approvals.yaml");
+    let text = std::fs::read_to_string(&cfg)
+        .expect("read")
+        .replace("allow_as: true", "allow_as: false");
+    std::fs::write(&cfg, text).expect("write");
+    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let a = store
+        .create(&new_approval("alice", 1, false))
+        .expect("create");
+    let out = gateway(home.path())
+        .args([
+            "--policies",
+            &policies.display().to_string(),
+            "approve",
+            &a.id,
+            "--as",
+            "bob",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--as bob is not allowed by the policy"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(store.get(&a.id).expect("db").expect("exists").grants(), 0);
+}
+
+#[test]
+fn readers_are_not_blocked_while_the_server_writes() {
+    let home = tempfile::tempdir().expect("home");
+    let writer_home = home.path().to_path_buf();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    // The "server": creates approvals and writes audit events in a loop.
+    let writer = std::thread::spawn(move || {
+        let mut store = ApprovalStore::in_home(&writer_home).expect("open");
+        let audit = AuditLog::in_home(&writer_home).expect("audit");
+        let mut n = 0;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let a = store
+                .create(&new_approval("alice", 1, false))
+                .expect("create while readers read");
+            audit
+                .append(
+                    &a.request_id,
+                    "approval.requested",
+                    json!({"approval_id": a.id}),
+                )
+                .expect("audit");
+            n += 1;
+        }
+        n
+    });
+    for _ in 0..10 {
+        let list = gateway(home.path())
+            .args(["approvals", "--json"])
+            .output()
+            .expect("run");
+        assert!(list.status.success(), "{}", stderr(&list));
+        assert!(serde_json::from_slice::<Value>(&list.stdout).is_ok());
+        let verify = gateway(home.path())
+            .args(["audit", "verify"])
+            .output()
+            .expect("run");
+        assert!(verify.status.success(), "{}", stdout(&verify));
+        // The CLI writes too (a refusal event) while the server writes.
+        let refused = gateway(home.path())
+            .args(["approve", "ap-missing", "--as", "bob"])
+            .output()
+            .expect("run");
+        assert!(
+            stderr(&refused).contains("no approval with id"),
+            "{}",
+            stderr(&refused)
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().expect("writer");
+    assert!(written > 10, "the writer kept writing ({written})");
+    let verify = gateway(home.path())
+        .args(["audit", "verify"])
+        .output()
+        .expect("run");
+    assert!(
+        verify.status.success(),
+        "interleaved writers keep one chain: {}",
+        stdout(&verify)
+    );
+}
+
+#[test]
+fn audit_verify_on_the_command_line_names_the_first_bad_line() {
+    let home = tempfile::tempdir().expect("home");
+    let audit = AuditLog::in_home(home.path()).expect("audit");
+    for i in 0..5 {
+        audit
+            .append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let path = home.path().join("audit.jsonl");
+    let ok = gateway(home.path())
+        .args(["audit", "verify"])
+        .output()
+        .expect("run");
+    assert!(
+        ok.status.success() && stdout(&ok).contains("ok: 5 events verified"),
+        "{}",
+        stdout(&ok)
+    );
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(&path, text.replacen("\"i\":3", "\"i\":4", 1)).expect("tamper");
+    let bad = gateway(home.path())
+        .args(["audit", "verify", "--file", &path.display().to_string()])
+        .output()
+        .expect("run");
+    assert!(!bad.status.success());
+    assert!(
+        stdout(&bad).contains("line 4: hash does not match"),
+        "{}",
+        stdout(&bad)
+    );
+}
+
+#[test]
+fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
+    let home = tempfile::tempdir().expect("home");
+    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let mut n = new_approval("alice", 1, false);
+    n.params = json!({"working_dir": format!("terraform/{VAULT_TOKEN}")});
+    n.signals = json!([{"kind": "replace", "message": format!("token {JWT} in a message"), "address": "x"}]);
+    n.plan_summary = json!([{"address": format!("x.{JWT}"), "actions": ["delete"], "reason": null, "paths": []}]);
+    let a = store.create(&n).expect("create");
+    let audit = AuditLog::in_home(home.path()).expect("audit");
+    audit
+        .append(
+            &a.request_id,
+            "credential.issued",
+            json!({"lease_id": "kubernetes/creds/gateway-pod-reader-demo-app/abc", "token": "opaque-service-account-token",
+                   "client_token": VAULT_TOKEN, "headers": {"Authorization": format!("Bearer {JWT}")}}),
+        )
+        .expect("append");
+    let mut outputs = Vec::new();
+    for args in [
+        vec!["approvals"],
+        vec!["approvals", "--json", "--all"],
+        vec!["approvals", "show", a.id.as_str()],
+        vec!["approvals", "show", a.id.as_str(), "--json"],
+        vec![
+            "approve",
+            a.id.as_str(),
+            "--as",
+            "bob",
+            "--reason",
+            VAULT_TOKEN,
+        ],
+        vec!["audit"],
+        vec!["audit", "--json"],
+        vec!["audit", "verify"],
+    ] {
+        let out = gateway(home.path()).args(&args).output().expect("run");
+        outputs.push((format!("{args:?}"), stdout(&out) + &stderr(&out)));
+    }
+    outputs.push((
+        "audit file".into(),
+        std::fs::read_to_string(home.path().join("audit.jsonl")).expect("read"),
+    ));
+    for (what, text) in &outputs {
+        for secret in [JWT, VAULT_TOKEN, "opaque-service-account-token"] {
+            assert!(!text.contains(secret), "{what} leaks a secret:\n{text}");
+        }
+    }
+    assert!(
+        outputs
+            .iter()
+            .any(|(_, t)| t.contains("kubernetes/creds/gateway-pod-reader-demo-app/abc")),
+        "lease ids are kept"
+    );
+}
