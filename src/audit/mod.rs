@@ -156,6 +156,31 @@ impl AuditLog {
     }
 }
 
+impl AuditLog {
+    /// A `policy.decision` event, readable by OPA decision-log tooling:
+    /// `decision_id`, `path`, `input`, `result` and `timestamp` at the top
+    /// level (all scrubbed), plus the policy set's fingerprint in `data`.
+    pub fn policy_decision(
+        &self,
+        request_id: &str,
+        input: &Value,
+        result: &Value,
+        policy_fingerprint: &str,
+    ) -> Result<Map<String, Value>, AuditError> {
+        let mut extra = Map::new();
+        extra.insert(
+            "decision_id".into(),
+            format!("{request_id}/{}", uuid::Uuid::new_v4().simple()).into(),
+        );
+        extra.insert("path".into(), "gateway/decision".into());
+        extra.insert("input".into(), input.clone());
+        extra.insert("result".into(), result.clone());
+        extra.insert("timestamp".into(), now_ts().into());
+        let data = serde_json::json!({"policy": policy_fingerprint, "allow": result.get("allow").cloned().unwrap_or(Value::Null)});
+        self.append_with(request_id, "policy.decision", data, extra)
+    }
+}
+
 fn open_file(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
@@ -295,6 +320,34 @@ mod tests {
         assert!(text.contains("k/creds/r/1"));
         assert_eq!(text.lines().count(), 2);
         assert_eq!(event_hash(&b), b["hash"]);
+    }
+
+    #[test]
+    fn policy_decisions_carry_opa_decision_log_fields() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = AuditLog::open(dir.path().join("a.jsonl")).expect("open");
+        let e = log
+            .policy_decision(
+                "req-9",
+                &json!({"tool": "t", "params": {"password": "hunter2"}}),
+                &json!({"allow": false}),
+                "abc",
+            )
+            .expect("append");
+        assert_eq!(e["path"], "gateway/decision");
+        assert!(
+            e["decision_id"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("req-9/"))
+        );
+        assert_eq!(e["result"]["allow"], false);
+        assert_eq!(e["input"]["params"]["password"], "<redacted>");
+        assert_eq!(e["data"]["allow"], false);
+        assert!(
+            crate::audit::verify::verify_file(log.path())
+                .expect("read")
+                .ok()
+        );
     }
 
     #[test]
