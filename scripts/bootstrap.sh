@@ -16,6 +16,16 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# The local sandbox: gVisor, and for sandboxes with allowed endpoints a
+# network namespace, veth and nftables. busybox-static is the tests' and
+# `gateway verify`'s probe inside the sandbox.
+command -v runsc >/dev/null 2>&1 || need+=(runsc)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+[ -x /bin/busybox ] && /bin/busybox --help 2>/dev/null | head -n 1 | grep -q . && file_is_static=$(ldd /bin/busybox 2>&1 | grep -c "not a dynamic") || file_is_static=0
+[ "$file_is_static" = "1" ] || need+=(busybox-static)
+command -v ps >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -9,3 +9,4 @@ pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod policy;
+pub mod sandbox;

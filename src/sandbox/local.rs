@@ -1,0 +1,728 @@
+//! The local backend: each call in its own gVisor sandbox (`runsc run` with
+//! an OCI bundle written here with `oci-spec`), on one Linux host.
+//!
+//! The bundle's root is an empty read-only directory holding only mount
+//! points; what the tool needs is bind-mounted read-only at its own path
+//! (its binary and the libraries it links), plus a generated minimal `/etc`,
+//! a private `/tmp` (tmpfs), the working dir read-write at `/work` (the only
+//! writable mount), `files_in` read-only and the credential as a 0400 file.
+//! The process runs as uid 65534 with no capabilities, `no_new_privileges`,
+//! rlimits for memory, processes, CPU time and file size, and an OCI seccomp
+//! profile that gVisor enforces inside the sandbox (`--oci-seccomp`).
+//! Network: `--network=none`, or the namespace of [`super::net`].
+//! Everything is removed after the call — on success, error, deadline,
+//! panic and cancellation (a guard's `Drop`): the runsc container and its
+//! state, the bundle, the namespace.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Component, Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use oci_spec::runtime::{
+    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccompAction,
+    LinuxSeccompBuilder, LinuxSyscallBuilder, MountBuilder, PosixRlimitBuilder, PosixRlimitType,
+    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+use tokio::io::AsyncReadExt;
+
+use super::net::NetNs;
+use super::{
+    CREDENTIAL_PATH, Captured, Ended, FILES_IN_DIR, Network, SANDBOX_UID, Sandbox, SandboxError,
+    SandboxRequest, SandboxResult, WORKDIR, valid_name,
+};
+
+/// Syscalls refused (EPERM) inside the sandbox on top of gVisor's own
+/// surface: nothing a tool needs, everything an escape attempt would.
+const DENIED_SYSCALLS: &[&str] = &[
+    "ptrace",
+    "mount",
+    "umount2",
+    "unshare",
+    "setns",
+    "pivot_root",
+    "chroot",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+];
+
+/// Memory for gVisor's own sentry and gofer on top of the tool's limit.
+const SENTRY_HEADROOM: u64 = 256 << 20;
+
+/// The sandbox's cgroup, relative to each controller's root.
+fn cgroup_path(name: &str) -> PathBuf {
+    PathBuf::from(format!("/gateway/{name}"))
+}
+
+/// CPU nanoseconds the sandbox's cgroup has used (cgroup v1 cpuacct, or v2 cpu.stat).
+fn cgroup_cpu_ns(name: &str) -> Option<u64> {
+    let rel = cgroup_path(name);
+    let rel = rel.strip_prefix("/").unwrap_or(&rel);
+    let v1 = Path::new("/sys/fs/cgroup/cpuacct")
+        .join(rel)
+        .join("cpuacct.usage");
+    if let Ok(s) = std::fs::read_to_string(&v1) {
+        return s.trim().parse().ok();
+    }
+    let v2 = Path::new("/sys/fs/cgroup").join(rel).join("cpu.stat");
+    let s = std::fs::read_to_string(v2).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us * 1000)
+}
+
+/// Resolves once the sandbox has used more than `limit` of CPU time.
+async fn cpu_exceeded(name: String, limit: Duration) {
+    let limit_ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if cgroup_cpu_ns(&name).is_some_and(|ns| ns > limit_ns) {
+            return;
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// The runsc binary (default: found on PATH).
+    pub runsc: Option<PathBuf>,
+    /// Where bundles and runsc state live (default: /dev/shm/gateway-sandbox
+    /// when /dev/shm exists, so credential files never touch a disk).
+    pub root: Option<PathBuf>,
+    /// runsc platform (ptrace works everywhere; kvm where /dev/kvm exists).
+    pub platform: String,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            runsc: None,
+            root: None,
+            platform: "ptrace".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalSandbox {
+    runsc: PathBuf,
+    root: PathBuf,
+    platform: String,
+}
+
+impl LocalSandbox {
+    /// Find and check runsc. Missing or unusable => an error naming the
+    /// install command; there is no fallback to running unsandboxed.
+    pub fn new(cfg: LocalConfig) -> Result<LocalSandbox, SandboxError> {
+        let uid = nix::unistd::geteuid().as_raw();
+        if uid != 0 {
+            return Err(SandboxError::NotRoot(uid));
+        }
+        let runsc = match cfg.runsc {
+            Some(p) => p,
+            None => super::net::which("runsc")
+                .ok_or_else(|| SandboxError::RunscMissing("not found on PATH".into()))?,
+        };
+        let out = std::process::Command::new(&runsc)
+            .arg("--version")
+            .output()
+            .map_err(|e| SandboxError::RunscMissing(format!("{}: {e}", runsc.display())))?;
+        if !out.status.success() {
+            return Err(SandboxError::RunscMissing(format!(
+                "{} --version failed",
+                runsc.display()
+            )));
+        }
+        let root = cfg.root.unwrap_or_else(|| {
+            let shm = Path::new("/dev/shm");
+            if shm.is_dir() {
+                shm.join("gateway-sandbox")
+            } else {
+                std::env::temp_dir().join("gateway-sandbox")
+            }
+        });
+        std::fs::create_dir_all(root.join("state"))?;
+        std::fs::create_dir_all(root.join("bundles"))?;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+        Ok(LocalSandbox {
+            runsc,
+            root,
+            platform: cfg.platform,
+        })
+    }
+
+    /// runsc's state dir (checked empty after each call by the tests).
+    pub fn state_dir(&self) -> PathBuf {
+        self.root.join("state")
+    }
+
+    pub fn bundles_dir(&self) -> PathBuf {
+        self.root.join("bundles")
+    }
+
+    /// The bundle for `req`: config.json and the mount-point-only rootfs.
+    fn write_bundle(&self, req: &SandboxRequest, bundle: &Path) -> Result<Spec, SandboxError> {
+        let rootfs = bundle.join("rootfs");
+        std::fs::create_dir_all(&rootfs)?;
+        let mut mounts = vec![
+            mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+            mount(
+                "/dev",
+                "tmpfs",
+                "tmpfs",
+                &["nosuid", "strictatime", "mode=755", "size=65536k"],
+            )?,
+            mount(
+                "/tmp",
+                "tmpfs",
+                "tmpfs",
+                &["nosuid", "nodev", "mode=1777", "size=65536k"],
+            )?,
+        ];
+        for dir in ["proc", "dev", "tmp", "etc", "run/gateway", "work"] {
+            std::fs::create_dir_all(rootfs.join(dir))?;
+        }
+
+        // A minimal /etc of our own: no host file is shown.
+        let etc = bundle.join("etc");
+        std::fs::create_dir_all(&etc)?;
+        let etc_files = [
+            (
+                "passwd",
+                "root:x:0:0:root:/nonexistent:/nonexistent\nnobody:x:65534:65534:nobody:/nonexistent:/nonexistent\n",
+            ),
+            ("group", "root:x:0:\nnogroup:x:65534:\n"),
+            ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
+            (
+                "nsswitch.conf",
+                "passwd: files\ngroup: files\nhosts: files\n",
+            ),
+            ("resolv.conf", ""),
+        ];
+        for (name, content) in etc_files {
+            std::fs::write(etc.join(name), content)?;
+            std::fs::write(rootfs.join("etc").join(name), "")?;
+            mounts.push(bind(&etc.join(name), &Path::new("/etc").join(name), false)?);
+        }
+
+        // The tool's files, read-only, at their own paths.
+        let mut seen = HashSet::new();
+        for b in &req.binds {
+            let inside = clean_inside(&b.inside)?;
+            if !seen.insert(inside.clone()) {
+                continue;
+            }
+            let meta = std::fs::metadata(&b.host).map_err(|e| {
+                SandboxError::Invalid(format!("bind source {}: {e}", b.host.display()))
+            })?;
+            make_mount_point(&rootfs, &inside, meta.is_dir())?;
+            mounts.push(bind(&b.host, &inside, false)?);
+        }
+
+        if let Some(work) = &req.workdir {
+            chown_tree(work, SANDBOX_UID)?;
+            mounts.push(bind(work, Path::new(WORKDIR), true)?);
+        }
+
+        if !req.files_in.is_empty() {
+            let dir = bundle.join("in");
+            for f in &req.files_in {
+                let rel = clean_relative(&f.path)?;
+                let p = dir.join(rel);
+                if let Some(parent) = p.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(&p, &f.contents)?;
+            }
+            chown_tree(&dir, SANDBOX_UID)?;
+            make_mount_point(&rootfs, Path::new(FILES_IN_DIR), true)?;
+            mounts.push(bind(&dir, Path::new(FILES_IN_DIR), false)?);
+        }
+
+        if let Some(secret) = &req.credential {
+            let dir = bundle.join("cred");
+            std::fs::create_dir_all(&dir)?;
+            let file = dir.join("credential");
+            {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o400)
+                    .open(&file)?;
+                f.write_all(secret.expose())?;
+            }
+            chown(&file, Some(SANDBOX_UID), Some(SANDBOX_UID))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            make_mount_point(&rootfs, Path::new(CREDENTIAL_PATH), false)?;
+            mounts.push(bind(&file, Path::new(CREDENTIAL_PATH), false)?);
+        }
+
+        let l = &req.limits;
+        let rlimit = |typ, v: u64| {
+            PosixRlimitBuilder::default()
+                .typ(typ)
+                .hard(v)
+                .soft(v)
+                .build()
+        };
+        let rlimits = vec![
+            rlimit(PosixRlimitType::RlimitAs, l.memory_bytes).map_err(spec_err)?,
+            rlimit(PosixRlimitType::RlimitNproc, l.max_processes).map_err(spec_err)?,
+            rlimit(PosixRlimitType::RlimitCpu, l.cpu_seconds).map_err(spec_err)?,
+            rlimit(PosixRlimitType::RlimitFsize, l.file_bytes).map_err(spec_err)?,
+            rlimit(PosixRlimitType::RlimitNofile, 1024).map_err(spec_err)?,
+            rlimit(PosixRlimitType::RlimitCore, 0).map_err(spec_err)?,
+        ];
+        let mut env = vec![
+            "PATH=/usr/local/bin:/usr/bin:/bin".to_string(),
+            "HOME=/tmp".to_string(),
+        ];
+        env.extend(req.env.iter().map(|(k, v)| format!("{k}={v}")));
+        let none = HashSet::new();
+        let process = ProcessBuilder::default()
+            .terminal(false)
+            .user(
+                UserBuilder::default()
+                    .uid(SANDBOX_UID)
+                    .gid(SANDBOX_UID)
+                    .build()
+                    .map_err(spec_err)?,
+            )
+            .args(req.argv.clone())
+            .env(env)
+            .cwd(if req.workdir.is_some() {
+                WORKDIR
+            } else {
+                "/tmp"
+            })
+            .capabilities(
+                LinuxCapabilitiesBuilder::default()
+                    .bounding(none.clone())
+                    .effective(none.clone())
+                    .inheritable(none.clone())
+                    .permitted(none.clone())
+                    .ambient(none)
+                    .build()
+                    .map_err(spec_err)?,
+            )
+            .rlimits(rlimits)
+            .no_new_privileges(true)
+            .build()
+            .map_err(spec_err)?;
+        let namespaces = [
+            LinuxNamespaceType::Pid,
+            LinuxNamespaceType::Ipc,
+            LinuxNamespaceType::Uts,
+            LinuxNamespaceType::Mount,
+        ]
+        .into_iter()
+        .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(spec_err)?;
+        let seccomp = LinuxSeccompBuilder::default()
+            .default_action(LinuxSeccompAction::ScmpActAllow)
+            .syscalls(vec![
+                LinuxSyscallBuilder::default()
+                    .names(
+                        DENIED_SYSCALLS
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect::<Vec<_>>(),
+                    )
+                    .action(LinuxSeccompAction::ScmpActErrno)
+                    .errno_ret(1u32)
+                    .build()
+                    .map_err(spec_err)?,
+            ])
+            .build()
+            .map_err(spec_err)?;
+        // The sandbox's own cgroup: a CPU quota, a memory ceiling for the
+        // whole sandbox (the tool's limit plus headroom for gVisor itself),
+        // and the CPU accounting the CPU-time watch reads.
+        let resources = LinuxResourcesBuilder::default()
+            .cpu(
+                LinuxCpuBuilder::default()
+                    .quota(i64::try_from(l.cpu_millicores.max(10) * 100).unwrap_or(100_000))
+                    .period(100_000u64)
+                    .build()
+                    .map_err(spec_err)?,
+            )
+            .memory(
+                LinuxMemoryBuilder::default()
+                    .limit(
+                        i64::try_from(l.memory_bytes.saturating_add(SENTRY_HEADROOM))
+                            .unwrap_or(i64::MAX),
+                    )
+                    .build()
+                    .map_err(spec_err)?,
+            )
+            .build()
+            .map_err(spec_err)?;
+        let linux = LinuxBuilder::default()
+            .cgroups_path(cgroup_path(&req.name))
+            .resources(resources)
+            .namespaces(namespaces)
+            .seccomp(seccomp)
+            .masked_paths(vec![])
+            .readonly_paths(vec![])
+            .build()
+            .map_err(spec_err)?;
+        let spec = SpecBuilder::default()
+            .version("1.0.2")
+            .hostname(req.name.clone())
+            .root(
+                RootBuilder::default()
+                    .path("rootfs")
+                    .readonly(true)
+                    .build()
+                    .map_err(spec_err)?,
+            )
+            .mounts(mounts)
+            .process(process)
+            .linux(linux)
+            .build()
+            .map_err(spec_err)?;
+        spec.save(bundle.join("config.json")).map_err(spec_err)?;
+        Ok(spec)
+    }
+
+    async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
+        if !valid_name(&req.name) {
+            return Err(SandboxError::Invalid(format!(
+                "sandbox name {:?} must be [A-Za-z0-9-], at most 64",
+                req.name
+            )));
+        }
+        if req.argv.is_empty() {
+            return Err(SandboxError::Invalid("empty command".into()));
+        }
+        let started = Instant::now();
+        let bundle = tempfile::Builder::new()
+            .prefix(&format!("{}-", req.name))
+            .tempdir_in(self.bundles_dir())?;
+        let mut guard = Cleanup {
+            runsc: self.runsc.clone(),
+            state: self.state_dir(),
+            name: req.name.clone(),
+            netns: None,
+            bundle: Some(bundle),
+            started: false,
+        };
+        let bundle_path = guard
+            .bundle
+            .as_ref()
+            .map(|b| b.path().to_path_buf())
+            .unwrap_or_default();
+        let mut req = req;
+        let mut endpoints = BTreeMap::new();
+        if let Network::Endpoints(list) = &req.network {
+            let ns = NetNs::create(&req.name, list)?;
+            for e in list {
+                let addr = format!("{}:{}", ns.host_ip, e.port);
+                let var = format!(
+                    "GATEWAY_ENDPOINT_{}",
+                    e.name.to_ascii_uppercase().replace('-', "_")
+                );
+                req.env.push((var, addr.clone()));
+                endpoints.insert(e.name.clone(), addr);
+            }
+            guard.netns = Some(ns);
+        }
+        let spec_req = req.clone();
+        let this = self.clone();
+        let bp = bundle_path.clone();
+        tokio::task::spawn_blocking(move || this.write_bundle(&spec_req, &bp))
+            .await
+            .map_err(|e| SandboxError::Setup(format!("writing the bundle: {e}")))??;
+
+        let mut cmd = match &guard.netns {
+            Some(ns) => {
+                let mut c = tokio::process::Command::new("nsenter");
+                c.arg(format!("--net={}", ns.path()))
+                    .arg(&self.runsc)
+                    .args(["--network", "host"]);
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(&self.runsc);
+                c.args(["--network", "none"]);
+                c
+            }
+        };
+        cmd.arg("--root")
+            .arg(self.state_dir())
+            .args(["--platform", &self.platform, "--oci-seccomp"])
+            .arg("run")
+            .arg("--bundle")
+            .arg(&bundle_path)
+            .arg(&req.name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        guard.started = true;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| SandboxError::Setup(format!("starting runsc: {e}")))?;
+        let cap = req.limits.output_bytes;
+        let out = child.stdout.take().map(|s| tokio::spawn(capture(s, cap)));
+        let err = child.stderr.take().map(|s| tokio::spawn(capture(s, cap)));
+        enum Stop {
+            Exited(std::io::Result<std::process::ExitStatus>),
+            Deadline,
+            Cpu,
+        }
+        let stop = tokio::select! {
+            s = child.wait() => Stop::Exited(s),
+            _ = tokio::time::sleep(req.deadline) => Stop::Deadline,
+            _ = cpu_exceeded(req.name.clone(), Duration::from_secs(req.limits.cpu_seconds)) => Stop::Cpu,
+        };
+        let (status, killed_for) = match stop {
+            Stop::Exited(s) => (s?, None),
+            other => {
+                guard.kill();
+                let s = tokio::time::timeout(Duration::from_secs(20), child.wait())
+                    .await
+                    .map_err(|_| SandboxError::Setup("runsc did not stop after kill".into()))??;
+                let why = match other {
+                    Stop::Cpu => Ended::Limit("CPU time".into()),
+                    _ => Ended::Deadline,
+                };
+                (s, Some(why))
+            }
+        };
+        let stdout = match out {
+            Some(h) => h.await.unwrap_or_default(),
+            None => Captured::default(),
+        };
+        let stderr = match err {
+            Some(h) => h.await.unwrap_or_default(),
+            None => Captured::default(),
+        };
+        let code = status.code();
+        let (exit_code, ended) = if let Some(why) = killed_for {
+            (None, why)
+        } else {
+            match code {
+                Some(c) if c > 128 && c < 160 => {
+                    let sig = c - 128;
+                    let ended = match sig {
+                        24 => Ended::Limit("CPU time (SIGXCPU)".into()),
+                        25 => Ended::Limit("file size (SIGXFSZ)".into()),
+                        s => Ended::Signal(s),
+                    };
+                    (None, ended)
+                }
+                Some(c) => (Some(c), Ended::Exited),
+                None => (None, Ended::Signal(-1)),
+            }
+        };
+        let mut files_out = BTreeMap::new();
+        if let Some(work) = &req.workdir {
+            for f in &req.files_out {
+                let rel = clean_relative(f)?;
+                if let Ok(bytes) = std::fs::read(work.join(rel)) {
+                    files_out.insert(f.clone(), bytes);
+                }
+            }
+        }
+        guard.finish();
+        Ok(SandboxResult {
+            name: req.name.clone(),
+            exit_code,
+            stdout,
+            stderr,
+            files_out,
+            duration_ms: started.elapsed().as_millis(),
+            ended,
+            endpoints,
+        })
+    }
+}
+
+impl Sandbox for LocalSandbox {
+    fn run<'a>(
+        &'a self,
+        req: SandboxRequest,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
+    > {
+        Box::pin(self.run_inner(req))
+    }
+}
+
+/// Removes everything a sandbox left, whatever path the call took.
+struct Cleanup {
+    runsc: PathBuf,
+    state: PathBuf,
+    name: String,
+    netns: Option<NetNs>,
+    bundle: Option<tempfile::TempDir>,
+    started: bool,
+}
+
+impl Cleanup {
+    fn runsc(&self, args: &[&str]) {
+        let _ = std::process::Command::new(&self.runsc)
+            .arg("--root")
+            .arg(&self.state)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    fn kill(&self) {
+        self.runsc(&["kill", "--all", &self.name, "KILL"]);
+    }
+
+    fn finish(&mut self) {
+        if self.started {
+            self.kill();
+            self.runsc(&["delete", "--force", &self.name]);
+            self.started = false;
+        }
+        if let Some(mut ns) = self.netns.take() {
+            ns.remove();
+        }
+        if let Some(b) = self.bundle.take() {
+            let _ = b.close();
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+async fn capture<R: tokio::io::AsyncRead + Unpin>(mut r: R, cap: usize) -> Captured {
+    let mut out = Captured::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(out.bytes.len());
+                if n > room {
+                    out.truncated = true;
+                }
+                out.bytes.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    out
+}
+
+fn spec_err(e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Setup(format!("OCI spec: {e}"))
+}
+
+fn mount(
+    dest: &str,
+    typ: &str,
+    source: &str,
+    options: &[&str],
+) -> Result<oci_spec::runtime::Mount, SandboxError> {
+    MountBuilder::default()
+        .destination(dest)
+        .typ(typ)
+        .source(source)
+        .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()
+        .map_err(spec_err)
+}
+
+fn bind(
+    host: &Path,
+    inside: &Path,
+    writable: bool,
+) -> Result<oci_spec::runtime::Mount, SandboxError> {
+    let mut options = vec![
+        "rbind".to_string(),
+        "nosuid".to_string(),
+        "nodev".to_string(),
+    ];
+    options.push(if writable { "rw" } else { "ro" }.to_string());
+    MountBuilder::default()
+        .destination(inside)
+        .typ("bind")
+        .source(host)
+        .options(options)
+        .build()
+        .map_err(spec_err)
+}
+
+/// An absolute path inside the sandbox with no `..`.
+fn clean_inside(p: &Path) -> Result<PathBuf, SandboxError> {
+    if !p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(SandboxError::Invalid(format!(
+            "{} must be absolute without '..'",
+            p.display()
+        )));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// A relative path with no `..` and no root.
+fn clean_relative(p: &str) -> Result<PathBuf, SandboxError> {
+    let path = Path::new(p);
+    if p.is_empty()
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(SandboxError::Invalid(format!(
+            "{p:?} must be a relative path without '..'"
+        )));
+    }
+    Ok(path.to_path_buf())
+}
+
+fn make_mount_point(rootfs: &Path, inside: &Path, dir: bool) -> Result<(), SandboxError> {
+    let rel = inside.strip_prefix("/").unwrap_or(inside);
+    let target = rootfs.join(rel);
+    if dir {
+        std::fs::create_dir_all(&target)?;
+    } else {
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if !target.exists() {
+            std::fs::write(&target, b"")?;
+        }
+    }
+    Ok(())
+}
+
+fn chown_tree(path: &Path, uid: u32) -> Result<(), SandboxError> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
+}

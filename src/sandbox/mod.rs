@@ -1,0 +1,236 @@
+//! Sandboxes (SPEC §6): one throwaway sandbox per tool call, behind one
+//! contract for every backend — a command, files in, an optional credential
+//! file, limits, a deadline and a network rule in; exit status, capped
+//! stdout/stderr, files out, duration and why it ended out.
+//!
+//! Backends: [`local`] (gVisor `runsc` on one Linux host, the embedded
+//! default). The Kubernetes backend is another issue.
+
+pub mod local;
+pub mod net;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use zeroize::Zeroizing;
+
+/// Where the credential file appears inside every sandbox.
+pub const CREDENTIAL_PATH: &str = "/run/gateway/credential";
+/// Where `files_in` appear inside every sandbox.
+pub const FILES_IN_DIR: &str = "/run/gateway/in";
+/// The working dir inside every sandbox (the only writable mount besides a private /tmp).
+pub const WORKDIR: &str = "/work";
+/// The unprivileged user tools run as.
+pub const SANDBOX_UID: u32 = 65534;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "gVisor's runsc is not installed or not usable ({0}); install it with `sudo apt-get install runsc` (Debian/Ubuntu) or `scripts/install-tools.sh`. The gateway never runs a tool outside a sandbox."
+    )]
+    RunscMissing(String),
+    #[error(
+        "the local sandbox needs {tool} ({why}); install it with `sudo apt-get install {package}`"
+    )]
+    HostToolMissing {
+        tool: &'static str,
+        package: &'static str,
+        why: &'static str,
+    },
+    #[error(
+        "the local sandbox must run as root (runsc and network namespaces need it); running as uid {0}"
+    )]
+    NotRoot(u32),
+    #[error("invalid sandbox request: {0}")]
+    Invalid(String),
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    #[error("sandbox I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A secret that is written into the sandbox as a read-only file and
+/// nowhere else. Prints as `<redacted>`; zeroed when dropped.
+#[derive(Clone)]
+pub struct SecretFile(Zeroizing<Vec<u8>>);
+
+impl SecretFile {
+    pub fn new(bytes: Vec<u8>) -> SecretFile {
+        SecretFile(Zeroizing::new(bytes))
+    }
+    pub(crate) fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::fmt::Display for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A host path made visible read-only inside the sandbox at the same path.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bind {
+    pub host: PathBuf,
+    pub inside: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Address-space limit of each process.
+    pub memory_bytes: u64,
+    /// Processes (and threads) the sandbox user may have.
+    pub max_processes: u64,
+    /// CPU seconds the whole sandbox may use (measured on its cgroup, killed
+    /// when exceeded), and the per-process RLIMIT_CPU.
+    pub cpu_seconds: u64,
+    /// CPU share as a cgroup quota, in thousandths of a core (500 = half a core).
+    pub cpu_millicores: u64,
+    /// Largest file a process may write.
+    pub file_bytes: u64,
+    /// Cap of captured stdout and of stderr, each.
+    pub output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 512 << 20,
+            max_processes: 256,
+            cpu_seconds: 300,
+            cpu_millicores: 1000,
+            file_bytes: 256 << 20,
+            output_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A network endpoint a sandbox may reach: a TCP port on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// The decision's name for it (e.g. `kube-apiserver`).
+    pub name: String,
+    /// The TCP port on the host (listening on an address the sandbox's
+    /// veth can reach, e.g. 0.0.0.0).
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Network {
+    /// No network at all.
+    None,
+    /// Only these endpoints; everything else is dropped.
+    Endpoints(Vec<Endpoint>),
+}
+
+#[derive(Debug, Clone)]
+pub struct FileIn {
+    /// Path relative to [`FILES_IN_DIR`].
+    pub path: String,
+    pub contents: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxRequest {
+    /// Unique name (from the request id); also names the runsc container.
+    pub name: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Host files and dirs the command needs, read-only.
+    pub binds: Vec<Bind>,
+    /// Host dir mounted read-write at [`WORKDIR`]: the only writable place.
+    pub workdir: Option<PathBuf>,
+    pub files_in: Vec<FileIn>,
+    pub credential: Option<SecretFile>,
+    pub limits: Limits,
+    pub deadline: Duration,
+    pub network: Network,
+    /// Paths relative to the working dir to return after the run.
+    pub files_out: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Captured {
+    #[serde(serialize_with = "lossy")]
+    pub bytes: Vec<u8>,
+    /// True when the output was longer than the cap and was cut.
+    pub truncated: bool,
+}
+
+fn lossy<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(b))
+}
+
+impl Captured {
+    /// The text, with a marker when it was cut.
+    pub fn text(&self) -> String {
+        let mut s = String::from_utf8_lossy(&self.bytes).into_owned();
+        if self.truncated {
+            s.push_str("\n[… output cut at the sandbox's output limit …]");
+        }
+        s
+    }
+}
+
+/// Why the sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "reason", content = "detail")]
+pub enum Ended {
+    /// The command exited on its own (see the exit code).
+    Exited,
+    /// Killed at the wall-clock deadline.
+    Deadline,
+    /// Killed by the kernel for a limit (CPU time, file size).
+    Limit(String),
+    /// Killed by a signal that was not ours.
+    Signal(i32),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxResult {
+    pub name: String,
+    /// Exit code when the command exited; `None` when it was killed.
+    pub exit_code: Option<i32>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    #[serde(skip)]
+    pub files_out: BTreeMap<String, Vec<u8>>,
+    pub duration_ms: u128,
+    pub ended: Ended,
+    /// Sandbox-side address (`ip:port`) of each allowed endpoint.
+    pub endpoints: BTreeMap<String, String>,
+}
+
+impl SandboxResult {
+    pub fn success(&self) -> bool {
+        self.ended == Ended::Exited && self.exit_code == Some(0)
+    }
+}
+
+/// A sandbox backend.
+pub trait Sandbox: Send + Sync {
+    /// Run one request in a new sandbox and remove it afterwards. Dropping
+    /// the returned future (cancellation) kills and removes the sandbox.
+    fn run<'a>(
+        &'a self,
+        req: SandboxRequest,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
+    >;
+}
+
+/// A name usable as a runsc container id, a netns and interface suffix.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
