@@ -23,8 +23,7 @@ command -v runsc >/dev/null 2>&1 || need+=(runsc)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
-[ -x /bin/busybox ] && /bin/busybox --help 2>/dev/null | head -n 1 | grep -q . && file_is_static=$(ldd /bin/busybox 2>&1 | grep -c "not a dynamic") || file_is_static=0
-[ "$file_is_static" = "1" ] || need+=(busybox-static)
+ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || need+=(busybox-static)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

