@@ -2,6 +2,7 @@
 
 mod approvals;
 mod audit;
+mod demo;
 mod policy;
 
 use std::path::PathBuf;
@@ -47,6 +48,8 @@ pub enum Command {
     Deny(approvals::VerdictArgs),
     /// Read the audit trail (`audit verify` checks its hash chain).
     Audit(audit::AuditArgs),
+    /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
+    Demo,
     /// Inside a sandbox: run the call's steps (internal).
     #[command(hide = true)]
     SandboxExec { steps: PathBuf },
@@ -85,6 +88,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approve(a) => approvals::verdict(&cli, a, true),
         Command::Deny(a) => approvals::verdict(&cli, a, false),
         Command::Audit(a) => audit::run(&cli, a),
+        Command::Demo => demo::run(&cli),
         Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
         Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
     }

@@ -61,7 +61,7 @@ const DENIED_SYSCALLS: &[&str] = &[
 ];
 
 /// Memory for gVisor's own sentry and gofer on top of the tool's limit.
-const SENTRY_HEADROOM: u64 = 256 << 20;
+const SENTRY_HEADROOM: u64 = 128 << 20;
 
 /// The sandbox's cgroup, relative to each controller's root.
 fn cgroup_path(name: &str) -> PathBuf {
@@ -84,6 +84,27 @@ fn cgroup_cpu_ns(name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix("usage_usec "))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|us| us * 1000)
+}
+
+/// True when the sandbox's cgroup hit its memory limit (v1 failcnt, v2 oom events).
+fn cgroup_hit_memory_limit(name: &str) -> bool {
+    let rel = cgroup_path(name);
+    let rel = rel.strip_prefix("/").unwrap_or(&rel);
+    let v1 = Path::new("/sys/fs/cgroup/memory")
+        .join(rel)
+        .join("memory.failcnt");
+    if let Ok(s) = std::fs::read_to_string(v1) {
+        return s.trim().parse::<u64>().is_ok_and(|n| n > 0);
+    }
+    let v2 = Path::new("/sys/fs/cgroup").join(rel).join("memory.events");
+    std::fs::read_to_string(v2).is_ok_and(|s| {
+        s.lines().any(|l| {
+            l.strip_prefix("oom_kill ")
+                .or_else(|| l.strip_prefix("max "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+        })
+    })
 }
 
 /// Resolves once the sandbox has used more than `limit` of CPU time.
@@ -283,7 +304,14 @@ impl LocalSandbox {
                 .build()
         };
         let rlimits = vec![
-            rlimit(PosixRlimitType::RlimitAs, l.memory_bytes).map_err(spec_err)?,
+            // Address space, not memory: Go programs (Terraform, kubectl)
+            // reserve far more than they use. The memory limit proper is the
+            // sandbox cgroup's below.
+            rlimit(
+                PosixRlimitType::RlimitAs,
+                l.memory_bytes.saturating_mul(8).max(8 << 30),
+            )
+            .map_err(spec_err)?,
             rlimit(PosixRlimitType::RlimitNproc, l.max_processes).map_err(spec_err)?,
             rlimit(PosixRlimitType::RlimitCpu, l.cpu_seconds).map_err(spec_err)?,
             rlimit(PosixRlimitType::RlimitFsize, l.file_bytes).map_err(spec_err)?,
@@ -517,8 +545,14 @@ impl LocalSandbox {
             None => Captured::default(),
         };
         let code = status.code();
+        let memory_hit = status.code() != Some(0) && cgroup_hit_memory_limit(&req.name);
         let (exit_code, ended) = if let Some(why) = killed_for {
             (None, why)
+        } else if memory_hit {
+            (
+                status.code().filter(|c| *c < 128),
+                Ended::Limit("memory".into()),
+            )
         } else {
             match code {
                 Some(c) if c > 128 && c < 160 => {

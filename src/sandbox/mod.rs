@@ -86,7 +86,8 @@ pub struct Bind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Limits {
-    /// Address-space limit of each process.
+    /// Memory of the whole sandbox (its cgroup, plus a fixed headroom for
+    /// gVisor itself); over it, the sandbox is killed.
     pub memory_bytes: u64,
     /// Processes (and threads) the sandbox user may have.
     pub max_processes: u64,

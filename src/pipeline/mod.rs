@@ -1,0 +1,668 @@
+//! The pipeline (SPEC §1): one function of a request, used by `gateway demo`
+//! (and by the MCP server once it exists), in this order:
+//!
+//! audit `tool.request` -> policy decision -> (apply) plan, decide again with
+//! the plan, approval gate -> credential -> sandbox -> revoke -> audit
+//! `tool.result` -> result.
+//!
+//! A call the policy denies, or that waits for approval, never reaches the
+//! broker or the sandbox. An apply with an approval applies the saved plan
+//! file whose digest the approval is bound to, never a fresh plan. One
+//! request id threads through every event, the sandbox's name and the
+//! approval.
+
+pub mod limits;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::approvals::{ApprovalStore, NewApproval};
+use crate::audit::AuditLog;
+use crate::canonical::sha256_hex;
+use crate::policy::{Decision, DecisionInput, PlanInput, PolicyStore, Principal};
+use crate::sandbox::{Endpoint, FileIn, Network, Sandbox, SandboxRequest, SandboxResult};
+use crate::tools::{self, ToolPaths};
+
+/// How a call ended.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The policy refused the call.
+    Denied { reasons: Vec<String> },
+    /// The call needs a person's approval; nothing was applied.
+    PendingApproval {
+        approval_id: String,
+        signals: Value,
+        changes: Value,
+        approve_command: String,
+    },
+    /// Refused by a later check (approval, plan file, credential, sandbox setup).
+    Refused { reason: String },
+    /// The tool ran; `ok` is false when it failed inside the sandbox.
+    Completed {
+        ok: bool,
+        summary: String,
+        result: Value,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CallResult {
+    pub request_id: String,
+    pub tool: String,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// A call as the agent makes it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub tool: String,
+    pub params: Value,
+    pub principal: Principal,
+}
+
+pub struct Pipeline {
+    pub policy: Arc<PolicyStore>,
+    pub home: PathBuf,
+    /// Where agents' `working_dir`s are resolved (the repository).
+    pub workspace: PathBuf,
+    pub audit: AuditLog,
+    approvals: Mutex<ApprovalStore>,
+    pub sandbox: Arc<dyn Sandbox>,
+    pub tools: ToolPaths,
+    /// Endpoint names a decision may allow, with their host ports.
+    pub endpoints: BTreeMap<String, u16>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("home", &self.home)
+            .field("workspace", &self.workspace)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Approvals(#[from] crate::approvals::ApprovalError),
+}
+
+impl Pipeline {
+    pub fn new(
+        policy: Arc<PolicyStore>,
+        home: PathBuf,
+        workspace: PathBuf,
+        sandbox: Arc<dyn Sandbox>,
+        tools: ToolPaths,
+    ) -> Result<Pipeline, PipelineError> {
+        std::fs::create_dir_all(home.join("plans")).map_err(|source| {
+            crate::audit::AuditError::Io {
+                path: home.join("plans"),
+                source,
+            }
+        })?;
+        Ok(Pipeline {
+            audit: AuditLog::in_home(&home)?,
+            approvals: Mutex::new(ApprovalStore::in_home(&home)?),
+            policy,
+            home,
+            workspace,
+            sandbox,
+            tools,
+            endpoints: BTreeMap::new(),
+        })
+    }
+
+    fn decide(&self, input: &DecisionInput, step: &str) -> Result<Decision, PipelineError> {
+        let ev = self.policy.decide(input);
+        let mut audit_input = input.to_json();
+        if let Some(obj) = audit_input.as_object_mut()
+            && obj.contains_key("plan")
+        {
+            // The plan itself is in the plans dir; the log keeps its digest.
+            let digest = input
+                .plan
+                .as_ref()
+                .map(|p| sha256_hex(p.json.to_string().as_bytes()));
+            obj.insert("plan".into(), json!({"sha256_of_json": digest}));
+        }
+        let result = serde_json::to_value(&ev.decision).unwrap_or(Value::Null);
+        let e = self
+            .audit
+            .policy_decision(&input.request_id, &audit_input, &result, &ev.policy)?;
+        let _ = e;
+        if let Some(err) = &ev.error {
+            self.audit.append(
+                &input.request_id,
+                "policy.error",
+                json!({"step": step, "error": err}),
+            )?;
+        }
+        Ok(ev.decision)
+    }
+
+    fn finish(
+        &self,
+        request_id: &str,
+        tool: &str,
+        outcome: Outcome,
+    ) -> Result<CallResult, PipelineError> {
+        self.audit.append(
+            request_id,
+            "tool.result",
+            serde_json::to_value(&outcome).unwrap_or(Value::Null),
+        )?;
+        Ok(CallResult {
+            request_id: request_id.to_string(),
+            tool: tool.to_string(),
+            outcome,
+        })
+    }
+
+    /// Run one call through the whole pipeline.
+    pub async fn call(&self, call: ToolCall) -> Result<CallResult, PipelineError> {
+        let mut input = DecisionInput::new(
+            call.tool.clone(),
+            call.params.clone(),
+            call.principal.clone(),
+        );
+        let rid = input.request_id.clone();
+        self.audit.append(
+            &rid,
+            "tool.request",
+            json!({"tool": call.tool, "params": call.params, "principal": call.principal}),
+        )?;
+        let decision = self.decide(&input, "request")?;
+        if !decision.allow {
+            return self.finish(
+                &rid,
+                &call.tool,
+                Outcome::Denied {
+                    reasons: decision.deny_reasons,
+                },
+            );
+        }
+        match call.tool.as_str() {
+            "terraform_plan" => self.terraform_plan(&mut input, decision).await,
+            "terraform_apply" => self.terraform_apply(&mut input, decision).await,
+            other => {
+                // The policy knows the tool but this gateway has no runner
+                // for it (or it needs a credential broker it does not have).
+                let reason = if decision.credential.is_some() {
+                    format!(
+                        "{other} needs a credential and no credential broker is configured; nothing was run"
+                    )
+                } else {
+                    format!("this gateway has no runner for tool {other}")
+                };
+                self.finish(&rid, other, Outcome::Refused { reason })
+            }
+        }
+    }
+
+    fn working_dir(&self, input: &DecisionInput) -> Result<(String, PathBuf), String> {
+        let wd = input
+            .params
+            .get("working_dir")
+            .and_then(Value::as_str)
+            .ok_or("working_dir is missing")?;
+        let path = tools::resolve_working_dir(&self.workspace, wd).map_err(|e| e.to_string())?;
+        Ok((wd.to_string(), path))
+    }
+
+    fn network(&self, decision: &Decision) -> Result<Network, String> {
+        if decision.sandbox.egress.is_empty() {
+            return Ok(Network::None);
+        }
+        let mut list = Vec::new();
+        for name in &decision.sandbox.egress {
+            let port = self.endpoints.get(name).ok_or_else(|| {
+                format!(
+                    "the decision allows endpoint {name:?}, which this gateway has no address for"
+                )
+            })?;
+            list.push(Endpoint {
+                name: name.clone(),
+                port: *port,
+            });
+        }
+        Ok(Network::Endpoints(list))
+    }
+
+    async fn run_sandbox(
+        &self,
+        rid: &str,
+        decision: &Decision,
+        steps: &[tools::Step],
+        workdir: &Path,
+        mut extra_files: Vec<FileIn>,
+        files_out: Vec<String>,
+    ) -> Result<Result<SandboxResult, String>, PipelineError> {
+        if decision.credential.is_some() {
+            let reason = "the decision needs a credential and no credential broker is configured; nothing was run";
+            return Ok(Err(reason.into()));
+        }
+        let limits = match limits::from_decision(&decision.sandbox) {
+            Ok(l) => l,
+            Err(e) => return Ok(Err(e)),
+        };
+        let network = match self.network(decision) {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e)),
+        };
+        let binds = match self.tools.terraform_binds() {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        extra_files.push(FileIn {
+            path: tools::STEPS_FILE.into(),
+            contents: serde_json::to_vec(steps).unwrap_or_default(),
+        });
+        extra_files.push(FileIn {
+            path: tools::TF_CLI_CONFIG.into(),
+            contents: tools::terraformrc(None).into_bytes(),
+        });
+        let req = SandboxRequest {
+            name: rid.to_string(),
+            argv: vec![
+                tools::RUNNER.into(),
+                "sandbox-exec".into(),
+                format!("{}/{}", crate::sandbox::FILES_IN_DIR, tools::STEPS_FILE),
+            ],
+            env: tools::terraform_env(),
+            binds,
+            workdir: Some(workdir.to_path_buf()),
+            files_in: extra_files,
+            credential: None,
+            limits: limits.0,
+            deadline: limits.1,
+            network,
+            files_out,
+        };
+        self.audit.append(
+            rid,
+            "sandbox.started",
+            json!({"sandbox": rid, "backend": "local", "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
+                   "egress": decision.sandbox.egress, "steps": steps}),
+        )?;
+        match self.sandbox.run(req).await {
+            Ok(r) => {
+                self.audit.append(
+                    rid,
+                    "sandbox.completed",
+                    json!({"sandbox": rid, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
+                           "stdout_truncated": r.stdout.truncated, "stderr_truncated": r.stderr.truncated}),
+                )?;
+                Ok(Ok(r))
+            }
+            Err(e) => {
+                self.audit.append(
+                    rid,
+                    "sandbox.failed",
+                    json!({"sandbox": rid, "error": e.to_string()}),
+                )?;
+                Ok(Err(format!("sandbox: {e}")))
+            }
+        }
+    }
+
+    /// Plan in a sandbox; returns the plan JSON and the plan file, saved
+    /// under HOME/plans/<request id>.*.
+    async fn make_plan(
+        &self,
+        input: &DecisionInput,
+        decision: &Decision,
+    ) -> Result<Result<(Value, PathBuf, String, SandboxResult), String>, PipelineError> {
+        let rid = input.request_id.clone();
+        let (_, workdir) = match self.working_dir(input) {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (plan_file, plan_json) = tools::plan_paths(&rid);
+        let steps = tools::terraform_plan_steps(&plan_file, &plan_json);
+        let r = match self
+            .run_sandbox(
+                &rid,
+                decision,
+                &steps,
+                &workdir,
+                vec![],
+                vec![plan_file.clone(), plan_json.clone()],
+            )
+            .await?
+        {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        // The plan artefacts are not left in the working dir.
+        let _ = std::fs::remove_file(workdir.join(&plan_file));
+        let _ = std::fs::remove_file(workdir.join(&plan_json));
+        if !r.success() {
+            return Ok(Err(format!(
+                "terraform plan failed ({:?}):\n{}",
+                r.ended,
+                tail(&r.stderr.text(), 40)
+            )));
+        }
+        let (Some(bin), Some(json_bytes)) =
+            (r.files_out.get(&plan_file), r.files_out.get(&plan_json))
+        else {
+            return Ok(Err("terraform plan produced no plan file".into()));
+        };
+        let plan = match crate::policy::plan::parse_plan(json_bytes, "the sandbox's plan") {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let saved = self.home.join("plans").join(format!("{rid}.tfplan"));
+        let io = |e: std::io::Error| e.to_string();
+        if let Err(e) = std::fs::write(&saved, bin).map_err(io) {
+            return Ok(Err(format!("saving the plan file: {e}")));
+        }
+        let _ = std::fs::write(
+            self.home.join("plans").join(format!("{rid}.json")),
+            json_bytes,
+        );
+        let digest = sha256_hex(bin);
+        self.audit.append(
+            &rid,
+            "plan.saved",
+            json!({"plan_file": saved.display().to_string(), "sha256": digest}),
+        )?;
+        Ok(Ok((plan, saved, digest, r)))
+    }
+
+    async fn terraform_plan(
+        &self,
+        input: &mut DecisionInput,
+        _first: Decision,
+    ) -> Result<CallResult, PipelineError> {
+        let rid = input.request_id.clone();
+        let (plan, _saved, digest, _r) = match self.make_plan(input, &_first).await? {
+            Ok(p) => p,
+            Err(reason) => return self.finish(&rid, "terraform_plan", Outcome::Refused { reason }),
+        };
+        input.plan = Some(PlanInput::new(plan.clone()));
+        let decision = self.decide(input, "plan")?;
+        if !decision.allow {
+            return self.finish(
+                &rid,
+                "terraform_plan",
+                Outcome::Denied {
+                    reasons: decision.deny_reasons,
+                },
+            );
+        }
+        let changes = crate::approvals::plan_summary(&plan);
+        let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
+        let summary = summarize(&changes, &decision);
+        self.finish(
+            &rid,
+            "terraform_plan",
+            Outcome::Completed {
+                ok: true,
+                summary,
+                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest}),
+            },
+        )
+    }
+
+    async fn terraform_apply(
+        &self,
+        input: &mut DecisionInput,
+        first: Decision,
+    ) -> Result<CallResult, PipelineError> {
+        let rid = input.request_id.clone();
+        let tool = "terraform_apply";
+        let approval_id = input
+            .params
+            .get("approval_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        // The approval is bound to the call without its approval_id.
+        let mut bound_params = input.params.clone();
+        if let Some(o) = bound_params.as_object_mut() {
+            o.remove("approval_id");
+        }
+        let Some(approval_id) = approval_id else {
+            let (plan, _saved, digest, _r) = match self.make_plan(input, &first).await? {
+                Ok(p) => p,
+                Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
+            };
+            input.plan = Some(PlanInput::new(plan.clone()));
+            let decision = self.decide(input, "plan")?;
+            if !decision.allow {
+                return self.finish(
+                    &rid,
+                    tool,
+                    Outcome::Denied {
+                        reasons: decision.deny_reasons,
+                    },
+                );
+            }
+            let changes = crate::approvals::plan_summary(&plan);
+            let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
+            if decision.approval.required && !decision.approval.satisfied {
+                let a = self
+                    .approvals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .create(&NewApproval {
+                        tool: tool.into(),
+                        params: bound_params,
+                        plan_sha256: Some(digest.clone()),
+                        plan_summary: changes.clone(),
+                        signals: signals.clone(),
+                        request_id: rid.clone(),
+                        requested_by: input.principal.os_user.clone(),
+                        requested_client: input.principal.client.clone(),
+                        approvers_required: decision.approval.approvers,
+                        ttl: Duration::from_secs(decision.approval.ttl_seconds),
+                        reason_required: decision.approval.reason_required,
+                    })?;
+                self.audit.append(
+                    &rid,
+                    "approval.requested",
+                    json!({"approval_id": a.id, "plan_sha256": digest, "signals": signals.as_array().map(Vec::len),
+                           "approvers_required": a.approvers_required, "expires_at": a.expires_at}),
+                )?;
+                let approve_command = format!(
+                    "gateway approve {}{}",
+                    a.id,
+                    if a.reason_required {
+                        " --reason \"...\""
+                    } else {
+                        ""
+                    }
+                );
+                return self.finish(
+                    &rid,
+                    tool,
+                    Outcome::PendingApproval {
+                        approval_id: a.id,
+                        signals,
+                        changes,
+                        approve_command,
+                    },
+                );
+            }
+            // The policy needs no approval for this plan: apply it now.
+            return self.apply_saved(input, &decision, &rid, &rid).await;
+        };
+
+        // With an approval: the saved plan it is bound to, never a fresh one.
+        let approval = self
+            .approvals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&approval_id)?;
+        let Some(approval) = approval else {
+            return self.finish(
+                &rid,
+                tool,
+                Outcome::Refused {
+                    reason: format!("no approval with id {approval_id}"),
+                },
+            );
+        };
+        let saved = self
+            .home
+            .join("plans")
+            .join(format!("{}.tfplan", approval.request_id));
+        let Ok(bin) = std::fs::read(&saved) else {
+            let reason = format!(
+                "the plan file approval {approval_id} is bound to is missing; plan and ask again"
+            );
+            self.audit.append(
+                &rid,
+                "approval.refused",
+                json!({"approval_id": approval_id, "reason": reason}),
+            )?;
+            return self.finish(&rid, tool, Outcome::Refused { reason });
+        };
+        let digest = sha256_hex(&bin);
+        if let Ok(plan_json) = std::fs::read(
+            self.home
+                .join("plans")
+                .join(format!("{}.json", approval.request_id)),
+        ) && let Ok(plan) = crate::policy::plan::parse_plan(&plan_json, "the saved plan")
+        {
+            input.plan = Some(PlanInput::new(plan));
+        }
+        input.approval = Some(json!({
+            "id": approval.id, "status": approval.state.as_str(),
+            "approvers": approval.verdicts.iter().filter(|v| v.verdict == "grant").map(|v| v.approver.clone()).collect::<Vec<_>>(),
+        }));
+        let decision = self.decide(input, "approval")?;
+        if !decision.allow {
+            return self.finish(
+                &rid,
+                tool,
+                Outcome::Denied {
+                    reasons: decision.deny_reasons,
+                },
+            );
+        }
+        let spent = self
+            .approvals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .spend(&approval_id, tool, &bound_params, Some(&digest), &rid)?;
+        if let Err(refusal) = spent {
+            self.audit.append(
+                &rid,
+                "approval.refused",
+                json!({"approval_id": approval_id, "refusal": refusal}),
+            )?;
+            return self.finish(
+                &rid,
+                tool,
+                Outcome::Refused {
+                    reason: refusal.to_string(),
+                },
+            );
+        }
+        self.audit.append(
+            &rid,
+            "approval.spent",
+            json!({"approval_id": approval_id, "plan_sha256": digest}),
+        )?;
+        self.apply_saved(input, &decision, &rid, &approval.request_id)
+            .await
+    }
+
+    /// Apply the saved plan of request `plan_of`.
+    async fn apply_saved(
+        &self,
+        input: &DecisionInput,
+        decision: &Decision,
+        rid: &str,
+        plan_of: &str,
+    ) -> Result<CallResult, PipelineError> {
+        let tool = "terraform_apply";
+        let (_, workdir) = match self.working_dir(input) {
+            Ok(w) => w,
+            Err(reason) => return self.finish(rid, tool, Outcome::Refused { reason }),
+        };
+        let saved = self.home.join("plans").join(format!("{plan_of}.tfplan"));
+        let Ok(bin) = std::fs::read(&saved) else {
+            return self.finish(
+                rid,
+                tool,
+                Outcome::Refused {
+                    reason: "the saved plan file is missing".into(),
+                },
+            );
+        };
+        let steps = tools::terraform_apply_steps(&tools::plan_inside("plan.tfplan"));
+        let files = vec![FileIn {
+            path: "plan.tfplan".into(),
+            contents: bin.clone(),
+        }];
+        let r = match self
+            .run_sandbox(rid, decision, &steps, &workdir, files, vec![])
+            .await?
+        {
+            Ok(r) => r,
+            Err(reason) => return self.finish(rid, tool, Outcome::Refused { reason }),
+        };
+        let ok = r.success();
+        let summary = if ok {
+            last_line_with(&r.stdout.text(), "Apply complete!").unwrap_or_else(|| "applied".into())
+        } else {
+            format!("terraform apply failed ({:?})", r.ended)
+        };
+        self.finish(
+            rid,
+            tool,
+            Outcome::Completed {
+                ok,
+                summary,
+                result: json!({"plan_sha256": sha256_hex(&bin), "exit_code": r.exit_code, "ended": r.ended,
+                               "output": tail(&r.stdout.text(), 60), "errors": tail(&r.stderr.text(), 40)}),
+            },
+        )
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn last_line_with(text: &str, needle: &str) -> Option<String> {
+    text.lines()
+        .rev()
+        .find(|l| l.contains(needle))
+        .map(|l| l.trim().to_string())
+}
+
+/// One line per planned change, then the signals.
+pub fn summarize(changes: &Value, decision: &Decision) -> String {
+    let list = changes.as_array().cloned().unwrap_or_default();
+    let mut s = if list.is_empty() {
+        "No changes: the infrastructure matches the configuration.".to_string()
+    } else {
+        format!("{} planned change(s):", list.len())
+    };
+    for c in &list {
+        s.push_str(&format!(
+            "\n  {} {}",
+            c["actions"],
+            c["address"].as_str().unwrap_or("?")
+        ));
+    }
+    for sig in &decision.signals {
+        s.push_str(&format!("\n  !! {}", sig.message));
+    }
+    s
+}
