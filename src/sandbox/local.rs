@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use oci_spec::runtime::{
@@ -86,33 +88,50 @@ fn cgroup_cpu_ns(name: &str) -> Option<u64> {
         .map(|us| us * 1000)
 }
 
-/// True when the sandbox's cgroup hit its memory limit (v1 failcnt, v2 oom events).
-fn cgroup_hit_memory_limit(name: &str) -> bool {
+/// The sandbox cgroup's peak memory and failed-charge count (v1
+/// max_usage_in_bytes/failcnt, v2 memory.peak/memory.events max).
+fn cgroup_memory_pressure(name: &str) -> Option<(u64, u64)> {
     let rel = cgroup_path(name);
     let rel = rel.strip_prefix("/").unwrap_or(&rel);
-    let v1 = Path::new("/sys/fs/cgroup/memory")
-        .join(rel)
-        .join("memory.failcnt");
-    if let Ok(s) = std::fs::read_to_string(v1) {
-        return s.trim().parse::<u64>().is_ok_and(|n| n > 0);
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+    let v1 = Path::new("/sys/fs/cgroup/memory").join(rel);
+    if let Some(peak) = read(v1.join("memory.max_usage_in_bytes")) {
+        let fails = read(v1.join("memory.failcnt"))
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        return peak.trim().parse().ok().map(|p| (p, fails));
     }
-    let v2 = Path::new("/sys/fs/cgroup").join(rel).join("memory.events");
-    std::fs::read_to_string(v2).is_ok_and(|s| {
-        s.lines().any(|l| {
-            l.strip_prefix("oom_kill ")
-                .or_else(|| l.strip_prefix("max "))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .is_some_and(|n| n > 0)
+    let v2 = Path::new("/sys/fs/cgroup").join(rel);
+    let peak = read(v2.join("memory.peak"))?.trim().parse().ok()?;
+    let fails = read(v2.join("memory.events"))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
         })
-    })
+        .unwrap_or(0);
+    Some((peak, fails))
 }
 
-/// Resolves once the sandbox has used more than `limit` of CPU time.
-async fn cpu_exceeded(name: String, limit: Duration) {
-    let limit_ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+/// Watches the sandbox's cgroup while it runs: resolves when CPU time goes
+/// over `cpu_limit`; records whether memory reached the limit (the cgroup
+/// may be gone by the time the sandbox has been killed for it).
+async fn watch_cgroup(
+    name: String,
+    cpu_limit: Duration,
+    memory_limit: u64,
+    memory_hit: Arc<AtomicBool>,
+) {
+    let limit_ns = u64::try_from(cpu_limit.as_nanos()).unwrap_or(u64::MAX);
+    let mut tick = 0u32;
     loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if cgroup_cpu_ns(&name).is_some_and(|ns| ns > limit_ns) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some((peak, fails)) = cgroup_memory_pressure(&name)
+            && (fails > 0 || peak >= memory_limit / 10 * 9)
+        {
+            memory_hit.store(true, Ordering::Relaxed);
+        }
+        tick += 1;
+        if tick.is_multiple_of(5) && cgroup_cpu_ns(&name).is_some_and(|ns| ns > limit_ns) {
             return;
         }
     }
@@ -431,6 +450,16 @@ impl LocalSandbox {
         Ok(spec)
     }
 
+    /// Write the bundle `run` would write for `req` into `dir` (for the
+    /// benchmark that compares against bare `runsc run`).
+    pub fn write_bundle_for_bench(
+        &self,
+        req: &SandboxRequest,
+        dir: &Path,
+    ) -> Result<(), SandboxError> {
+        self.write_bundle(req, dir).map(|_| ())
+    }
+
     async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
         if !valid_name(&req.name) {
             return Err(SandboxError::Invalid(format!(
@@ -512,6 +541,8 @@ impl LocalSandbox {
         let cap = req.limits.output_bytes;
         let out = child.stdout.take().map(|s| tokio::spawn(capture(s, cap)));
         let err = child.stderr.take().map(|s| tokio::spawn(capture(s, cap)));
+        let cgroup_memory = req.limits.memory_bytes.saturating_add(SENTRY_HEADROOM);
+        let memory_hit = Arc::new(AtomicBool::new(false));
         enum Stop {
             Exited(std::io::Result<std::process::ExitStatus>),
             Deadline,
@@ -520,7 +551,7 @@ impl LocalSandbox {
         let stop = tokio::select! {
             s = child.wait() => Stop::Exited(s),
             _ = tokio::time::sleep(req.deadline) => Stop::Deadline,
-            _ = cpu_exceeded(req.name.clone(), Duration::from_secs(req.limits.cpu_seconds)) => Stop::Cpu,
+            _ = watch_cgroup(req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), cgroup_memory, Arc::clone(&memory_hit)) => Stop::Cpu,
         };
         let (status, killed_for) = match stop {
             Stop::Exited(s) => (s?, None),
@@ -545,7 +576,7 @@ impl LocalSandbox {
             None => Captured::default(),
         };
         let code = status.code();
-        let memory_hit = status.code() != Some(0) && cgroup_hit_memory_limit(&req.name);
+        let memory_hit = status.code() != Some(0) && memory_hit.load(Ordering::Relaxed);
         let (exit_code, ended) = if let Some(why) = killed_for {
             (None, why)
         } else if memory_hit {

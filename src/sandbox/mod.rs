@@ -8,6 +8,7 @@
 
 pub mod local;
 pub mod net;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
