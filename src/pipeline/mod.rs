@@ -67,6 +67,22 @@ pub struct ToolCall {
     pub principal: Principal,
 }
 
+/// Where progress messages go (the MCP server turns them into progress
+/// notifications when the client asked for them).
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+
+impl Progress {
+    pub fn new(tx: Option<tokio::sync::mpsc::UnboundedSender<String>>) -> Progress {
+        Progress(tx)
+    }
+    fn say(&self, message: impl Into<String>) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(message.into());
+        }
+    }
+}
+
 pub struct Pipeline {
     pub policy: Arc<PolicyStore>,
     pub home: PathBuf,
@@ -171,11 +187,24 @@ impl Pipeline {
 
     /// Run one call through the whole pipeline.
     pub async fn call(&self, call: ToolCall) -> Result<CallResult, PipelineError> {
+        let rid = crate::policy::input::new_request_id();
+        self.call_with(call, &rid, &Progress::default()).await
+    }
+
+    /// Run one call with a request id chosen by the caller (so that a
+    /// cancelled call can still be named) and progress messages.
+    pub async fn call_with(
+        &self,
+        call: ToolCall,
+        request_id: &str,
+        progress: &Progress,
+    ) -> Result<CallResult, PipelineError> {
         let mut input = DecisionInput::new(
             call.tool.clone(),
             call.params.clone(),
             call.principal.clone(),
         );
+        input.request_id = request_id.to_string();
         let rid = input.request_id.clone();
         self.audit.append(
             &rid,
@@ -192,9 +221,13 @@ impl Pipeline {
                 },
             );
         }
+        progress.say(format!(
+            "policy allowed {} (tier {})",
+            call.tool, decision.tier
+        ));
         match call.tool.as_str() {
-            "terraform_plan" => self.terraform_plan(&mut input, decision).await,
-            "terraform_apply" => self.terraform_apply(&mut input, decision).await,
+            "terraform_plan" => self.terraform_plan(&mut input, decision, progress).await,
+            "terraform_apply" => self.terraform_apply(&mut input, decision, progress).await,
             other => {
                 // The policy knows the tool but this gateway has no runner
                 // for it (or it needs a credential broker it does not have).
@@ -239,8 +272,10 @@ impl Pipeline {
         Ok(Network::Endpoints(list))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_sandbox(
         &self,
+        progress: &Progress,
         rid: &str,
         decision: &Decision,
         steps: &[tools::Step],
@@ -295,6 +330,7 @@ impl Pipeline {
             json!({"sandbox": rid, "backend": "local", "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
                    "egress": decision.sandbox.egress, "steps": steps}),
         )?;
+        progress.say(format!("sandbox {rid} started"));
         match self.sandbox.run(req).await {
             Ok(r) => {
                 self.audit.append(
@@ -320,6 +356,7 @@ impl Pipeline {
     /// under HOME/plans/<request id>.*.
     async fn make_plan(
         &self,
+        progress: &Progress,
         input: &DecisionInput,
         decision: &Decision,
     ) -> Result<Result<(Value, PathBuf, String, SandboxResult), String>, PipelineError> {
@@ -332,6 +369,7 @@ impl Pipeline {
         let steps = tools::terraform_plan_steps(&plan_file, &plan_json);
         let r = match self
             .run_sandbox(
+                progress,
                 &rid,
                 decision,
                 &steps,
@@ -378,16 +416,18 @@ impl Pipeline {
             "plan.saved",
             json!({"plan_file": saved.display().to_string(), "sha256": digest}),
         )?;
+        progress.say("plan computed");
         Ok(Ok((plan, saved, digest, r)))
     }
 
     async fn terraform_plan(
         &self,
         input: &mut DecisionInput,
-        _first: Decision,
+        first: Decision,
+        progress: &Progress,
     ) -> Result<CallResult, PipelineError> {
         let rid = input.request_id.clone();
-        let (plan, _saved, digest, _r) = match self.make_plan(input, &_first).await? {
+        let (plan, _saved, digest, _r) = match self.make_plan(progress, input, &first).await? {
             Ok(p) => p,
             Err(reason) => return self.finish(&rid, "terraform_plan", Outcome::Refused { reason }),
         };
@@ -420,6 +460,7 @@ impl Pipeline {
         &self,
         input: &mut DecisionInput,
         first: Decision,
+        progress: &Progress,
     ) -> Result<CallResult, PipelineError> {
         let rid = input.request_id.clone();
         let tool = "terraform_apply";
@@ -434,7 +475,7 @@ impl Pipeline {
             o.remove("approval_id");
         }
         let Some(approval_id) = approval_id else {
-            let (plan, _saved, digest, _r) = match self.make_plan(input, &first).await? {
+            let (plan, _saved, digest, _r) = match self.make_plan(progress, input, &first).await? {
                 Ok(p) => p,
                 Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
             };
@@ -496,7 +537,9 @@ impl Pipeline {
                 );
             }
             // The policy needs no approval for this plan: apply it now.
-            return self.apply_saved(input, &decision, &rid, &rid).await;
+            return self
+                .apply_saved(progress, input, &decision, &rid, &rid)
+                .await;
         };
 
         // With an approval: the saved plan it is bound to, never a fresh one.
@@ -576,13 +619,14 @@ impl Pipeline {
             "approval.spent",
             json!({"approval_id": approval_id, "plan_sha256": digest}),
         )?;
-        self.apply_saved(input, &decision, &rid, &approval.request_id)
+        self.apply_saved(progress, input, &decision, &rid, &approval.request_id)
             .await
     }
 
     /// Apply the saved plan of request `plan_of`.
     async fn apply_saved(
         &self,
+        progress: &Progress,
         input: &DecisionInput,
         decision: &Decision,
         rid: &str,
@@ -608,8 +652,9 @@ impl Pipeline {
             path: "plan.tfplan".into(),
             contents: bin.clone(),
         }];
+        progress.say("applying the saved plan");
         let r = match self
-            .run_sandbox(rid, decision, &steps, &workdir, files, vec![])
+            .run_sandbox(progress, rid, decision, &steps, &workdir, files, vec![])
             .await?
         {
             Ok(r) => r,

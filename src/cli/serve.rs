@@ -1,0 +1,98 @@
+//! `gateway serve`: MCP over stdio. stdout carries only protocol; logs go to
+//! stderr.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use rmcp::ServiceExt;
+use serde_json::json;
+
+use super::Cli;
+use crate::audit::AuditLog;
+use crate::mcp::GatewayServer;
+use crate::pipeline::Pipeline;
+use crate::policy::PolicyStore;
+use crate::policy::set::LoadOptions;
+use crate::policy::store::{DEFAULT_POLL_INTERVAL, PolicyEvent, log_event};
+use crate::sandbox::local::{LocalConfig, LocalSandbox};
+use crate::tools::ToolPaths;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Where agents' working_dirs are resolved (the repository).
+    #[arg(long, env = "GATEWAY_WORKSPACE", default_value = ".")]
+    workspace: PathBuf,
+    /// An endpoint a decision may allow, as NAME=PORT (a TCP port on this
+    /// host), e.g. kube-apiserver=6443. Repeatable.
+    #[arg(long = "endpoint", env = "GATEWAY_ENDPOINTS", value_delimiter = ',')]
+    endpoints: Vec<String>,
+}
+
+pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
+    let home = cli.home();
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    let mut endpoints = BTreeMap::new();
+    for e in &a.endpoints {
+        let (name, port) = e.split_once('=').context("--endpoint takes NAME=PORT")?;
+        endpoints.insert(
+            name.to_string(),
+            port.parse::<u16>()
+                .with_context(|| format!("--endpoint {e}: bad port"))?,
+        );
+    }
+    let policy = Arc::new(PolicyStore::open(
+        vec![cli.policies.clone()],
+        LoadOptions::default(),
+    ));
+    let audit = AuditLog::in_home(&home)?;
+    match policy.current() {
+        Ok(set) => {
+            audit.append(
+                "",
+                "policy.loaded",
+                json!({"fingerprint": set.fingerprint, "files": set.files.len()}),
+            )?;
+        }
+        Err(e) => {
+            tracing::error!("the policy set does not load; every call will be denied: {e}");
+            audit.append("", "policy.load_failed", json!({"error": e}))?;
+        }
+    }
+    let watch_audit = AuditLog::in_home(&home)?;
+    let _watch = policy.watch(DEFAULT_POLL_INTERVAL, move |ev| {
+        log_event(ev);
+        let (name, data) = match ev {
+            PolicyEvent::Reloaded { fingerprint, files } => (
+                "policy.reloaded",
+                json!({"fingerprint": fingerprint, "files": files}),
+            ),
+            PolicyEvent::ReloadFailed { error, active } => (
+                "policy.reload_failed",
+                json!({"error": error, "active": active}),
+            ),
+        };
+        let _ = watch_audit.append("", name, data);
+    });
+    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default())?);
+    let workspace = std::fs::canonicalize(&a.workspace)
+        .with_context(|| format!("workspace {}", a.workspace.display()))?;
+    let tools = ToolPaths::discover(&workspace);
+    let mut pipeline = Pipeline::new(policy, home, workspace, sandbox, tools)?;
+    pipeline.endpoints = endpoints;
+    let server = GatewayServer::new(Arc::new(pipeline));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let service = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .context("MCP initialisation")?;
+        service.waiting().await.context("MCP session")?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
