@@ -270,8 +270,9 @@ impl ServerHandler for GatewayServer {
             r = pipeline.call_with(call, &request_id, &progress) => Some(r),
             _ = ctx.ct.cancelled() => None,
         };
+        // Deliver every progress message before the result.
         drop(progress);
-        forward.abort();
+        let _ = forward.await;
         match result {
             Some(Ok(r)) => Ok(CallToolResponse::Complete(to_result(&r))),
             Some(Err(e)) => Err(McpError::internal_error(
