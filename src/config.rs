@@ -24,3 +24,135 @@ pub fn os_identity() -> String {
         _ => format!("uid:{uid}"),
     }
 }
+
+/// `gateway.toml` (SPEC §8). Every key is optional; a flag or `GATEWAY_*`
+/// environment variable overrides the file, and the file overrides the
+/// defaults, which work on one machine with no file at all.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Policy dir (default `./policies`).
+    pub policies: Option<PathBuf>,
+    /// State dir: approvals, audit log, saved plans.
+    pub home: Option<PathBuf>,
+    /// Where agents' working dirs are resolved (default: the current dir).
+    pub workspace: Option<PathBuf>,
+    /// Endpoint names a decision may allow, with their TCP port on this host.
+    #[serde(default)]
+    pub endpoints: std::collections::BTreeMap<String, u16>,
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Only `local` is built so far.
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// The runsc binary (default: found on PATH).
+    pub runsc: Option<PathBuf>,
+    /// runsc platform: ptrace (works everywhere) or kvm.
+    #[serde(default = "default_platform")]
+    pub platform: String,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            backend: default_backend(),
+            runsc: None,
+            platform: default_platform(),
+        }
+    }
+}
+
+fn default_backend() -> String {
+    "local".into()
+}
+
+fn default_platform() -> String {
+    "ptrace".into()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path} is not valid: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl GatewayConfig {
+    /// Load `path`; `required == false` means a missing file is the empty config.
+    pub fn load(path: &std::path::Path, required: bool) -> Result<GatewayConfig, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(GatewayConfig::default());
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        let cfg: GatewayConfig = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        if cfg.sandbox.backend != "local" {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "sandbox.backend {:?}: only \"local\" is available in this build",
+                    cfg.sandbox.backend
+                ),
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_files_parse_and_refuse_unknown_keys() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("gateway.toml");
+        std::fs::write(&p, "policies = \"p\"\nworkspace = \"/repo\"\n[endpoints]\nkube-apiserver = 6443\n[sandbox]\nplatform = \"kvm\"\n").expect("write");
+        let c = GatewayConfig::load(&p, true).expect("valid");
+        assert_eq!(c.endpoints["kube-apiserver"], 6443);
+        assert_eq!(c.sandbox.platform, "kvm");
+        assert_eq!(c.sandbox.backend, "local");
+        std::fs::write(&p, "polices = \"typo\"\n").expect("write");
+        assert!(
+            GatewayConfig::load(&p, true)
+                .expect_err("typo")
+                .to_string()
+                .contains("unknown field `polices`")
+        );
+        std::fs::write(&p, "[sandbox]\nbackend = \"kubernetes\"\n").expect("write");
+        assert!(GatewayConfig::load(&p, true).is_err());
+        assert!(GatewayConfig::load(&dir.path().join("none.toml"), false).is_ok());
+        assert!(GatewayConfig::load(&dir.path().join("none.toml"), true).is_err());
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let example =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway.toml");
+        let c = GatewayConfig::load(&example, true).expect("examples/gateway.toml parses");
+        assert_eq!(
+            c.policies.as_deref(),
+            Some(std::path::Path::new("policies"))
+        );
+    }
+}

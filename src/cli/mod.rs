@@ -19,19 +19,26 @@ use clap::{Parser, Subcommand};
     about = "Policy-gated, sandboxed infrastructure actions for AI coding agents"
 )]
 pub struct Cli {
-    /// Directory of the Rego policies and their data files.
-    #[arg(
-        long,
-        global = true,
-        env = "GATEWAY_POLICIES",
-        default_value = "policies"
-    )]
-    pub policies: PathBuf,
+    /// Directory of the Rego policies and their data files [default: ./policies].
+    #[arg(long = "policies", global = true, env = "GATEWAY_POLICIES")]
+    pub policies_arg: Option<PathBuf>,
 
     /// Where approvals, the audit log and saved plans live
     /// [default: $XDG_STATE_HOME/gateway or ~/.local/state/gateway].
     #[arg(long, global = true, env = "GATEWAY_HOME")]
     pub home: Option<PathBuf>,
+
+    /// The configuration file [default: ./gateway.toml when it exists].
+    #[arg(long, global = true, env = "GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// The loaded configuration (flags and environment override it).
+    #[arg(skip)]
+    pub file: crate::config::GatewayConfig,
+
+    /// The policy dir in use: flag or env, else the config file, else ./policies.
+    #[arg(skip)]
+    pub policies: PathBuf,
 
     #[command(subcommand)]
     pub command: Command,
@@ -68,11 +75,27 @@ pub enum Command {
 }
 
 impl Cli {
-    /// The state directory in use.
+    /// The state directory in use: flag or env, else the config file, else the default.
     pub fn home(&self) -> PathBuf {
         self.home
             .clone()
+            .or_else(|| self.file.home.clone())
             .unwrap_or_else(crate::config::default_home)
+    }
+
+    /// Load the configuration file and resolve the settings that depend on it.
+    pub fn resolve(mut self) -> anyhow::Result<Cli> {
+        let (path, required) = match &self.config {
+            Some(p) => (p.clone(), true),
+            None => (PathBuf::from("gateway.toml"), false),
+        };
+        self.file = crate::config::GatewayConfig::load(&path, required)?;
+        self.policies = self
+            .policies_arg
+            .clone()
+            .or_else(|| self.file.policies.clone())
+            .unwrap_or_else(|| PathBuf::from("policies"));
+        Ok(self)
     }
 }
 
@@ -90,6 +113,7 @@ pub fn init_tracing() {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let cli = cli.resolve()?;
     match &cli.command {
         Command::Policy(cmd) => policy::run(&cli, cmd),
         Command::Serve(a) => serve::run(&cli, a),

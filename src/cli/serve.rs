@@ -22,9 +22,9 @@ use crate::tools::ToolPaths;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Where agents' working_dirs are resolved (the repository).
-    #[arg(long, env = "GATEWAY_WORKSPACE", default_value = ".")]
-    workspace: PathBuf,
+    /// Where agents' working_dirs are resolved (the repository) [default: config, else .].
+    #[arg(long, env = "GATEWAY_WORKSPACE")]
+    workspace: Option<PathBuf>,
     /// An endpoint a decision may allow, as NAME=PORT (a TCP port on this
     /// host), e.g. kube-apiserver=6443. Repeatable.
     #[arg(long = "endpoint", env = "GATEWAY_ENDPOINTS", value_delimiter = ',')]
@@ -34,7 +34,7 @@ pub struct ServeArgs {
 pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     let home = cli.home();
     std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
-    let mut endpoints = BTreeMap::new();
+    let mut endpoints: BTreeMap<String, u16> = cli.file.endpoints.clone();
     for e in &a.endpoints {
         let (name, port) = e.split_once('=').context("--endpoint takes NAME=PORT")?;
         endpoints.insert(
@@ -76,9 +76,18 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         };
         let _ = watch_audit.append("", name, data);
     });
-    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default())?);
-    let workspace = std::fs::canonicalize(&a.workspace)
-        .with_context(|| format!("workspace {}", a.workspace.display()))?;
+    let sandbox = Arc::new(LocalSandbox::new(LocalConfig {
+        runsc: cli.file.sandbox.runsc.clone(),
+        platform: cli.file.sandbox.platform.clone(),
+        ..LocalConfig::default()
+    })?);
+    let ws = a
+        .workspace
+        .clone()
+        .or_else(|| cli.file.workspace.clone())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let workspace =
+        std::fs::canonicalize(&ws).with_context(|| format!("workspace {}", ws.display()))?;
     let tools = ToolPaths::discover(&workspace);
     let mut pipeline = Pipeline::new(policy, home, workspace, sandbox, tools)?;
     pipeline.endpoints = endpoints;

@@ -427,7 +427,10 @@ impl Pipeline {
         progress: &Progress,
     ) -> Result<CallResult, PipelineError> {
         let rid = input.request_id.clone();
-        let (plan, _saved, digest, _r) = match self.make_plan(progress, input, &first).await? {
+        let (plan, _saved, digest, sandbox_run) = match self
+            .make_plan(progress, input, &first)
+            .await?
+        {
             Ok(p) => p,
             Err(reason) => return self.finish(&rid, "terraform_plan", Outcome::Refused { reason }),
         };
@@ -451,7 +454,7 @@ impl Pipeline {
             Outcome::Completed {
                 ok: true,
                 summary,
-                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest}),
+                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest, "sandbox_ms": sandbox_run.duration_ms}),
             },
         )
     }

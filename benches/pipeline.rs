@@ -1,0 +1,108 @@
+//! The gateway's own overhead per call, on the real pipeline (real policy,
+//! real SQLite, real audit file with fsync, real gVisor):
+//! - `pipeline/denied_call`: a k8s_get_pod_status call the policy denies —
+//!   request in to result out, no sandbox: all of it is overhead;
+//! - `pipeline/plan_call_overhead`: a terraform_plan of the offline demo
+//!   module, request in to result out, minus the sandbox's own run time
+//!   (reported by the sandbox) — what the gateway adds to a low-risk call.
+//!
+//! Run as root: `cargo bench --bench pipeline`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{PolicyStore, Principal};
+use gateway::sandbox::local::{LocalConfig, LocalSandbox};
+use gateway::tools::ToolPaths;
+use serde_json::json;
+
+fn bench(c: &mut Criterion) {
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let module = workspace.path().join("terraform/offline-demo");
+    std::fs::create_dir_all(&module).expect("mkdir");
+    std::fs::copy(
+        repo.join("terraform/offline-demo/main.tf"),
+        module.join("main.tf"),
+    )
+    .expect("copy");
+    let policy = Arc::new(PolicyStore::open(
+        vec![repo.join("policies")],
+        LoadOptions::default(),
+    ));
+    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc, as root"));
+    let mut tools = ToolPaths::discover(&repo);
+    // The in-sandbox step runner is the gateway binary, not this bench.
+    tools.runner = repo.join("target/release/gateway");
+    if !tools.runner.is_file() {
+        tools.runner = repo.join("target/debug/gateway");
+    }
+    let pipeline = Pipeline::new(
+        policy,
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        sandbox,
+        tools,
+    )
+    .expect("pipeline");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let principal = Principal {
+        client: "bench".into(),
+        os_user: "bench".into(),
+    };
+    let call = |tool: &str, params: serde_json::Value| ToolCall {
+        tool: tool.into(),
+        params,
+        principal: principal.clone(),
+    };
+
+    let mut g = c.benchmark_group("pipeline");
+    g.bench_function("denied_call", |b| {
+        b.iter(|| {
+            let r = rt
+                .block_on(pipeline.call(call(
+                    "k8s_get_pod_status",
+                    json!({"namespace": "kube-system"}),
+                )))
+                .expect("call");
+            assert!(matches!(r.outcome, Outcome::Denied { .. }));
+        })
+    });
+    g.sample_size(10).measurement_time(Duration::from_secs(30));
+    g.bench_function("plan_call_overhead", |b| {
+        b.iter_custom(|iters| {
+            let mut overhead = Duration::ZERO;
+            for _ in 0..iters {
+                let started = Instant::now();
+                let r = rt
+                    .block_on(pipeline.call(call(
+                        "terraform_plan",
+                        json!({"working_dir": "terraform/offline-demo"}),
+                    )))
+                    .expect("call");
+                let total = started.elapsed();
+                let Outcome::Completed {
+                    ok: true, result, ..
+                } = r.outcome
+                else {
+                    panic!("plan failed: {:?}", r.outcome)
+                };
+                let sandbox =
+                    Duration::from_millis(result["sandbox_ms"].as_u64().expect("sandbox_ms"));
+                overhead += total.saturating_sub(sandbox);
+            }
+            overhead
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
