@@ -5,6 +5,7 @@
 
 pub mod approvals;
 pub mod audit;
+pub mod broker;
 pub mod canonical;
 pub mod cli;
 pub mod config;

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::approvals::{ApprovalStore, NewApproval};
 use crate::audit::AuditLog;
+use crate::broker::{Broker, RevokeGuard};
 use crate::canonical::sha256_hex;
 use crate::policy::{Decision, DecisionInput, PlanInput, PolicyStore, Principal};
 use crate::sandbox::{Endpoint, FileIn, Network, Sandbox, SandboxRequest, SandboxResult};
@@ -88,7 +89,9 @@ pub struct Pipeline {
     pub home: PathBuf,
     /// Where agents' `working_dir`s are resolved (the repository).
     pub workspace: PathBuf,
-    pub audit: AuditLog,
+    pub audit: Arc<AuditLog>,
+    /// Where credentials come from; `None`: calls that need one are refused.
+    pub broker: Option<Arc<dyn Broker>>,
     approvals: Mutex<ApprovalStore>,
     pub sandbox: Arc<dyn Sandbox>,
     pub tools: ToolPaths,
@@ -128,7 +131,8 @@ impl Pipeline {
             }
         })?;
         Ok(Pipeline {
-            audit: AuditLog::in_home(&home)?,
+            audit: Arc::new(AuditLog::in_home(&home)?),
+            broker: None,
             approvals: Mutex::new(ApprovalStore::in_home(&home)?),
             policy,
             home,
@@ -153,10 +157,8 @@ impl Pipeline {
             obj.insert("plan".into(), json!({"sha256_of_json": digest}));
         }
         let result = serde_json::to_value(&ev.decision).unwrap_or(Value::Null);
-        let e = self
-            .audit
+        self.audit
             .policy_decision(&input.request_id, &audit_input, &result, &ev.policy)?;
-        let _ = e;
         if let Some(err) = &ev.error {
             self.audit.append(
                 &input.request_id,
@@ -283,7 +285,7 @@ impl Pipeline {
         mut extra_files: Vec<FileIn>,
         files_out: Vec<String>,
     ) -> Result<Result<SandboxResult, String>, PipelineError> {
-        if decision.credential.is_some() {
+        if decision.credential.is_some() && self.broker.is_none() {
             let reason = "the decision needs a credential and no credential broker is configured; nothing was run";
             return Ok(Err(reason.into()));
         }
@@ -307,6 +309,40 @@ impl Pipeline {
             path: tools::TF_CLI_CONFIG.into(),
             contents: tools::terraformrc(None).into_bytes(),
         });
+        // Everything is checked; only now is a credential minted, and from
+        // here on it is revoked on every path (the guard covers
+        // cancellation and panics).
+        let mut credential = None;
+        let mut revoke = None;
+        if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
+            match broker.issue(scope).await {
+                Ok(c) => {
+                    revoke = Some(RevokeGuard::new(
+                        Arc::clone(broker),
+                        Arc::clone(&self.audit),
+                        rid,
+                        &c.lease_id,
+                    ));
+                    self.audit.append(
+                        rid,
+                        "credential.issued",
+                        json!({"lease_id": c.lease_id, "mount": scope.mount, "role": scope.role,
+                               "params": scope.params, "ttl_seconds": c.ttl.as_secs()}),
+                    )?;
+                    credential = Some(c.secret.clone());
+                }
+                Err(e) => {
+                    self.audit.append(
+                        rid,
+                        "credential.refused",
+                        json!({"mount": scope.mount, "role": scope.role, "error": e.to_string()}),
+                    )?;
+                    return Ok(Err(format!(
+                        "no credential for this call ({e}); nothing was run"
+                    )));
+                }
+            }
+        }
         let req = SandboxRequest {
             name: rid.to_string(),
             argv: vec![
@@ -318,7 +354,7 @@ impl Pipeline {
             binds,
             workdir: Some(workdir.to_path_buf()),
             files_in: extra_files,
-            credential: None,
+            credential,
             limits: limits.0,
             deadline: limits.1,
             network,
@@ -331,24 +367,24 @@ impl Pipeline {
                    "egress": decision.sandbox.egress, "steps": steps}),
         )?;
         progress.say(format!("sandbox {rid} started"));
-        match self.sandbox.run(req).await {
-            Ok(r) => {
-                self.audit.append(
-                    rid,
-                    "sandbox.completed",
-                    json!({"sandbox": rid, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
-                           "stdout_truncated": r.stdout.truncated, "stderr_truncated": r.stderr.truncated}),
-                )?;
-                Ok(Ok(r))
-            }
-            Err(e) => {
-                self.audit.append(
-                    rid,
-                    "sandbox.failed",
-                    json!({"sandbox": rid, "error": e.to_string()}),
-                )?;
-                Ok(Err(format!("sandbox: {e}")))
-            }
+        let outcome = self.sandbox.run(req).await;
+        let audited = match &outcome {
+            Ok(r) => self.audit.append(
+                rid,
+                "sandbox.completed",
+                json!({"sandbox": rid, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
+                       "stdout_truncated": r.stdout.truncated, "stderr_truncated": r.stderr.truncated}),
+            ),
+            Err(e) => self.audit.append(rid, "sandbox.failed", json!({"sandbox": rid, "error": e.to_string()})),
+        };
+        // Revoke as soon as the sandbox has ended, whatever happened in it.
+        if let Some(guard) = revoke {
+            guard.revoke().await;
+        }
+        audited?;
+        match outcome {
+            Ok(r) => Ok(Ok(r)),
+            Err(e) => Ok(Err(format!("sandbox: {e}"))),
         }
     }
 

@@ -1,0 +1,168 @@
+//! The credential broker (SPEC §5): a credential minted for one call, in the
+//! narrowest scope the decision derived, revoked as soon as the sandbox
+//! ends — on success, failure, deadline, cancellation or panic alike.
+//!
+//! This module holds the broker contract and the revocation guarantee; the
+//! Vault/OpenBao implementation (vaultrs) is a separate piece of work. With
+//! no broker configured, a call whose decision needs a credential is refused
+//! before anything runs.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::audit::AuditLog;
+use crate::policy::CredentialScope;
+use crate::sandbox::SecretFile;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    #[error("the credential broker is unreachable: {0}")]
+    Unreachable(String),
+    #[error("the credential broker refused: {0}")]
+    Refused(String),
+}
+
+/// A credential minted for one call. The secret prints as `<redacted>`
+/// and is zeroed when dropped.
+#[derive(Debug, Clone)]
+pub struct IssuedCredential {
+    /// The lease to revoke (kept in the audit log; not a secret).
+    pub lease_id: String,
+    pub secret: SecretFile,
+    pub ttl: Duration,
+}
+
+/// A source of per-call credentials.
+pub trait Broker: Send + Sync {
+    /// Mint exactly the credential `scope` names.
+    fn issue<'a>(
+        &'a self,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>>;
+    /// Revoke a lease (synchronously: it is dead when this returns Ok).
+    fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>>;
+}
+
+/// Delays between revoke attempts.
+pub const REVOKE_BACKOFF: [Duration; 4] = [
+    Duration::from_millis(0),
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_millis(2000),
+];
+
+/// Revoke with retries; audits `credential.revoked`, or
+/// `credential.revoke_failed` for each failed attempt.
+pub async fn revoke_with_retries(
+    broker: &dyn Broker,
+    audit: &AuditLog,
+    request_id: &str,
+    lease_id: &str,
+) -> bool {
+    for (attempt, delay) in REVOKE_BACKOFF.iter().enumerate() {
+        tokio::time::sleep(*delay).await;
+        match broker.revoke(lease_id).await {
+            Ok(()) => {
+                let _ = audit.append(
+                    request_id,
+                    "credential.revoked",
+                    json!({"lease_id": lease_id, "attempt": attempt + 1}),
+                );
+                return true;
+            }
+            Err(e) => {
+                let _ = audit.append(
+                    request_id,
+                    "credential.revoke_failed",
+                    json!({"lease_id": lease_id, "attempt": attempt + 1, "of": REVOKE_BACKOFF.len(), "error": e.to_string()}),
+                );
+            }
+        }
+    }
+    false
+}
+
+/// Revokes its lease when dropped without [`RevokeGuard::revoke`] having
+/// run — the cancellation and panic paths. The revocation then runs on the
+/// runtime in the background (a `Drop` cannot wait for it).
+pub struct RevokeGuard {
+    broker: Arc<dyn Broker>,
+    audit: Arc<AuditLog>,
+    request_id: String,
+    lease_id: Option<String>,
+}
+
+impl std::fmt::Debug for RevokeGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RevokeGuard")
+            .field("lease_id", &self.lease_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RevokeGuard {
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        audit: Arc<AuditLog>,
+        request_id: &str,
+        lease_id: &str,
+    ) -> RevokeGuard {
+        RevokeGuard {
+            broker,
+            audit,
+            request_id: request_id.into(),
+            lease_id: Some(lease_id.into()),
+        }
+    }
+
+    /// Revoke now (the normal path); true when the lease is revoked.
+    pub async fn revoke(mut self) -> bool {
+        match self.lease_id.take() {
+            Some(lease) => {
+                revoke_with_retries(self.broker.as_ref(), &self.audit, &self.request_id, &lease)
+                    .await
+            }
+            None => true,
+        }
+    }
+}
+
+impl Drop for RevokeGuard {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease_id.take() else {
+            return;
+        };
+        let (broker, audit, rid) = (
+            Arc::clone(&self.broker),
+            Arc::clone(&self.audit),
+            self.request_id.clone(),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let _ = audit.append(
+                        &rid,
+                        "credential.revoke_on_abort",
+                        json!({"lease_id": lease}),
+                    );
+                    revoke_with_retries(broker.as_ref(), &audit, &rid, &lease).await;
+                });
+            }
+            Err(_) => {
+                // No runtime (process teardown): say so; the lease still
+                // expires at its TTL.
+                let _ = audit.append(
+                    &rid,
+                    "credential.revoke_failed",
+                    json!({"lease_id": lease, "error": "no runtime to revoke on; the lease expires at its TTL"}),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The pipeline's credential guarantees, with a test double for the broker
+//! (the Vault/OpenBao broker is separate work): a credential is minted only
+//! for a call that will run, and revoked on every path — success, tool
+//! failure, deadline, cancellation — with retries, and the audit shows
+//! `credential.revoked` (or `credential.revoke_failed`) for every
+//! `credential.issued`. Everything else is real: policy, gVisor, Terraform,
+//! SQLite, the audit file.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gateway::broker::{BoxFuture, Broker, BrokerError, IssuedCredential};
+use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{CredentialScope, PolicyStore, Principal};
+use gateway::sandbox::SecretFile;
+use gateway::sandbox::local::{LocalConfig, LocalSandbox};
+use gateway::tools::ToolPaths;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "fake-minted-token-ZXhhbXBsZQ";
+
+/// A broker double that records what it issued and revoked.
+#[derive(Default)]
+struct FakeBroker {
+    issued: Mutex<Vec<CredentialScope>>,
+    live: Mutex<BTreeSet<String>>,
+    revoked: Mutex<Vec<String>>,
+    fail_revokes: AtomicUsize,
+    counter: AtomicUsize,
+}
+
+impl Broker for FakeBroker {
+    fn issue<'a>(
+        &'a self,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+        Box::pin(async move {
+            let n = self.counter.fetch_add(1, Ordering::SeqCst);
+            let lease = format!("{}/creds/{}/lease-{n}", scope.mount, scope.role);
+            self.issued.lock().expect("lock").push(scope.clone());
+            self.live.lock().expect("lock").insert(lease.clone());
+            Ok(IssuedCredential {
+                lease_id: lease,
+                secret: SecretFile::new(TOKEN.as_bytes().to_vec()),
+                ttl: Duration::from_secs(600),
+            })
+        })
+    }
+
+    fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(async move {
+            if self.fail_revokes.load(Ordering::SeqCst) > 0 {
+                self.fail_revokes.fetch_sub(1, Ordering::SeqCst);
+                return Err(BrokerError::Unreachable("injected failure".into()));
+            }
+            self.live.lock().expect("lock").remove(lease_id);
+            self.revoked
+                .lock()
+                .expect("lock")
+                .push(lease_id.to_string());
+            Ok(())
+        })
+    }
+}
+
+struct Setup {
+    _dirs: Vec<tempfile::TempDir>,
+    home: std::path::PathBuf,
+    workspace: std::path::PathBuf,
+    pipeline: Pipeline,
+    broker: Arc<FakeBroker>,
+}
+
+/// The default policies, except that the offline module now needs a
+/// (fake) credential scoped to demo-app, and terraform_plan gets `deadline`.
+fn setup(deadline: u64, with_broker: bool) -> Setup {
+    let policies = tempfile::tempdir().expect("policies");
+    common::copy_dir(&common::repo().join("policies"), policies.path());
+    let scopes = policies.path().join("config/scopes.yaml");
+    let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
+        "    credential: none\n",
+        "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
+    );
+    std::fs::write(&scopes, text).expect("write");
+    let sandbox_cfg = policies.path().join("config/sandbox.yaml");
+    let text = std::fs::read_to_string(&sandbox_cfg)
+        .expect("sandbox")
+        .replace(
+            "  terraform_plan:\n    deadline_seconds: 300",
+            &format!("  terraform_plan:\n    deadline_seconds: {deadline}"),
+        );
+    std::fs::write(&sandbox_cfg, text).expect("write");
+
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let module = workspace.path().join("terraform/offline-demo");
+    std::fs::create_dir_all(&module).expect("mkdir");
+    std::fs::copy(
+        common::repo().join("terraform/offline-demo/main.tf"),
+        module.join("main.tf"),
+    )
+    .expect("copy");
+    let store = Arc::new(PolicyStore::open(
+        vec![policies.path().to_path_buf()],
+        LoadOptions::default(),
+    ));
+    assert!(store.current().is_ok());
+    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));
+    let mut tools = ToolPaths::discover(&common::repo());
+    tools.runner = env!("CARGO_BIN_EXE_gateway").into();
+    let mut pipeline = Pipeline::new(
+        store,
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        sandbox,
+        tools,
+    )
+    .expect("pipeline");
+    // The credential's egress endpoint (nothing needs to listen on it here).
+    pipeline.endpoints.insert("kube-apiserver".into(), 16443);
+    let broker = Arc::new(FakeBroker::default());
+    if with_broker {
+        pipeline.broker = Some(broker.clone());
+    }
+    Setup {
+        home: home.path().to_path_buf(),
+        workspace: workspace.path().to_path_buf(),
+        _dirs: vec![policies, home, workspace],
+        pipeline,
+        broker,
+    }
+}
+
+fn plan() -> ToolCall {
+    ToolCall {
+        tool: "terraform_plan".into(),
+        params: json!({"working_dir": "terraform/offline-demo"}),
+        principal: Principal {
+            client: "test".into(),
+            os_user: "alice".into(),
+        },
+    }
+}
+
+fn events(home: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(home.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn trail(home: &std::path::Path, rid: &str) -> Vec<String> {
+    events(home)
+        .iter()
+        .filter(|e| e["request_id"] == rid)
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("rt")
+}
+
+fn assert_no_secret_anywhere(home: &std::path::Path) {
+    let audit = std::fs::read_to_string(home.join("audit.jsonl")).expect("audit");
+    assert!(
+        !audit.contains(TOKEN),
+        "the token never reaches the audit log"
+    );
+}
+
+#[test]
+fn success_issues_exactly_the_derived_scope_and_revokes_after_the_sandbox() {
+    let s = setup(300, true);
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
+    let issued = s.broker.issued.lock().expect("lock").clone();
+    assert_eq!(issued.len(), 1);
+    assert_eq!(issued[0].role, "test-plan");
+    assert_eq!(issued[0].params["kubernetes_namespace"], "demo-app");
+    assert!(s.broker.live.lock().expect("lock").is_empty(), "revoked");
+    let t = trail(&s.home, &r.request_id);
+    let pos = |e: &str| t.iter().position(|x| x == e).unwrap_or(usize::MAX);
+    assert!(pos("credential.issued") < pos("sandbox.started"), "{t:?}");
+    assert!(
+        pos("sandbox.completed") < pos("credential.revoked"),
+        "{t:?}"
+    );
+    assert!(pos("credential.revoked") < pos("tool.result"), "{t:?}");
+    assert_no_secret_anywhere(&s.home);
+    let text = serde_json::to_string(&r).expect("json");
+    assert!(!text.contains(TOKEN), "the token never reaches the result");
+}
+
+#[test]
+fn a_failing_tool_still_revokes() {
+    let s = setup(300, true);
+    std::fs::write(
+        s.workspace.join("terraform/offline-demo/broken.tf"),
+        "resource \"terraform_data\" {\n",
+    )
+    .expect("write");
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    assert!(
+        matches!(&r.outcome, Outcome::Refused { reason } if reason.contains("terraform plan failed")),
+        "{:?}",
+        r.outcome
+    );
+    assert!(s.broker.live.lock().expect("lock").is_empty());
+    assert!(trail(&s.home, &r.request_id).contains(&"credential.revoked".to_string()));
+}
+
+#[test]
+fn a_deadline_kill_still_revokes() {
+    let s = setup(1, true);
+    std::fs::write(
+        s.workspace.join("terraform/offline-demo/slow.tf"),
+        "resource \"terraform_data\" \"many\" {\n  count = 4000\n  input = count.index\n}\n",
+    )
+    .expect("write");
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    assert!(
+        matches!(&r.outcome, Outcome::Refused { reason } if reason.contains("Deadline")),
+        "{:?}",
+        r.outcome
+    );
+    assert!(s.broker.live.lock().expect("lock").is_empty());
+}
+
+#[test]
+fn a_cancelled_call_kills_its_sandbox_and_revokes_in_the_background() {
+    let s = setup(300, true);
+    std::fs::write(
+        s.workspace.join("terraform/offline-demo/slow.tf"),
+        "resource \"terraform_data\" \"many\" {\n  count = 4000\n  input = count.index\n}\n",
+    )
+    .expect("write");
+    let rt = rt();
+    let res = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(3), s.pipeline.call(plan())).await
+    });
+    assert!(res.is_err(), "cancelled while running");
+    assert_eq!(s.broker.issued.lock().expect("lock").len(), 1);
+    let revoked = rt.block_on(async {
+        for _ in 0..100 {
+            if s.broker.live.lock().map(|l| l.is_empty()).unwrap_or(false) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    });
+    assert!(revoked, "the lease of a cancelled call is revoked");
+    let all: Vec<String> = events(&s.home)
+        .iter()
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        all.contains(&"credential.revoke_on_abort".to_string())
+            && all.contains(&"credential.revoked".to_string()),
+        "{all:?}"
+    );
+}
+
+#[test]
+fn revoke_failures_are_retried_and_reported() {
+    let s = setup(300, true);
+    s.broker.fail_revokes.store(2, Ordering::SeqCst);
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    let t = trail(&s.home, &r.request_id);
+    assert_eq!(
+        t.iter()
+            .filter(|e| *e == "credential.revoke_failed")
+            .count(),
+        2,
+        "{t:?}"
+    );
+    assert!(t.contains(&"credential.revoked".to_string()));
+    assert!(s.broker.live.lock().expect("lock").is_empty());
+
+    let s = setup(300, true);
+    s.broker.fail_revokes.store(100, Ordering::SeqCst);
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    let t = trail(&s.home, &r.request_id);
+    assert_eq!(
+        t.iter()
+            .filter(|e| *e == "credential.revoke_failed")
+            .count(),
+        gateway::broker::REVOKE_BACKOFF.len(),
+        "{t:?}"
+    );
+    assert!(!t.contains(&"credential.revoked".to_string()));
+}
+
+#[test]
+fn without_a_broker_a_call_that_needs_a_credential_is_refused_before_anything_runs() {
+    let s = setup(300, false);
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    assert!(
+        matches!(&r.outcome, Outcome::Refused { reason } if reason.contains("no credential broker")),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(
+        trail(&s.home, &r.request_id),
+        vec!["tool.request", "policy.decision", "tool.result"]
+    );
+}
+
+#[test]
+fn denied_calls_never_touch_the_broker_or_the_sandbox() {
+    let s = setup(300, true);
+    let rt = rt();
+    let denied = rt
+        .block_on(s.pipeline.call(ToolCall {
+            tool: "terraform_plan".into(),
+            params: json!({"working_dir": "../x"}),
+            ..plan()
+        }))
+        .expect("call");
+    assert!(matches!(denied.outcome, Outcome::Denied { .. }));
+    assert!(s.broker.issued.lock().expect("lock").is_empty());
+    assert_eq!(
+        trail(&s.home, &denied.request_id),
+        vec!["tool.request", "policy.decision", "tool.result"]
+    );
+}
