@@ -398,18 +398,12 @@ impl ApprovalStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db)?;
         let now = now_ms();
-        let approval = match read_approval(&tx, id, now) {
-            Ok(Some(a)) => a,
-            Ok(None) => return Ok(Err(Refusal::UnknownId { id: id.into() })),
-            Err(e) => return Err(map_read(&path, e)),
+        let approval = match read_for_update(&tx, &path, id, now)? {
+            Ok(a) => a,
+            Err(r) => return Ok(Err(r)),
         };
         let refusal = match approval.state {
-            State::Expired => Some(Refusal::Expired {
-                id: id.into(),
-                expired_at: approval.expires_at.clone(),
-            }),
-            State::Denied => Some(Refusal::Denied { id: id.into() }),
-            State::Spent => Some(Refusal::AlreadySpent { id: id.into() }),
+            State::Expired | State::Denied | State::Spent => ended(&approval),
             State::Approved => Some(Refusal::AlreadyDecided {
                 id: id.into(),
                 state: "approved".into(),
@@ -492,18 +486,12 @@ impl ApprovalStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db)?;
         let now = now_ms();
-        let approval = match read_approval(&tx, id, now) {
-            Ok(Some(a)) => a,
-            Ok(None) => return Ok(Err(Refusal::UnknownId { id: id.into() })),
-            Err(e) => return Err(map_read(&path, e)),
+        let approval = match read_for_update(&tx, &path, id, now)? {
+            Ok(a) => a,
+            Err(r) => return Ok(Err(r)),
         };
         let refusal = match approval.state {
-            State::Expired => Some(Refusal::Expired {
-                id: id.into(),
-                expired_at: approval.expires_at.clone(),
-            }),
-            State::Denied => Some(Refusal::Denied { id: id.into() }),
-            State::Spent => Some(Refusal::AlreadySpent { id: id.into() }),
+            State::Expired | State::Denied | State::Spent => ended(&approval),
             State::Pending => Some(Refusal::NotApproved {
                 id: id.into(),
                 given: approval.grants(),
@@ -547,6 +535,33 @@ impl ApprovalStore {
             id: id.into(),
             message: "vanished".into(),
         })
+    }
+}
+
+/// Read an approval inside a write transaction; an unknown id is a refusal.
+fn read_for_update(
+    conn: &Connection,
+    path: &Path,
+    id: &str,
+    now: i64,
+) -> Result<Result<Approval, Refusal>, ApprovalError> {
+    match read_approval(conn, id, now) {
+        Ok(Some(a)) => Ok(Ok(a)),
+        Ok(None) => Ok(Err(Refusal::UnknownId { id: id.into() })),
+        Err(e) => Err(map_read(path, e)),
+    }
+}
+
+/// The refusal for an approval that has ended: expired, denied or spent.
+fn ended(a: &Approval) -> Option<Refusal> {
+    match a.state {
+        State::Expired => Some(Refusal::Expired {
+            id: a.id.clone(),
+            expired_at: a.expires_at.clone(),
+        }),
+        State::Denied => Some(Refusal::Denied { id: a.id.clone() }),
+        State::Spent => Some(Refusal::AlreadySpent { id: a.id.clone() }),
+        State::Pending | State::Approved => None,
     }
 }
 
