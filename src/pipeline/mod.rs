@@ -169,6 +169,23 @@ impl Pipeline {
         Ok(ev.decision)
     }
 
+    /// Decide; a deny ends the call (with its `tool.result`).
+    fn decide_or_deny(
+        &self,
+        input: &DecisionInput,
+        step: &str,
+        tool: &str,
+    ) -> Result<Result<Decision, CallResult>, PipelineError> {
+        let decision = self.decide(input, step)?;
+        if decision.allow {
+            return Ok(Ok(decision));
+        }
+        let denied = Outcome::Denied {
+            reasons: decision.deny_reasons,
+        };
+        Ok(Err(self.finish(&input.request_id, tool, denied)?))
+    }
+
     fn finish(
         &self,
         request_id: &str,
@@ -213,16 +230,10 @@ impl Pipeline {
             "tool.request",
             json!({"tool": call.tool, "params": call.params, "principal": call.principal}),
         )?;
-        let decision = self.decide(&input, "request")?;
-        if !decision.allow {
-            return self.finish(
-                &rid,
-                &call.tool,
-                Outcome::Denied {
-                    reasons: decision.deny_reasons,
-                },
-            );
-        }
+        let decision = match self.decide_or_deny(&input, "request", &call.tool)? {
+            Ok(d) => d,
+            Err(denied) => return Ok(denied),
+        };
         progress.say(format!(
             "policy allowed {} (tier {})",
             call.tool, decision.tier
@@ -471,16 +482,10 @@ impl Pipeline {
             Err(reason) => return self.finish(&rid, "terraform_plan", Outcome::Refused { reason }),
         };
         input.plan = Some(PlanInput::new(plan.clone()));
-        let decision = self.decide(input, "plan")?;
-        if !decision.allow {
-            return self.finish(
-                &rid,
-                "terraform_plan",
-                Outcome::Denied {
-                    reasons: decision.deny_reasons,
-                },
-            );
-        }
+        let decision = match self.decide_or_deny(input, "plan", "terraform_plan")? {
+            Ok(d) => d,
+            Err(denied) => return Ok(denied),
+        };
         let changes = crate::approvals::plan_summary(&plan);
         let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
         let summary = summarize(&changes, &decision);
@@ -519,16 +524,10 @@ impl Pipeline {
                 Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
             };
             input.plan = Some(PlanInput::new(plan.clone()));
-            let decision = self.decide(input, "plan")?;
-            if !decision.allow {
-                return self.finish(
-                    &rid,
-                    tool,
-                    Outcome::Denied {
-                        reasons: decision.deny_reasons,
-                    },
-                );
-            }
+            let decision = match self.decide_or_deny(input, "plan", tool)? {
+                Ok(d) => d,
+                Err(denied) => return Ok(denied),
+            };
             let changes = crate::approvals::plan_summary(&plan);
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
             if decision.approval.required && !decision.approval.satisfied {
@@ -624,16 +623,10 @@ impl Pipeline {
             "id": approval.id, "status": approval.state.as_str(),
             "approvers": approval.verdicts.iter().filter(|v| v.verdict == "grant").map(|v| v.approver.clone()).collect::<Vec<_>>(),
         }));
-        let decision = self.decide(input, "approval")?;
-        if !decision.allow {
-            return self.finish(
-                &rid,
-                tool,
-                Outcome::Denied {
-                    reasons: decision.deny_reasons,
-                },
-            );
-        }
+        let decision = match self.decide_or_deny(input, "approval", tool)? {
+            Ok(d) => d,
+            Err(denied) => return Ok(denied),
+        };
         let spent = self
             .approvals
             .lock()
