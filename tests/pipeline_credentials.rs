@@ -22,6 +22,7 @@ use gateway::sandbox::local::{LocalConfig, LocalSandbox};
 use gateway::tools::ToolPaths;
 use serde_json::{Value, json};
 
+/// Every lease gets its own token: `TOKEN` followed by the lease number.
 const TOKEN: &str = "fake-minted-token-ZXhhbXBsZQ";
 
 /// A broker double that records what it issued and revoked.
@@ -203,6 +204,35 @@ fn success_issues_exactly_the_derived_scope_and_revokes_after_the_sandbox() {
     assert_no_secret_anywhere(&s.home);
     let text = serde_json::to_string(&r).expect("json");
     assert!(!text.contains(TOKEN), "the token never reaches the result");
+}
+
+/// A module that reads the credential file and shows it as an output: the
+/// token must reach neither the result, the audit log nor the plan JSON the
+/// gateway keeps.
+#[test]
+fn a_module_that_prints_its_credential_does_not_leak_it() {
+    let s = setup(300, true);
+    std::fs::write(
+        s.workspace.join("terraform/offline-demo/leak.tf"),
+        "output \"token\" {\n  value = file(\"/run/gateway/credential\")\n}\n",
+    )
+    .expect("write");
+    let r = rt().block_on(s.pipeline.call(plan())).expect("call");
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
+    let saved =
+        std::fs::read_to_string(s.home.join("plans").join(format!("{}.json", r.request_id)))
+            .expect("plan json");
+    assert!(
+        saved.contains("<redacted>"),
+        "the output was read and redacted: {saved}"
+    );
+    assert!(!saved.contains(TOKEN), "no token in the kept plan JSON");
+    assert!(!serde_json::to_string(&r).expect("json").contains(TOKEN));
+    assert_no_secret_anywhere(&s.home);
 }
 
 #[test]

@@ -160,7 +160,7 @@ fn without_endpoints_nothing_is_reachable() {
     let port = l.local_addr().expect("addr").port();
     serve(l, "SECRET-HOST-SERVICE\n");
     let script = format!(
-        "for h in {} 127.0.0.1 10.201.0.1; do echo x | /bin/busybox nc -w 2 $h {port} && echo REACHED-$h; done; /bin/busybox ip addr 2>&1 | /bin/busybox grep -c 'inet ' ; true",
+        "for h in {} 127.0.0.1 10.201.0.1; do echo x | /bin/busybox nc -w 2 $h {port} && echo REACHED-$h || echo FAILED-$h; done",
         host_ip()
     );
     let req = request("nonet", &script);
@@ -169,6 +169,13 @@ fn without_endpoints_nothing_is_reachable() {
     let out = r.stdout.text();
     assert!(
         !out.contains("REACHED") && !out.contains("SECRET-HOST-SERVICE"),
+        "{out}\n{}",
+        r.stderr.text()
+    );
+    // Not vacuous: the probe ran and each connection attempt failed.
+    assert_eq!(
+        out.matches("FAILED-").count(),
+        3,
         "{out}\n{}",
         r.stderr.text()
     );
@@ -230,18 +237,13 @@ fn only_the_working_dir_is_writable_and_host_files_are_invisible() {
          id -u; cat /work/main.tf; cat /run/gateway/credential; ls -ln /run/gateway/credential; env",
         h = home.path().display()
     );
+    let script = script
+        .replace("cat ", "/bin/busybox cat ")
+        .replace("ls ", "/bin/busybox ls ")
+        .replace("touch ", "/bin/busybox touch ")
+        .replace("id ", "/bin/busybox id ")
+        .replace("env", "/bin/busybox env");
     let mut req = request("fs", &script);
-    req.argv = vec![
-        BUSYBOX.into(),
-        "sh".into(),
-        "-c".into(),
-        script
-            .replace("cat ", "/bin/busybox cat ")
-            .replace("ls ", "/bin/busybox ls ")
-            .replace("touch ", "/bin/busybox touch ")
-            .replace("id ", "/bin/busybox id ")
-            .replace("env", "/bin/busybox env"),
-    ];
     req.workdir = Some(work.path().to_path_buf());
     req.credential = Some(SecretFile::new(b"minted-token-value".to_vec()));
     req.files_out = vec!["out.txt".into()];
@@ -311,8 +313,8 @@ fn limits_and_the_deadline_stop_runaway_commands_and_the_host_stays_healthy() {
     let r = rt.block_on(sb.run(bomb)).expect("run");
     assert!(!r.stdout.text().contains("all-forked"), "{r:?}");
     assert!(
-        r.stderr.text().contains("can't fork") || !r.success(),
-        "{r:?}"
+        r.stderr.text().contains("can't fork"),
+        "stopped by the process limit: {r:?}"
     );
 
     let mut sleeper = request("sleeper", "/bin/busybox sleep 600");
@@ -381,5 +383,4 @@ fn a_missing_runsc_is_a_clear_error_never_a_fallback() {
     let msg = err.to_string();
     assert!(msg.contains("apt-get install runsc"), "{msg}");
     assert!(msg.contains("never runs a tool outside a sandbox"), "{msg}");
-    let _ = Path::new(BUSYBOX);
 }

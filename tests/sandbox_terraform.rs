@@ -80,11 +80,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
     let outside_before = snapshot(&common::repo().join("terraform/offline-demo"));
     let req = SandboxRequest {
         name: format!("tf-plan-{}", std::process::id()),
-        argv: vec![
-            tools::RUNNER.into(),
-            "sandbox-exec".into(),
-            format!("{}/{}", gateway::sandbox::FILES_IN_DIR, tools::STEPS_FILE),
-        ],
+        argv: tools::runner_argv(),
         env: tools::terraform_env(),
         binds: binds_probe,
         workdir: Some(work.path().to_path_buf()),
@@ -149,11 +145,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
     });
     let req = SandboxRequest {
         name: format!("tf-apply-{}", std::process::id()),
-        argv: vec![
-            tools::RUNNER.into(),
-            "sandbox-exec".into(),
-            format!("{}/{}", gateway::sandbox::FILES_IN_DIR, tools::STEPS_FILE),
-        ],
+        argv: tools::runner_argv(),
         env: tools::terraform_env(),
         binds,
         workdir: Some(work.path().to_path_buf()),

@@ -324,6 +324,7 @@ impl Pipeline {
         // here on it is revoked on every path (the guard covers
         // cancellation and panics).
         let mut credential = None;
+        let mut secret = None;
         let mut revoke = None;
         if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
             match broker.issue(scope).await {
@@ -340,6 +341,7 @@ impl Pipeline {
                         json!({"lease_id": c.lease_id, "mount": scope.mount, "role": scope.role,
                                "params": scope.params, "ttl_seconds": c.ttl.as_secs()}),
                     )?;
+                    secret = Some(c.secret.clone());
                     credential = Some(c.secret.clone());
                 }
                 Err(e) => {
@@ -356,11 +358,7 @@ impl Pipeline {
         }
         let req = SandboxRequest {
             name: rid.to_string(),
-            argv: vec![
-                tools::RUNNER.into(),
-                "sandbox-exec".into(),
-                format!("{}/{}", crate::sandbox::FILES_IN_DIR, tools::STEPS_FILE),
-            ],
+            argv: tools::runner_argv(),
             env: tools::terraform_env(),
             binds,
             workdir: Some(workdir.to_path_buf()),
@@ -378,7 +376,26 @@ impl Pipeline {
                    "egress": decision.sandbox.egress, "steps": steps}),
         )?;
         progress.say(format!("sandbox {rid} started"));
-        let outcome = self.sandbox.run(req).await;
+        let mut outcome = self.sandbox.run(req).await;
+        // The tool's output goes into the result and the audit: it must not
+        // carry the credential, whatever the tool printed.
+        if let (Ok(r), Some(secret)) = (&mut outcome, &secret) {
+            r.stdout.redact(secret);
+            r.stderr.redact(secret);
+            // Text files out too (the plan JSON shows outputs' values); a
+            // binary plan file keeps its bytes (it is kept under HOME/plans,
+            // and the lease is revoked below anyway).
+            for bytes in r.files_out.values_mut() {
+                if std::str::from_utf8(bytes).is_ok() {
+                    let mut c = crate::sandbox::Captured {
+                        bytes: std::mem::take(bytes),
+                        truncated: false,
+                    };
+                    c.redact(secret);
+                    *bytes = c.bytes;
+                }
+            }
+        }
         let audited = match &outcome {
             Ok(r) => self.audit.append(
                 rid,
@@ -467,6 +484,26 @@ impl Pipeline {
         Ok(Ok((plan, saved, digest, r)))
     }
 
+    /// Plan in a sandbox, then decide again with the plan in the input. A
+    /// failed plan is a refusal, a deny ends the call.
+    async fn plan_and_decide(
+        &self,
+        progress: &Progress,
+        input: &mut DecisionInput,
+        first: &Decision,
+        tool: &str,
+    ) -> Result<Result<(Value, String, SandboxResult, Decision), CallResult>, PipelineError> {
+        let rid = input.request_id.clone();
+        let (plan, _saved, digest, run) = match self.make_plan(progress, input, first).await? {
+            Ok(p) => p,
+            Err(reason) => return Ok(Err(self.finish(&rid, tool, Outcome::Refused { reason })?)),
+        };
+        input.plan = Some(PlanInput::new(plan.clone()));
+        Ok(self
+            .decide_or_deny(input, "plan", tool)?
+            .map(|d| (plan, digest, run, d)))
+    }
+
     async fn terraform_plan(
         &self,
         input: &mut DecisionInput,
@@ -474,17 +511,12 @@ impl Pipeline {
         progress: &Progress,
     ) -> Result<CallResult, PipelineError> {
         let rid = input.request_id.clone();
-        let (plan, _saved, digest, sandbox_run) = match self
-            .make_plan(progress, input, &first)
+        let (plan, digest, sandbox_run, decision) = match self
+            .plan_and_decide(progress, input, &first, "terraform_plan")
             .await?
         {
             Ok(p) => p,
-            Err(reason) => return self.finish(&rid, "terraform_plan", Outcome::Refused { reason }),
-        };
-        input.plan = Some(PlanInput::new(plan.clone()));
-        let decision = match self.decide_or_deny(input, "plan", "terraform_plan")? {
-            Ok(d) => d,
-            Err(denied) => return Ok(denied),
+            Err(ended) => return Ok(ended),
         };
         let changes = crate::approvals::plan_summary(&plan);
         let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
@@ -519,15 +551,11 @@ impl Pipeline {
             o.remove("approval_id");
         }
         let Some(approval_id) = approval_id else {
-            let (plan, _saved, digest, _r) = match self.make_plan(progress, input, &first).await? {
-                Ok(p) => p,
-                Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
-            };
-            input.plan = Some(PlanInput::new(plan.clone()));
-            let decision = match self.decide_or_deny(input, "plan", tool)? {
-                Ok(d) => d,
-                Err(denied) => return Ok(denied),
-            };
+            let (plan, digest, _run, decision) =
+                match self.plan_and_decide(progress, input, &first, tool).await? {
+                    Ok(p) => p,
+                    Err(ended) => return Ok(ended),
+                };
             let changes = crate::approvals::plan_summary(&plan);
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
             if decision.approval.required && !decision.approval.satisfied {

@@ -173,6 +173,27 @@ fn lossy<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl Captured {
+    /// Replace every occurrence of `secret` with `<redacted>`: a tool that
+    /// prints its credential must not carry it into a result or the audit.
+    pub fn redact(&mut self, secret: &SecretFile) {
+        let needle = secret.expose();
+        if needle.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.bytes.len());
+        let mut i = 0;
+        while i < self.bytes.len() {
+            if self.bytes[i..].starts_with(needle) {
+                out.extend_from_slice(b"<redacted>");
+                i += needle.len();
+            } else {
+                out.push(self.bytes[i]);
+                i += 1;
+            }
+        }
+        self.bytes = out;
+    }
+
     /// The text, with a marker when it was cut.
     pub fn text(&self) -> String {
         let mut s = String::from_utf8_lossy(&self.bytes).into_owned();
@@ -235,4 +256,24 @@ pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_printed_credential_is_cut_out_of_captured_output() {
+        let secret = SecretFile::new(b"tok-123".to_vec());
+        let mut c = Captured {
+            bytes: b"a tok-123 b tok-12 tok-123tok-123".to_vec(),
+            truncated: false,
+        };
+        c.redact(&secret);
+        assert_eq!(
+            String::from_utf8_lossy(&c.bytes),
+            "a <redacted> b tok-12 <redacted><redacted>"
+        );
+        assert_eq!(format!("{secret:?} {secret}"), "<redacted> <redacted>");
+    }
 }

@@ -145,21 +145,29 @@ async fn egress_blocked(sb: &LocalSandbox) -> Check {
     let targets = [host_ip(), "127.0.0.1".into(), "10.201.0.1".into()];
     let script = targets
         .iter()
-        .map(|h| format!("echo x | nc -w 2 {h} {port} && echo CONNECTED-{h}; "))
+        .map(|h| format!("echo x | nc -w 2 {h} {port} && echo CONNECTED-{h} || echo FAILED-{h}; "))
         .collect::<String>();
     match run(sb, probe("egress", &bb(&script))).await {
         Ok(r) => {
             let out = r.stdout.text();
             Check {
                 name,
-                pass: !out.contains("HOST-SERVICE-REACHED") && !out.contains("CONNECTED"),
+                // Every attempt must have run and failed: a probe that did
+                // not run proves nothing.
+                pass: !out.contains("HOST-SERVICE-REACHED")
+                    && !out.contains("CONNECTED")
+                    && out.matches("FAILED-").count() == targets.len(),
                 detail: format!(
                     "tried {} on port {port}: {}",
                     targets.join(", "),
-                    if out.trim().is_empty() {
-                        "nothing reachable".into()
-                    } else {
+                    if out.contains("CONNECTED") {
                         out.trim().to_string()
+                    } else {
+                        format!(
+                            "{} of {} attempts failed",
+                            out.matches("FAILED-").count(),
+                            targets.len()
+                        )
                     }
                 ),
             }
@@ -307,7 +315,8 @@ async fn limits(sb: &LocalSandbox) -> Check {
     bomb.deadline = Duration::from_secs(30);
     match run(sb, bomb).await {
         Ok(r) => {
-            let ok = !r.stdout.text().contains("ALL-FORKED");
+            let ok =
+                !r.stdout.text().contains("ALL-FORKED") && r.stderr.text().contains("can't fork");
             pass &= ok;
             notes.push(format!(
                 "fork bomb: {}",

@@ -63,6 +63,15 @@ fn tf(args: &[&str]) -> Step {
     }
 }
 
+/// The sandbox's command: the step runner over the steps file.
+pub fn runner_argv() -> Vec<String> {
+    vec![
+        RUNNER.into(),
+        "sandbox-exec".into(),
+        format!("{FILES_IN_DIR}/{STEPS_FILE}"),
+    ]
+}
+
 /// `terraform init`, `plan -out`, `show -json` (into `plan_json`).
 pub fn terraform_plan_steps(plan_file: &str, plan_json: &str) -> Vec<Step> {
     let out = format!("-out={plan_file}");
