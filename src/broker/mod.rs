@@ -2,10 +2,15 @@
 //! narrowest scope the decision derived, revoked as soon as the sandbox
 //! ends — on success, failure, deadline, cancellation or panic alike.
 //!
-//! This module holds the broker contract and the revocation guarantee; the
-//! Vault/OpenBao implementation (vaultrs) is a separate piece of work. With
-//! no broker configured, a call whose decision needs a credential is refused
-//! before anything runs.
+//! This module holds the broker contract and the revocation guarantee;
+//! [`vault`] is the Vault/OpenBao implementation and [`leases`] its ledger of
+//! issued leases. With no broker configured, a call whose decision needs a
+//! credential is refused before anything runs.
+
+pub mod kubeconfig;
+pub mod leases;
+pub mod setup;
+pub mod vault;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -36,13 +41,31 @@ pub struct IssuedCredential {
     pub lease_id: String,
     pub secret: SecretFile,
     pub ttl: Duration,
+    /// What the secret is (not secret itself).
+    pub meta: CredentialMeta,
+}
+
+/// What kind of secret a credential file holds, and its public facts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CredentialMeta {
+    /// A Kubernetes service account token (the file is the bare token).
+    KubernetesToken {
+        namespace: String,
+        service_account: String,
+    },
+    /// AWS keys (the file is a shared credentials file).
+    AwsKeys { access_key_id: String },
+    /// Anything else (test doubles).
+    Opaque,
 }
 
 /// A source of per-call credentials.
 pub trait Broker: Send + Sync {
-    /// Mint exactly the credential `scope` names.
+    /// Mint exactly the credential `scope` names, for request `request_id`.
     fn issue<'a>(
         &'a self,
+        request_id: &'a str,
         scope: &'a CredentialScope,
     ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>>;
     /// Revoke a lease (synchronously: it is dead when this returns Ok).

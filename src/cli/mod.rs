@@ -5,6 +5,7 @@ mod audit;
 mod demo;
 mod policy;
 mod serve;
+mod vault;
 mod verify;
 
 use std::path::PathBuf;
@@ -59,6 +60,9 @@ pub enum Command {
     Deny(approvals::VerdictArgs),
     /// Read the audit trail (`audit verify` checks its hash chain).
     Audit(audit::AuditArgs),
+    /// The credential broker: set up Vault/OpenBao, check it, recover leases.
+    #[command(subcommand)]
+    Vault(vault::VaultCommand),
     /// Prove the sandbox isolation claims (kernel, egress, endpoints, files, limits).
     Verify(verify::VerifyArgs),
     /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
@@ -103,7 +107,7 @@ impl Cli {
 /// filtered by `RUST_LOG` (default: warnings and errors).
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rustify=off"));
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -123,6 +127,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(a) => audit::run(&cli, a),
         Command::Demo => demo::run(&cli),
         Command::Verify(a) => verify::run(&cli, a),
+        Command::Vault(c) => vault::run(&cli, c),
         Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
         Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
     }

@@ -89,13 +89,24 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     let workspace =
         std::fs::canonicalize(&ws).with_context(|| format!("workspace {}", ws.display()))?;
     let tools = ToolPaths::discover(&workspace);
+    let broker = super::vault::broker(cli, &home)?;
+    let kubernetes = super::vault::kubernetes_access(cli)?;
     let mut pipeline = Pipeline::new(policy, home, workspace, sandbox, tools)?;
     pipeline.endpoints = endpoints;
-    let server = GatewayServer::new(Arc::new(pipeline));
+    pipeline.kubernetes = kubernetes;
+    pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
+    let pipeline = Arc::new(pipeline);
+    let server = GatewayServer::new(Arc::clone(&pipeline));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        if let Some(b) = &broker {
+            // Leases a previous gateway left open are revoked before any
+            // new call, and the gateway's own token is kept alive.
+            b.recover_orphans(&pipeline.audit).await;
+            b.spawn_renewal();
+        }
         let service = server
             .serve(rmcp::transport::stdio())
             .await

@@ -97,6 +97,24 @@ pub struct Pipeline {
     pub tools: ToolPaths,
     /// Endpoint names a decision may allow, with their host ports.
     pub endpoints: BTreeMap<String, u16>,
+    /// How a sandbox reaches the Kubernetes API server with a minted token
+    /// (`None`: a Kubernetes credential cannot be used, calls are refused).
+    pub kubernetes: Option<KubernetesAccess>,
+}
+
+/// The API server as sandboxes see it: by endpoint name, with its CA.
+#[derive(Debug, Clone)]
+pub struct KubernetesAccess {
+    pub endpoint: String,
+    pub ca_pem: Vec<u8>,
+    pub tls_server_name: String,
+}
+
+/// Which tool a sandbox runs (its binaries, environment and config files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Runner {
+    Terraform,
+    Kubectl,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -140,6 +158,7 @@ impl Pipeline {
             sandbox,
             tools,
             endpoints: BTreeMap::new(),
+            kubernetes: None,
         })
     }
 
@@ -241,16 +260,11 @@ impl Pipeline {
         match call.tool.as_str() {
             "terraform_plan" => self.terraform_plan(&mut input, decision, progress).await,
             "terraform_apply" => self.terraform_apply(&mut input, decision, progress).await,
+            "k8s_get_pod_status" => self.pod_status(&input, decision, progress).await,
             other => {
-                // The policy knows the tool but this gateway has no runner
-                // for it (or it needs a credential broker it does not have).
-                let reason = if decision.credential.is_some() {
-                    format!(
-                        "{other} needs a credential and no credential broker is configured; nothing was run"
-                    )
-                } else {
-                    format!("this gateway has no runner for tool {other}")
-                };
+                // The policy knows the tool but this gateway has no runner for it.
+                let reason =
+                    format!("this gateway has no runner for tool {other}; nothing was run");
                 self.finish(&rid, other, Outcome::Refused { reason })
             }
         }
@@ -291,8 +305,9 @@ impl Pipeline {
         progress: &Progress,
         rid: &str,
         decision: &Decision,
+        runner: Runner,
         steps: &[tools::Step],
-        workdir: &Path,
+        workdir: Option<&Path>,
         mut extra_files: Vec<FileIn>,
         files_out: Vec<String>,
     ) -> Result<Result<SandboxResult, String>, PipelineError> {
@@ -308,7 +323,11 @@ impl Pipeline {
             Ok(n) => n,
             Err(e) => return Ok(Err(e)),
         };
-        let binds = match self.tools.terraform_binds() {
+        let (binds, mut env) = match runner {
+            Runner::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
+            Runner::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
+        };
+        let binds = match binds {
             Ok(b) => b,
             Err(e) => return Ok(Err(e.to_string())),
         };
@@ -316,10 +335,26 @@ impl Pipeline {
             path: tools::STEPS_FILE.into(),
             contents: serde_json::to_vec(steps).unwrap_or_default(),
         });
-        extra_files.push(FileIn {
-            path: tools::TF_CLI_CONFIG.into(),
-            contents: tools::terraformrc(None).into_bytes(),
-        });
+        if runner == Runner::Terraform {
+            extra_files.push(FileIn {
+                path: tools::TF_CLI_CONFIG.into(),
+                contents: tools::terraformrc(None).into_bytes(),
+            });
+        }
+        // A Kubernetes credential comes with a kubeconfig around its token
+        // file; without the API server's CA configured it cannot be used.
+        if let Some(scope) = &decision.credential
+            && scope.params.contains_key("kubernetes_namespace")
+        {
+            match self.kubeconfig_file(scope) {
+                Ok(file) => {
+                    extra_files.push(file);
+                    env.push(("KUBECONFIG".into(), tools::kubeconfig_inside()));
+                    env.push(("KUBE_CONFIG_PATH".into(), tools::kubeconfig_inside()));
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
         // Everything is checked; only now is a credential minted, and from
         // here on it is revoked on every path (the guard covers
         // cancellation and panics).
@@ -327,8 +362,9 @@ impl Pipeline {
         let mut secret = None;
         let mut revoke = None;
         if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
-            match broker.issue(scope).await {
+            match broker.issue(rid, scope).await {
                 Ok(c) => {
+                    progress.say("credential issued");
                     revoke = Some(RevokeGuard::new(
                         Arc::clone(broker),
                         Arc::clone(&self.audit),
@@ -339,7 +375,7 @@ impl Pipeline {
                         rid,
                         "credential.issued",
                         json!({"lease_id": c.lease_id, "mount": scope.mount, "role": scope.role,
-                               "params": scope.params, "ttl_seconds": c.ttl.as_secs()}),
+                               "params": scope.params, "ttl_seconds": c.ttl.as_secs(), "credential": c.meta}),
                     )?;
                     secret = Some(c.secret.clone());
                     credential = Some(c.secret.clone());
@@ -359,9 +395,9 @@ impl Pipeline {
         let req = SandboxRequest {
             name: rid.to_string(),
             argv: tools::runner_argv(),
-            env: tools::terraform_env(),
+            env,
             binds,
-            workdir: Some(workdir.to_path_buf()),
+            workdir: workdir.map(Path::to_path_buf),
             files_in: extra_files,
             credential,
             limits: limits.0,
@@ -416,6 +452,120 @@ impl Pipeline {
         }
     }
 
+    /// The kubeconfig for a Kubernetes credential scope: the API server by
+    /// its endpoint name, its CA, the token from the credential file.
+    fn kubeconfig_file(&self, scope: &crate::policy::CredentialScope) -> Result<FileIn, String> {
+        let k = self.kubernetes.as_ref().ok_or(
+            "the decision's credential is for Kubernetes and this gateway has no [kubernetes] ca_file configured; nothing was run",
+        )?;
+        let port = self.endpoints.get(&k.endpoint).ok_or_else(|| {
+            format!(
+                "the Kubernetes API server endpoint {:?} has no port configured ([endpoints]); nothing was run",
+                k.endpoint
+            )
+        })?;
+        let namespace = scope
+            .params
+            .get("kubernetes_namespace")
+            .map(String::as_str)
+            .unwrap_or("default");
+        let text = crate::broker::kubeconfig::kubeconfig(
+            &format!("https://{}:{port}", k.endpoint),
+            &k.ca_pem,
+            &k.tls_server_name,
+            crate::sandbox::CREDENTIAL_PATH,
+            namespace,
+        );
+        Ok(FileIn {
+            path: tools::KUBECONFIG_FILE.into(),
+            contents: text.into_bytes(),
+        })
+    }
+
+    /// `k8s_get_pod_status`: `kubectl get pods` in the namespace the
+    /// decision's credential is scoped to (never the agent's string), with
+    /// the minted token, in a sandbox that reaches only the API server.
+    async fn pod_status(
+        &self,
+        input: &DecisionInput,
+        decision: Decision,
+        progress: &Progress,
+    ) -> Result<CallResult, PipelineError> {
+        let rid = input.request_id.clone();
+        let tool = "k8s_get_pod_status";
+        let Some(namespace) = decision
+            .credential
+            .as_ref()
+            .and_then(|c| c.params.get("kubernetes_namespace"))
+            .cloned()
+        else {
+            let reason = "the decision names no credential scoped to a namespace; nothing was run";
+            return self.finish(
+                &rid,
+                tool,
+                Outcome::Refused {
+                    reason: reason.into(),
+                },
+            );
+        };
+        if self.broker.is_none() {
+            let reason = format!(
+                "{tool} needs a credential and no credential broker is configured; nothing was run"
+            );
+            return self.finish(&rid, tool, Outcome::Refused { reason });
+        }
+        let steps = tools::kubectl_get_pods_steps(&namespace, &tools::kubeconfig_inside());
+        let r = match self
+            .run_sandbox(
+                progress,
+                &rid,
+                &decision,
+                Runner::Kubectl,
+                &steps,
+                None,
+                vec![],
+                vec![],
+            )
+            .await?
+        {
+            Ok(r) => r,
+            Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
+        };
+        if !r.success() {
+            return self.finish(
+                &rid,
+                tool,
+                Outcome::Completed {
+                    ok: false,
+                    summary: format!("kubectl get pods failed ({:?})", r.ended),
+                    result: json!({"namespace": namespace, "exit_code": r.exit_code, "ended": r.ended,
+                                   "errors": tail(&r.stderr.text(), 20)}),
+                },
+            );
+        }
+        let (ok, summary, result) = match tools::pod_table(&r.stdout.bytes) {
+            Ok(pods) => (
+                true,
+                tools::pod_summary(&namespace, &pods),
+                json!({"namespace": namespace, "pods": pods}),
+            ),
+            Err(e) => (
+                false,
+                format!("kubectl's answer could not be read: {e}"),
+                json!({"namespace": namespace}),
+            ),
+        };
+        self.finish(
+            &rid,
+            tool,
+            Outcome::Completed {
+                ok,
+                summary,
+                result,
+            },
+        )
+    }
+
     /// Plan in a sandbox; returns the plan JSON and the plan file, saved
     /// under HOME/plans/<request id>.*.
     async fn make_plan(
@@ -436,8 +586,9 @@ impl Pipeline {
                 progress,
                 &rid,
                 decision,
+                Runner::Terraform,
                 &steps,
-                &workdir,
+                Some(&workdir),
                 vec![],
                 vec![plan_file.clone(), plan_json.clone()],
             )
@@ -714,7 +865,16 @@ impl Pipeline {
         }];
         progress.say("applying the saved plan");
         let r = match self
-            .run_sandbox(progress, rid, decision, &steps, &workdir, files, vec![])
+            .run_sandbox(
+                progress,
+                rid,
+                decision,
+                Runner::Terraform,
+                &steps,
+                Some(&workdir),
+                files,
+                vec![],
+            )
             .await?
         {
             Ok(r) => r,

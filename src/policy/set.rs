@@ -170,6 +170,26 @@ impl PolicySet {
             .map_err(|e| PolicyError::Eval(format!("result is not JSON: {e}")))
     }
 
+    /// A data document of the set (e.g. `data.config.vault_roles`), as JSON;
+    /// `None` when it is not defined.
+    pub fn data(&self, path: &str) -> Result<Option<serde_json::Value>, PolicyError> {
+        let mut engine = self.engine.clone();
+        let results = engine
+            .eval_query(path.to_string(), false)
+            .map_err(|e| PolicyError::Eval(e.to_string()))?;
+        let Some(value) = results
+            .result
+            .first()
+            .and_then(|r| r.expressions.first())
+            .map(|e| e.value.clone())
+        else {
+            return Ok(None);
+        };
+        serde_json::to_value(&value)
+            .map(Some)
+            .map_err(|e| PolicyError::Eval(format!("{path} is not JSON: {e}")))
+    }
+
     /// `data.gateway.tool_list` for a principal: the tools it may see, by
     /// name, as the policy describes them (title, description, tier,
     /// annotations, params).

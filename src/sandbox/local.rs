@@ -216,7 +216,14 @@ impl LocalSandbox {
     }
 
     /// The bundle for `req`: config.json and the mount-point-only rootfs.
-    fn write_bundle(&self, req: &SandboxRequest, bundle: &Path) -> Result<Spec, SandboxError> {
+    /// `hosts`: endpoint names and the address they have inside the
+    /// sandbox (so a kubeconfig can name `kube-apiserver`).
+    fn write_bundle(
+        &self,
+        req: &SandboxRequest,
+        bundle: &Path,
+        hosts: &[(String, String)],
+    ) -> Result<Spec, SandboxError> {
         let rootfs = bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs)?;
         let mut mounts = vec![
@@ -239,6 +246,15 @@ impl LocalSandbox {
         }
 
         // A minimal /etc of our own: no host file is shown.
+        let mut hosts_file = String::from("127.0.0.1 localhost\n::1 localhost\n");
+        let hostname = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        };
+        for (name, ip) in hosts.iter().filter(|(n, _)| hostname(n)) {
+            hosts_file.push_str(&format!("{ip} {name}\n"));
+        }
         let etc = bundle.join("etc");
         std::fs::create_dir_all(&etc)?;
         let etc_files = [
@@ -247,7 +263,7 @@ impl LocalSandbox {
                 "root:x:0:0:root:/nonexistent:/nonexistent\nnobody:x:65534:65534:nobody:/nonexistent:/nonexistent\n",
             ),
             ("group", "root:x:0:\nnogroup:x:65534:\n"),
-            ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
+            ("hosts", hosts_file.as_str()),
             (
                 "nsswitch.conf",
                 "passwd: files\ngroup: files\nhosts: files\n",
@@ -457,7 +473,7 @@ impl LocalSandbox {
         req: &SandboxRequest,
         dir: &Path,
     ) -> Result<(), SandboxError> {
-        self.write_bundle(req, dir).map(|_| ())
+        self.write_bundle(req, dir, &[]).map(|_| ())
     }
 
     async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
@@ -489,9 +505,11 @@ impl LocalSandbox {
             .unwrap_or_default();
         let mut req = req;
         let mut endpoints = BTreeMap::new();
+        let mut hosts = Vec::new();
         if let Network::Endpoints(list) = &req.network {
             let ns = NetNs::create(&req.name, list)?;
             for e in list {
+                hosts.push((e.name.clone(), ns.host_ip.to_string()));
                 let addr = format!("{}:{}", ns.host_ip, e.port);
                 let var = format!(
                     "GATEWAY_ENDPOINT_{}",
@@ -505,7 +523,7 @@ impl LocalSandbox {
         let spec_req = req.clone();
         let this = self.clone();
         let bp = bundle_path.clone();
-        tokio::task::spawn_blocking(move || this.write_bundle(&spec_req, &bp))
+        tokio::task::spawn_blocking(move || this.write_bundle(&spec_req, &bp, &hosts))
             .await
             .map_err(|e| SandboxError::Setup(format!("writing the bundle: {e}")))??;
 

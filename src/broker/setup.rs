@@ -1,0 +1,308 @@
+//! `gateway vault setup`: configure a Vault or OpenBao for the policies —
+//! the Kubernetes secrets engine pointed at the cluster, one role per
+//! credential scope (from `data.config.vault_roles`, the same data the
+//! policies check their derived roles against), the gateway's own
+//! least-privilege policy and its AppRole. Idempotent: every write is a
+//! create-or-update; a mount that exists is left as it is.
+//!
+//! The AWS secrets engine is configured only when AWS credentials are in the
+//! environment, and the report says so when it is skipped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use rustify::enums::RequestMethod;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::BrokerError;
+use super::vault::{VaultSettings, call, client_for};
+
+/// One role of `data.config.vault_roles.roles`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleDef {
+    pub mount: String,
+    pub namespace: String,
+    pub max_ttl: String,
+    pub rules: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VaultRoles {
+    pub roles: BTreeMap<String, RoleDef>,
+}
+
+/// What the operator passes.
+#[derive(Debug, Clone)]
+pub struct SetupOptions {
+    /// The API server URL Vault reaches the cluster at.
+    pub kubernetes_host: String,
+    /// PEM of the API server's CA.
+    pub kubernetes_ca_pem: String,
+    /// The JWT Vault authenticates to the API server with (when Vault does
+    /// not run in the cluster with its own service account).
+    pub service_account_jwt: Option<String>,
+    /// Name of the gateway's Vault policy and AppRole role.
+    pub gateway_name: String,
+    /// Set up AppRole auth for the gateway.
+    pub approle: bool,
+    /// Write a fresh AppRole secret id here (mode 0600).
+    pub secret_id_file: Option<PathBuf>,
+    /// AWS root credentials for the AWS secrets engine (from the
+    /// environment); `None` skips it.
+    pub aws: Option<(String, String, String)>,
+}
+
+/// The gateway's own Vault policy: mint from its roles, revoke their leases,
+/// nothing else (token self-lookup and renewal come from Vault's `default`
+/// policy).
+pub fn gateway_policy(roles: &VaultRoles) -> String {
+    let mut s = String::from(
+        "# Written by `gateway vault setup`: the gateway may mint credentials from its\n# roles and revoke those roles' leases, and nothing else.\n",
+    );
+    for (name, r) in &roles.roles {
+        s.push_str(&format!(
+            "\npath \"{m}/creds/{name}\" {{\n  capabilities = [\"update\"]\n}}\n\npath \"sys/leases/revoke/{m}/creds/{name}/*\" {{\n  capabilities = [\"update\"]\n}}\n",
+            m = r.mount
+        ));
+    }
+    s
+}
+
+/// The Kubernetes secrets engine role for `def`.
+pub fn role_body(def: &RoleDef) -> Value {
+    json!({
+        "allowed_kubernetes_namespaces": [def.namespace],
+        "kubernetes_role_type": "Role",
+        "generated_role_rules": json!({"rules": def.rules}).to_string(),
+        "token_default_ttl": "10m",
+        "token_max_ttl": def.max_ttl,
+        "extra_labels": {"app.kubernetes.io/part-of": "gateway"},
+    })
+}
+
+/// Run the setup; returns one line per step done.
+pub async fn setup(
+    admin: &VaultSettings,
+    roles: &VaultRoles,
+    opts: &SetupOptions,
+) -> Result<Vec<String>, BrokerError> {
+    let client = client_for(admin)?;
+    let mut report = Vec::new();
+    let mounts = call(
+        &client,
+        RequestMethod::GET,
+        "sys/mounts",
+        None,
+        "listing secrets engines",
+    )
+    .await?
+    .unwrap_or(Value::Null);
+    let has_mount = |m: &str| {
+        let key = format!("{}/", m.trim_matches('/'));
+        mounts.get(&key).is_some() || mounts["data"].get(&key).is_some()
+    };
+    let k8s_mounts: std::collections::BTreeSet<&str> =
+        roles.roles.values().map(|r| r.mount.as_str()).collect();
+    for m in &k8s_mounts {
+        if has_mount(m) {
+            report.push(format!("secrets engine {m}/: already enabled"));
+        } else {
+            call(
+                &client,
+                RequestMethod::POST,
+                &format!("sys/mounts/{m}"),
+                Some(json!({"type": "kubernetes", "description": "per-call credentials for the gateway"})),
+                &format!("enabling the kubernetes secrets engine at {m}/"),
+            )
+            .await?;
+            report.push(format!("secrets engine {m}/: enabled (kubernetes)"));
+        }
+        let mut config = json!({
+            "kubernetes_host": opts.kubernetes_host,
+            "kubernetes_ca_cert": opts.kubernetes_ca_pem,
+        });
+        if let Some(jwt) = &opts.service_account_jwt {
+            config["service_account_jwt"] = json!(jwt);
+            config["disable_local_ca_jwt"] = json!(true);
+        }
+        call(
+            &client,
+            RequestMethod::POST,
+            &format!("{m}/config"),
+            Some(config),
+            &format!("configuring {m}/"),
+        )
+        .await?;
+        report.push(format!("{m}/config: API server {}", opts.kubernetes_host));
+    }
+    for (name, def) in &roles.roles {
+        call(
+            &client,
+            RequestMethod::POST,
+            &format!("{}/roles/{name}", def.mount),
+            Some(role_body(def)),
+            &format!("writing role {name}"),
+        )
+        .await?;
+        report.push(format!(
+            "{}/roles/{name}: namespace {}, {} rule(s), max ttl {}",
+            def.mount,
+            def.namespace,
+            def.rules.len(),
+            def.max_ttl
+        ));
+    }
+    let policy = gateway_policy(roles);
+    call(
+        &client,
+        RequestMethod::POST,
+        &format!("sys/policies/acl/{}", opts.gateway_name),
+        Some(json!({"policy": policy})),
+        "writing the gateway's policy",
+    )
+    .await?;
+    report.push(format!(
+        "policy {}: creds of {} role(s) and revocation of their leases only",
+        opts.gateway_name,
+        roles.roles.len()
+    ));
+    if opts.approle {
+        let auths = call(
+            &client,
+            RequestMethod::GET,
+            "sys/auth",
+            None,
+            "listing auth methods",
+        )
+        .await?
+        .unwrap_or(Value::Null);
+        if auths.get("approle/").is_none() && auths["data"].get("approle/").is_none() {
+            call(
+                &client,
+                RequestMethod::POST,
+                "sys/auth/approle",
+                Some(json!({"type": "approle"})),
+                "enabling AppRole auth",
+            )
+            .await?;
+            report.push("auth approle/: enabled".into());
+        }
+        let role = format!("auth/approle/role/{}", opts.gateway_name);
+        call(
+            &client,
+            RequestMethod::POST,
+            &role,
+            Some(json!({"token_policies": [opts.gateway_name], "token_ttl": "1h", "token_max_ttl": "24h",
+                        "secret_id_ttl": "0", "token_type": "service"})),
+            "writing the gateway's AppRole",
+        )
+        .await?;
+        let role_id = call(
+            &client,
+            RequestMethod::GET,
+            &format!("{role}/role-id"),
+            None,
+            "reading the AppRole role id",
+        )
+        .await?
+        .unwrap_or(Value::Null);
+        let role_id = role_id["data"]["role_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        report.push(format!("approle {}: role_id {role_id}", opts.gateway_name));
+        if let Some(path) = &opts.secret_id_file {
+            let sid = call(
+                &client,
+                RequestMethod::POST,
+                &format!("{role}/secret-id"),
+                Some(json!({})),
+                "generating an AppRole secret id",
+            )
+            .await?
+            .unwrap_or(Value::Null);
+            let secret = zeroize::Zeroizing::new(
+                sid["data"]["secret_id"].as_str().unwrap_or("").to_string(),
+            );
+            write_private(path, secret.as_bytes())
+                .map_err(|e| BrokerError::Refused(format!("writing {}: {e}", path.display())))?;
+            report.push(format!(
+                "approle secret id: written to {} (0600)",
+                path.display()
+            ));
+        }
+    }
+    match &opts.aws {
+        Some((key, secret, region)) => {
+            if !has_mount("aws") {
+                call(
+                    &client,
+                    RequestMethod::POST,
+                    "sys/mounts/aws",
+                    Some(json!({"type": "aws"})),
+                    "enabling the AWS secrets engine",
+                )
+                .await?;
+            }
+            call(
+                &client,
+                RequestMethod::POST,
+                "aws/config/root",
+                Some(json!({"access_key": key, "secret_key": secret, "region": region})),
+                "configuring the AWS secrets engine",
+            )
+            .await?;
+            report.push(format!("secrets engine aws/: configured for {region}"));
+        }
+        None => report.push(
+            "secrets engine aws/: skipped (no AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment)".into(),
+        ),
+    }
+    Ok(report)
+}
+
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.write_all(b"\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles() -> VaultRoles {
+        serde_json::from_value(json!({"roles": {
+            "r1": {"mount": "kubernetes", "namespace": "demo-app", "max_ttl": "30m",
+                   "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}}}))
+        .expect("roles")
+    }
+
+    #[test]
+    fn the_gateway_policy_grants_only_its_roles_creds_and_their_revocation() {
+        let p = gateway_policy(&roles());
+        assert!(p.contains("path \"kubernetes/creds/r1\""));
+        assert!(p.contains("path \"sys/leases/revoke/kubernetes/creds/r1/*\""));
+        assert_eq!(p.matches("path ").count(), 2, "{p}");
+        assert!(!p.contains("sudo") && !p.contains("\"read\""));
+    }
+
+    #[test]
+    fn a_role_is_bound_to_its_one_namespace_with_its_rules() {
+        let b = role_body(&roles().roles["r1"]);
+        assert_eq!(b["allowed_kubernetes_namespaces"], json!(["demo-app"]));
+        let rules: Value =
+            serde_json::from_str(b["generated_role_rules"].as_str().expect("str")).expect("json");
+        assert_eq!(rules["rules"][0]["resources"], json!(["pods"]));
+    }
+}

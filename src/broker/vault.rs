@@ -1,0 +1,833 @@
+//! The Vault/OpenBao broker (vaultrs): `{mount}/creds/{role}` with the
+//! decision's params, revocation with `sys/leases/revoke/{lease}` and
+//! `sync: true`, the gateway's own token renewed while it runs (token auth
+//! or AppRole), and the lease ledger that lets the next start revoke what a
+//! crash left behind.
+//!
+//! The gateway's Vault token and every minted secret stay in
+//! [`secrecy`]-style wrappers: they print `<redacted>` and are zeroed on
+//! drop; errors carry Vault's message and status, never a token.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustify::Endpoint;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::RwLock;
+use vaultrs::client::{Client, VaultClient, VaultClientSettingsBuilder};
+use zeroize::Zeroizing;
+
+use super::leases::{LeaseLedger, Owner};
+use super::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
+use crate::audit::AuditLog;
+use crate::policy::CredentialScope;
+use crate::sandbox::SecretFile;
+
+/// A string that must never be printed (a Vault token, a secret id).
+#[derive(Clone, Default)]
+pub struct Secret(Zeroizing<String>);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(Zeroizing::new(s.into()))
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How the gateway authenticates to Vault.
+#[derive(Debug, Clone)]
+pub enum VaultAuth {
+    /// A token (`VAULT_TOKEN`, or a token file).
+    Token(Secret),
+    /// AppRole: role id and secret id (the secret id from a file).
+    AppRole {
+        mount: String,
+        role_id: String,
+        secret_id: Secret,
+    },
+}
+
+/// Where Vault is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct VaultSettings {
+    pub address: String,
+    pub namespace: Option<String>,
+    /// PEM file of the CA that signed Vault's certificate.
+    pub ca_cert: Option<PathBuf>,
+    pub auth: VaultAuth,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+/// The `[vault]` table of gateway.toml. Environment variables
+/// (`VAULT_ADDR`, `VAULT_TOKEN`, `VAULT_NAMESPACE`, `VAULT_CACERT`) override
+/// the file, as the Vault CLI does.
+pub struct VaultConfig {
+    pub address: Option<String>,
+    pub namespace: Option<String>,
+    pub ca_cert: Option<PathBuf>,
+    /// `token` (default) or `approle`.
+    pub auth: Option<String>,
+    /// A file holding the token (instead of `VAULT_TOKEN`).
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub approle: AppRoleConfig,
+    /// Per-request timeout in seconds (default 10).
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppRoleConfig {
+    /// Auth mount (default `approle`).
+    pub mount: Option<String>,
+    pub role_id: Option<String>,
+    /// File holding the secret id (never the secret id itself in the config).
+    pub secret_id_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VaultConfigError {
+    #[error("vault: {0}")]
+    Invalid(String),
+    #[error("vault: cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|s| !s.is_empty())
+}
+
+fn read_secret_file(path: &Path) -> Result<Secret, VaultConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| VaultConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let s = Secret::new(text.trim());
+    if s.is_empty() {
+        return Err(VaultConfigError::Invalid(format!(
+            "{} is empty",
+            path.display()
+        )));
+    }
+    Ok(s)
+}
+
+impl VaultConfig {
+    /// The settings, or `None` when no Vault is configured at all (then the
+    /// gateway has no broker and refuses calls that need a credential).
+    pub fn resolve(&self) -> Result<Option<VaultSettings>, VaultConfigError> {
+        self.resolve_with(env)
+    }
+
+    /// [`VaultConfig::resolve`] with the environment given as a lookup.
+    pub fn resolve_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<VaultSettings>, VaultConfigError> {
+        let Some(address) = env("VAULT_ADDR")
+            .or_else(|| env("BAO_ADDR"))
+            .or_else(|| self.address.clone())
+        else {
+            return Ok(None);
+        };
+        let namespace = env("VAULT_NAMESPACE").or_else(|| self.namespace.clone());
+        let ca_cert = env("VAULT_CACERT")
+            .map(PathBuf::from)
+            .or_else(|| self.ca_cert.clone());
+        let method = self.auth.clone().unwrap_or_else(|| "token".into());
+        let auth = match method.as_str() {
+            "token" => {
+                let token = match env("VAULT_TOKEN").or_else(|| env("BAO_TOKEN")) {
+                    Some(t) => Secret::new(t),
+                    None => match &self.token_file {
+                        Some(f) => read_secret_file(f)?,
+                        None => {
+                            return Err(VaultConfigError::Invalid(format!(
+                                "Vault at {address} is configured with token auth but no token: set VAULT_TOKEN or vault.token_file"
+                            )));
+                        }
+                    },
+                };
+                VaultAuth::Token(token)
+            }
+            "approle" => {
+                let role_id = self.approle.role_id.clone().ok_or_else(|| {
+                    VaultConfigError::Invalid("auth = \"approle\" needs approle.role_id".into())
+                })?;
+                let file = self.approle.secret_id_file.clone().ok_or_else(|| {
+                    VaultConfigError::Invalid(
+                        "auth = \"approle\" needs approle.secret_id_file".into(),
+                    )
+                })?;
+                VaultAuth::AppRole {
+                    mount: self
+                        .approle
+                        .mount
+                        .clone()
+                        .unwrap_or_else(|| "approle".into()),
+                    role_id,
+                    secret_id: read_secret_file(&file)?,
+                }
+            }
+            other => {
+                return Err(VaultConfigError::Invalid(format!(
+                    "unknown auth method {other:?} (token or approle)"
+                )));
+            }
+        };
+        Ok(Some(VaultSettings {
+            address,
+            namespace,
+            ca_cert,
+            auth,
+            timeout: Duration::from_secs(self.timeout_seconds.unwrap_or(10)),
+        }))
+    }
+}
+
+/// Any Vault API call: method, path under /v1, JSON body.
+struct VaultCall {
+    method: rustify::enums::RequestMethod,
+    path: String,
+    body: Option<Value>,
+}
+
+impl Endpoint for VaultCall {
+    type Response = Value;
+    const REQUEST_BODY_TYPE: rustify::enums::RequestType = rustify::enums::RequestType::JSON;
+    const RESPONSE_BODY_TYPE: rustify::enums::ResponseType = rustify::enums::ResponseType::JSON;
+
+    fn path(&self) -> String {
+        self.path.clone()
+    }
+    fn method(&self) -> rustify::enums::RequestMethod {
+        self.method.clone()
+    }
+    fn body(&self) -> Result<Option<Vec<u8>>, rustify::errors::ClientError> {
+        Ok(self.body.as_ref().map(|b| b.to_string().into_bytes()))
+    }
+}
+
+/// Vault's answer to a secret request (the parts the broker reads).
+#[derive(Deserialize)]
+struct SecretResponse {
+    #[serde(default)]
+    lease_id: String,
+    #[serde(default)]
+    lease_duration: u64,
+    #[serde(default)]
+    data: Option<serde_json::Map<String, Value>>,
+}
+
+/// What went wrong talking to Vault, as the call's refusal says it.
+fn vault_error(e: rustify::errors::ClientError, what: &str) -> BrokerError {
+    use rustify::errors::ClientError as E;
+    match e {
+        E::ServerResponseError { code, content } => {
+            let errors: Vec<String> = content
+                .as_deref()
+                .and_then(|c| serde_json::from_str::<Value>(c).ok())
+                .and_then(|v| v.get("errors").cloned())
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            let detail = errors.join("; ");
+            let msg = match code {
+                403 => format!("{what}: permission denied by Vault ({detail})"),
+                503 => format!("{what}: Vault is sealed or unavailable ({detail})"),
+                404 => format!("{what}: not found in Vault ({detail})"),
+                _ => format!("{what}: Vault answered {code} ({detail})"),
+            };
+            BrokerError::Refused(msg)
+        }
+        E::RequestError { source, url, .. } => BrokerError::Unreachable(format!(
+            "{what}: Vault at {url} is unreachable: {}",
+            error_chain(source.as_ref())
+        )),
+        other => BrokerError::Unreachable(format!("{what}: {}", error_chain(&other))),
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// One Vault API call (`/v1/{path}`) with `client`'s token and namespace;
+/// `Ok(None)` for an empty (204) answer.
+pub async fn call(
+    client: &VaultClient,
+    method: rustify::enums::RequestMethod,
+    path: &str,
+    body: Option<Value>,
+    what: &str,
+) -> Result<Option<Value>, BrokerError> {
+    let call = VaultCall {
+        method,
+        // vaultrs's middleware adds the API version prefix (/v1).
+        path: path.trim_start_matches('/').to_string(),
+        body,
+    };
+    let resp = call
+        .with_middleware(client.middle())
+        .exec(client.http())
+        .await
+        .map_err(|e| vault_error(e, what))?;
+    let raw = resp.raw();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(&raw)
+        .map(Some)
+        .map_err(|e| BrokerError::Refused(format!("{what}: Vault's answer is not JSON: {e}")))
+}
+
+/// A vaultrs client for `settings` (token auth uses the token; AppRole
+/// starts without one and logs in on first use).
+pub fn client_for(settings: &VaultSettings) -> Result<VaultClient, BrokerError> {
+    let mut b = VaultClientSettingsBuilder::default();
+    b.address(settings.address.as_str())
+        .timeout(Some(settings.timeout))
+        .namespace(settings.namespace.clone());
+    if let Some(ca) = &settings.ca_cert {
+        b.ca_certs(vec![ca.display().to_string()]);
+    }
+    match &settings.auth {
+        VaultAuth::Token(t) => b.token(t.expose()),
+        VaultAuth::AppRole { .. } => b.token(""),
+    };
+    let client_settings = b
+        .build()
+        .map_err(|e| BrokerError::Refused(format!("Vault settings: {e}")))?;
+    VaultClient::new(client_settings)
+        .map_err(|e| BrokerError::Refused(format!("Vault client: {e}")))
+}
+
+pub struct VaultBroker {
+    settings: VaultSettings,
+    client: RwLock<VaultClient>,
+    /// When the gateway's own token needs renewing (None: not renewable,
+    /// or not logged in yet).
+    token_ttl: Mutex<Option<(Duration, bool)>>,
+    ledger: Mutex<LeaseLedger>,
+    owner: Owner,
+}
+
+impl std::fmt::Debug for VaultBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VaultBroker")
+            .field("address", &self.settings.address)
+            .field("namespace", &self.settings.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VaultBroker {
+    /// A broker for `settings` keeping its lease ledger in `home`. Does not
+    /// contact Vault (a Vault that is down at start refuses calls, it does
+    /// not stop the gateway).
+    pub fn new(settings: VaultSettings, home: &Path) -> Result<VaultBroker, BrokerError> {
+        let client = client_for(&settings)?;
+        let ledger =
+            LeaseLedger::in_home(home).map_err(|e| BrokerError::Refused(format!("{e}")))?;
+        Ok(VaultBroker {
+            settings,
+            client: RwLock::new(client),
+            token_ttl: Mutex::new(None),
+            ledger: Mutex::new(ledger),
+            owner: Owner::current(),
+        })
+    }
+
+    pub fn address(&self) -> &str {
+        &self.settings.address
+    }
+
+    async fn call(
+        &self,
+        method: rustify::enums::RequestMethod,
+        path: &str,
+        body: Option<Value>,
+        what: &str,
+    ) -> Result<Option<Value>, BrokerError> {
+        self.ensure_login().await?;
+        let client = self.client.read().await;
+        call(&client, method, path, body, what).await
+    }
+
+    /// Log in with AppRole when there is no token yet.
+    async fn ensure_login(&self) -> Result<(), BrokerError> {
+        let VaultAuth::AppRole {
+            mount,
+            role_id,
+            secret_id,
+        } = &self.settings.auth
+        else {
+            return Ok(());
+        };
+        if !self.client.read().await.settings.token.is_empty() {
+            return Ok(());
+        }
+        let mut client = self.client.write().await;
+        if !client.settings.token.is_empty() {
+            return Ok(());
+        }
+        let info = vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose())
+            .await
+            .map_err(|e| login_error(e, mount))?;
+        client.set_token(&info.client_token);
+        drop(Zeroizing::new(info.client_token));
+        if let Ok(mut t) = self.token_ttl.lock() {
+            *t = Some((Duration::from_secs(info.lease_duration), info.renewable));
+        }
+        tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with AppRole");
+        Ok(())
+    }
+
+    /// Look up the gateway's own token: checks that Vault is reachable,
+    /// unsealed and the token valid. Returns (ttl, renewable).
+    pub async fn check(&self) -> Result<(Duration, bool), BrokerError> {
+        let v = self
+            .call(
+                rustify::enums::RequestMethod::GET,
+                "auth/token/lookup-self",
+                None,
+                "checking the gateway's Vault token",
+            )
+            .await?
+            .unwrap_or(Value::Null);
+        let ttl = v["data"]["ttl"].as_u64().unwrap_or(0);
+        let renewable = v["data"]["renewable"].as_bool().unwrap_or(false);
+        if let Ok(mut t) = self.token_ttl.lock() {
+            *t = Some((Duration::from_secs(ttl), renewable));
+        }
+        Ok((Duration::from_secs(ttl), renewable))
+    }
+
+    /// Renew the gateway's own token once (or log in again with AppRole
+    /// when it cannot be renewed). Returns the new TTL.
+    pub async fn renew_once(&self) -> Result<Duration, BrokerError> {
+        let renewed = self
+            .call(
+                rustify::enums::RequestMethod::POST,
+                "auth/token/renew-self",
+                Some(json!({})),
+                "renewing the gateway's Vault token",
+            )
+            .await;
+        match renewed {
+            Ok(v) => {
+                let v = v.unwrap_or(Value::Null);
+                let ttl = v["auth"]["lease_duration"].as_u64().unwrap_or(0);
+                let renewable = v["auth"]["renewable"].as_bool().unwrap_or(false);
+                if let Ok(mut t) = self.token_ttl.lock() {
+                    *t = Some((Duration::from_secs(ttl), renewable));
+                }
+                Ok(Duration::from_secs(ttl))
+            }
+            Err(e) if matches!(self.settings.auth, VaultAuth::AppRole { .. }) => {
+                tracing::warn!("renewing the Vault token failed ({e}); logging in again");
+                self.client.write().await.set_token("");
+                self.ensure_login().await?;
+                Ok(self
+                    .token_ttl
+                    .lock()
+                    .ok()
+                    .and_then(|t| *t)
+                    .map(|t| t.0)
+                    .unwrap_or_default())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Keep the gateway's own token alive while the process runs: renew at
+    /// half its TTL (a root or non-expiring token needs nothing).
+    pub fn spawn_renewal(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut wait = match this.check().await {
+                Ok((ttl, renewable)) if renewable && !ttl.is_zero() => ttl / 2,
+                Ok((ttl, _)) if ttl.is_zero() => {
+                    tracing::info!("the gateway's Vault token does not expire; no renewal needed");
+                    return;
+                }
+                Ok((ttl, _)) => {
+                    tracing::warn!(
+                        ttl_seconds = ttl.as_secs(),
+                        "the gateway's Vault token is not renewable; calls will be refused once it expires"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "Vault is not usable now ({e}); calls needing a credential are refused until it is"
+                    );
+                    Duration::from_secs(30)
+                }
+            };
+            loop {
+                tokio::time::sleep(wait.max(Duration::from_secs(5))).await;
+                wait = match this.renew_once().await {
+                    Ok(ttl) if !ttl.is_zero() => {
+                        tracing::debug!(
+                            ttl_seconds = ttl.as_secs(),
+                            "renewed the gateway's Vault token"
+                        );
+                        ttl / 2
+                    }
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::warn!("renewing the gateway's Vault token failed: {e}");
+                        Duration::from_secs(30)
+                    }
+                };
+            }
+        })
+    }
+
+    /// Revoke every lease a crashed gateway left open (owner gone), with the
+    /// audit saying so. Returns (revoked, still open).
+    pub async fn recover_orphans(&self, audit: &AuditLog) -> (usize, usize) {
+        let orphans = match self.ledger.lock().map(|l| l.orphans()) {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
+                tracing::error!("reading the lease ledger: {e}");
+                return (0, 0);
+            }
+            Err(_) => return (0, 0),
+        };
+        let (mut done, mut left) = (0, 0);
+        for lease in orphans {
+            match self.revoke_lease(&lease.lease_id).await {
+                Ok(()) => {
+                    done += 1;
+                    let _ = audit.append(
+                        &lease.request_id,
+                        "credential.revoked",
+                        json!({"lease_id": lease.lease_id, "recovered": true,
+                               "reason": "left open by a gateway that stopped before revoking it",
+                               "issued_at": lease.issued_at, "owner_pid": lease.owner_pid}),
+                    );
+                }
+                Err(e) => {
+                    left += 1;
+                    let _ = audit.append(
+                        &lease.request_id,
+                        "credential.revoke_failed",
+                        json!({"lease_id": lease.lease_id, "recovered": true, "error": e.to_string(),
+                               "expires_at": lease.expires_at}),
+                    );
+                }
+            }
+        }
+        if done + left > 0 {
+            tracing::warn!(
+                revoked = done,
+                still_open = left,
+                "revoked leases a previous gateway left open"
+            );
+        }
+        (done, left)
+    }
+
+    async fn revoke_lease(&self, lease_id: &str) -> Result<(), BrokerError> {
+        // The path form lets Vault's ACL limit the gateway to its own roles'
+        // leases (sys/leases/revoke/MOUNT/creds/ROLE/*).
+        let result = self
+            .call(
+                rustify::enums::RequestMethod::PUT,
+                &format!("sys/leases/revoke/{lease_id}"),
+                Some(json!({"sync": true})),
+                "revoking the lease",
+            )
+            .await
+            .map(|_| ());
+        if let Ok(ledger) = self.ledger.lock() {
+            let recorded = match &result {
+                Ok(()) => ledger.revoked(lease_id),
+                Err(e) => ledger.revoke_failed(lease_id, &e.to_string()),
+            };
+            if let Err(e) = recorded {
+                tracing::error!("lease ledger: {e}");
+            }
+        }
+        result
+    }
+
+    async fn issue_scope(
+        &self,
+        request_id: &str,
+        scope: &CredentialScope,
+    ) -> Result<IssuedCredential, BrokerError> {
+        let path = format!(
+            "{}/creds/{}",
+            scope.mount.trim_matches('/'),
+            scope.role.trim_matches('/')
+        );
+        let body: serde_json::Map<String, Value> = scope
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        let what = format!("issuing {path}");
+        let raw = self
+            .call(
+                rustify::enums::RequestMethod::POST,
+                &path,
+                Some(Value::Object(body)),
+                &what,
+            )
+            .await?
+            .ok_or_else(|| BrokerError::Refused(format!("{what}: Vault returned nothing")))?;
+        let resp: SecretResponse = serde_json::from_value(raw)
+            .map_err(|e| BrokerError::Refused(format!("{what}: unexpected answer: {e}")))?;
+        let data = resp.data.unwrap_or_default();
+        if resp.lease_id.is_empty() {
+            return Err(BrokerError::Refused(format!(
+                "{what}: Vault returned a secret without a lease; the gateway only uses revocable credentials"
+            )));
+        }
+        let ttl = Duration::from_secs(resp.lease_duration);
+        // Record before anything uses it: a crash from here on is recovered.
+        let recorded = self.ledger.lock().map_err(|_| ()).and_then(|l| {
+            l.issued(
+                &resp.lease_id,
+                request_id,
+                &scope.mount,
+                &scope.role,
+                ttl,
+                self.owner,
+            )
+            .map_err(|e| tracing::error!("lease ledger: {e}"))
+        });
+        let credential = credential_from(&data);
+        if recorded.is_err() || credential.is_err() {
+            let _ = self.revoke_lease(&resp.lease_id).await;
+            return Err(match credential {
+                Err(e) => BrokerError::Refused(format!("{what}: {e}; the lease was revoked")),
+                Ok(_) => BrokerError::Refused(format!(
+                    "{what}: the lease could not be recorded in the ledger; it was revoked"
+                )),
+            });
+        }
+        let (secret, meta) = credential.map_err(BrokerError::Refused)?;
+        Ok(IssuedCredential {
+            lease_id: resp.lease_id,
+            secret,
+            ttl,
+            meta,
+        })
+    }
+}
+
+fn login_error(e: vaultrs::error::ClientError, mount: &str) -> BrokerError {
+    use vaultrs::error::ClientError as E;
+    match e {
+        E::APIError { code, errors } => BrokerError::Refused(format!(
+            "AppRole login at auth/{mount}: Vault answered {code} ({})",
+            errors.join("; ")
+        )),
+        other => BrokerError::Unreachable(format!(
+            "AppRole login at auth/{mount}: {}",
+            error_chain(&other)
+        )),
+    }
+}
+
+/// The file a sandbox gets from a secret's data, by the secrets engine's
+/// answer: a Kubernetes service account token (the file kubectl's
+/// `tokenFile` reads), or AWS keys (a shared credentials file).
+fn credential_from(
+    data: &serde_json::Map<String, Value>,
+) -> Result<(SecretFile, CredentialMeta), String> {
+    let s = |k: &str| data.get(k).and_then(Value::as_str).map(str::to_string);
+    if let Some(token) = data.get("service_account_token").and_then(Value::as_str) {
+        return Ok((
+            SecretFile::new(token.as_bytes().to_vec()),
+            CredentialMeta::KubernetesToken {
+                namespace: s("service_account_namespace").unwrap_or_default(),
+                service_account: s("service_account_name").unwrap_or_default(),
+            },
+        ));
+    }
+    if let (Some(key), Some(secret)) = (
+        data.get("access_key").and_then(Value::as_str),
+        data.get("secret_key").and_then(Value::as_str),
+    ) {
+        let mut file =
+            format!("[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n");
+        if let Some(t) = data.get("security_token").and_then(Value::as_str) {
+            file.push_str(&format!("aws_session_token = {t}\n"));
+        }
+        let file = Zeroizing::new(file);
+        return Ok((
+            SecretFile::new(file.as_bytes().to_vec()),
+            CredentialMeta::AwsKeys {
+                access_key_id: key.to_string(),
+            },
+        ));
+    }
+    let keys: BTreeMap<_, _> = data.keys().map(|k| (k.as_str(), ())).collect();
+    Err(format!(
+        "the secrets engine answered with fields the gateway does not know how to hand to a sandbox ({:?})",
+        keys.keys().collect::<Vec<_>>()
+    ))
+}
+
+impl Broker for VaultBroker {
+    fn issue<'a>(
+        &'a self,
+        request_id: &'a str,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+        Box::pin(self.issue_scope(request_id, scope))
+    }
+
+    fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(self.revoke_lease(lease_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_print_redacted() {
+        let s = Secret::new("hvs.very-secret");
+        assert_eq!(format!("{s} {s:?}"), "<redacted> <redacted>");
+        let auth = VaultAuth::AppRole {
+            mount: "approle".into(),
+            role_id: "rid".into(),
+            secret_id: Secret::new("sid-secret"),
+        };
+        assert!(!format!("{auth:?}").contains("sid-secret"));
+        let t = VaultAuth::Token(Secret::new("hvs.very-secret"));
+        assert!(!format!("{t:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn kubernetes_and_aws_answers_become_files() {
+        let k8s = serde_json::json!({"service_account_token": "aaa.bbb.ccc", "service_account_name": "sa", "service_account_namespace": "demo-app"});
+        let (file, meta) = credential_from(k8s.as_object().expect("obj")).expect("k8s");
+        assert_eq!(file.expose(), b"aaa.bbb.ccc");
+        assert_eq!(
+            meta,
+            CredentialMeta::KubernetesToken {
+                namespace: "demo-app".into(),
+                service_account: "sa".into()
+            }
+        );
+        let aws = serde_json::json!({"access_key": "AKIA1", "secret_key": "s3cr3t", "security_token": "tok"});
+        let (file, meta) = credential_from(aws.as_object().expect("obj")).expect("aws");
+        let text = String::from_utf8(file.expose().to_vec()).expect("utf8");
+        assert!(text.contains("aws_secret_access_key = s3cr3t"));
+        assert!(text.contains("aws_session_token = tok"));
+        assert!(matches!(meta, CredentialMeta::AwsKeys { .. }));
+        let odd = serde_json::json!({"password": "x"});
+        assert!(credential_from(odd.as_object().expect("obj")).is_err());
+    }
+
+    #[test]
+    fn config_resolution_fails_closed_on_missing_auth() {
+        let no_env = |_: &str| None;
+        assert!(
+            VaultConfig::default()
+                .resolve_with(no_env)
+                .expect("ok")
+                .is_none()
+        );
+        // Token auth with no token anywhere is an error, not "no Vault".
+        let addr_only = |k: &str| (k == "VAULT_ADDR").then(|| "http://127.0.0.1:1".to_string());
+        assert!(
+            VaultConfig::default()
+                .resolve_with(addr_only)
+                .expect_err("no token")
+                .to_string()
+                .contains("no token")
+        );
+        let with_token = |k: &str| match k {
+            "VAULT_ADDR" => Some("http://127.0.0.1:1".to_string()),
+            "VAULT_TOKEN" => Some("hvs.x".to_string()),
+            _ => None,
+        };
+        let s = VaultConfig::default()
+            .resolve_with(with_token)
+            .expect("ok")
+            .expect("configured");
+        assert_eq!(s.address, "http://127.0.0.1:1");
+        assert!(matches!(s.auth, VaultAuth::Token(_)));
+        let dir = tempfile::tempdir().expect("tmp");
+        let cfg = VaultConfig {
+            address: Some("http://127.0.0.1:1".into()),
+            auth: Some("approle".into()),
+            ..VaultConfig::default()
+        };
+        assert!(
+            cfg.resolve_with(no_env)
+                .expect_err("no role id")
+                .to_string()
+                .contains("role_id")
+        );
+        let empty = dir.path().join("sid");
+        std::fs::write(&empty, "\n").expect("write");
+        let cfg = VaultConfig {
+            address: Some("http://127.0.0.1:1".into()),
+            auth: Some("approle".into()),
+            approle: AppRoleConfig {
+                mount: None,
+                role_id: Some("r".into()),
+                secret_id_file: Some(empty),
+            },
+            ..VaultConfig::default()
+        };
+        assert!(
+            cfg.resolve_with(no_env)
+                .expect_err("empty")
+                .to_string()
+                .contains("empty")
+        );
+        let cfg = VaultConfig {
+            address: Some("http://127.0.0.1:1".into()),
+            auth: Some("kerberos".into()),
+            ..VaultConfig::default()
+        };
+        assert!(cfg.resolve_with(no_env).is_err());
+    }
+}

@@ -1,0 +1,207 @@
+//! `gateway vault setup|status|recover`: configure Vault/OpenBao for the
+//! policies, check the gateway's own access, and revoke leases a crashed
+//! gateway left open.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::Cli;
+use crate::audit::AuditLog;
+use crate::broker::setup::{SetupOptions, VaultRoles};
+use crate::broker::vault::{VaultAuth, VaultBroker, VaultSettings};
+use crate::pipeline::KubernetesAccess;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum VaultCommand {
+    /// Configure Vault/OpenBao for the policies (admin token from VAULT_TOKEN).
+    Setup(SetupArgs),
+    /// Check the gateway's own Vault access and list leases not yet revoked.
+    Status,
+    /// Revoke every lease a stopped gateway left open (also done at `serve` start).
+    Recover,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SetupArgs {
+    /// The Kubernetes API server URL as Vault reaches it.
+    #[arg(long)]
+    kubernetes_host: String,
+    /// PEM file of the API server's CA.
+    #[arg(long)]
+    kubernetes_ca_file: PathBuf,
+    /// File holding the JWT Vault authenticates to the API server with
+    /// (omit when Vault runs in the cluster with its own service account).
+    #[arg(long)]
+    service_account_jwt_file: Option<PathBuf>,
+    /// Name of the gateway's Vault policy and AppRole role.
+    #[arg(long, default_value = "gateway")]
+    name: String,
+    /// Set up AppRole auth for the gateway and print its role id.
+    #[arg(long)]
+    approle: bool,
+    /// With --approle: write a fresh secret id to this file (mode 0600).
+    #[arg(long, requires = "approle")]
+    secret_id_file: Option<PathBuf>,
+}
+
+/// The Vault settings from the config file and environment, if any.
+fn settings(cli: &Cli) -> anyhow::Result<Option<VaultSettings>> {
+    Ok(cli.file.vault.resolve()?)
+}
+
+/// The broker `serve` uses, or `None` when no Vault is configured.
+pub fn broker(cli: &Cli, home: &std::path::Path) -> anyhow::Result<Option<Arc<VaultBroker>>> {
+    match settings(cli)? {
+        Some(s) => {
+            let address = s.address.clone();
+            let b = VaultBroker::new(s, home)
+                .with_context(|| format!("setting up the Vault broker for {address}"))?;
+            Ok(Some(Arc::new(b)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// `[kubernetes]` of the config, with its CA read.
+pub fn kubernetes_access(cli: &Cli) -> anyhow::Result<Option<KubernetesAccess>> {
+    let Some(k) = &cli.file.kubernetes else {
+        return Ok(None);
+    };
+    let ca_pem = std::fs::read(&k.ca_file)
+        .with_context(|| format!("kubernetes.ca_file {}", k.ca_file.display()))?;
+    Ok(Some(KubernetesAccess {
+        endpoint: k.endpoint.clone(),
+        ca_pem,
+        tls_server_name: k.tls_server_name.clone(),
+    }))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+pub fn run(cli: &Cli, cmd: &VaultCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        VaultCommand::Setup(a) => setup(cli, a),
+        VaultCommand::Status => status(cli),
+        VaultCommand::Recover => recover(cli),
+    }
+}
+
+fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
+    let admin = settings(cli)?.context(
+        "no Vault configured: set VAULT_ADDR and VAULT_TOKEN (an admin token) or [vault] in gateway.toml",
+    )?;
+    if !matches!(admin.auth, VaultAuth::Token(_)) {
+        anyhow::bail!("vault setup needs an admin token (VAULT_TOKEN), not AppRole");
+    }
+    let set = crate::policy::PolicySet::load(
+        std::slice::from_ref(&cli.policies),
+        &crate::policy::set::LoadOptions::default(),
+    )
+    .with_context(|| format!("loading the policies in {}", cli.policies.display()))?;
+    let roles = set
+        .data("data.config.vault_roles")?
+        .context("the policies define no config/vault_roles.yaml: no roles to set up")?;
+    let roles: VaultRoles = serde_json::from_value(roles)
+        .context("config/vault_roles.yaml does not match the expected shape")?;
+    let ca = std::fs::read_to_string(&a.kubernetes_ca_file)
+        .with_context(|| format!("reading {}", a.kubernetes_ca_file.display()))?;
+    let jwt = match &a.service_account_jwt_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let aws = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        (Some(k), Some(s)) => Some((
+            k,
+            s,
+            env("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
+        )),
+        _ => None,
+    };
+    let opts = SetupOptions {
+        kubernetes_host: a.kubernetes_host.clone(),
+        kubernetes_ca_pem: ca,
+        service_account_jwt: jwt,
+        gateway_name: a.name.clone(),
+        approle: a.approle,
+        secret_id_file: a.secret_id_file.clone(),
+        aws,
+    };
+    let report = runtime()?
+        .block_on(crate::broker::setup::setup(&admin, &roles, &opts))
+        .with_context(|| format!("setting up Vault at {}", admin.address))?;
+    for line in report {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let home = cli.home();
+    let Some(broker) = broker(cli, &home)? else {
+        println!("no Vault configured: calls that need a credential are refused");
+        return Ok(ExitCode::from(1));
+    };
+    let checked = runtime()?.block_on(broker.check());
+    let ledger = crate::broker::leases::LeaseLedger::in_home(&home)?;
+    let open = ledger.open_leases()?;
+    let code = match checked {
+        Ok((ttl, renewable)) => {
+            println!(
+                "Vault {}: reachable; the gateway's token is valid (ttl {}s, {})",
+                broker.address(),
+                ttl.as_secs(),
+                if renewable {
+                    "renewable"
+                } else {
+                    "not renewable"
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("Vault {}: NOT usable: {e}", broker.address());
+            ExitCode::from(1)
+        }
+    };
+    println!("{} lease(s) not yet revoked", open.len());
+    for l in open {
+        println!(
+            "  {}  request {}  issued {}  expires {}{}",
+            l.lease_id,
+            l.request_id,
+            l.issued_at,
+            l.expires_at,
+            l.last_error
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(code)
+}
+
+fn recover(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let home = cli.home();
+    let broker = broker(cli, &home)?.context("no Vault configured")?;
+    let audit = AuditLog::in_home(&home)?;
+    let (done, left) = runtime()?.block_on(broker.recover_orphans(&audit));
+    println!("revoked {done} lease(s) left open; {left} could not be revoked");
+    Ok(if left == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

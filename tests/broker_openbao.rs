@@ -1,0 +1,614 @@
+//! The credential broker against a REAL OpenBao dev server (`bao server
+//! -dev`), whose Kubernetes secrets engine talks to a FAKE Kubernetes API
+//! server (tests/support/fake_kube.rs — no real API server can run here; the
+//! fake follows the API for what client-go and kubectl send, protobuf
+//! bodies included). Vault is configured by the real `gateway vault setup`,
+//! and the gateway runs with a token carrying only the policy that setup
+//! wrote. The end-to-end test runs real kubectl in a real gVisor sandbox.
+
+mod common;
+#[path = "support/fake_kube.rs"]
+mod fake_kube;
+#[path = "support/openbao.rs"]
+mod openbao;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use fake_kube::FakeKube;
+use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
+use gateway::broker::{Broker, CredentialMeta};
+use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{CredentialScope, PolicyStore, Principal};
+use gateway::sandbox::local::{LocalConfig, LocalSandbox};
+use gateway::tools::ToolPaths;
+use openbao::OpenBao;
+use serde_json::{Value, json};
+
+struct World {
+    kube: FakeKube,
+    bao: OpenBao,
+    /// A token with only the `gateway` policy `vault setup` wrote.
+    gateway_token: String,
+    dir: tempfile::TempDir,
+    home: PathBuf,
+    ca_file: PathBuf,
+    setup_output: String,
+}
+
+fn tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// OpenBao + the fake API server, set up by `gateway vault setup`.
+async fn world() -> World {
+    tls();
+    let kube = FakeKube::start().await;
+    let bao = tokio::task::spawn_blocking(OpenBao::start)
+        .await
+        .expect("bao");
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca_file = dir.path().join("kube-ca.pem");
+    std::fs::write(&ca_file, &kube.ca_pem).expect("ca");
+    let jwt_file = dir.path().join("openbao-sa.jwt");
+    std::fs::write(&jwt_file, &kube.admin_jwt).expect("jwt");
+    let home = dir.path().join("home");
+    let out = common::gateway(&home)
+        .args(["vault", "setup", "--kubernetes-host", &kube.url()])
+        .arg("--kubernetes-ca-file")
+        .arg(&ca_file)
+        .arg("--service-account-jwt-file")
+        .arg(&jwt_file)
+        .args(["--approle", "--secret-id-file"])
+        .arg(dir.path().join("secret-id"))
+        .env("VAULT_ADDR", &bao.addr)
+        .env("VAULT_TOKEN", &bao.root_token)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .output()
+        .expect("vault setup");
+    assert!(
+        out.status.success(),
+        "vault setup failed: {}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    let gateway_token = bao.token_with_policy("gateway");
+    World {
+        kube,
+        bao,
+        gateway_token,
+        home,
+        ca_file,
+        setup_output: common::stdout(&out),
+        dir,
+    }
+}
+
+fn settings(addr: &str, token: &str) -> VaultSettings {
+    VaultSettings {
+        address: addr.to_string(),
+        namespace: None,
+        ca_cert: None,
+        auth: VaultAuth::Token(Secret::new(token)),
+        timeout: std::time::Duration::from_secs(5),
+    }
+}
+
+fn pod_reader() -> CredentialScope {
+    // Exactly what the default policy derives for k8s_get_pod_status/demo-app.
+    let store = PolicyStore::open(
+        vec![common::repo().join("policies")],
+        LoadOptions::default(),
+    );
+    let input = gateway::policy::DecisionInput::new(
+        "k8s_get_pod_status",
+        json!({"namespace": "demo-app"}),
+        principal(),
+    );
+    store
+        .decide(&input)
+        .decision
+        .credential
+        .expect("the policy derives a credential")
+}
+
+fn principal() -> Principal {
+    Principal {
+        client: "test".into(),
+        os_user: "alice".into(),
+    }
+}
+
+fn kubeconfig(w: &World, token_file: &Path) -> PathBuf {
+    let k = gateway::broker::kubeconfig::kubeconfig(
+        &format!("https://127.0.0.1:{}", w.kube.port),
+        w.kube.ca_pem.as_bytes(),
+        "kubernetes",
+        &token_file.display().to_string(),
+        "demo-app",
+    );
+    let p = w.dir.path().join("kubeconfig");
+    std::fs::write(&p, k).expect("kubeconfig");
+    p
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    let bin = ToolPaths::discover(&common::repo())
+        .kubectl
+        .expect("kubectl is installed (scripts/install-tools.sh kubectl)");
+    Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+        .output()
+        .expect("kubectl")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_objects() {
+    let w = world().await;
+    assert!(
+        w.setup_output
+            .contains("kubernetes/roles/gateway-pod-reader-demo-app")
+    );
+    assert!(
+        w.setup_output.contains("secrets engine aws/: skipped"),
+        "{}",
+        w.setup_output
+    );
+    let broker =
+        VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("broker");
+    let scope = pod_reader();
+    let cred = broker.issue("req-1", &scope).await.expect("issued");
+    assert!(
+        cred.lease_id
+            .starts_with("kubernetes/creds/gateway-pod-reader-demo-app/")
+    );
+    assert_eq!(format!("{:?}", cred.secret), "<redacted>");
+    let CredentialMeta::KubernetesToken {
+        namespace,
+        service_account,
+    } = &cred.meta
+    else {
+        panic!("a kubernetes token: {:?}", cred.meta);
+    };
+    assert_eq!(namespace, "demo-app");
+
+    let (sa, role, binding, token) = w.kube.with(|s| {
+        // client-go sent protobuf, and the fake decoded it.
+        assert!(
+            s.seen.iter().any(|r| r.method == "POST"
+                && r.content_type
+                    .starts_with("application/vnd.kubernetes.protobuf")),
+            "{:?}",
+            s.seen
+        );
+        let one = |r: &str| {
+            let live = s.live(r);
+            assert_eq!(live.len(), 1, "{r}: {live:?}");
+            live[0].clone()
+        };
+        let token = s.tokens.keys().next().cloned().expect("a token was minted");
+        (
+            one("serviceaccounts"),
+            one("roles"),
+            one("rolebindings"),
+            token,
+        )
+    });
+    assert_eq!(sa["metadata"]["namespace"], "demo-app");
+    assert_eq!(sa["metadata"]["name"], json!(service_account));
+    assert_eq!(role["metadata"]["namespace"], "demo-app");
+    assert_eq!(
+        role["rules"],
+        json!([{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["pods"], "resourceNames": []}]),
+        "exactly the rules of config/vault_roles.yaml"
+    );
+    assert_eq!(binding["metadata"]["namespace"], "demo-app");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["name"], json!(service_account));
+    assert_eq!(
+        role["metadata"]["labels"]["app.kubernetes.io/part-of"],
+        "gateway"
+    );
+    // The credential is the fake's JWT: three parts, with exp.
+    assert_eq!(token.split('.').count(), 3);
+    let mut secret_bytes = Vec::new();
+    {
+        // The only way to see the bytes from outside is the file the sandbox gets.
+        let dbg = format!("{cred:?}");
+        assert!(!dbg.contains(&token), "Debug never shows the token");
+        secret_bytes.extend_from_slice(token.as_bytes());
+    }
+
+    // The token does what the role says, and nothing more (real kubectl).
+    let token_file = w.dir.path().join("token");
+    std::fs::write(&token_file, &secret_bytes).expect("token file");
+    let kc = kubeconfig(&w, &token_file);
+    w.kube.set_pods(
+        "demo-app",
+        vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
+    );
+    let ok = kubectl(&kc, &["get", "pods", "-n", "demo-app", "-o", "name"]);
+    assert!(ok.status.success(), "{}", common::stderr(&ok));
+    assert_eq!(common::stdout(&ok).trim(), "pod/web-0");
+    let other_ns = kubectl(&kc, &["get", "pods", "-n", "kube-system"]);
+    assert!(!other_ns.status.success());
+    assert!(
+        common::stderr(&other_ns).contains("forbidden"),
+        "{}",
+        common::stderr(&other_ns)
+    );
+    let secrets = kubectl(&kc, &["get", "secrets", "-n", "demo-app"]);
+    assert!(
+        common::stderr(&secrets).contains("forbidden"),
+        "{}",
+        common::stderr(&secrets)
+    );
+
+    broker.revoke(&cred.lease_id).await.expect("revoked");
+    w.kube.with(|s| {
+        assert!(s.live("serviceaccounts").is_empty(), "deleted on revoke");
+        assert!(s.live("roles").is_empty());
+        assert!(s.live("rolebindings").is_empty());
+    });
+    let after = kubectl(&kc, &["get", "pods", "-n", "demo-app"]);
+    assert!(!after.status.success(), "a revoked token stops working");
+    assert!(
+        common::stderr(&after).contains("Unauthorized"),
+        "{}",
+        common::stderr(&after)
+    );
+    let lookup = w.bao.bao(&["lease", "lookup", &cred.lease_id]);
+    assert!(!lookup.status.success(), "Vault no longer knows the lease");
+    let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+    assert_eq!(ledger.is_revoked(&cred.lease_id).expect("q"), Some(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vault_refusals_are_clear_and_issue_nothing() {
+    let w = world().await;
+    let scope = pod_reader();
+    // A wrong token.
+    let wrong = VaultBroker::new(settings(&w.bao.addr, "s.not-a-real-token"), &w.home).expect("b");
+    let e = wrong.issue("r", &scope).await.expect_err("wrong token");
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    assert!(
+        !e.to_string().contains("not-a-real-token"),
+        "errors never carry the token: {e}"
+    );
+    // A role the gateway's policy does not grant (least privilege).
+    let broker = VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b");
+    let mut other = scope.clone();
+    other.role = "gateway-pod-reader-kube-system".into();
+    let e = broker.issue("r", &other).await.expect_err("not granted");
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    // A role that does not exist in Vault (with a token that may ask).
+    let root = VaultBroker::new(settings(&w.bao.addr, &w.bao.root_token), &w.home).expect("b");
+    let e = root.issue("r", &other).await.expect_err("no such role");
+    assert!(
+        e.to_string().contains("gateway-pod-reader-kube-system"),
+        "{e}"
+    );
+    // A namespace the role does not allow is refused by Vault too.
+    let mut wrong_ns = scope.clone();
+    wrong_ns
+        .params
+        .insert("kubernetes_namespace".into(), "kube-system".into());
+    let e = broker.issue("r", &wrong_ns).await.expect_err("namespace");
+    assert!(e.to_string().contains("kube-system"), "{e}");
+    // The gateway's token cannot read anything else.
+    let out = Command::new(openbao::bao_binary())
+        .args(["read", "sys/mounts"])
+        .env("VAULT_ADDR", &w.bao.addr)
+        .env("VAULT_TOKEN", &w.gateway_token)
+        .output()
+        .expect("bao");
+    assert!(!out.status.success(), "least privilege");
+    // Nothing was created in the cluster by any of these.
+    w.kube
+        .with(|s| assert!(s.created.is_empty(), "{:?}", s.created));
+    // Sealed.
+    w.bao.ok(&["operator", "seal"]);
+    let e = broker.issue("r", &scope).await.expect_err("sealed");
+    assert!(e.to_string().contains("sealed"), "{e}");
+    // Down.
+    let mut w = w;
+    w.bao.stop();
+    let e = broker.issue("r", &scope).await.expect_err("down");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+    w.kube.with(|s| assert!(s.created.is_empty()));
+    let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+    assert!(
+        ledger.open_leases().expect("q").is_empty(),
+        "no lease was issued"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approle_login_works_and_the_token_is_renewed() {
+    let w = world().await;
+    let role_id = w
+        .setup_output
+        .lines()
+        .find_map(|l| l.strip_prefix("approle gateway: role_id "))
+        .expect("role id printed")
+        .to_string();
+    let secret_id = std::fs::read_to_string(w.dir.path().join("secret-id")).expect("secret id");
+    let mode = std::fs::metadata(w.dir.path().join("secret-id")).expect("meta");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600
+    );
+    let s = VaultSettings {
+        auth: VaultAuth::AppRole {
+            mount: "approle".into(),
+            role_id,
+            secret_id: Secret::new(secret_id.trim()),
+        },
+        ..settings(&w.bao.addr, "")
+    };
+    let broker = VaultBroker::new(s, &w.home).expect("broker");
+    let (ttl, renewable) = broker.check().await.expect("logged in");
+    assert!(renewable && ttl.as_secs() > 3000, "{ttl:?}");
+    let renewed = broker.renew_once().await.expect("renewed");
+    assert!(renewed.as_secs() > 3000);
+    let cred = broker.issue("req-a", &pod_reader()).await.expect("issued");
+    broker.revoke(&cred.lease_id).await.expect("revoked");
+    // A wrong secret id is a clear refusal.
+    let bad = VaultSettings {
+        auth: VaultAuth::AppRole {
+            mount: "approle".into(),
+            role_id: "nope".into(),
+            secret_id: Secret::new("nope"),
+        },
+        ..settings(&w.bao.addr, "")
+    };
+    let e = VaultBroker::new(bad, &w.home)
+        .expect("b")
+        .issue("r", &pod_reader())
+        .await
+        .expect_err("bad login");
+    assert!(e.to_string().contains("AppRole login"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_open_by_a_dead_gateway_is_revoked_at_the_next_start() {
+    let w = world().await;
+    // A gateway process issues a credential and is killed before it revokes
+    // it: a real `gateway` child process would do; here the issuing process
+    // is a short-lived `sh` whose pid we record as the owner, then it exits.
+    let broker = VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b");
+    let cred = broker
+        .issue("req-crashed", &pod_reader())
+        .await
+        .expect("issued");
+    drop(broker);
+    let mut child = Command::new("sleep").arg("0").spawn().expect("child");
+    let dead = gateway::broker::leases::Owner {
+        pid: child.id(),
+        start: 1,
+    };
+    child.wait().expect("wait");
+    {
+        let conn = rusqlite_update_owner(&w.home, &cred.lease_id, dead);
+        assert_eq!(conn, 1);
+    }
+    assert_eq!(
+        w.kube.with(|s| s.live("serviceaccounts").len()),
+        1,
+        "the credential is live"
+    );
+    // The next start (a new broker on the same home) revokes it.
+    let audit = gateway::audit::AuditLog::in_home(&w.home).expect("audit");
+    let next = VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b");
+    assert_eq!(next.recover_orphans(&audit).await, (1, 0));
+    assert!(
+        w.kube.with(|s| s.live("serviceaccounts").is_empty()),
+        "revoked in the cluster too"
+    );
+    let lookup = w.bao.bao(&["lease", "lookup", &cred.lease_id]);
+    assert!(!lookup.status.success());
+    let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    let ev: Value = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "credential.revoked")
+        .expect("audited");
+    assert_eq!(ev["request_id"], "req-crashed");
+    assert_eq!(ev["data"]["recovered"], true);
+    // And a live owner's lease is left alone.
+    let mine = next.issue("req-live", &pod_reader()).await.expect("issued");
+    assert_eq!(next.recover_orphans(&audit).await, (0, 0));
+    next.revoke(&mine.lease_id).await.expect("revoke");
+}
+
+/// Point a ledger row at another owner (what a crashed process leaves).
+fn rusqlite_update_owner(home: &Path, lease: &str, owner: gateway::broker::leases::Owner) -> usize {
+    let conn = rusqlite::Connection::open(home.join("leases.db")).expect("ledger");
+    conn.execute(
+        "UPDATE leases SET owner_pid = ?1, owner_start = ?2 WHERE lease_id = ?3",
+        rusqlite::params![owner.pid, owner.start as i64, lease],
+    )
+    .expect("update")
+}
+
+fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Pipeline {
+    let store = Arc::new(PolicyStore::open(
+        vec![common::repo().join("policies")],
+        LoadOptions::default(),
+    ));
+    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));
+    let mut tools = ToolPaths::discover(&common::repo());
+    tools.runner = env!("CARGO_BIN_EXE_gateway").into();
+    let mut p =
+        Pipeline::new(store, w.home.clone(), common::repo(), sandbox, tools).expect("pipeline");
+    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), w.kube.port)]);
+    p.kubernetes = Some(KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: std::fs::read(&w.ca_file).expect("ca"),
+        tls_server_name: "kubernetes".into(),
+    });
+    p.broker = Some(broker);
+    p
+}
+
+fn call(ns: &str) -> ToolCall {
+    ToolCall {
+        tool: "k8s_get_pod_status".into(),
+        params: json!({"namespace": ns}),
+        principal: principal(),
+    }
+}
+
+fn trail(home: &Path, rid: &str) -> Vec<String> {
+    std::fs::read_to_string(home.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["request_id"] == rid)
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Every byte the gateway wrote under its home, as text.
+fn everything_written(home: &Path) -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(home).expect("home").flatten() {
+        if entry.path().is_file() {
+            all.push_str(&String::from_utf8_lossy(
+                &std::fs::read(entry.path()).unwrap_or_default(),
+            ));
+        }
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k8s_get_pod_status_runs_real_kubectl_in_gvisor_with_a_minted_token() {
+    let w = world().await;
+    w.kube.set_pods(
+        "demo-app",
+        vec![
+            fake_kube::pod("web-7d9f-abcde", "demo-app", "Running", true, 0),
+            fake_kube::pod("web-7d9f-fghij", "demo-app", "Pending", false, 3),
+        ],
+    );
+    w.kube.set_pods(
+        "kube-system",
+        vec![fake_kube::pod("etcd-0", "kube-system", "Running", true, 0)],
+    );
+    let broker =
+        Arc::new(VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b"));
+    let p = pipeline(&w, broker);
+    let r = p.call(call("demo-app")).await.expect("call");
+    let Outcome::Completed {
+        ok,
+        summary,
+        result,
+    } = &r.outcome
+    else {
+        panic!("completed: {r:?}");
+    };
+    assert!(ok, "{summary} {result}");
+    let names: Vec<&str> = result["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["web-7d9f-abcde", "web-7d9f-fghij"]);
+    assert_eq!(result["pods"][1]["restarts"], 3);
+    assert_eq!(result["pods"][1]["ready"], "0/1");
+    assert!(
+        summary.contains("2 pod(s) in namespace demo-app"),
+        "{summary}"
+    );
+    // kubectl in the sandbox asked with the minted token, over TLS.
+    let (pod_lists, tokens) = w.kube.with(|s| {
+        let lists: Vec<_> = s
+            .seen
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/api/v1/namespaces/demo-app/pods")
+            .cloned()
+            .collect();
+        (lists, s.tokens.keys().cloned().collect::<Vec<_>>())
+    });
+    assert_eq!(pod_lists.len(), 1, "{pod_lists:?}");
+    assert!(
+        pod_lists[0]
+            .user
+            .starts_with("system:serviceaccount:demo-app:"),
+        "{:?}",
+        pod_lists[0]
+    );
+    assert_eq!(pod_lists[0].status, 200);
+    assert_eq!(tokens.len(), 1);
+    // Revoked after the sandbox: the service account is gone.
+    assert!(w.kube.with(|s| s.live("serviceaccounts").is_empty()));
+    let t = trail(&w.home, &r.request_id);
+    let pos = |e: &str| {
+        t.iter()
+            .position(|x| x == e)
+            .unwrap_or_else(|| panic!("{e} in {t:?}"))
+    };
+    assert!(pos("credential.issued") < pos("sandbox.started"));
+    assert!(pos("sandbox.completed") < pos("credential.revoked"));
+    assert!(pos("credential.revoked") < pos("tool.result"));
+    // The token is nowhere: not in the result, not in anything under home.
+    let result_json = serde_json::to_string(&r).expect("json");
+    let written = everything_written(&w.home);
+    for token in &tokens {
+        assert!(!result_json.contains(token.as_str()));
+        assert!(
+            !written.contains(token.as_str()),
+            "the token is not in the audit, ledger or plans"
+        );
+        // Nor any of its three parts.
+        for part in token.split('.').skip(1) {
+            assert!(!written.contains(part));
+        }
+    }
+
+    // A namespace outside the allowlist is denied by policy: nothing is
+    // asked of Vault or of the cluster.
+    let before = w.kube.with(|s| s.seen.len());
+    let r = p.call(call("kube-system")).await.expect("call");
+    assert!(matches!(r.outcome, Outcome::Denied { .. }), "{r:?}");
+    assert_eq!(
+        w.kube.with(|s| s.seen.len()),
+        before,
+        "the fake saw nothing"
+    );
+    let t = trail(&w.home, &r.request_id);
+    assert!(
+        !t.iter()
+            .any(|e| e.starts_with("credential.") || e.starts_with("sandbox.")),
+        "{t:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_vault_down_the_call_is_refused_and_nothing_runs() {
+    let mut w = world().await;
+    let broker =
+        Arc::new(VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b"));
+    w.bao.stop();
+    let p = pipeline(&w, broker);
+    let r = p.call(call("demo-app")).await.expect("call");
+    let Outcome::Refused { reason } = &r.outcome else {
+        panic!("refused: {r:?}");
+    };
+    assert!(
+        reason.contains("unreachable") && reason.contains("nothing was run"),
+        "{reason}"
+    );
+    let t = trail(&w.home, &r.request_id);
+    assert!(t.contains(&"credential.refused".to_string()), "{t:?}");
+    assert!(!t.iter().any(|e| e.starts_with("sandbox.")), "{t:?}");
+    assert!(w.kube.with(|s| s.seen.is_empty()));
+}

@@ -1,0 +1,855 @@
+//! A FAKE Kubernetes API server for the tests — not a real one. No real API
+//! server can run on these machines, so this one follows the documented API
+//! for exactly what the gateway's tests exercise:
+//!
+//! - what OpenBao's Kubernetes secrets engine (client-go) sends when it
+//!   mints and revokes a credential: ServiceAccounts, Roles, RoleBindings and
+//!   TokenRequests (`serviceaccounts/NAME/token`), with **protobuf** request
+//!   bodies (`application/vnd.kubernetes.protobuf`, the `k8s\0` envelope)
+//!   or JSON; answers are JSON (client-go accepts it);
+//! - what `kubectl get pods -o json` sends: discovery (`/api`, `/apis`,
+//!   `/api/v1`) and `GET .../pods`;
+//! - TLS with its own CA (the kubeconfig the gateway writes carries it),
+//!   bearer-token authentication and RBAC: a minted token is a real
+//!   three-part JWT with `exp`, valid only while its ServiceAccount exists
+//!   and unexpired, and authorized only by the rules of the Roles bound to
+//!   that ServiceAccount in that namespace (401/403 `Status` bodies as the
+//!   real server sends them).
+//!
+//! Everything it was asked is recorded so tests can assert on it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{Value, json};
+
+/// One request the fake received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub content_type: String,
+    /// Who asked: "admin" (the secrets engine's own JWT), a ServiceAccount
+    /// `system:serviceaccount:NS:NAME`, or "anonymous"/"invalid".
+    pub user: String,
+    pub status: u16,
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    /// Objects by (resource, namespace, name), as JSON.
+    pub objects: BTreeMap<(String, String, String), Value>,
+    /// Minted tokens -> (namespace, service account, uid of the SA, exp).
+    pub tokens: BTreeMap<String, (String, String, String, u64)>,
+    /// Pods served per namespace.
+    pub pods: BTreeMap<String, Vec<Value>>,
+    pub seen: Vec<Seen>,
+    /// Every created object, in order (kept after deletion).
+    pub created: Vec<(String, Value)>,
+    /// Every deleted object key, in order.
+    pub deleted: Vec<(String, String, String)>,
+    /// Hold `GET pods` this long before answering.
+    pub pods_delay: Duration,
+    next_rv: u64,
+}
+
+pub struct FakeKube {
+    pub port: u16,
+    /// PEM of the CA that signed the server's certificate.
+    pub ca_pem: String,
+    /// The JWT the secrets engine authenticates with (full access).
+    pub admin_jwt: String,
+    pub state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Body = Full<Bytes>;
+
+/// The k8s protobuf messages the secrets engine sends, with the field
+/// numbers of k8s.io/api's generated.proto (only the fields read here).
+mod pb {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Unknown {
+        #[prost(message, optional, tag = "1")]
+        pub type_meta: Option<TypeMeta>,
+        #[prost(bytes = "vec", optional, tag = "2")]
+        pub raw: Option<Vec<u8>>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TypeMeta {
+        #[prost(string, optional, tag = "1")]
+        pub api_version: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub kind: Option<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ObjectMeta {
+        #[prost(string, optional, tag = "1")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub generate_name: Option<String>,
+        #[prost(string, optional, tag = "3")]
+        pub namespace: Option<String>,
+        #[prost(btree_map = "string, string", tag = "11")]
+        pub labels: std::collections::BTreeMap<String, String>,
+        #[prost(btree_map = "string, string", tag = "12")]
+        pub annotations: std::collections::BTreeMap<String, String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WithMeta {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PolicyRule {
+        #[prost(string, repeated, tag = "1")]
+        pub verbs: Vec<String>,
+        #[prost(string, repeated, tag = "2")]
+        pub api_groups: Vec<String>,
+        #[prost(string, repeated, tag = "3")]
+        pub resources: Vec<String>,
+        #[prost(string, repeated, tag = "4")]
+        pub resource_names: Vec<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Role {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, repeated, tag = "2")]
+        pub rules: Vec<PolicyRule>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Subject {
+        #[prost(string, optional, tag = "1")]
+        pub kind: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub api_group: Option<String>,
+        #[prost(string, optional, tag = "3")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "4")]
+        pub namespace: Option<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RoleRef {
+        #[prost(string, optional, tag = "1")]
+        pub api_group: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub kind: Option<String>,
+        #[prost(string, optional, tag = "3")]
+        pub name: Option<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RoleBinding {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, repeated, tag = "2")]
+        pub subjects: Vec<Subject>,
+        #[prost(message, optional, tag = "3")]
+        pub role_ref: Option<RoleRef>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TokenRequestSpec {
+        #[prost(string, repeated, tag = "1")]
+        pub audiences: Vec<String>,
+        #[prost(int64, optional, tag = "4")]
+        pub expiration_seconds: Option<i64>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TokenRequest {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<TokenRequestSpec>,
+    }
+}
+
+fn meta_json(m: &Option<pb::ObjectMeta>) -> Value {
+    let m = m.clone().unwrap_or_default();
+    let mut o = serde_json::Map::new();
+    if let Some(n) = m.name.filter(|s| !s.is_empty()) {
+        o.insert("name".into(), json!(n));
+    }
+    if let Some(n) = m.generate_name.filter(|s| !s.is_empty()) {
+        o.insert("generateName".into(), json!(n));
+    }
+    if let Some(n) = m.namespace.filter(|s| !s.is_empty()) {
+        o.insert("namespace".into(), json!(n));
+    }
+    if !m.labels.is_empty() {
+        o.insert("labels".into(), json!(m.labels));
+    }
+    if !m.annotations.is_empty() {
+        o.insert("annotations".into(), json!(m.annotations));
+    }
+    Value::Object(o)
+}
+
+fn opt(s: &Option<String>) -> String {
+    s.clone().unwrap_or_default()
+}
+
+/// Decode a request body (protobuf envelope or JSON) of `kind` into JSON.
+fn decode_body(content_type: &str, body: &[u8], kind: &str) -> Result<Value, String> {
+    use prost::Message;
+    if !content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"));
+    }
+    let inner = body
+        .strip_prefix(b"k8s\0")
+        .ok_or("protobuf body without the k8s envelope")?;
+    let unknown = pb::Unknown::decode(inner).map_err(|e| e.to_string())?;
+    let raw = unknown.raw.unwrap_or_default();
+    let tm = unknown.type_meta.unwrap_or_default();
+    if opt(&tm.kind) != kind {
+        return Err(format!("expected a {kind}, got {:?}", tm.kind));
+    }
+    let api_version = opt(&tm.api_version);
+    Ok(match kind {
+        "ServiceAccount" => {
+            let o = pb::WithMeta::decode(&raw[..]).map_err(|e| e.to_string())?;
+            json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata)})
+        }
+        "Role" => {
+            let o = pb::Role::decode(&raw[..]).map_err(|e| e.to_string())?;
+            let rules: Vec<Value> = o
+                .rules
+                .iter()
+                .map(|r| {
+                    json!({"verbs": r.verbs, "apiGroups": r.api_groups, "resources": r.resources,
+                           "resourceNames": r.resource_names})
+                })
+                .collect();
+            json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata), "rules": rules})
+        }
+        "RoleBinding" => {
+            let o = pb::RoleBinding::decode(&raw[..]).map_err(|e| e.to_string())?;
+            let subjects: Vec<Value> = o
+                .subjects
+                .iter()
+                .map(|s| json!({"kind": opt(&s.kind), "apiGroup": opt(&s.api_group), "name": opt(&s.name), "namespace": opt(&s.namespace)}))
+                .collect();
+            let rr = o.role_ref.unwrap_or_default();
+            json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata), "subjects": subjects,
+                   "roleRef": {"apiGroup": opt(&rr.api_group), "kind": opt(&rr.kind), "name": opt(&rr.name)}})
+        }
+        "TokenRequest" => {
+            let o = pb::TokenRequest::decode(&raw[..]).map_err(|e| e.to_string())?;
+            let spec = o.spec.unwrap_or_default();
+            json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata),
+                   "spec": {"audiences": spec.audiences, "expirationSeconds": spec.expiration_seconds}})
+        }
+        other => return Err(format!("no protobuf decoder for {other}")),
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn rfc3339(secs: u64) -> String {
+    chrono::DateTime::from_timestamp(secs as i64, 0)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A three-part JWT shaped like a bound service account token (the fake
+/// does not sign: tokens are checked by lookup, as the real server checks
+/// that the bound object still exists).
+pub fn jwt(sub: &str, exp: u64, extra: Value) -> String {
+    let header = json!({"alg": "RS256", "kid": "fake-kube-apiserver"});
+    let mut jti = [0u8; 16];
+    getrandom::fill(&mut jti).expect("random");
+    let mut claims = json!({"iss": "https://kubernetes.default.svc.cluster.local", "sub": sub,
+        "aud": ["https://kubernetes.default.svc.cluster.local"], "iat": now(), "nbf": now(), "exp": exp,
+        "jti": hex::encode(jti)});
+    if let (Some(c), Some(e)) = (claims.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    let mut sig = [0u8; 64];
+    getrandom::fill(&mut sig).expect("random");
+    format!(
+        "{}.{}.{}",
+        b64(header.to_string().as_bytes()),
+        b64(claims.to_string().as_bytes()),
+        b64(&sig)
+    )
+}
+
+fn status(code: StatusCode, reason: &str, message: String, details: Value) -> Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "details": details, "code": code.as_u16()});
+    respond(code, body)
+}
+
+fn respond(code: StatusCode, body: Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Who a bearer token is.
+enum Who {
+    Admin,
+    Sa { ns: String, name: String },
+    Invalid,
+    Anonymous,
+}
+
+impl State {
+    fn who(&self, auth: Option<&str>, admin_jwt: &str) -> Who {
+        let Some(token) = auth.and_then(|a| a.strip_prefix("Bearer ")) else {
+            return Who::Anonymous;
+        };
+        if token == admin_jwt {
+            return Who::Admin;
+        }
+        match self.tokens.get(token) {
+            Some((ns, name, uid, exp)) if *exp > now() => {
+                // Valid only while the very ServiceAccount it was bound to exists.
+                let key = ("serviceaccounts".to_string(), ns.clone(), name.clone());
+                match self.objects.get(&key) {
+                    Some(sa) if sa["metadata"]["uid"] == json!(uid) => Who::Sa {
+                        ns: ns.clone(),
+                        name: name.clone(),
+                    },
+                    _ => Who::Invalid,
+                }
+            }
+            _ => Who::Invalid,
+        }
+    }
+
+    /// RBAC: may service account `ns/sa` do `verb` on `resource` (API
+    /// group `group`) in `target_ns`? Only Roles bound in `target_ns`.
+    pub fn allowed(
+        &self,
+        ns: &str,
+        sa: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        target_ns: &str,
+    ) -> bool {
+        let bindings = self
+            .objects
+            .iter()
+            .filter(|((r, n, _), _)| r == "rolebindings" && n == target_ns)
+            .map(|(_, v)| v);
+        for b in bindings {
+            let subject_matches =
+                b["subjects"].as_array().into_iter().flatten().any(|s| {
+                    s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns
+                });
+            if !subject_matches || b["roleRef"]["kind"] != "Role" {
+                continue;
+            }
+            let role_name = b["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let Some(role) =
+                self.objects
+                    .get(&("roles".to_string(), target_ns.to_string(), role_name))
+            else {
+                continue;
+            };
+            let any = |list: &Value, want: &str| {
+                list.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v == "*" || v == want)
+            };
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                if any(&rule["verbs"], verb)
+                    && any(&rule["apiGroups"], group)
+                    && any(&rule["resources"], resource)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn create(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        mut obj: Value,
+    ) -> Result<Value, Box<Response<Body>>> {
+        let meta = obj["metadata"].clone();
+        let name = match meta["name"].as_str().filter(|s| !s.is_empty()) {
+            Some(n) => n.to_string(),
+            None => match meta["generateName"].as_str() {
+                Some(g) => {
+                    let mut r = [0u8; 3];
+                    getrandom::fill(&mut r).expect("random");
+                    format!("{g}{}", hex::encode(r))
+                }
+                None => {
+                    return Err(Box::new(status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        format!(
+                            "{resource} \"\" is invalid: metadata.name: Required value: name or generateName is required"
+                        ),
+                        json!({"kind": resource}),
+                    )));
+                }
+            },
+        };
+        let key = (resource.to_string(), ns.to_string(), name.clone());
+        if self.objects.contains_key(&key) {
+            return Err(Box::new(status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{resource} \"{name}\" already exists"),
+                json!({"name": name, "kind": resource}),
+            )));
+        }
+        self.next_rv += 1;
+        let mut uid = [0u8; 16];
+        getrandom::fill(&mut uid).expect("random");
+        let m = &mut obj["metadata"];
+        m["name"] = json!(name);
+        m["namespace"] = json!(ns);
+        m["uid"] = json!(hex::encode(uid));
+        m["resourceVersion"] = json!(self.next_rv.to_string());
+        m["creationTimestamp"] = json!(rfc3339(now()));
+        self.objects.insert(key, obj.clone());
+        self.created.push((resource.to_string(), obj.clone()));
+        Ok(obj)
+    }
+
+    fn delete(&mut self, resource: &str, ns: &str, name: &str) -> Response<Body> {
+        let key = (resource.to_string(), ns.to_string(), name.to_string());
+        match self.objects.remove(&key) {
+            Some(obj) => {
+                self.deleted.push(key);
+                respond(StatusCode::OK, obj)
+            }
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{resource} \"{name}\" not found"),
+                json!({"name": name, "kind": resource}),
+            ),
+        }
+    }
+
+    /// Objects of `resource` that exist now.
+    pub fn live(&self, resource: &str) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((r, _, _), _)| r == resource)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+}
+
+impl FakeKube {
+    /// Start the fake on 0.0.0.0 (so a sandbox reaches it through its veth)
+    /// on a free port, with a fresh CA.
+    pub async fn start() -> FakeKube {
+        let ca_key = rcgen::KeyPair::generate().expect("ca key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "fake-kube-apiserver test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("key");
+        // The names a real API server certificate carries (kind/kubeadm).
+        let mut params = rcgen::CertificateParams::new(vec![
+            "kubernetes".to_string(),
+            "kubernetes.default".to_string(),
+            "kubernetes.default.svc".to_string(),
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ])
+        .expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-apiserver");
+        let cert = params.signed_by(&key, &issuer).expect("cert");
+
+        let certs = vec![cert.der().clone()];
+        let pk = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key der");
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("tls versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, pk)
+        .expect("tls config");
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let admin_jwt = jwt(
+            "system:serviceaccount:vault:openbao",
+            now() + 86_400,
+            json!({}),
+        );
+        let state = Arc::new(Mutex::new(State::default()));
+        let (st, admin) = (Arc::clone(&state), admin_jwt.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, st, admin) = (acceptor.clone(), Arc::clone(&st), admin.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(move |req| {
+                        let (st, admin) = (Arc::clone(&st), admin.clone());
+                        async move { Ok::<_, std::convert::Infallible>(handle(req, st, admin).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        FakeKube {
+            port,
+            ca_pem: ca_cert.pem(),
+            admin_jwt,
+            state,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Serve these pods in `ns`.
+    pub fn set_pods(&self, ns: &str, pods: Vec<Value>) {
+        self.state
+            .lock()
+            .expect("state")
+            .pods
+            .insert(ns.into(), pods);
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().expect("state"))
+    }
+
+    /// Stop answering (the API server went away).
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// A pod as the API server returns it.
+pub fn pod(name: &str, ns: &str, phase: &str, ready: bool, restarts: u32) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "creationTimestamp": rfc3339(now() - 3600),
+                     "labels": {"app": "demo"}},
+        "spec": {"nodeName": "kind-worker", "containers": [{"name": "app", "image": "nginx:1.27"}]},
+        "status": {"phase": phase, "podIP": "10.244.1.7", "startTime": rfc3339(now() - 3600),
+                   "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+                   "containerStatuses": [{"name": "app", "ready": ready, "restartCount": restarts, "image": "nginx:1.27",
+                                          "state": {"running": {"startedAt": rfc3339(now() - 3500)}}}]}})
+}
+
+fn discovery(path: &str) -> Option<Value> {
+    Some(match path {
+        "/version" => {
+            json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake", "platform": "linux/amd64"})
+        }
+        "/api" => {
+            json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "kubernetes:6443"}]})
+        }
+        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": "rbac.authorization.k8s.io", "versions": [{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}],
+             "preferredVersion": {"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}]}),
+        "/api/v1" => json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod", "verbs": ["get", "list", "watch"], "shortNames": ["po"]},
+            {"name": "secrets", "singularName": "secret", "namespaced": true, "kind": "Secret", "verbs": ["get", "list"]},
+            {"name": "serviceaccounts", "singularName": "serviceaccount", "namespaced": true, "kind": "ServiceAccount", "verbs": ["create", "delete", "get", "list"], "shortNames": ["sa"]},
+            {"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}]}),
+        "/apis/rbac.authorization.k8s.io/v1" => {
+            json!({"kind": "APIResourceList", "groupVersion": "rbac.authorization.k8s.io/v1", "resources": [
+            {"name": "roles", "singularName": "role", "namespaced": true, "kind": "Role", "verbs": ["create", "delete", "get", "list"]},
+            {"name": "rolebindings", "singularName": "rolebinding", "namespaced": true, "kind": "RoleBinding", "verbs": ["create", "delete", "get", "list"]}]})
+        }
+        _ => return None,
+    })
+}
+
+async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) -> Response<Body> {
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let ct = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let auth = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let (resp, user) = route(&method, &path, &ct, &body, auth.as_deref(), &st, &admin).await;
+    if let Ok(mut s) = st.lock() {
+        s.seen.push(Seen {
+            method,
+            path,
+            content_type: ct,
+            user,
+            status: resp.status().as_u16(),
+        });
+    }
+    resp
+}
+
+async fn route(
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: &[u8],
+    auth: Option<&str>,
+    st: &Arc<Mutex<State>>,
+    admin: &str,
+) -> (Response<Body>, String) {
+    let who = st.lock().expect("state").who(auth, admin);
+    let user = match &who {
+        Who::Admin => "admin".to_string(),
+        Who::Sa { ns, name } => format!("system:serviceaccount:{ns}:{name}"),
+        Who::Invalid => "invalid".to_string(),
+        Who::Anonymous => "anonymous".to_string(),
+    };
+    if matches!(who, Who::Invalid | Who::Anonymous) {
+        return (
+            status(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "Unauthorized".into(),
+                json!({}),
+            ),
+            user,
+        );
+    }
+    // Discovery is open to every authenticated user (system:discovery).
+    if method == "GET"
+        && let Some(d) = discovery(path)
+    {
+        return (respond(StatusCode::OK, d), user);
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // (group, namespace, resource, name, subresource)
+    let (group, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", "rbac.authorization.k8s.io", "v1", rest @ ..] => {
+            ("rbac.authorization.k8s.io", rest)
+        }
+        _ => {
+            return (
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "the server could not find the requested resource".into(),
+                    json!({}),
+                ),
+                user,
+            );
+        }
+    };
+    let (ns, resource, name, sub) = match rest {
+        ["namespaces", ns, resource] => (*ns, *resource, None, None),
+        ["namespaces", ns, resource, name] => (*ns, *resource, Some(*name), None),
+        ["namespaces", ns, resource, name, sub] => (*ns, *resource, Some(*name), Some(*sub)),
+        _ => {
+            return (
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "the server could not find the requested resource".into(),
+                    json!({}),
+                ),
+                user,
+            );
+        }
+    };
+    let verb = match (method, name, sub) {
+        ("GET", None, _) => "list",
+        ("GET", Some(_), _) => "get",
+        ("POST", _, _) => "create",
+        ("DELETE", _, _) => "delete",
+        _ => "unsupported",
+    };
+    let (authz_resource, authz_group) = match sub {
+        Some("token") => ("serviceaccounts/token".to_string(), group),
+        Some(s) => (format!("{resource}/{s}"), group),
+        None => (resource.to_string(), group),
+    };
+    if let Who::Sa {
+        ns: sa_ns,
+        name: sa,
+    } = &who
+    {
+        let ok =
+            st.lock()
+                .expect("state")
+                .allowed(sa_ns, sa, verb, authz_group, &authz_resource, ns);
+        if !ok {
+            let g = if group.is_empty() {
+                "\"\"".to_string()
+            } else {
+                format!("\"{group}\"")
+            };
+            return (
+                status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!(
+                        "{authz_resource} is forbidden: User \"{user}\" cannot {verb} resource \"{authz_resource}\" in API group {g} in the namespace \"{ns}\""
+                    ),
+                    json!({"kind": resource}),
+                ),
+                user,
+            );
+        }
+    }
+    let resp = match (verb, resource, sub) {
+        ("list", "pods", None) => {
+            let delay = st.lock().expect("state").pods_delay;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let items = st
+                .lock()
+                .expect("state")
+                .pods
+                .get(ns)
+                .cloned()
+                .unwrap_or_default();
+            respond(
+                StatusCode::OK,
+                json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"}, "items": items}),
+            )
+        }
+        ("list", "secrets", None) => respond(
+            StatusCode::OK,
+            json!({"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        ),
+        ("create", "serviceaccounts", Some("token")) => {
+            let name = name.unwrap_or_default();
+            let tr = match decode_body(ct, body, "TokenRequest") {
+                Ok(v) => v,
+                Err(e) => {
+                    return (
+                        status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
+                        user,
+                    );
+                }
+            };
+            let mut s = st.lock().expect("state");
+            let key = (
+                "serviceaccounts".to_string(),
+                ns.to_string(),
+                name.to_string(),
+            );
+            let Some(sa) = s.objects.get(&key).cloned() else {
+                return (
+                    status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        format!("serviceaccounts \"{name}\" not found"),
+                        json!({"name": name, "kind": "serviceaccounts"}),
+                    ),
+                    user,
+                );
+            };
+            let secs = tr["spec"]["expirationSeconds"]
+                .as_u64()
+                .unwrap_or(3600)
+                .max(600);
+            let exp = now() + secs;
+            let uid = sa["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let token = jwt(
+                &format!("system:serviceaccount:{ns}:{name}"),
+                exp,
+                json!({"kubernetes.io": {"namespace": ns, "serviceaccount": {"name": name, "uid": uid}}}),
+            );
+            s.tokens
+                .insert(token.clone(), (ns.to_string(), name.to_string(), uid, exp));
+            s.created.push(("serviceaccounts/token".into(), tr.clone()));
+            let mut out = tr;
+            out["metadata"]["name"] = json!(name);
+            out["metadata"]["namespace"] = json!(ns);
+            out["metadata"]["creationTimestamp"] = Value::Null;
+            out["status"] = json!({"token": token, "expirationTimestamp": rfc3339(exp)});
+            respond(StatusCode::CREATED, out)
+        }
+        ("create", "serviceaccounts" | "roles" | "rolebindings", None) => {
+            let kind = match resource {
+                "serviceaccounts" => "ServiceAccount",
+                "roles" => "Role",
+                _ => "RoleBinding",
+            };
+            match decode_body(ct, body, kind) {
+                Ok(obj) => match st.lock().expect("state").create(resource, ns, obj) {
+                    Ok(created) => respond(StatusCode::CREATED, created),
+                    Err(r) => *r,
+                },
+                Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
+            }
+        }
+        ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => st
+            .lock()
+            .expect("state")
+            .delete(resource, ns, name.unwrap_or_default()),
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake API server does not implement {method} {path}"),
+            json!({}),
+        ),
+    };
+    (resp, user)
+}

