@@ -12,5 +12,6 @@ pub mod config;
 pub mod mcp;
 pub mod pipeline;
 pub mod policy;
+pub mod process;
 pub mod sandbox;
 pub mod tools;

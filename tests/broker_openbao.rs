@@ -612,3 +612,228 @@ async fn with_vault_down_the_call_is_refused_and_nothing_runs() {
     assert!(!t.iter().any(|e| e.starts_with("sandbox.")), "{t:?}");
     assert!(w.kube.with(|s| s.seen.is_empty()));
 }
+
+/// A `gateway serve` child speaking MCP over stdio (newline-delimited JSON-RPC).
+struct Served {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<Value>,
+    stderr: PathBuf,
+}
+
+impl Served {
+    fn start(w: &World, tag: &str) -> Served {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let token_file = w.dir.path().join("gateway-token");
+        std::fs::write(&token_file, &w.gateway_token).expect("token file");
+        let config = w.dir.path().join("gateway.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "policies = {:?}\nworkspace = {:?}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
+                common::repo().join("policies"),
+                common::repo(),
+                w.kube.port,
+                w.bao.addr,
+                token_file,
+                w.ca_file
+            ),
+        )
+        .expect("config");
+        let stderr = w.dir.path().join(format!("serve-{tag}.log"));
+        let mut child = common::gateway(&w.home)
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env_remove("VAULT_ADDR")
+            .env_remove("VAULT_TOKEN")
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("log"))
+            .spawn()
+            .expect("gateway serve");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && tx.send(v).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let mut s = Served {
+            child,
+            stdin,
+            lines,
+            stderr,
+        };
+        s.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "broker-test", "version": "1"}}}));
+        s.reply(0);
+        s.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        s
+    }
+
+    fn send(&mut self, v: Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").expect("write");
+        self.stdin.flush().expect("flush");
+    }
+
+    fn reply(&mut self, id: u64) -> Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let v = self.lines.recv_timeout(left).expect("a reply in time");
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
+    let w = world().await;
+    w.kube.set_pods(
+        "demo-app",
+        vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
+    );
+    // kubectl's pod list hangs, so the gateway is killed while the sandbox
+    // holds the live credential.
+    w.kube
+        .with(|s| s.pods_delay = std::time::Duration::from_secs(15));
+    let mut first = tokio::task::block_in_place(|| Served::start(&w, "first"));
+    first.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
+    let asked = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(60), || {
+            w.kube.with(|s| {
+                s.seen
+                    .iter()
+                    .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
+            })
+        })
+    });
+    assert!(asked, "kubectl reached the API server: {}", first.log());
+    assert_eq!(w.kube.with(|s| s.live("serviceaccounts").len()), 1);
+    // SIGKILL: no destructor, no revocation.
+    first.child.kill().expect("kill");
+    first.child.wait().expect("wait");
+    let first_log = first.log();
+    drop(first);
+    assert_eq!(
+        w.kube.with(|s| s.live("serviceaccounts").len()),
+        1,
+        "the credential outlived its gateway"
+    );
+    let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+    let open = ledger.open_leases().expect("open");
+    assert_eq!(open.len(), 1, "the ledger kept the lease");
+    w.kube.with(|s| s.pods_delay = std::time::Duration::ZERO);
+
+    // The next start revokes it before serving anything.
+    let mut second = tokio::task::block_in_place(|| Served::start(&w, "second"));
+    let revoked = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(30), || {
+            w.kube.with(|s| s.live("serviceaccounts").is_empty())
+        })
+    });
+    assert!(revoked, "the orphan was revoked: {}", second.log());
+    // The killed gateway's sandbox (bundle with its credential file,
+    // network namespace) was removed by the next start as well.
+    let rid = open[0].request_id.clone();
+    let bundles = std::path::Path::new("/dev/shm/gateway-sandbox/bundles");
+    let left: Vec<String> = std::fs::read_dir(bundles)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&rid))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "leftover bundle {left:?}");
+    let netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
+    let tag = {
+        use sha2::Digest;
+        hex::encode(&sha2::Sha256::digest(rid.as_bytes())[..4])
+    };
+    assert!(
+        !common::stdout(&netns).contains(&format!("gw-{tag}")),
+        "leftover netns: {}",
+        common::stdout(&netns)
+    );
+    assert_eq!(ledger.is_revoked(&open[0].lease_id).expect("q"), Some(true));
+    assert!(
+        !w.bao
+            .bao(&["lease", "lookup", &open[0].lease_id])
+            .status
+            .success()
+    );
+
+    // And it serves: a full call works, through MCP, and its token leaks nowhere.
+    second.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
+    let reply = tokio::task::block_in_place(|| second.reply(2));
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    assert_eq!(
+        reply["result"]["structuredContent"]["result"]["pods"][0]["name"], "web-0",
+        "{reply}"
+    );
+    let second_log = second.log();
+    drop(second);
+    let tokens: Vec<String> = w.kube.with(|s| s.tokens.keys().cloned().collect());
+    assert_eq!(tokens.len(), 2);
+    let written = everything_written(&w.home);
+    for t in &tokens {
+        for (what, text) in [
+            ("MCP reply", reply.to_string()),
+            ("first gateway's log", first_log.clone()),
+            ("second gateway's log", second_log.clone()),
+            ("home", written.clone()),
+        ] {
+            assert!(
+                !text.contains(t.as_str()),
+                "the token leaked into the {what}"
+            );
+        }
+    }
+    assert!(
+        !second_log.contains(&w.gateway_token),
+        "the gateway's own Vault token is never logged"
+    );
+    assert!(!written.contains(&w.gateway_token));
+}

@@ -137,6 +137,9 @@ async fn watch_cgroup(
     }
 }
 
+/// In each bundle: the gateway process that runs it ("PID START").
+const OWNER_FILE: &str = "owner";
+
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
     /// The runsc binary (default: found on PATH).
@@ -199,11 +202,72 @@ impl LocalSandbox {
         std::fs::create_dir_all(root.join("state"))?;
         std::fs::create_dir_all(root.join("bundles"))?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
-        Ok(LocalSandbox {
+        let sandbox = LocalSandbox {
             runsc,
             root,
             platform: cfg.platform,
-        })
+        };
+        let reaped = sandbox.reap_leftovers();
+        if !reaped.is_empty() {
+            tracing::warn!(sandboxes = ?reaped, "removed sandboxes a stopped gateway left behind");
+        }
+        Ok(sandbox)
+    }
+
+    /// Remove every sandbox whose gateway process is gone (killed before
+    /// its cleanup ran): the runsc container, the network namespace and
+    /// the bundle (which may hold a credential file). Sandboxes of live
+    /// gateways sharing this root are left alone. Returns the names removed.
+    pub fn reap_leftovers(&self) -> Vec<String> {
+        let mut reaped = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.bundles_dir()) else {
+            return reaped;
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let owner = std::fs::read_to_string(dir.join(OWNER_FILE))
+                .ok()
+                .and_then(|t| {
+                    let (pid, start) = t.trim().split_once(' ')?;
+                    Some(crate::process::Owner {
+                        pid: pid.parse().ok()?,
+                        start: start.parse().ok()?,
+                    })
+                });
+            let leftover = match owner {
+                Some(o) => !o.alive(),
+                // No owner file: being created right now, or left by a crash
+                // between mkdir and write; only the latter is old.
+                None => entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(60)),
+            };
+            if !leftover {
+                continue;
+            }
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            // The bundle is "<name>-<random suffix>".
+            let name = file_name
+                .rsplit_once('-')
+                .map(|(n, _)| n.to_string())
+                .unwrap_or_else(|| file_name.clone());
+            let mut cleanup = Cleanup {
+                runsc: self.runsc.clone(),
+                state: self.state_dir(),
+                name: name.clone(),
+                netns: None,
+                bundle: None,
+                started: valid_name(&name),
+            };
+            cleanup.finish();
+            super::net::NetNs::remove_leftover(&name);
+            let _ = std::fs::remove_dir_all(&dir);
+            reaped.push(name);
+        }
+        reaped
     }
 
     /// runsc's state dir (checked empty after each call by the tests).
@@ -490,6 +554,11 @@ impl LocalSandbox {
         let bundle = tempfile::Builder::new()
             .prefix(&format!("{}-", req.name))
             .tempdir_in(self.bundles_dir())?;
+        let owner = crate::process::Owner::current();
+        std::fs::write(
+            bundle.path().join(OWNER_FILE),
+            format!("{} {}\n", owner.pid, owner.start),
+        )?;
         let mut guard = Cleanup {
             runsc: self.runsc.clone(),
             state: self.state_dir(),

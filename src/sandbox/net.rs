@@ -65,14 +65,36 @@ pub fn which(tool: &str) -> Option<std::path::PathBuf> {
 }
 
 impl NetNs {
+    /// The namespace and host interface names of sandbox `id`.
+    fn names(id: &str) -> (String, String, String) {
+        let digest = Sha256::digest(id.as_bytes());
+        let tag = hex::encode(&digest[..4]);
+        (
+            format!("gw-{tag}"),
+            format!("gwh{tag}"),
+            format!("gws{tag}"),
+        )
+    }
+
+    /// Remove what sandbox `id` may have left (a namespace and host link),
+    /// whether or not they exist.
+    pub fn remove_leftover(id: &str) {
+        let (name, host_if, _) = NetNs::names(id);
+        let mut ns = NetNs {
+            name,
+            host_ip: Ipv4Addr::UNSPECIFIED,
+            sandbox_ip: Ipv4Addr::UNSPECIFIED,
+            host_if,
+            removed: false,
+        };
+        ns.remove();
+    }
+
     /// Create the namespace for sandbox `id` allowing only `endpoints`.
     pub fn create(id: &str, endpoints: &[Endpoint]) -> Result<NetNs, SandboxError> {
         check_host_tools()?;
         let digest = Sha256::digest(id.as_bytes());
-        let tag = hex::encode(&digest[..4]);
-        let name = format!("gw-{tag}");
-        let host_if = format!("gwh{tag}");
-        let sb_if = format!("gws{tag}");
+        let (name, host_if, sb_if) = NetNs::names(id);
         // A /30 in 10.201.0.0/16 chosen from the id; retried on collision.
         let mut last_err = None;
         for attempt in 0u16..16 {
