@@ -25,6 +25,8 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || need+=(busybox-static)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+# Lint for every shell script in the repository (run by scripts/test.sh).
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -14,6 +14,9 @@ scripts/bootstrap.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "shellcheck"
+shellcheck .ci/run scripts/*.sh
+
 step "cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 

@@ -837,3 +837,68 @@ async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
     );
     assert!(!written.contains(&w.gateway_token));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
+    let w = world().await;
+    let script = |args: &[&str]| {
+        Command::new(common::repo().join("scripts/vault-setup.sh"))
+            .args(args)
+            .arg("--kubernetes-ca-file")
+            .arg(&w.ca_file)
+            .env("GATEWAY_BIN", env!("CARGO_BIN_EXE_gateway"))
+            .env("VAULT_ADDR", &w.bao.addr)
+            .env("VAULT_TOKEN", &w.bao.root_token)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .output()
+            .expect("vault-setup.sh")
+    };
+    // world() already ran setup once; run it again through the script.
+    let url = w.kube.url();
+    for _ in 0..2 {
+        let out = script(&["--kubernetes-host", &url]);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            common::stdout(&out),
+            common::stderr(&out)
+        );
+        assert!(common::stdout(&out).contains("secrets engine kubernetes/: already enabled"));
+    }
+    let roles = w.bao.ok(&["list", "-format=json", "kubernetes/roles"]);
+    let mut roles: Vec<String> = serde_json::from_str(&roles).expect("json");
+    roles.sort();
+    assert_eq!(
+        roles,
+        [
+            "gateway-pod-reader-demo-app",
+            "gateway-tf-apply-demo-app",
+            "gateway-tf-plan-demo-app"
+        ]
+    );
+    let role: Value = serde_json::from_str(&w.bao.ok(&[
+        "read",
+        "-format=json",
+        "kubernetes/roles/gateway-pod-reader-demo-app",
+    ]))
+    .expect("json");
+    assert_eq!(
+        role["data"]["allowed_kubernetes_namespaces"],
+        json!(["demo-app"])
+    );
+    let policy = w.bao.ok(&["policy", "read", "gateway"]);
+    assert!(
+        policy.contains("path \"kubernetes/creds/gateway-pod-reader-demo-app\""),
+        "{policy}"
+    );
+    assert!(!policy.contains("sudo"));
+    // Without VAULT_TOKEN the script refuses clearly.
+    let out = Command::new(common::repo().join("scripts/vault-setup.sh"))
+        .env_remove("VAULT_TOKEN")
+        .env_remove("BAO_TOKEN")
+        .env("VAULT_ADDR", &w.bao.addr)
+        .output()
+        .expect("script");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::stderr(&out).contains("VAULT_TOKEN"));
+}

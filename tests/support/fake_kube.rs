@@ -40,6 +40,8 @@ pub struct Seen {
     /// `system:serviceaccount:NS:NAME`, or "anonymous"/"invalid".
     pub user: String,
     pub status: u16,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Debug, Default)]
@@ -612,6 +614,7 @@ fn discovery(path: &str) -> Option<Value> {
 }
 
 async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) -> Response<Body> {
+    let at = std::time::Instant::now();
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     let ct = req
@@ -639,6 +642,7 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
             content_type: ct,
             user,
             status: resp.status().as_u16(),
+            at,
         });
     }
     resp

@@ -1,0 +1,123 @@
+//! What a per-call credential costs: `broker/issue_revoke` mints a
+//! pod-reader credential from a REAL OpenBao dev server (`bao server -dev`)
+//! and revokes it with `sync: true` — OpenBao's Kubernetes secrets engine
+//! creating and deleting a ServiceAccount, Role, RoleBinding and token on the
+//! FAKE Kubernetes API server of the tests (in-process, so a real API
+//! server's latency comes on top). `broker/token_lookup` is one Vault round
+//! trip (the gateway's token lookup) for scale; `broker/issue_revoke_sustained`
+//! is the same back to back, bounded by OpenBao's client-go rate limiter.
+//!
+//! `cargo bench --bench broker` (needs `.tools/bin/bao`: scripts/install-tools.sh).
+
+#[path = "../tests/support/fake_kube.rs"]
+mod fake_kube;
+#[path = "../tests/support/openbao.rs"]
+mod openbao;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gateway::broker::Broker;
+use gateway::broker::setup::{SetupOptions, VaultRoles};
+use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{DecisionInput, PolicySet, Principal};
+
+fn bench(c: &mut Criterion) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let kube = rt.block_on(fake_kube::FakeKube::start());
+    let bao = openbao::OpenBao::start();
+    let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default()).expect("policies");
+    let roles: VaultRoles = serde_json::from_value(
+        set.data("data.config.vault_roles")
+            .expect("data")
+            .expect("roles"),
+    )
+    .expect("shape");
+    let admin = VaultSettings {
+        address: bao.addr.clone(),
+        namespace: None,
+        ca_cert: None,
+        auth: VaultAuth::Token(Secret::new(bao.root_token.clone())),
+        timeout: std::time::Duration::from_secs(10),
+    };
+    let opts = SetupOptions {
+        kubernetes_host: kube.url(),
+        kubernetes_ca_pem: kube.ca_pem.clone(),
+        service_account_jwt: Some(kube.admin_jwt.clone()),
+        gateway_name: "gateway".into(),
+        approle: false,
+        secret_id_file: None,
+        aws: None,
+    };
+    rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
+        .expect("setup");
+    let token = bao.token_with_policy("gateway");
+    let home = tempfile::tempdir().expect("home");
+    let broker = VaultBroker::new(
+        VaultSettings {
+            auth: VaultAuth::Token(Secret::new(token)),
+            ..admin
+        },
+        home.path(),
+    )
+    .expect("broker");
+    let input = DecisionInput::new(
+        "k8s_get_pod_status",
+        serde_json::json!({"namespace": "demo-app"}),
+        Principal {
+            client: "bench".into(),
+            os_user: "bench".into(),
+        },
+    );
+    let scope = set
+        .decide(&input)
+        .decision
+        .credential
+        .expect("a derived credential");
+    let mut g = c.benchmark_group("broker");
+    g.sample_size(10);
+    // Spaced out: OpenBao's Kubernetes engine talks to the API server
+    // through client-go's default rate limiter (5 requests/s, burst 10) and
+    // a credential is 7 requests (4 to issue, 3 to revoke), so waiting
+    // 1.6 s (untimed) between credentials measures the latency of one call.
+    g.bench_function("issue_revoke", |b| {
+        b.iter_custom(|n| {
+            let mut total = std::time::Duration::ZERO;
+            for _ in 0..n {
+                std::thread::sleep(std::time::Duration::from_millis(1600));
+                let t = std::time::Instant::now();
+                rt.block_on(async {
+                    let cred = broker.issue("bench", &scope).await.expect("issue");
+                    broker.revoke(&cred.lease_id).await.expect("revoke");
+                });
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    // Back to back: the sustained rate, which that rate limiter sets.
+    g.bench_function("issue_revoke_sustained", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let cred = broker.issue("bench", &scope).await.expect("issue");
+                broker.revoke(&cred.lease_id).await.expect("revoke");
+            })
+        })
+    });
+    g.bench_function("token_lookup", |b| {
+        b.iter(|| rt.block_on(broker.check()).expect("lookup"))
+    });
+    g.finish();
+    assert!(
+        kube.with(|s| s.live("serviceaccounts").is_empty()),
+        "every credential was revoked"
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
