@@ -90,6 +90,15 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
         "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
     );
     std::fs::write(&scopes, text).expect("write");
+    // ...and the Vault setup defines those roles (the policy checks it).
+    let roles = policies.path().join("config/vault_roles.yaml");
+    let mut text = std::fs::read_to_string(&roles).expect("roles");
+    for role in ["test-plan", "test-apply"] {
+        text.push_str(&format!(
+            "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    max_ttl: 30m\n    rules: []\n"
+        ));
+    }
+    std::fs::write(&roles, text).expect("write");
     let sandbox_cfg = policies.path().join("config/sandbox.yaml");
     let text = std::fs::read_to_string(&sandbox_cfg)
         .expect("sandbox")
@@ -126,6 +135,12 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
     .expect("pipeline");
     // The credential's egress endpoint (nothing needs to listen on it here).
     pipeline.endpoints.insert("kube-apiserver".into(), 16443);
+    // A Kubernetes credential comes with a kubeconfig for the API server.
+    pipeline.kubernetes = Some(gateway::pipeline::KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
+        tls_server_name: "kubernetes".into(),
+    });
     let broker = Arc::new(FakeBroker::default());
     if with_broker {
         pipeline.broker = Some(broker.clone());
