@@ -208,6 +208,11 @@ fn a_different_policy_set_changes_the_decisions() {
         "namespaces:\n  staging:\n    roles:\n      pod_reader: ro-staging\n",
     );
     edit(
+        "config/vault_roles.yaml",
+        "roles:\n",
+        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    max_ttl: 30m\n    rules: []\n",
+    );
+    edit(
         "config/tools.yaml",
         "  tier: low\n  scope: namespace",
         "  tier: high\n  scope: namespace",

@@ -84,6 +84,13 @@ fn watched_copy_of_default_policies() -> Fixture {
 fn an_edited_data_file_takes_effect_within_a_second() {
     let f = watched_copy_of_default_policies();
     assert!(!f.store.decide(&pod_status("staging")).decision.allow);
+    // The Vault setup defines the new role (alone, it changes no decision)...
+    edit(
+        &f.policies.join("config/vault_roles.yaml"),
+        "roles:\n",
+        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    max_ttl: 30m\n    rules: []\n",
+    );
+    // ...and the edit that matters: the namespace is allowed.
     edit(
         &f.policies.join("config/scopes.yaml"),
         "namespaces:\n",
