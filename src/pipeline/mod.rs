@@ -408,7 +408,7 @@ impl Pipeline {
         self.audit.append(
             rid,
             "sandbox.started",
-            json!({"sandbox": rid, "backend": "local", "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
+            json!({"sandbox": rid, "backend": self.sandbox.backend(), "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
                    "egress": decision.sandbox.egress, "steps": steps}),
         )?;
         progress.say(format!("sandbox {rid} started"));

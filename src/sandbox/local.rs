@@ -718,6 +718,10 @@ impl Sandbox for LocalSandbox {
     > {
         Box::pin(self.run_inner(req))
     }
+
+    fn backend(&self) -> &'static str {
+        "local"
+    }
 }
 
 /// Removes everything a sandbox left, whatever path the call took.

@@ -4,8 +4,9 @@
 //! stdout/stderr, files out, duration and why it ended out.
 //!
 //! Backends: [`local`] (gVisor `runsc` on one Linux host, the embedded
-//! default). The Kubernetes backend is another issue.
+//! default) and [`kubernetes`] (a gVisor Job per call on a cluster).
 
+pub mod kubernetes;
 pub mod local;
 pub mod net;
 pub mod verify;
@@ -249,6 +250,9 @@ pub trait Sandbox: Send + Sync {
     ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
     >;
+
+    /// The backend's name, as the audit records it.
+    fn backend(&self) -> &'static str;
 }
 
 /// A name usable as a runsc container id, a netns and interface suffix.

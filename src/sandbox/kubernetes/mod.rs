@@ -1,0 +1,534 @@
+//! The kubernetes backend (SPEC §6): one gVisor Job per call.
+//!
+//! Per call: a Secret with the credential and files in, a Job (both named
+//! from the request id, labelled for this gateway, the Secret owned by the
+//! Job), then watches — not polling — on the Job, its pod and its events,
+//! mapped to the sandbox result: succeeded, failed with its exit code,
+//! deadline exceeded, killed for memory, image pull error, admission
+//! rejected. The container's log is collected and split back into stdout
+//! and stderr (the step runner frames its lines). The Job is deleted
+//! (propagation `Background`; the Secret goes with it, and is deleted too)
+//! on every path, including cancellation; at start the backend deletes the
+//! leftovers of this gateway instance.
+//!
+//! Without a reachable API server (it went away mid-watch), watches are
+//! re-established with backoff until the deadline plus a grace period, then
+//! the call fails with that reason.
+
+pub mod manifests;
+pub mod podsecurity;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use kube::api::{
+    DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::{Api, Client};
+use serde_json::json;
+
+pub use manifests::KubeSandboxConfig;
+
+use super::{Captured, Ended, Network, Sandbox, SandboxError, SandboxRequest, SandboxResult};
+
+#[derive(Clone)]
+pub struct KubernetesSandbox {
+    client: Client,
+    cfg: Arc<KubeSandboxConfig>,
+}
+
+impl std::fmt::Debug for KubernetesSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesSandbox")
+            .field("namespace", &self.cfg.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The gateway's client for the cluster: `sandbox.kubernetes.kubeconfig`
+/// when set, else inferred (in-cluster service account, KUBECONFIG,
+/// ~/.kube/config).
+pub async fn client(cfg: &KubeSandboxConfig) -> Result<Client, SandboxError> {
+    let config = match &cfg.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| SandboxError::Setup(format!("kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| SandboxError::Setup(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| SandboxError::Setup(format!("no cluster configuration found: {e}")))?,
+    };
+    Client::try_from(config).map_err(|e| SandboxError::Setup(format!("kube client: {e}")))
+}
+
+fn kube_err(what: &str, e: kube::Error) -> SandboxError {
+    match e {
+        kube::Error::Api(s) => SandboxError::Setup(format!(
+            "{what}: the API server answered {} {}: {}",
+            s.code, s.reason, s.message
+        )),
+        other => SandboxError::Setup(format!("{what}: {other}")),
+    }
+}
+
+/// What the watches have seen so far.
+#[derive(Debug, Default)]
+struct Seen {
+    pod: Option<String>,
+    /// (exit code, reason) of the terminated container.
+    terminated: Option<(i32, String)>,
+    phase: Option<String>,
+    deadline: bool,
+    failure: Option<String>,
+    complete: bool,
+}
+
+impl Seen {
+    fn pod(&mut self, pod: &Pod) {
+        self.pod = pod.metadata.name.clone();
+        let Some(status) = &pod.status else {
+            return;
+        };
+        self.phase = status.phase.clone();
+        if status.reason.as_deref() == Some("DeadlineExceeded") {
+            self.deadline = true;
+        }
+        for cs in status.container_statuses.iter().flatten() {
+            let Some(state) = &cs.state else { continue };
+            if let Some(t) = &state.terminated {
+                self.terminated = Some((t.exit_code, t.reason.clone().unwrap_or_default()));
+            }
+            if let Some(w) = &state.waiting {
+                let reason = w.reason.clone().unwrap_or_default();
+                if matches!(
+                    reason.as_str(),
+                    "ErrImagePull"
+                        | "ImagePullBackOff"
+                        | "InvalidImageName"
+                        | "ErrImageNeverPull"
+                        | "CreateContainerConfigError"
+                        | "CreateContainerError"
+                ) {
+                    self.failure = Some(format!(
+                        "the sandbox container cannot start ({reason}): {}",
+                        w.message.clone().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+    }
+
+    fn job(&mut self, job: &Job) {
+        for c in job
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+        {
+            if c.status != "True" {
+                continue;
+            }
+            match (c.type_.as_str(), c.reason.as_deref()) {
+                ("Failed", Some("DeadlineExceeded")) => self.deadline = true,
+                ("Complete", _) | ("SuccessCriteriaMet", _) => self.complete = true,
+                _ => {}
+            }
+        }
+    }
+
+    fn event(&mut self, ev: &Event) {
+        if ev.reason.as_deref() == Some("FailedCreate") {
+            self.failure = Some(format!(
+                "admission rejected the sandbox pod: {}",
+                ev.message.clone().unwrap_or_default()
+            ));
+        }
+    }
+
+    /// The end, when the watches have seen one.
+    fn ended(&self) -> Option<Result<(Option<i32>, Ended), String>> {
+        if let Some(f) = &self.failure {
+            return Some(Err(f.clone()));
+        }
+        if self.deadline {
+            return Some(Ok((None, Ended::Deadline)));
+        }
+        let finished = matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"));
+        match &self.terminated {
+            Some((_, reason)) if reason == "OOMKilled" => {
+                Some(Ok((None, Ended::Limit("memory".into()))))
+            }
+            Some((code, _)) if finished => Some(Ok((Some(*code), Ended::Exited))),
+            _ => None,
+        }
+    }
+}
+
+/// One of the three watches' events.
+enum Update {
+    Pod(Box<Pod>),
+    Job(Box<Job>),
+    Event(Box<Event>),
+    Lost(String),
+}
+
+/// Keep a watch on `api` open (re-established from the last resource
+/// version when it ends, with backoff when the API server is away),
+/// forwarding objects to `tx` until the receiver is dropped.
+fn keep_watching<K, F>(
+    api: Api<K>,
+    params: WatchParams,
+    tx: tokio::sync::mpsc::UnboundedSender<Update>,
+    wrap: F,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(K) -> Update + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut version = "0".to_string();
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            match api.watch(&params, &version).await {
+                Ok(stream) => {
+                    backoff = Duration::from_millis(200);
+                    let mut stream = std::pin::pin!(stream);
+                    while let Some(item) = stream.next().await {
+                        let object = match item {
+                            Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => o,
+                            Ok(WatchEvent::Deleted(_)) => continue,
+                            Ok(WatchEvent::Bookmark(b)) => {
+                                version = b.metadata.resource_version;
+                                continue;
+                            }
+                            Ok(WatchEvent::Error(e)) => {
+                                // 410 Gone: our version is too old; start over.
+                                if e.code == 410 {
+                                    version = "0".into();
+                                }
+                                break;
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Update::Lost(e.to_string()));
+                                break;
+                            }
+                        };
+                        if let Some(rv) = object.meta().resource_version.clone() {
+                            version = rv;
+                        }
+                        if tx.send(wrap(object)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Update::Lost(e.to_string()));
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    })
+}
+
+/// Deletes the Job and Secret when dropped before [`Cleanup::finish`]
+/// (cancellation, panic): in the background on the runtime.
+struct Cleanup {
+    jobs: Api<Job>,
+    secrets: Api<Secret>,
+    job: String,
+    secret: String,
+    armed: bool,
+}
+
+impl Cleanup {
+    async fn delete(jobs: &Api<Job>, secrets: &Api<Secret>, job: &str, secret: &str) {
+        for attempt in 0..5u32 {
+            fn gone<T>(r: &Result<T, kube::Error>) -> bool {
+                match r {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(s)) => s.code == 404,
+                    Err(_) => false,
+                }
+            }
+            let j = jobs.delete(job, &DeleteParams::background()).await;
+            let s = secrets.delete(secret, &DeleteParams::background()).await;
+            if gone(&j) && gone(&s) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200 * 2u64.pow(attempt))).await;
+        }
+        tracing::warn!(
+            job,
+            "could not delete the sandbox Job; it is removed at the next start"
+        );
+    }
+
+    async fn finish(mut self) {
+        self.armed = false;
+        Cleanup::delete(&self.jobs, &self.secrets, &self.job, &self.secret).await;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (jobs, secrets, job, secret) = (
+            self.jobs.clone(),
+            self.secrets.clone(),
+            self.job.clone(),
+            self.secret.clone(),
+        );
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move { Cleanup::delete(&jobs, &secrets, &job, &secret).await });
+        }
+    }
+}
+
+fn capped(bytes: Vec<u8>, cap: usize) -> Captured {
+    let truncated = bytes.len() > cap;
+    let mut bytes = bytes;
+    bytes.truncate(cap);
+    Captured { bytes, truncated }
+}
+
+impl KubernetesSandbox {
+    pub fn new(client: Client, cfg: KubeSandboxConfig) -> KubernetesSandbox {
+        KubernetesSandbox {
+            client,
+            cfg: Arc::new(cfg),
+        }
+    }
+
+    pub fn config(&self) -> &KubeSandboxConfig {
+        &self.cfg
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
+    /// Delete every Job and Secret this gateway instance left (a previous
+    /// run that stopped before its cleanup). Returns the Job names.
+    pub async fn reap_leftovers(&self) -> Result<Vec<String>, SandboxError> {
+        let selector = manifests::instance_selector(&self.cfg);
+        let lp = ListParams::default().labels(&selector);
+        let jobs: Api<Job> = self.api();
+        let secrets: Api<Secret> = self.api();
+        let mut reaped = Vec::new();
+        let list = jobs
+            .list(&lp)
+            .await
+            .map_err(|e| kube_err("listing leftover Jobs", e))?;
+        for j in list {
+            if let Some(name) = j.metadata.name {
+                let _ = jobs.delete(&name, &DeleteParams::background()).await;
+                reaped.push(name);
+            }
+        }
+        let list = secrets
+            .list(&lp)
+            .await
+            .map_err(|e| kube_err("listing leftover Secrets", e))?;
+        for s in list {
+            if let Some(name) = s.metadata.name {
+                let _ = secrets.delete(&name, &DeleteParams::background()).await;
+            }
+        }
+        Ok(reaped)
+    }
+
+    async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
+        let started = Instant::now();
+        let (job, secret) = manifests::build(&self.cfg, &req)?;
+        let (job_name, secret_name) = manifests::names(&req.name)?;
+        let jobs: Api<Job> = self.api();
+        let secrets: Api<Secret> = self.api();
+        let pods: Api<Pod> = self.api();
+        let events: Api<Event> = self.api();
+        let pp = PostParams::default();
+        secrets
+            .create(&pp, &secret)
+            .await
+            .map_err(|e| kube_err("creating the sandbox Secret", e))?;
+        // From here on, everything is deleted on every path.
+        let cleanup = Cleanup {
+            jobs: jobs.clone(),
+            secrets: secrets.clone(),
+            job: job_name.clone(),
+            secret: secret_name.clone(),
+            armed: true,
+        };
+        let created = match jobs.create(&pp, &job).await {
+            Ok(j) => j,
+            Err(e) => {
+                cleanup.finish().await;
+                return Err(kube_err("creating the sandbox Job", e));
+            }
+        };
+        // The Job owns the Secret: the garbage collector removes it too.
+        if let Some(uid) = created.metadata.uid.clone() {
+            let patch = json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
+                "controller": false, "blockOwnerDeletion": true}]}});
+            if let Err(e) = secrets
+                .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(
+                    "could not make the Job own its Secret ({e}); it is deleted explicitly"
+                );
+            }
+        }
+
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let pod_sel = format!("{}={}", manifests::REQUEST, req.name.to_ascii_lowercase());
+        let watchers = [
+            keep_watching(
+                pods.clone(),
+                WatchParams::default().labels(&pod_sel).timeout(290),
+                tx.clone(),
+                |p| Update::Pod(Box::new(p)),
+            ),
+            keep_watching(
+                jobs.clone(),
+                WatchParams::default()
+                    .fields(&format!("metadata.name={job_name}"))
+                    .timeout(290),
+                tx.clone(),
+                |j| Update::Job(Box::new(j)),
+            ),
+            keep_watching(
+                events,
+                WatchParams::default()
+                    .fields(&format!(
+                        "involvedObject.kind=Job,involvedObject.name={job_name}"
+                    ))
+                    .timeout(290),
+                tx.clone(),
+                |e| Update::Event(Box::new(e)),
+            ),
+        ];
+        drop(tx);
+        let give_up =
+            tokio::time::sleep(req.deadline + Duration::from_secs(self.cfg.grace_seconds));
+        let mut give_up = std::pin::pin!(give_up);
+        let mut seen = Seen::default();
+        let mut lost: Option<String> = None;
+        let end = loop {
+            tokio::select! {
+                u = rx.recv() => match u {
+                    Some(Update::Pod(p)) => { lost = None; seen.pod(&p) }
+                    Some(Update::Job(j)) => { lost = None; seen.job(&j) }
+                    Some(Update::Event(e)) => { lost = None; seen.event(&e) }
+                    Some(Update::Lost(why)) => lost = Some(why),
+                    None => break Err("the watches ended".to_string()),
+                },
+                _ = &mut give_up => {
+                    break match &lost {
+                        Some(why) => Err(format!("lost the API server while waiting for the sandbox: {why}")),
+                        None => Ok((None, Ended::Deadline)),
+                    };
+                }
+            }
+            if let Some(end) = seen.ended() {
+                break end;
+            }
+        };
+        for w in watchers {
+            w.abort();
+        }
+        let (exit_code, ended) = match end {
+            Ok(e) => e,
+            Err(why) => {
+                cleanup.finish().await;
+                return Err(SandboxError::Setup(why));
+            }
+        };
+        // The container's log, split back into stdout and stderr.
+        let cap = req.limits.output_bytes;
+        let (stdout, stderr) = match &seen.pod {
+            Some(pod) => {
+                let lp = LogParams {
+                    container: Some(manifests::CONTAINER.into()),
+                    limit_bytes: Some(i64::try_from(cap.saturating_mul(2)).unwrap_or(i64::MAX)),
+                    ..LogParams::default()
+                };
+                match pods.logs(pod, &lp).await {
+                    Ok(log) => {
+                        let (o, e) = crate::tools::exec::unframe(log.as_bytes());
+                        (capped(o, cap), capped(e, cap))
+                    }
+                    Err(e) => (
+                        Captured::default(),
+                        Captured {
+                            bytes: format!("(the sandbox's log could not be read: {e})")
+                                .into_bytes(),
+                            truncated: false,
+                        },
+                    ),
+                }
+            }
+            None => (Captured::default(), Captured::default()),
+        };
+        // Files out: the working dir is on the workspace PVC, which the
+        // gateway mounts at the same path.
+        let mut files_out = BTreeMap::new();
+        if let Some(w) = &req.workdir {
+            for f in &req.files_out {
+                if let Ok(bytes) = std::fs::read(w.join(f)) {
+                    files_out.insert(f.clone(), bytes);
+                }
+            }
+        }
+        cleanup.finish().await;
+        let mut endpoints = BTreeMap::new();
+        if let Network::Endpoints(list) = &req.network {
+            for e in list {
+                if let Some(ip) = self.cfg.endpoint_addresses.get(&e.name) {
+                    endpoints.insert(e.name.clone(), format!("{ip}:{}", e.port));
+                }
+            }
+        }
+        Ok(SandboxResult {
+            name: req.name,
+            exit_code,
+            stdout,
+            stderr,
+            files_out,
+            duration_ms: started.elapsed().as_millis(),
+            ended,
+            endpoints,
+        })
+    }
+}
+
+impl Sandbox for KubernetesSandbox {
+    fn run<'a>(
+        &'a self,
+        req: SandboxRequest,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
+    > {
+        Box::pin(self.run_inner(req))
+    }
+
+    fn backend(&self) -> &'static str {
+        "kubernetes"
+    }
+}

@@ -1,0 +1,483 @@
+//! The kubernetes sandbox backend against a FAKE Kubernetes API server
+//! (tests/support/fake_kube.rs; no real API server can run here). The
+//! backend's code path is the production one (kube-rs over TLS, watches,
+//! logs, deletes); the fake plays the API server and its job controller,
+//! and each test plays the kubelet: it moves the pod through its phases and
+//! writes its log.
+
+mod common;
+#[path = "support/fake_kube.rs"]
+mod fake_kube;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fake_kube::FakeKube;
+use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox, manifests};
+use gateway::sandbox::{
+    Ended, Endpoint, FileIn, Limits, Network, Sandbox, SandboxRequest, SecretFile,
+};
+use serde_json::{Value, json};
+
+const NS: &str = "gateway-sandbox";
+
+struct Cluster {
+    kube: FakeKube,
+    sandbox: KubernetesSandbox,
+    workspace: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+}
+
+async fn cluster(tweak: impl FnOnce(&mut KubeSandboxConfig)) -> Cluster {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let kube = FakeKube::start().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let workspace = tempfile::tempdir().expect("workspace");
+    // The gateway's own access: a kubeconfig with the CA and a token file.
+    let token = dir.path().join("token");
+    std::fs::write(&token, &kube.admin_jwt).expect("token");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        gateway::broker::kubeconfig::kubeconfig(
+            &kube.url(),
+            kube.ca_pem.as_bytes(),
+            "kubernetes",
+            &token.display().to_string(),
+            NS,
+        ),
+    )
+    .expect("kubeconfig");
+    let mut cfg = KubeSandboxConfig {
+        workspace_pvc: Some("gateway-workspace".into()),
+        workspace_root: workspace.path().to_path_buf(),
+        endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
+        kubeconfig: Some(kubeconfig),
+        grace_seconds: 2,
+        ..KubeSandboxConfig::default()
+    };
+    tweak(&mut cfg);
+    let client = gateway::sandbox::kubernetes::client(&cfg)
+        .await
+        .expect("a kube client from the kubeconfig");
+    Cluster {
+        sandbox: KubernetesSandbox::new(client, cfg),
+        kube,
+        workspace,
+        _dir: dir,
+    }
+}
+
+fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
+    SandboxRequest {
+        name: name.into(),
+        argv: vec![
+            "/opt/gateway/gateway".into(),
+            "sandbox-exec".into(),
+            "/run/gateway/in/steps.json".into(),
+        ],
+        env: vec![("TF_IN_AUTOMATION".into(), "1".into())],
+        binds: vec![],
+        workdir,
+        files_in: vec![FileIn {
+            path: "steps.json".into(),
+            contents: b"[]".to_vec(),
+        }],
+        credential: Some(SecretFile::new(b"test-token-not-real".to_vec())),
+        limits: Limits::default(),
+        deadline: Duration::from_secs(60),
+        network: Network::Endpoints(vec![Endpoint {
+            name: "kube-apiserver".into(),
+            port: 6443,
+        }]),
+        files_out: vec![],
+    }
+}
+
+/// Wait (as the kubelet would notice) until the Job's pod exists.
+async fn pod_of(c: &Cluster, job: &str) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(p) = c.kube.with(|s| s.pods_of(job).into_iter().next()) {
+            return p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no pod for {job}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The kubelet: the container ran and ended.
+fn terminate(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str, log: &str) {
+    c.kube.with(|s| {
+        s.logs.insert(pod.into(), log.as_bytes().to_vec());
+        s.update("pods", NS, pod, |p| {
+            p["status"] = json!({"phase": phase, "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}]});
+        });
+    });
+}
+
+fn running(c: &Cluster, pod: &str) {
+    c.kube.with(|s| {
+        s.update("pods", NS, pod, |p| {
+            p["status"] = json!({"phase": "Running", "containerStatuses": [{"name": "runner", "ready": true, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"running": {}}}]});
+        });
+    });
+}
+
+fn gone(c: &Cluster, resource: &str, name: &str) -> bool {
+    c.kube.with(|s| {
+        !s.objects
+            .contains_key(&(resource.to_string(), NS.to_string(), name.to_string()))
+    })
+}
+
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
+    let c = cluster(|_| {}).await;
+    let module = c.workspace.path().join("terraform/m");
+    std::fs::create_dir_all(&module).expect("mkdir");
+    let mut req = request("req-0001", Some(module.clone()));
+    req.files_out = vec![".gateway/plan.json".into()];
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(req).await }
+    });
+    let pod = pod_of(&c, "gw-req-0001").await;
+    // While it runs: the Secret is owned by the Job and holds the credential.
+    let (job, secret) = c.kube.with(|s| {
+        let job = s.objects[&(
+            "jobs".to_string(),
+            NS.to_string(),
+            "gw-req-0001".to_string(),
+        )]
+            .clone();
+        let secret = s.objects[&(
+            "secrets".to_string(),
+            NS.to_string(),
+            "gw-req-0001-in".to_string(),
+        )]
+            .clone();
+        (job, secret)
+    });
+    assert!(
+        eventually(|| c.kube.with(|s| {
+            s.objects[&(
+                "secrets".to_string(),
+                NS.to_string(),
+                "gw-req-0001-in".to_string(),
+            )]["metadata"]["ownerReferences"][0]["uid"]
+                == job["metadata"]["uid"]
+        }))
+        .await,
+        "the Job owns its Secret"
+    );
+    assert!(secret["data"]["credential"].is_string());
+    running(&c, &pod);
+    // The container wrote the plan JSON into its working dir (the PVC).
+    std::fs::create_dir_all(module.join(".gateway")).expect("mkdir");
+    std::fs::write(
+        module.join(".gateway/plan.json"),
+        b"{\"format_version\":\"1.2\"}",
+    )
+    .expect("write");
+    terminate(
+        &c,
+        &pod,
+        "Succeeded",
+        0,
+        "Completed",
+        "e ==> step 1/1: terraform plan\no Plan: 1 to add\ne warning: deprecated\n",
+    );
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.ended, Ended::Exited);
+    assert_eq!(r.stdout.text(), "Plan: 1 to add\n");
+    assert_eq!(
+        r.stderr.text(),
+        "==> step 1/1: terraform plan\nwarning: deprecated\n"
+    );
+    assert_eq!(
+        r.files_out[".gateway/plan.json"],
+        b"{\"format_version\":\"1.2\"}"
+    );
+    assert_eq!(r.endpoints["kube-apiserver"], "172.18.0.2:6443");
+    assert!(gone(&c, "jobs", "gw-req-0001") && gone(&c, "secrets", "gw-req-0001-in"));
+    assert!(gone(&c, "pods", &pod), "the pod went with its Job");
+    let deletions = c.kube.with(|s| s.deletions.clone());
+    assert!(
+        deletions.contains(&("jobs".into(), "gw-req-0001".into(), "Background".into())),
+        "{deletions:?}"
+    );
+    // The backend watched; it never listed pods in a loop.
+    let seen = c.kube.with(|s| s.seen.clone());
+    let pod_gets = seen
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/pods"))
+        .count();
+    assert!(
+        pod_gets <= 3,
+        "watches, not polling: {pod_gets} pod requests"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_reported() {
+    let c = cluster(|_| {}).await;
+    // Failed with an exit code.
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-fail", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-fail").await;
+    terminate(
+        &c,
+        &pod,
+        "Failed",
+        3,
+        "Error",
+        "e sandbox-exec: step 1 failed (exit status: 3)\n",
+    );
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!((r.exit_code, r.ended.clone()), (Some(3), Ended::Exited));
+    assert!(!r.success());
+
+    // Deadline: the Job controller fails the Job at activeDeadlineSeconds.
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-late", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-late").await;
+    running(&c, &pod);
+    c.kube.with(|s| {
+        s.update("jobs", NS, "gw-req-late", |j| {
+            j["status"]["conditions"] = json!([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                "message": "Job was active longer than specified deadline"}]);
+        });
+    });
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!((r.exit_code, r.ended), (None, Ended::Deadline));
+    assert!(gone(&c, "jobs", "gw-req-late"));
+
+    // OOMKilled.
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-oom", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-oom").await;
+    terminate(&c, &pod, "Failed", 137, "OOMKilled", "");
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.ended, Ended::Limit("memory".into()));
+
+    // The image cannot be pulled.
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-pull", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-pull").await;
+    c.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["status"] = json!({"phase": "Pending", "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "",
+                "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied for gateway-runner"}}}]});
+        });
+    });
+    let e = run.await.expect("join").expect_err("no image");
+    assert!(
+        e.to_string().contains("ErrImagePull") && e.to_string().contains("pull access denied"),
+        "{e}"
+    );
+    assert!(gone(&c, "jobs", "gw-req-pull"));
+
+    // Admission rejects the pod (Pod Security): the job controller's FailedCreate.
+    c.kube.with(|s| {
+        s.reject_pods = Some(
+            "violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false".into(),
+        )
+    });
+    let e = c
+        .sandbox
+        .run(request("req-psa", None))
+        .await
+        .expect_err("rejected");
+    assert!(
+        e.to_string().contains("admission rejected the sandbox pod"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("PodSecurity"), "{e}");
+    assert!(gone(&c, "jobs", "gw-req-psa") && gone(&c, "secrets", "gw-req-psa-in"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_that_goes_away_mid_watch_and_comes_back_is_followed() {
+    let c = cluster(|_| {}).await;
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-blip", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-blip").await;
+    running(&c, &pod);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.kube.pause();
+    // While it is away the pod finishes (the kubelet does not need it).
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "o done\n");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    c.kube.resume().await;
+    let r = run
+        .await
+        .expect("join")
+        .expect("followed after the API server came back");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.stdout.text(), "done\n");
+    assert!(eventually(|| gone(&c, "jobs", "gw-req-blip")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_that_never_comes_back_fails_the_call_after_the_deadline() {
+    let c = cluster(|_| {}).await;
+    let mut req = request("req-gone", None);
+    req.deadline = Duration::from_secs(1);
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(req).await }
+    });
+    pod_of(&c, "gw-req-gone").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.kube.pause();
+    let started = Instant::now();
+    let e = run.await.expect("join").expect_err("lost");
+    assert!(e.to_string().contains("lost the API server"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "gave up at deadline + grace"
+    );
+    // Its Job is still there (nobody could delete it): the next start reaps it.
+    c.kube.resume().await;
+    assert!(!gone(&c, "jobs", "gw-req-gone"));
+    let reaped = c.sandbox.reap_leftovers().await.expect("reap");
+    assert_eq!(reaped, vec!["gw-req-gone".to_string()]);
+    assert!(gone(&c, "jobs", "gw-req-gone") && gone(&c, "secrets", "gw-req-gone-in"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_call_deletes_its_job() {
+    let c = cluster(|_| {}).await;
+    let run = tokio::spawn({
+        let sb = c.sandbox.clone();
+        async move { sb.run(request("req-cancel", None)).await }
+    });
+    let pod = pod_of(&c, "gw-req-cancel").await;
+    running(&c, &pod);
+    run.abort();
+    assert!(run.await.expect_err("aborted").is_cancelled());
+    assert!(
+        eventually(|| gone(&c, "jobs", "gw-req-cancel") && gone(&c, "secrets", "gw-req-cancel-in"))
+            .await,
+        "the cancelled call's Job and Secret were deleted"
+    );
+    assert!(gone(&c, "pods", &pod));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_deletes_only_this_instances_leftovers_and_conflicts_are_clear() {
+    let c = cluster(|_| {}).await;
+    let labels = |instance: &str| json!({"app.kubernetes.io/managed-by": "gateway", "gateway.dev/instance": instance, "gateway.dev/request": "x"});
+    c.kube.with(|s| {
+        s.put(
+            "jobs",
+            NS,
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "gw-req-old", "labels": labels("gateway")}, "spec": {}}),
+        );
+        s.put(
+            "jobs",
+            NS,
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "gw-req-other", "labels": labels("another-gateway")}, "spec": {}}),
+        );
+    });
+    let reaped = c.sandbox.reap_leftovers().await.expect("reap");
+    assert_eq!(reaped, vec!["gw-req-old".to_string()]);
+    assert!(
+        !gone(&c, "jobs", "gw-req-other"),
+        "another instance's Job is not ours"
+    );
+    // A Job of the same name already exists: a clear error, nothing left.
+    c.kube.with(|s| {
+        s.put(
+            "jobs",
+            NS,
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "gw-req-dup", "labels": labels("someone")}, "spec": {}}),
+        );
+    });
+    let e = c
+        .sandbox
+        .run(request("req-dup", None))
+        .await
+        .expect_err("conflict");
+    assert!(
+        e.to_string().contains("409") && e.to_string().contains("already exists"),
+        "{e}"
+    );
+    assert!(
+        gone(&c, "secrets", "gw-req-dup-in"),
+        "its Secret was removed"
+    );
+}
+
+fn workdir_under(root: &Path) -> PathBuf {
+    root.join("terraform/offline-demo")
+}
+
+#[test]
+fn requests_that_do_not_fit_the_cluster_are_refused_before_anything_is_created() {
+    let cfg = KubeSandboxConfig {
+        workspace_pvc: Some("ws".into()),
+        workspace_root: PathBuf::from("/workspace"),
+        ..KubeSandboxConfig::default()
+    };
+    let mut r = request("req-x", Some(PathBuf::from("/elsewhere/m")));
+    r.network = Network::None;
+    assert!(
+        manifests::build(&cfg, &r).is_err(),
+        "workdir outside the PVC"
+    );
+    let mut r = request("req-x", Some(workdir_under(Path::new("/workspace"))));
+    r.network = Network::None;
+    assert!(manifests::build(&cfg, &r).is_ok());
+    let r = request("req-x", None);
+    assert!(
+        manifests::build(&cfg, &r)
+            .expect_err("no address")
+            .to_string()
+            .contains("endpoint_addresses")
+    );
+    let mut r = request("REQ_bad name", None);
+    r.network = Network::None;
+    assert!(manifests::build(&cfg, &r).is_err());
+    let mut r = request("req-x", None);
+    r.network = Network::None;
+    r.files_in.push(FileIn {
+        path: "../escape".into(),
+        contents: vec![],
+    });
+    assert!(manifests::build(&cfg, &r).is_err());
+    let _ = Value::Null;
+}
