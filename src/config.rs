@@ -53,7 +53,7 @@ pub struct GatewayConfig {
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxConfig {
-    /// Only `local` is built so far.
+    /// `local` (gVisor on this host) or `kubernetes` (a gVisor Job per call).
     #[serde(default = "default_backend")]
     pub backend: String,
     /// The runsc binary (default: found on PATH).
@@ -61,6 +61,9 @@ pub struct SandboxConfig {
     /// runsc platform: ptrace (works everywhere) or kvm.
     #[serde(default = "default_platform")]
     pub platform: String,
+    /// The kubernetes backend (`backend = "kubernetes"`).
+    #[serde(default)]
+    pub kubernetes: crate::sandbox::kubernetes::KubeSandboxConfig,
 }
 
 impl Default for SandboxConfig {
@@ -69,6 +72,7 @@ impl Default for SandboxConfig {
             backend: default_backend(),
             runsc: None,
             platform: default_platform(),
+            kubernetes: crate::sandbox::kubernetes::KubeSandboxConfig::default(),
         }
     }
 }
@@ -112,11 +116,11 @@ impl GatewayConfig {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        if cfg.sandbox.backend != "local" {
+        if !matches!(cfg.sandbox.backend.as_str(), "local" | "kubernetes") {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
                 message: format!(
-                    "sandbox.backend {:?}: only \"local\" is available in this build",
+                    "sandbox.backend {:?}: \"local\" or \"kubernetes\"",
                     cfg.sandbox.backend
                 ),
             });
@@ -145,8 +149,20 @@ mod tests {
                 .to_string()
                 .contains("unknown field `polices`")
         );
-        std::fs::write(&p, "[sandbox]\nbackend = \"kubernetes\"\n").expect("write");
+        std::fs::write(&p, "[sandbox]\nbackend = \"nomad\"\n").expect("write");
         assert!(GatewayConfig::load(&p, true).is_err());
+        std::fs::write(
+            &p,
+            "[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nnamespace = \"sb\"\nworkspace_pvc = \"ws\"\n[sandbox.kubernetes.endpoint_addresses]\nkube-apiserver = \"172.18.0.2\"\n",
+        )
+        .expect("write");
+        let c = GatewayConfig::load(&p, true).expect("kubernetes backend");
+        assert_eq!(c.sandbox.kubernetes.namespace, "sb");
+        assert_eq!(c.sandbox.kubernetes.runtime_class, "gvisor");
+        assert_eq!(
+            c.sandbox.kubernetes.endpoint_addresses["kube-apiserver"],
+            "172.18.0.2"
+        );
         assert!(GatewayConfig::load(&dir.path().join("none.toml"), false).is_ok());
         assert!(GatewayConfig::load(&dir.path().join("none.toml"), true).is_err());
     }

@@ -76,11 +76,33 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         };
         let _ = watch_audit.append("", name, data);
     });
-    let sandbox = Arc::new(LocalSandbox::new(LocalConfig {
-        runsc: cli.file.sandbox.runsc.clone(),
-        platform: cli.file.sandbox.platform.clone(),
-        ..LocalConfig::default()
-    })?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let sandbox: Arc<dyn crate::sandbox::Sandbox> = match cli.file.sandbox.backend.as_str() {
+        "kubernetes" => {
+            let cfg = cli.file.sandbox.kubernetes.clone();
+            let sb = rt.block_on(async {
+                let client = crate::sandbox::kubernetes::client(&cfg).await?;
+                let sb = crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg);
+                // Jobs a previous run of this instance left are removed first.
+                match sb.reap_leftovers().await {
+                    Ok(r) if !r.is_empty() => {
+                        tracing::warn!(jobs = ?r, "deleted sandbox Jobs a previous gateway left");
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("could not look for leftover sandbox Jobs: {e}"),
+                }
+                Ok::<_, crate::sandbox::SandboxError>(sb)
+            })?;
+            Arc::new(sb)
+        }
+        _ => Arc::new(LocalSandbox::new(LocalConfig {
+            runsc: cli.file.sandbox.runsc.clone(),
+            platform: cli.file.sandbox.platform.clone(),
+            ..LocalConfig::default()
+        })?),
+    };
     let ws = a
         .workspace
         .clone()
@@ -97,9 +119,6 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
     let pipeline = Arc::new(pipeline);
     let server = GatewayServer::new(Arc::clone(&pipeline));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     rt.block_on(async move {
         if let Some(b) = &broker {
             // Leases a previous gateway left open are revoked before any

@@ -327,7 +327,10 @@ impl Pipeline {
             Runner::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Runner::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
         };
+        // The kubernetes backend's image carries the tools; the local
+        // backend binds this host's.
         let binds = match binds {
+            _ if !self.sandbox.uses_host_tools() => Vec::new(),
             Ok(b) => b,
             Err(e) => return Ok(Err(e.to_string())),
         };
@@ -338,7 +341,8 @@ impl Pipeline {
         if runner == Runner::Terraform {
             extra_files.push(FileIn {
                 path: tools::TF_CLI_CONFIG.into(),
-                contents: tools::terraformrc(None).into_bytes(),
+                contents: tools::terraformrc(self.sandbox.terraform_provider_mirror().as_deref())
+                    .into_bytes(),
             });
         }
         // A Kubernetes credential comes with a kubeconfig around its token

