@@ -902,3 +902,182 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
     assert_eq!(out.status.code(), Some(2));
     assert!(common::stderr(&out).contains("VAULT_TOKEN"));
 }
+
+/// The test's kubelet and CNI for `gateway verify --backend kubernetes`:
+/// runs each new pod's probe as the real node would answer it. The answers
+/// depend on the pod as created: the kernel is gVisor's only under the
+/// `gvisor` runtime class; a connection leaves the sandbox namespace only
+/// to the API server, and only from a pod labelled for that endpoint whose
+/// hostAliases point the name at the endpoint (what cluster/networkpolicy.yaml
+/// and Calico enforce on a real cluster).
+fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHandle<()> {
+    let state = Arc::clone(&kube.state);
+    let api = format!("{api_ip}:{api_port}");
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let mut s = state.lock().expect("state");
+            let pending: Vec<(String, String, Value)> = s
+                .objects
+                .iter()
+                .filter(|((r, _, _), v)| r == "pods" && v["status"]["phase"] == "Pending")
+                .map(|((_, n, name), v)| (n.clone(), name.clone(), v.clone()))
+                .collect();
+            for (ns, name, pod) in pending {
+                let spec = &pod["spec"];
+                let argv: Vec<String> = spec["containers"][0]["command"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str().map(str::to_string))
+                    .collect();
+                let gvisor = spec["runtimeClassName"] == "gvisor";
+                let (phase, code, log, ip) = match argv.get(2).map(String::as_str) {
+                    Some("kernel") => {
+                        let release = if gvisor { "4.4.0" } else { "6.1.0-host" };
+                        ("Succeeded", 0, format!("o release {release}\n"), None)
+                    }
+                    Some("serve") => (
+                        "Running",
+                        0,
+                        "o serving on 8080\n".into(),
+                        Some("10.244.1.50"),
+                    ),
+                    Some("connect") => {
+                        let target = argv.get(3).cloned().unwrap_or_default();
+                        let (host, port) = target.rsplit_once(':').unwrap_or(("", ""));
+                        let resolved = spec["hostAliases"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|h| {
+                                h["hostnames"]
+                                    .as_array()
+                                    .is_some_and(|n| n.iter().any(|x| x == host))
+                            })
+                            .and_then(|h| h["ip"].as_str())
+                            .unwrap_or(host);
+                        let dest = format!("{resolved}:{port}");
+                        let labelled = pod["metadata"]["labels"]["gateway.dev/egress-kube-apiserver"]
+                            == "allow";
+                        let allowed = ns != "gateway-sandbox" || (labelled && dest == api);
+                        if allowed {
+                            ("Succeeded", 0, format!("o connected {dest}\n"), None)
+                        } else {
+                            (
+                                "Failed",
+                                1,
+                                format!("o failed: {dest}: connection timed out\n"),
+                                None,
+                            )
+                        }
+                    }
+                    _ => ("Failed", 2, "e unknown probe\n".into(), None),
+                };
+                s.logs.insert(name.clone(), log.into_bytes());
+                let state = if phase == "Running" {
+                    json!({"running": {}})
+                } else {
+                    json!({"terminated": {"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"}}})
+                };
+                s.update("pods", &ns, &name, |p| {
+                    p["status"] = json!({"phase": phase, "podIP": ip,
+                        "containerStatuses": [{"name": "runner", "ready": phase == "Running", "restartCount": 0,
+                            "image": "gateway-runner:0.1.0", "imageID": "", "state": state}]});
+                });
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons() {
+    use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox, verify};
+    let w = world().await;
+    w.kube
+        .with(|s| s.restricted_namespaces = vec!["gateway-sandbox".into()]);
+    w.kube.set_pods(
+        "demo-app",
+        vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
+    );
+    let _kubelet = kubelet(&w.kube, "172.18.0.2", 6443);
+    // The gateway's (operator's) access to the cluster.
+    let token = w.dir.path().join("admin-token");
+    std::fs::write(&token, &w.kube.admin_jwt).expect("token");
+    let kubeconfig = w.dir.path().join("admin-kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        gateway::broker::kubeconfig::kubeconfig(
+            &w.kube.url(),
+            w.kube.ca_pem.as_bytes(),
+            "kubernetes",
+            &token.display().to_string(),
+            "default",
+        ),
+    )
+    .expect("kubeconfig");
+    let cfg = KubeSandboxConfig {
+        kubeconfig: Some(kubeconfig),
+        endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
+        grace_seconds: 5,
+        ..KubeSandboxConfig::default()
+    };
+    let base = gateway::sandbox::kubernetes::config(&cfg)
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(base.clone()).expect("client");
+    let broker =
+        VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("broker");
+    let scope = pod_reader();
+    let sb = KubernetesSandbox::new(client.clone(), cfg.clone());
+    let checks = verify::verify_kubernetes(&sb, &base, 6443, Some((&broker, &scope))).await;
+    for c in &checks {
+        assert!(c.pass, "{}: {}", c.name, c.detail);
+    }
+    assert_eq!(checks.len(), 5);
+    assert!(
+        checks[4]
+            .detail
+            .contains("pods in kube-system: 403; secrets in demo-app: 403"),
+        "{}",
+        checks[4].detail
+    );
+    assert!(
+        checks[4].detail.contains("after revoke: 401"),
+        "{}",
+        checks[4].detail
+    );
+    // Nothing is left: no Job, no Secret, the scratch namespace is gone.
+    w.kube.with(|s| {
+        assert!(
+            s.live("jobs").is_empty() && s.live("secrets").is_empty(),
+            "{:?}",
+            s.live("jobs")
+        );
+        assert!(s.live("namespaces").is_empty());
+    });
+
+    // And each check can fail: a cluster without gVisor, without the
+    // NetworkPolicy labels, with admission off.
+    w.kube.with(|s| s.restricted_namespaces.clear());
+    let weak = KubernetesSandbox::new(
+        client,
+        KubeSandboxConfig {
+            runtime_class: "runc".into(),
+            endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "10.96.0.1".into())]),
+            ..cfg
+        },
+    );
+    let checks = verify::verify_kubernetes(&weak, &base, 6443, None).await;
+    let failed: Vec<&str> = checks.iter().filter(|c| !c.pass).map(|c| c.name).collect();
+    assert_eq!(checks.len(), 4);
+    assert!(failed.iter().any(|n| n.contains("gVisor")), "{failed:?}");
+    assert!(
+        failed.iter().any(|n| n.contains("API server endpoint")),
+        "ClusterIP is not the endpoint: {failed:?}"
+    );
+    assert!(
+        failed.iter().any(|n| n.contains("privileged")),
+        "{failed:?}"
+    );
+}

