@@ -79,6 +79,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let mut cluster: Option<crate::sandbox::kubernetes::KubernetesSandbox> = None;
     let sandbox: Arc<dyn crate::sandbox::Sandbox> = match cli.file.sandbox.backend.as_str() {
         "kubernetes" => {
             let cfg = cli.file.sandbox.kubernetes.clone();
@@ -95,6 +96,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
                 }
                 Ok::<_, crate::sandbox::SandboxError>(sb)
             })?;
+            cluster = Some(sb.clone());
             Arc::new(sb)
         }
         _ => Arc::new(LocalSandbox::new(LocalConfig {
@@ -130,7 +132,15 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
             .serve(rmcp::transport::stdio())
             .await
             .context("MCP initialisation")?;
-        service.waiting().await.context("MCP session")?;
+        let ended = service.waiting().await.context("MCP session");
+        // Shutting down: calls still in flight are abandoned; delete their
+        // Jobs now rather than leave them to the next start.
+        if let Some(sb) = &cluster
+            && let Err(e) = sb.reap_leftovers().await
+        {
+            tracing::warn!("could not delete this gateway's sandbox Jobs at shutdown: {e}");
+        }
+        ended?;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
