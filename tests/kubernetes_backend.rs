@@ -95,6 +95,16 @@ fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
     }
 }
 
+/// Run `req` on the cluster in the background (the test plays the kubelet meanwhile).
+fn spawn_run(
+    c: &Cluster,
+    req: SandboxRequest,
+) -> tokio::task::JoinHandle<Result<gateway::sandbox::SandboxResult, gateway::sandbox::SandboxError>>
+{
+    let sb = c.sandbox.clone();
+    tokio::spawn(async move { sb.run(req).await })
+}
+
 /// Wait (as the kubelet would notice) until the Job's pod exists.
 async fn pod_of(c: &Cluster, job: &str) -> String {
     let start = Instant::now();
@@ -155,10 +165,7 @@ async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
     std::fs::create_dir_all(&module).expect("mkdir");
     let mut req = request("req-0001", Some(module.clone()));
     req.files_out = vec![".gateway/plan.json".into()];
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(req).await }
-    });
+    let run = spawn_run(&c, req);
     let pod = pod_of(&c, "gw-req-0001").await;
     // While it runs: the Secret is owned by the Job and holds the credential.
     let (job, secret) = c.kube.with(|s| {
@@ -241,10 +248,7 @@ async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
 async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_reported() {
     let c = cluster(|_| {}).await;
     // Failed with an exit code.
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-fail", None)).await }
-    });
+    let run = spawn_run(&c, request("req-fail", None));
     let pod = pod_of(&c, "gw-req-fail").await;
     terminate(
         &c,
@@ -259,10 +263,7 @@ async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_re
     assert!(!r.success());
 
     // Deadline: the Job controller fails the Job at activeDeadlineSeconds.
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-late", None)).await }
-    });
+    let run = spawn_run(&c, request("req-late", None));
     let pod = pod_of(&c, "gw-req-late").await;
     running(&c, &pod);
     c.kube.with(|s| {
@@ -276,20 +277,14 @@ async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_re
     assert!(gone(&c, "jobs", "gw-req-late"));
 
     // OOMKilled.
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-oom", None)).await }
-    });
+    let run = spawn_run(&c, request("req-oom", None));
     let pod = pod_of(&c, "gw-req-oom").await;
     terminate(&c, &pod, "Failed", 137, "OOMKilled", "");
     let r = run.await.expect("join").expect("ran");
     assert_eq!(r.ended, Ended::Limit("memory".into()));
 
     // The image cannot be pulled.
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-pull", None)).await }
-    });
+    let run = spawn_run(&c, request("req-pull", None));
     let pod = pod_of(&c, "gw-req-pull").await;
     c.kube.with(|s| {
         s.update("pods", NS, &pod, |p| {
@@ -327,10 +322,7 @@ async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_that_goes_away_mid_watch_and_comes_back_is_followed() {
     let c = cluster(|_| {}).await;
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-blip", None)).await }
-    });
+    let run = spawn_run(&c, request("req-blip", None));
     let pod = pod_of(&c, "gw-req-blip").await;
     running(&c, &pod);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -353,10 +345,7 @@ async fn an_api_server_that_never_comes_back_fails_the_call_after_the_deadline()
     let c = cluster(|_| {}).await;
     let mut req = request("req-gone", None);
     req.deadline = Duration::from_secs(1);
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(req).await }
-    });
+    let run = spawn_run(&c, req);
     pod_of(&c, "gw-req-gone").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     c.kube.pause();
@@ -378,10 +367,7 @@ async fn an_api_server_that_never_comes_back_fails_the_call_after_the_deadline()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_call_deletes_its_job() {
     let c = cluster(|_| {}).await;
-    let run = tokio::spawn({
-        let sb = c.sandbox.clone();
-        async move { sb.run(request("req-cancel", None)).await }
-    });
+    let run = spawn_run(&c, request("req-cancel", None));
     let pod = pod_of(&c, "gw-req-cancel").await;
     running(&c, &pod);
     run.abort();

@@ -17,7 +17,7 @@ use gateway::pipeline::{KubernetesAccess, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{CredentialScope, PolicyStore, Principal};
 use gateway::sandbox::kubernetes::{KubeSandboxConfig, manifests, podsecurity};
-use gateway::sandbox::{FileIn, Sandbox, SandboxError, SandboxRequest, SandboxResult, SecretFile};
+use gateway::sandbox::{FileIn, RunFuture, Sandbox, SandboxError, SandboxRequest, SecretFile};
 use gateway::tools::ToolPaths;
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::{Value, json};
@@ -27,12 +27,7 @@ use serde_json::{Value, json};
 struct Recording(Mutex<Vec<SandboxRequest>>);
 
 impl Sandbox for Recording {
-    fn run<'a>(
-        &'a self,
-        req: SandboxRequest,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
-    > {
+    fn run(&self, req: SandboxRequest) -> RunFuture<'_> {
         self.0.lock().expect("lock").push(req);
         Box::pin(async { Err(SandboxError::Setup("recorded, not run".into())) })
     }

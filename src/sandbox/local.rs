@@ -32,8 +32,8 @@ use tokio::io::AsyncReadExt;
 
 use super::net::NetNs;
 use super::{
-    CREDENTIAL_PATH, Captured, Ended, FILES_IN_DIR, Network, SANDBOX_UID, Sandbox, SandboxError,
-    SandboxRequest, SandboxResult, WORKDIR, valid_name,
+    CREDENTIAL_PATH, Captured, Ended, FILES_IN_DIR, Network, RunFuture, SANDBOX_UID, Sandbox,
+    SandboxError, SandboxRequest, SandboxResult, WORKDIR, valid_name,
 };
 
 /// Syscalls refused (EPERM) inside the sandbox on top of gVisor's own
@@ -710,12 +710,7 @@ impl LocalSandbox {
 }
 
 impl Sandbox for LocalSandbox {
-    fn run<'a>(
-        &'a self,
-        req: SandboxRequest,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
-    > {
+    fn run(&self, req: SandboxRequest) -> RunFuture<'_> {
         Box::pin(self.run_inner(req))
     }
 

@@ -240,16 +240,16 @@ impl SandboxResult {
     }
 }
 
+/// What [`Sandbox::run`] returns.
+pub type RunFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
+>;
+
 /// A sandbox backend.
 pub trait Sandbox: Send + Sync {
     /// Run one request in a new sandbox and remove it afterwards. Dropping
     /// the returned future (cancellation) kills and removes the sandbox.
-    fn run<'a>(
-        &'a self,
-        req: SandboxRequest,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
-    >;
+    fn run(&self, req: SandboxRequest) -> RunFuture<'_>;
 
     /// The backend's name, as the audit records it.
     fn backend(&self) -> &'static str;

@@ -34,7 +34,9 @@ use serde_json::json;
 
 pub use manifests::KubeSandboxConfig;
 
-use super::{Captured, Ended, Network, Sandbox, SandboxError, SandboxRequest, SandboxResult};
+use super::{
+    Captured, Ended, Network, RunFuture, Sandbox, SandboxError, SandboxRequest, SandboxResult,
+};
 
 #[derive(Clone)]
 pub struct KubernetesSandbox {
@@ -525,12 +527,7 @@ impl KubernetesSandbox {
 }
 
 impl Sandbox for KubernetesSandbox {
-    fn run<'a>(
-        &'a self,
-        req: SandboxRequest,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
-    > {
+    fn run(&self, req: SandboxRequest) -> RunFuture<'_> {
         Box::pin(self.run_inner(req))
     }
 
