@@ -1057,6 +1057,40 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         assert!(s.live("namespaces").is_empty());
     });
 
+    // The same through the binary: `gateway verify --backend kubernetes`
+    // with a gateway.toml (operator kubeconfig, the gateway's Vault token).
+    let token_file = w.dir.path().join("gateway-token");
+    std::fs::write(&token_file, &w.gateway_token).expect("token file");
+    let config = w.dir.path().join("verify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "policies = {:?}\n[endpoints]\nkube-apiserver = 6443\n[vault]\naddress = {:?}\ntoken_file = {:?}\n[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nkubeconfig = {:?}\ngrace_seconds = 5\n[sandbox.kubernetes.endpoint_addresses]\nkube-apiserver = \"172.18.0.2\"\n",
+            common::repo().join("policies"),
+            w.bao.addr,
+            token_file,
+            cfg.kubeconfig.clone().expect("kubeconfig")
+        ),
+    )
+    .expect("config");
+    let mut cmd = common::gateway(&w.home);
+    cmd.arg("--config").arg(&config).arg("verify");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("gateway verify"))
+        .await
+        .expect("join");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    assert!(common::stdout(&out).contains("gateway verify: kubernetes backend"));
+    assert!(
+        common::stdout(&out).contains("5 passed, 0 failed"),
+        "{}",
+        common::stdout(&out)
+    );
+
     // And each check can fail: a cluster without gVisor, without the
     // NetworkPolicy labels, with admission off.
     w.kube.with(|s| s.restricted_namespaces.clear());
