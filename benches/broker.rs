@@ -52,6 +52,7 @@ fn bench(c: &mut Criterion) {
         gateway_name: "gateway".into(),
         approle: false,
         secret_id_file: None,
+        kubernetes_auth: None,
         aws: None,
     };
     rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))

@@ -1115,3 +1115,80 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         "{failed:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_auth_logs_the_gateway_in_with_its_service_account() {
+    let w = world().await;
+    let jwt_file = w.dir.path().join("openbao-sa.jwt");
+    let out = common::gateway(&w.home)
+        .args(["vault", "setup", "--kubernetes-host", &w.kube.url()])
+        .arg("--kubernetes-ca-file")
+        .arg(&w.ca_file)
+        .arg("--service-account-jwt-file")
+        .arg(&jwt_file)
+        .args(["--kubernetes-auth", "gateway-sandbox/gateway"])
+        .env("VAULT_ADDR", &w.bao.addr)
+        .env("VAULT_TOKEN", &w.bao.root_token)
+        .output()
+        .expect("setup");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    assert!(
+        common::stdout(&out)
+            .contains("auth kubernetes/role/gateway: service account gateway-sandbox/gateway")
+    );
+    let k8s_auth = |jwt: &str, tag: &str| {
+        let file = w.dir.path().join(format!("sa-{tag}.jwt"));
+        std::fs::write(&file, jwt).expect("jwt");
+        VaultSettings {
+            auth: VaultAuth::Kubernetes {
+                mount: "kubernetes".into(),
+                role: "gateway".into(),
+                jwt_file: file,
+            },
+            ..settings(&w.bao.addr, "")
+        }
+    };
+    // The gateway pod's own service account token.
+    let token = w
+        .kube
+        .with(|s| s.service_account_token("gateway-sandbox", "gateway"));
+    let broker = VaultBroker::new(k8s_auth(&token, "gateway"), &w.home).expect("broker");
+    let checked = broker.check().await;
+    let seen = w.kube.with(|s| {
+        s.seen
+            .iter()
+            .map(|r| format!("{} {} {} {}", r.method, r.path, r.user, r.status))
+            .collect::<Vec<_>>()
+    });
+    let (ttl, renewable) =
+        checked.unwrap_or_else(|e| panic!("logged in: {e}; the API server saw {seen:#?}"));
+    assert!(renewable && ttl.as_secs() > 3000, "{ttl:?}");
+    let cred = broker
+        .issue("req-k8s-auth", &pod_reader())
+        .await
+        .expect("issued with the gateway policy");
+    broker.revoke(&cred.lease_id).await.expect("revoked");
+    // Another service account is not the gateway.
+    let other = w
+        .kube
+        .with(|s| s.service_account_token("default", "builder"));
+    let e = VaultBroker::new(k8s_auth(&other, "other"), &w.home)
+        .expect("b")
+        .issue("r", &pod_reader())
+        .await
+        .expect_err("not bound");
+    assert!(
+        e.to_string()
+            .contains("Kubernetes login at auth/kubernetes"),
+        "{e}"
+    );
+    assert!(
+        !e.to_string().contains(&other),
+        "the JWT is not in the error"
+    );
+}

@@ -50,6 +50,9 @@ pub struct SetupOptions {
     pub approle: bool,
     /// Write a fresh AppRole secret id here (mode 0600).
     pub secret_id_file: Option<PathBuf>,
+    /// Set up Kubernetes auth for a gateway running in the cluster as this
+    /// service account (namespace, name).
+    pub kubernetes_auth: Option<(String, String)>,
     /// AWS root credentials for the AWS secrets engine (from the
     /// environment); `None` skips it.
     pub aws: Option<(String, String, String)>,
@@ -234,6 +237,58 @@ pub async fn setup(
                 path.display()
             ));
         }
+    }
+    if let Some((ns, sa)) = &opts.kubernetes_auth {
+        let auths = call(
+            &client,
+            RequestMethod::GET,
+            "sys/auth",
+            None,
+            "listing auth methods",
+        )
+        .await?
+        .unwrap_or(Value::Null);
+        if auths.get("kubernetes/").is_none() && auths["data"].get("kubernetes/").is_none() {
+            call(
+                &client,
+                RequestMethod::POST,
+                "sys/auth/kubernetes",
+                Some(json!({"type": "kubernetes"})),
+                "enabling Kubernetes auth",
+            )
+            .await?;
+            report.push("auth kubernetes/: enabled".into());
+        }
+        let mut config = json!({
+            "kubernetes_host": opts.kubernetes_host,
+            "kubernetes_ca_cert": opts.kubernetes_ca_pem,
+        });
+        if let Some(jwt) = &opts.service_account_jwt {
+            // Vault reviews the gateway's token with its own (TokenReview).
+            config["token_reviewer_jwt"] = json!(jwt);
+            config["disable_local_ca_jwt"] = json!(true);
+        }
+        call(
+            &client,
+            RequestMethod::POST,
+            "auth/kubernetes/config",
+            Some(config),
+            "configuring Kubernetes auth",
+        )
+        .await?;
+        call(
+            &client,
+            RequestMethod::POST,
+            &format!("auth/kubernetes/role/{}", opts.gateway_name),
+            Some(json!({"bound_service_account_names": [sa], "bound_service_account_namespaces": [ns],
+                        "token_policies": [opts.gateway_name], "token_ttl": "1h", "token_max_ttl": "24h"})),
+            "writing the gateway's Kubernetes auth role",
+        )
+        .await?;
+        report.push(format!(
+            "auth kubernetes/role/{}: service account {ns}/{sa}",
+            opts.gateway_name
+        ));
     }
     match &opts.aws {
         Some((key, secret, region)) => {

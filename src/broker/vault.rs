@@ -65,6 +65,13 @@ pub enum VaultAuth {
         role_id: String,
         secret_id: Secret,
     },
+    /// Kubernetes auth, for a gateway running in a cluster: its service
+    /// account token (re-read at every login: projected tokens rotate).
+    Kubernetes {
+        mount: String,
+        role: String,
+        jwt_file: PathBuf,
+    },
 }
 
 /// Where Vault is and how to reach it.
@@ -88,12 +95,14 @@ pub struct VaultConfig {
     pub address: Option<String>,
     pub namespace: Option<String>,
     pub ca_cert: Option<PathBuf>,
-    /// `token` (default) or `approle`.
+    /// `token` (default), `approle` or `kubernetes`.
     pub auth: Option<String>,
     /// A file holding the token (instead of `VAULT_TOKEN`).
     pub token_file: Option<PathBuf>,
     #[serde(default)]
     pub approle: AppRoleConfig,
+    #[serde(default)]
+    pub kubernetes: KubernetesAuthConfig,
     /// Per-request timeout in seconds (default 10).
     pub timeout_seconds: Option<u64>,
 }
@@ -107,6 +116,20 @@ pub struct AppRoleConfig {
     /// File holding the secret id (never the secret id itself in the config).
     pub secret_id_file: Option<PathBuf>,
 }
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesAuthConfig {
+    /// Auth mount (default `kubernetes`).
+    pub mount: Option<String>,
+    /// The Vault role bound to the gateway's service account (default `gateway`).
+    pub role: Option<String>,
+    /// The service account token (default: the in-cluster one).
+    pub jwt_file: Option<PathBuf>,
+}
+
+/// Where a pod's service account token is.
+pub const IN_CLUSTER_JWT: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 #[derive(Debug, thiserror::Error)]
 pub enum VaultConfigError {
@@ -196,9 +219,31 @@ impl VaultConfig {
                     secret_id: read_secret_file(&file)?,
                 }
             }
+            "kubernetes" => {
+                let jwt_file = self
+                    .kubernetes
+                    .jwt_file
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(IN_CLUSTER_JWT));
+                // Readable now, or the configuration is wrong.
+                read_secret_file(&jwt_file)?;
+                VaultAuth::Kubernetes {
+                    mount: self
+                        .kubernetes
+                        .mount
+                        .clone()
+                        .unwrap_or_else(|| "kubernetes".into()),
+                    role: self
+                        .kubernetes
+                        .role
+                        .clone()
+                        .unwrap_or_else(|| "gateway".into()),
+                    jwt_file,
+                }
+            }
             other => {
                 return Err(VaultConfigError::Invalid(format!(
-                    "unknown auth method {other:?} (token or approle)"
+                    "unknown auth method {other:?} (token, approle or kubernetes)"
                 )));
             }
         };
@@ -329,7 +374,7 @@ pub fn client_for(settings: &VaultSettings) -> Result<VaultClient, BrokerError> 
     }
     match &settings.auth {
         VaultAuth::Token(t) => b.token(t.expose()),
-        VaultAuth::AppRole { .. } => b.token(""),
+        VaultAuth::AppRole { .. } | VaultAuth::Kubernetes { .. } => b.token(""),
     };
     let client_settings = b
         .build()
@@ -390,32 +435,49 @@ impl VaultBroker {
         call(&client, method, path, body, what).await
     }
 
-    /// Log in with AppRole when there is no token yet.
+    /// Log in (AppRole or Kubernetes auth) when there is no token yet.
     async fn ensure_login(&self) -> Result<(), BrokerError> {
-        let VaultAuth::AppRole {
-            mount,
-            role_id,
-            secret_id,
-        } = &self.settings.auth
-        else {
-            return Ok(());
-        };
-        if !self.client.read().await.settings.token.is_empty() {
+        if matches!(self.settings.auth, VaultAuth::Token(_))
+            || !self.client.read().await.settings.token.is_empty()
+        {
             return Ok(());
         }
         let mut client = self.client.write().await;
         if !client.settings.token.is_empty() {
             return Ok(());
         }
-        let info = vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose())
-            .await
-            .map_err(|e| login_error(e, mount))?;
+        let (method, mount, result) = match &self.settings.auth {
+            VaultAuth::Token(_) => return Ok(()),
+            VaultAuth::AppRole {
+                mount,
+                role_id,
+                secret_id,
+            } => (
+                "AppRole",
+                mount,
+                vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose()).await,
+            ),
+            VaultAuth::Kubernetes {
+                mount,
+                role,
+                jwt_file,
+            } => {
+                let jwt =
+                    read_secret_file(jwt_file).map_err(|e| BrokerError::Refused(e.to_string()))?;
+                (
+                    "Kubernetes",
+                    mount,
+                    vaultrs::auth::kubernetes::login(&*client, mount, role, jwt.expose()).await,
+                )
+            }
+        };
+        let info = result.map_err(|e| login_error(e, method, mount))?;
         client.set_token(&info.client_token);
         drop(Zeroizing::new(info.client_token));
         if let Ok(mut t) = self.token_ttl.lock() {
             *t = Some((Duration::from_secs(info.lease_duration), info.renewable));
         }
-        tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with AppRole");
+        tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with {method} auth");
         Ok(())
     }
 
@@ -460,7 +522,7 @@ impl VaultBroker {
                 }
                 Ok(Duration::from_secs(ttl))
             }
-            Err(e) if matches!(self.settings.auth, VaultAuth::AppRole { .. }) => {
+            Err(e) if !matches!(self.settings.auth, VaultAuth::Token(_)) => {
                 tracing::warn!("renewing the Vault token failed ({e}); logging in again");
                 self.client.write().await.set_token("");
                 self.ensure_login().await?;
@@ -656,15 +718,15 @@ impl VaultBroker {
     }
 }
 
-fn login_error(e: vaultrs::error::ClientError, mount: &str) -> BrokerError {
+fn login_error(e: vaultrs::error::ClientError, method: &str, mount: &str) -> BrokerError {
     use vaultrs::error::ClientError as E;
     match e {
         E::APIError { code, errors } => BrokerError::Refused(format!(
-            "AppRole login at auth/{mount}: Vault answered {code} ({})",
+            "{method} login at auth/{mount}: Vault answered {code} ({})",
             errors.join("; ")
         )),
         other => BrokerError::Unreachable(format!(
-            "AppRole login at auth/{mount}: {}",
+            "{method} login at auth/{mount}: {}",
             error_chain(&other)
         )),
     }

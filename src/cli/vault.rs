@@ -45,6 +45,10 @@ pub struct SetupArgs {
     /// With --approle: write a fresh secret id to this file (mode 0600).
     #[arg(long, requires = "approle")]
     secret_id_file: Option<PathBuf>,
+    /// Set up Kubernetes auth for a gateway running in the cluster as this
+    /// service account (NAMESPACE/NAME, e.g. gateway-sandbox/gateway).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    kubernetes_auth: Option<String>,
 }
 
 /// The Vault settings from the config file and environment, if any.
@@ -131,6 +135,15 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
+    let kubernetes_auth = match &a.kubernetes_auth {
+        Some(sa) => {
+            let (ns, name) = sa
+                .split_once('/')
+                .context("--kubernetes-auth takes NAMESPACE/NAME")?;
+            Some((ns.to_string(), name.to_string()))
+        }
+        None => None,
+    };
     let opts = SetupOptions {
         kubernetes_host: a.kubernetes_host.clone(),
         kubernetes_ca_pem: ca,
@@ -138,6 +151,7 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
         gateway_name: a.name.clone(),
         approle: a.approle,
         secret_id_file: a.secret_id_file.clone(),
+        kubernetes_auth,
         aws,
     };
     let report = runtime()?

@@ -202,6 +202,20 @@ mod pb {
         pub expiration_seconds: Option<i64>,
     }
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TokenReviewSpec {
+        #[prost(string, optional, tag = "1")]
+        pub token: Option<String>,
+        #[prost(string, repeated, tag = "2")]
+        pub audiences: Vec<String>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TokenReview {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<TokenReviewSpec>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct TokenRequest {
         #[prost(message, optional, tag = "1")]
         pub metadata: Option<ObjectMeta>,
@@ -284,6 +298,12 @@ fn decode_body(content_type: &str, body: &[u8], kind: &str) -> Result<Value, Str
             let spec = o.spec.unwrap_or_default();
             json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata),
                    "spec": {"audiences": spec.audiences, "expirationSeconds": spec.expiration_seconds}})
+        }
+        "TokenReview" => {
+            let o = pb::TokenReview::decode(&raw[..]).map_err(|e| e.to_string())?;
+            let spec = o.spec.unwrap_or_default();
+            json!({"apiVersion": api_version, "kind": kind, "metadata": meta_json(&o.metadata),
+                   "spec": {"token": opt(&spec.token), "audiences": spec.audiences}})
         }
         other => return Err(format!("no protobuf decoder for {other}")),
     })
@@ -595,6 +615,28 @@ impl State {
                 json!({"name": name, "kind": resource}),
             ),
         }
+    }
+
+    /// A ServiceAccount and a token for it, as a pod of it would have.
+    pub fn service_account_token(&mut self, ns: &str, name: &str) -> String {
+        let sa = self.put(
+            "serviceaccounts",
+            ns,
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+        );
+        let uid = sa["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let exp = now() + 3600;
+        let token = jwt(
+            &format!("system:serviceaccount:{ns}:{name}"),
+            exp,
+            json!({"kubernetes.io": {"namespace": ns, "serviceaccount": {"name": name, "uid": uid}}}),
+        );
+        self.tokens
+            .insert(token.clone(), (ns.to_string(), name.to_string(), uid, exp));
+        token
     }
 
     /// Objects of `resource` that exist now.
@@ -1260,6 +1302,39 @@ async fn route(
         && let Some(d) = discovery(path)
     {
         return (respond(StatusCode::OK, d), user);
+    }
+    // TokenReview (what Vault's Kubernetes auth asks about a JWT).
+    if method == "POST" && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        let review = match decode_body(ct, body, "TokenReview") {
+            Ok(v) => v,
+            Err(e) => {
+                return (
+                    status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
+                    user,
+                );
+            }
+        };
+        let token = review["spec"]["token"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let s = st.lock().expect("state");
+        let reviewed = s.who(Some(&format!("Bearer {token}")), admin);
+        let status_json = match reviewed {
+            Who::Sa { ns, name } => {
+                let uid = s.objects[&("serviceaccounts".to_string(), ns.clone(), name.clone())]["metadata"]["uid"].clone();
+                json!({"authenticated": true, "user": {"username": format!("system:serviceaccount:{ns}:{name}"), "uid": uid,
+                    "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"]},
+                    "audiences": review["spec"]["audiences"]})
+            }
+            _ => json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        drop(s);
+        let mut out = review;
+        out["apiVersion"] = json!("authentication.k8s.io/v1");
+        out["kind"] = json!("TokenReview");
+        out["status"] = status_json;
+        return (respond(StatusCode::CREATED, out), user);
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     // (group, namespace, resource, name, subresource)
