@@ -403,10 +403,42 @@ async fn a_lease_left_open_by_a_dead_gateway_is_revoked_at_the_next_start() {
         1,
         "the credential is live"
     );
-    // The next start (a new broker on the same home) revokes it.
+    // The operator sees it (`gateway vault status`)...
+    let gw = |args: &[&str]| {
+        let mut cmd = common::gateway(&w.home);
+        cmd.args(args)
+            .env("VAULT_ADDR", &w.bao.addr)
+            .env("VAULT_TOKEN", &w.gateway_token);
+        cmd
+    };
+    let mut status = gw(&["vault", "status"]);
+    let out = tokio::task::spawn_blocking(move || status.output().expect("status"))
+        .await
+        .expect("join");
+    let text = common::stdout(&out);
+    assert!(out.status.success(), "{text}{}", common::stderr(&out));
+    assert!(
+        text.contains("reachable; the gateway's token is valid"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 lease(s) not yet revoked") && text.contains(&cred.lease_id),
+        "{text}"
+    );
+    assert!(!text.contains(&w.gateway_token));
+    // ...and the next start (a new broker on the same home) revokes it.
     let audit = gateway::audit::AuditLog::in_home(&w.home).expect("audit");
     let next = VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b");
     assert_eq!(next.recover_orphans(&audit).await, (1, 0));
+    let mut recover = gw(&["vault", "recover"]);
+    let out = tokio::task::spawn_blocking(move || recover.output().expect("recover"))
+        .await
+        .expect("join");
+    assert!(
+        common::stdout(&out).contains("revoked 0 lease(s) left open; 0 could not be revoked"),
+        "nothing left for `gateway vault recover`: {}",
+        common::stdout(&out)
+    );
     assert!(
         w.kube.with(|s| s.live("serviceaccounts").is_empty()),
         "revoked in the cluster too"
