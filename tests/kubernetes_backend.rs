@@ -426,6 +426,10 @@ async fn start_up_deletes_only_this_instances_leftovers_and_conflicts_are_clear(
         gone(&c, "secrets", "gw-req-dup-in"),
         "its Secret was removed"
     );
+    assert!(
+        !gone(&c, "jobs", "gw-req-dup"),
+        "the Job that had the name first is not ours to delete"
+    );
 }
 
 fn workdir_under(root: &Path) -> PathBuf {

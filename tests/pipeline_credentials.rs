@@ -33,6 +33,8 @@ struct FakeBroker {
     revoked: Mutex<Vec<String>>,
     fail_revokes: AtomicUsize,
     counter: AtomicUsize,
+    /// Milliseconds each issue takes (a slow Vault).
+    issue_delay_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Broker for FakeBroker {
@@ -42,6 +44,8 @@ impl Broker for FakeBroker {
         scope: &'a CredentialScope,
     ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
         Box::pin(async move {
+            let delay = self.issue_delay_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
             let n = self.counter.fetch_add(1, Ordering::SeqCst);
             let lease = format!("{}/creds/{}/lease-{n}", scope.mount, scope.role);
             self.issued.lock().expect("lock").push(scope.clone());
@@ -319,6 +323,44 @@ fn a_cancelled_call_kills_its_sandbox_and_revokes_in_the_background() {
         all.contains(&"credential.revoke_on_abort".to_string())
             && all.contains(&"credential.revoked".to_string()),
         "{all:?}"
+    );
+}
+
+#[test]
+fn a_call_cancelled_while_the_credential_is_being_minted_still_revokes_it() {
+    let s = setup(300, true);
+    s.broker.issue_delay_ms.store(1500, Ordering::SeqCst);
+    let rt = rt();
+    let res = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(300), s.pipeline.call(plan())).await
+    });
+    assert!(res.is_err(), "cancelled while the broker was minting");
+    // The credential arrives after the caller is gone, and is revoked.
+    let revoked = rt.block_on(async {
+        for _ in 0..100 {
+            let issued = s.broker.issued.lock().map(|l| l.len()).unwrap_or(0);
+            let live = s.broker.live.lock().map(|l| l.len()).unwrap_or(1);
+            if issued == 1 && live == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    });
+    assert!(
+        revoked,
+        "the late credential was revoked, not left to its TTL"
+    );
+    let all = events(&s.home);
+    assert!(
+        all.iter()
+            .any(|e| e["event"] == "credential.issued" && e["data"]["after_cancellation"] == true),
+        "{all:?}"
+    );
+    assert!(all.iter().any(|e| e["event"] == "credential.revoked"));
+    assert!(
+        !all.iter().any(|e| e["event"] == "sandbox.started"),
+        "nothing ran"
     );
 }
 

@@ -72,6 +72,42 @@ pub trait Broker: Send + Sync {
     fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>>;
 }
 
+/// Issue for request `request_id` in a task of its own. If the call is
+/// cancelled while the broker is minting (the caller's future dropped), the
+/// credential that still arrives is audited and revoked at once, instead of
+/// living, unused, until its TTL: nobody else holds its lease id.
+pub async fn issue_for_call(
+    broker: &Arc<dyn Broker>,
+    audit: &Arc<AuditLog>,
+    request_id: &str,
+    scope: &CredentialScope,
+) -> Result<IssuedCredential, BrokerError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (b, a, rid, sc) = (
+        Arc::clone(broker),
+        Arc::clone(audit),
+        request_id.to_string(),
+        scope.clone(),
+    );
+    tokio::spawn(async move {
+        let issued = b.issue(&rid, &sc).await;
+        if let Err(Ok(orphan)) = tx.send(issued) {
+            let _ = a.append(
+                &rid,
+                "credential.issued",
+                json!({"lease_id": orphan.lease_id, "mount": sc.mount, "role": sc.role,
+                       "after_cancellation": true}),
+            );
+            revoke_with_retries(b.as_ref(), &a, &rid, &orphan.lease_id).await;
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(BrokerError::Unreachable(
+            "the credential request ended without an answer".into(),
+        ))
+    })
+}
+
 /// Delays between revoke attempts.
 pub const REVOKE_BACKOFF: [Duration; 4] = [
     Duration::from_millis(0),

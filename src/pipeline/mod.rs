@@ -366,7 +366,7 @@ impl Pipeline {
         let mut secret = None;
         let mut revoke = None;
         if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
-            match broker.issue(rid, scope).await {
+            match crate::broker::issue_for_call(broker, &self.audit, rid, scope).await {
                 Ok(c) => {
                     progress.say("credential issued");
                     revoke = Some(RevokeGuard::new(

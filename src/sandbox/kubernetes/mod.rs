@@ -281,6 +281,10 @@ impl Cleanup {
         );
     }
 
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
     async fn finish(mut self) {
         self.armed = false;
         Cleanup::delete(&self.jobs, &self.secrets, &self.job, &self.secret).await;
@@ -370,11 +374,9 @@ impl KubernetesSandbox {
         let pods: Api<Pod> = self.api();
         let events: Api<Event> = self.api();
         let pp = PostParams::default();
-        secrets
-            .create(&pp, &secret)
-            .await
-            .map_err(|e| kube_err("creating the sandbox Secret", e))?;
-        // From here on, everything is deleted on every path.
+        // The guard exists before anything is created: a call cancelled
+        // while the Secret is being created still deletes it (a delete of
+        // what never got created is a harmless 404).
         let cleanup = Cleanup {
             jobs: jobs.clone(),
             secrets: secrets.clone(),
@@ -382,10 +384,28 @@ impl KubernetesSandbox {
             secret: secret_name.clone(),
             armed: true,
         };
+        if let Err(e) = secrets.create(&pp, &secret).await {
+            // Not ours to delete when the name was taken (409).
+            let ours = !matches!(&e, kube::Error::Api(s) if s.code == 409);
+            if ours {
+                cleanup.finish().await;
+            } else {
+                cleanup.disarm();
+            }
+            return Err(kube_err("creating the sandbox Secret", e));
+        }
         let created = match jobs.create(&pp, &job).await {
             Ok(j) => j,
             Err(e) => {
-                cleanup.finish().await;
+                if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                    // Someone else's Job has the name: delete only our Secret.
+                    cleanup.disarm();
+                    let _ = secrets
+                        .delete(&secret_name, &DeleteParams::background())
+                        .await;
+                } else {
+                    cleanup.finish().await;
+                }
                 return Err(kube_err("creating the sandbox Job", e));
             }
         };
