@@ -71,3 +71,28 @@ test_a_role_set_up_on_another_mount_is_refused if {
 test_the_defined_role_has_no_deny if {
 	scope.deny == set() with input as pods
 }
+
+# A credential kind may not ask for a longer TTL than its role's max_ttl
+# (Vault would cap it silently).
+too_long contains [role, kind] if {
+	some kind, role
+	scopes.namespaces[_].roles[kind] = role
+	time.parse_duration_ns(scopes.credential_kinds[kind].ttl) > time.parse_duration_ns(roles[role].max_ttl)
+}
+
+too_long contains [role, kind] if {
+	some kind, role
+	scopes.modules[_].roles[kind] = role
+	time.parse_duration_ns(scopes.credential_kinds[kind].ttl) > time.parse_duration_ns(roles[role].max_ttl)
+}
+
+test_no_credential_kind_asks_for_more_than_its_roles_max_ttl if {
+	count(derivable) >= 3
+	too_long == set()
+}
+
+test_the_ttl_check_finds_a_kind_asking_too_much if {
+	longer := object.union(scopes.credential_kinds, {"pod_reader": object.union(scopes.credential_kinds.pod_reader, {"ttl": "2h"})})
+	t := too_long with data.config.scopes.credential_kinds as longer
+	t == {["gateway-pod-reader-demo-app", "pod_reader"]}
+}

@@ -918,6 +918,9 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
         role["data"]["allowed_kubernetes_namespaces"],
         json!(["demo-app"])
     );
+    // TTLs from config/vault_roles.yaml (10m and 30m), in seconds.
+    assert_eq!(role["data"]["token_default_ttl"], 600, "{role}");
+    assert_eq!(role["data"]["token_max_ttl"], 1800, "{role}");
     let policy = w.bao.ok(&["policy", "read", "gateway"]);
     assert!(
         policy.contains("path \"kubernetes/creds/gateway-pod-reader-demo-app\""),

@@ -99,7 +99,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
     let mut text = std::fs::read_to_string(&roles).expect("roles");
     for role in ["test-plan", "test-apply"] {
         text.push_str(&format!(
-            "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    max_ttl: 30m\n    rules: []\n"
+            "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n"
         ));
     }
     std::fs::write(&roles, text).expect("write");

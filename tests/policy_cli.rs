@@ -210,7 +210,7 @@ fn a_different_policy_set_changes_the_decisions() {
     edit(
         "config/vault_roles.yaml",
         "roles:\n",
-        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    max_ttl: 30m\n    rules: []\n",
+        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n",
     );
     edit(
         "config/tools.yaml",

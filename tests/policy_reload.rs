@@ -88,7 +88,7 @@ fn an_edited_data_file_takes_effect_within_a_second() {
     edit(
         &f.policies.join("config/vault_roles.yaml"),
         "roles:\n",
-        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    max_ttl: 30m\n    rules: []\n",
+        "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n",
     );
     // ...and the edit that matters: the namespace is allowed.
     edit(

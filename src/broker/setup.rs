@@ -24,6 +24,9 @@ use super::vault::{VaultSettings, call, client_for};
 pub struct RoleDef {
     pub mount: String,
     pub namespace: String,
+    /// TTL of a credential when the request names none.
+    pub default_ttl: String,
+    /// Longest TTL Vault grants.
     pub max_ttl: String,
     pub rules: Vec<Value>,
 }
@@ -80,10 +83,50 @@ pub fn role_body(def: &RoleDef) -> Value {
         "allowed_kubernetes_namespaces": [def.namespace],
         "kubernetes_role_type": "Role",
         "generated_role_rules": json!({"rules": def.rules}).to_string(),
-        "token_default_ttl": "10m",
+        "token_default_ttl": def.default_ttl,
         "token_max_ttl": def.max_ttl,
         "extra_labels": {"app.kubernetes.io/part-of": "gateway"},
     })
+}
+
+/// Enable a secrets engine (`table` = "mounts") or an auth method
+/// ("auth") of type `kind` at `path`, unless one is there already.
+async fn enable(
+    client: &vaultrs::client::VaultClient,
+    table: &str,
+    path: &str,
+    kind: &str,
+    report: &mut Vec<String>,
+) -> Result<(), BrokerError> {
+    let what = if table == "auth" {
+        "auth"
+    } else {
+        "secrets engine"
+    };
+    let list = call(
+        client,
+        RequestMethod::GET,
+        &format!("sys/{table}"),
+        None,
+        &format!("listing sys/{table}"),
+    )
+    .await?
+    .unwrap_or(Value::Null);
+    let key = format!("{}/", path.trim_matches('/'));
+    if list.get(&key).is_some() || list["data"].get(&key).is_some() {
+        report.push(format!("{what} {key}: already enabled"));
+        return Ok(());
+    }
+    call(
+        client,
+        RequestMethod::POST,
+        &format!("sys/{table}/{}", path.trim_matches('/')),
+        Some(json!({"type": kind, "description": "used by the gateway"})),
+        &format!("enabling {what} {key} ({kind})"),
+    )
+    .await?;
+    report.push(format!("{what} {key}: enabled ({kind})"));
+    Ok(())
 }
 
 /// Run the setup; returns one line per step done.
@@ -94,35 +137,10 @@ pub async fn setup(
 ) -> Result<Vec<String>, BrokerError> {
     let client = client_for(admin)?;
     let mut report = Vec::new();
-    let mounts = call(
-        &client,
-        RequestMethod::GET,
-        "sys/mounts",
-        None,
-        "listing secrets engines",
-    )
-    .await?
-    .unwrap_or(Value::Null);
-    let has_mount = |m: &str| {
-        let key = format!("{}/", m.trim_matches('/'));
-        mounts.get(&key).is_some() || mounts["data"].get(&key).is_some()
-    };
     let k8s_mounts: std::collections::BTreeSet<&str> =
         roles.roles.values().map(|r| r.mount.as_str()).collect();
     for m in &k8s_mounts {
-        if has_mount(m) {
-            report.push(format!("secrets engine {m}/: already enabled"));
-        } else {
-            call(
-                &client,
-                RequestMethod::POST,
-                &format!("sys/mounts/{m}"),
-                Some(json!({"type": "kubernetes", "description": "per-call credentials for the gateway"})),
-                &format!("enabling the kubernetes secrets engine at {m}/"),
-            )
-            .await?;
-            report.push(format!("secrets engine {m}/: enabled (kubernetes)"));
-        }
+        enable(&client, "mounts", m, "kubernetes", &mut report).await?;
         let mut config = json!({
             "kubernetes_host": opts.kubernetes_host,
             "kubernetes_ca_cert": opts.kubernetes_ca_pem,
@@ -173,26 +191,7 @@ pub async fn setup(
         roles.roles.len()
     ));
     if opts.approle {
-        let auths = call(
-            &client,
-            RequestMethod::GET,
-            "sys/auth",
-            None,
-            "listing auth methods",
-        )
-        .await?
-        .unwrap_or(Value::Null);
-        if auths.get("approle/").is_none() && auths["data"].get("approle/").is_none() {
-            call(
-                &client,
-                RequestMethod::POST,
-                "sys/auth/approle",
-                Some(json!({"type": "approle"})),
-                "enabling AppRole auth",
-            )
-            .await?;
-            report.push("auth approle/: enabled".into());
-        }
+        enable(&client, "auth", "approle", "approle", &mut report).await?;
         let role = format!("auth/approle/role/{}", opts.gateway_name);
         call(
             &client,
@@ -239,26 +238,7 @@ pub async fn setup(
         }
     }
     if let Some((ns, sa)) = &opts.kubernetes_auth {
-        let auths = call(
-            &client,
-            RequestMethod::GET,
-            "sys/auth",
-            None,
-            "listing auth methods",
-        )
-        .await?
-        .unwrap_or(Value::Null);
-        if auths.get("kubernetes/").is_none() && auths["data"].get("kubernetes/").is_none() {
-            call(
-                &client,
-                RequestMethod::POST,
-                "sys/auth/kubernetes",
-                Some(json!({"type": "kubernetes"})),
-                "enabling Kubernetes auth",
-            )
-            .await?;
-            report.push("auth kubernetes/: enabled".into());
-        }
+        enable(&client, "auth", "kubernetes", "kubernetes", &mut report).await?;
         let mut config = json!({
             "kubernetes_host": opts.kubernetes_host,
             "kubernetes_ca_cert": opts.kubernetes_ca_pem,
@@ -292,16 +272,7 @@ pub async fn setup(
     }
     match &opts.aws {
         Some((key, secret, region)) => {
-            if !has_mount("aws") {
-                call(
-                    &client,
-                    RequestMethod::POST,
-                    "sys/mounts/aws",
-                    Some(json!({"type": "aws"})),
-                    "enabling the AWS secrets engine",
-                )
-                .await?;
-            }
+            enable(&client, "mounts", "aws", "aws", &mut report).await?;
             call(
                 &client,
                 RequestMethod::POST,
@@ -338,7 +309,7 @@ mod tests {
 
     fn roles() -> VaultRoles {
         serde_json::from_value(json!({"roles": {
-            "r1": {"mount": "kubernetes", "namespace": "demo-app", "max_ttl": "30m",
+            "r1": {"mount": "kubernetes", "namespace": "demo-app", "default_ttl": "10m", "max_ttl": "30m",
                    "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}}}))
         .expect("roles")
     }
