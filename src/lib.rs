@@ -9,6 +9,7 @@ pub mod broker;
 pub mod canonical;
 pub mod cli;
 pub mod config;
+pub mod db;
 pub mod mcp;
 pub mod pipeline;
 pub mod policy;

@@ -234,20 +234,10 @@ impl ApprovalStore {
     /// Open (creating and migrating) the database at `path`.
     pub fn open(path: impl Into<PathBuf>) -> Result<ApprovalStore, ApprovalError> {
         let path = path.into();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let db = |source| ApprovalError::Db {
+        let conn = crate::db::open(&path, "NORMAL").map_err(|source| ApprovalError::Db {
             path: path.clone(),
             source,
-        };
-        let conn = Connection::open(&path).map_err(db)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(db)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(db)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(db)?;
+        })?;
         let mut store = ApprovalStore { path, conn };
         store.migrate()?;
         Ok(store)

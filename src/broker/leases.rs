@@ -59,20 +59,12 @@ const SCHEMA_VERSION: i64 = 1;
 impl LeaseLedger {
     pub fn open(path: impl Into<PathBuf>) -> Result<LeaseLedger, LedgerError> {
         let path = path.into();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            let _ = std::fs::create_dir_all(dir);
-        }
         let err = |source| LedgerError {
             path: path.clone(),
             source,
         };
-        let conn = Connection::open(&path).map_err(err)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err)?;
-        // A lease must be durable before anything uses it.
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(err)?;
+        // FULL: a lease must be on disk before anything uses it.
+        let conn = crate::db::open(&path, "FULL").map_err(err)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(err)?;
