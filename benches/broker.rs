@@ -42,7 +42,7 @@ fn bench(c: &mut Criterion) {
         address: bao.addr.clone(),
         namespace: None,
         ca_cert: None,
-        auth: VaultAuth::Token(Secret::new(bao.root_token.clone())),
+        auth: VaultAuth::Token(Secret::from(bao.root_token.clone())),
         timeout: std::time::Duration::from_secs(10),
     };
     let opts = SetupOptions {
@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
     let home = tempfile::tempdir().expect("home");
     let broker = VaultBroker::new(
         VaultSettings {
-            auth: VaultAuth::Token(Secret::new(token)),
+            auth: VaultAuth::Token(Secret::from(token)),
             ..admin
         },
         home.path(),

@@ -92,7 +92,7 @@ fn settings(addr: &str, token: &str) -> VaultSettings {
         address: addr.to_string(),
         namespace: None,
         ca_cert: None,
-        auth: VaultAuth::Token(Secret::new(token)),
+        auth: VaultAuth::Token(Secret::from(token)),
         timeout: std::time::Duration::from_secs(5),
     }
 }
@@ -348,7 +348,7 @@ async fn approle_login_works_and_the_token_is_renewed() {
         auth: VaultAuth::AppRole {
             mount: "approle".into(),
             role_id,
-            secret_id: Secret::new(secret_id.trim()),
+            secret_id: Secret::from(secret_id.trim()),
         },
         ..settings(&w.bao.addr, "")
     };
@@ -364,7 +364,7 @@ async fn approle_login_works_and_the_token_is_renewed() {
         auth: VaultAuth::AppRole {
             mount: "approle".into(),
             role_id: "nope".into(),
-            secret_id: Secret::new("nope"),
+            secret_id: Secret::from("nope"),
         },
         ..settings(&w.bao.addr, "")
     };

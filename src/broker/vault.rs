@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustify::Endpoint;
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::RwLock;
@@ -26,33 +27,10 @@ use crate::audit::AuditLog;
 use crate::policy::CredentialScope;
 use crate::sandbox::SecretFile;
 
-/// A string that must never be printed (a Vault token, a secret id).
-#[derive(Clone, Default)]
-pub struct Secret(Zeroizing<String>);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Secret {
-        Secret(Zeroizing::new(s.into()))
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl std::fmt::Display for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+/// A string that must never be printed (a Vault token, a secret id):
+/// secrecy's, as kube uses — Debug prints `[REDACTED]`, no Display, zeroed
+/// on drop.
+pub type Secret = secrecy::SecretString;
 
 /// How the gateway authenticates to Vault.
 #[derive(Debug, Clone)]
@@ -152,8 +130,8 @@ fn read_secret_file(path: &Path) -> Result<Secret, VaultConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let s = Secret::new(text.trim());
-    if s.is_empty() {
+    let s = Secret::from(text.trim());
+    if s.expose_secret().is_empty() {
         return Err(VaultConfigError::Invalid(format!(
             "{} is empty",
             path.display()
@@ -188,7 +166,7 @@ impl VaultConfig {
         let auth = match method.as_str() {
             "token" => {
                 let token = match env("VAULT_TOKEN").or_else(|| env("BAO_TOKEN")) {
-                    Some(t) => Secret::new(t),
+                    Some(t) => Secret::from(t),
                     None => match &self.token_file {
                         Some(f) => read_secret_file(f)?,
                         None => {
@@ -373,7 +351,7 @@ pub fn client_for(settings: &VaultSettings) -> Result<VaultClient, BrokerError> 
         b.ca_certs(vec![ca.display().to_string()]);
     }
     match &settings.auth {
-        VaultAuth::Token(t) => b.token(t.expose()),
+        VaultAuth::Token(t) => b.token(t.expose_secret()),
         VaultAuth::AppRole { .. } | VaultAuth::Kubernetes { .. } => b.token(""),
     };
     let client_settings = b
@@ -455,7 +433,8 @@ impl VaultBroker {
             } => (
                 "AppRole",
                 mount,
-                vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose()).await,
+                vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose_secret())
+                    .await,
             ),
             VaultAuth::Kubernetes {
                 mount,
@@ -467,7 +446,8 @@ impl VaultBroker {
                 (
                     "Kubernetes",
                     mount,
-                    vaultrs::auth::kubernetes::login(&*client, mount, role, jwt.expose()).await,
+                    vaultrs::auth::kubernetes::login(&*client, mount, role, jwt.expose_secret())
+                        .await,
                 )
             }
         };
@@ -792,15 +772,15 @@ mod tests {
 
     #[test]
     fn secrets_print_redacted() {
-        let s = Secret::new("hvs.very-secret");
-        assert_eq!(format!("{s} {s:?}"), "<redacted> <redacted>");
+        let s = Secret::from("hvs.very-secret");
+        assert!(!format!("{s:?}").contains("very-secret"));
         let auth = VaultAuth::AppRole {
             mount: "approle".into(),
             role_id: "rid".into(),
-            secret_id: Secret::new("sid-secret"),
+            secret_id: Secret::from("sid-secret"),
         };
         assert!(!format!("{auth:?}").contains("sid-secret"));
-        let t = VaultAuth::Token(Secret::new("hvs.very-secret"));
+        let t = VaultAuth::Token(Secret::from("hvs.very-secret"));
         assert!(!format!("{t:?}").contains("very-secret"));
     }
 
