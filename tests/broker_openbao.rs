@@ -290,8 +290,10 @@ async fn vault_refusals_are_clear_and_issue_nothing() {
     // A role that does not exist in Vault (with a token that may ask).
     let root = VaultBroker::new(settings(&w.bao.addr, &w.bao.root_token), &w.home).expect("b");
     let e = root.issue("r", &other).await.expect_err("no such role");
+    // Vault's own reason, not just our path echoed back.
     assert!(
-        e.to_string().contains("gateway-pod-reader-kube-system"),
+        e.to_string()
+            .contains("role 'gateway-pod-reader-kube-system' does not exist"),
         "{e}"
     );
     // A namespace the role does not allow is refused by Vault too.
@@ -300,6 +302,7 @@ async fn vault_refusals_are_clear_and_issue_nothing() {
         .params
         .insert("kubernetes_namespace".into(), "kube-system".into());
     let e = broker.issue("r", &wrong_ns).await.expect_err("namespace");
+    // (Our own prefix names only the path: "kube-system" is Vault's words.)
     assert!(e.to_string().contains("kube-system"), "{e}");
     // The gateway's token cannot read anything else.
     let out = Command::new(openbao::bao_binary())

@@ -398,7 +398,10 @@ impl State {
     }
 
     /// RBAC: may service account `ns/sa` do `verb` on `resource` (API
-    /// group `group`) in `target_ns`? Only Roles bound in `target_ns`.
+    /// group `group`, object `name` if the request names one) in
+    /// `target_ns`? Only Roles bound in `target_ns`; a rule with
+    /// `resourceNames` allows only those objects (never a list or create).
+    #[allow(clippy::too_many_arguments)]
     pub fn allowed(
         &self,
         ns: &str,
@@ -406,6 +409,7 @@ impl State {
         verb: &str,
         group: &str,
         resource: &str,
+        name: Option<&str>,
         target_ns: &str,
     ) -> bool {
         let bindings = self
@@ -438,9 +442,17 @@ impl State {
                     .any(|v| v == "*" || v == want)
             };
             for rule in role["rules"].as_array().into_iter().flatten() {
+                let names: Vec<&str> = rule["resourceNames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let name_ok = names.is_empty() || name.is_some_and(|n| names.contains(&n));
                 if any(&rule["verbs"], verb)
                     && any(&rule["apiGroups"], group)
                     && any(&rule["resources"], resource)
+                    && name_ok
                 {
                     return true;
                 }
@@ -1421,10 +1433,15 @@ async fn route(
         name: sa,
     } = &who
     {
-        let ok =
-            st.lock()
-                .expect("state")
-                .allowed(sa_ns, sa, verb, authz_group, &authz_resource, ns);
+        let ok = st.lock().expect("state").allowed(
+            sa_ns,
+            sa,
+            verb,
+            authz_group,
+            &authz_resource,
+            name,
+            ns,
+        );
         if !ok {
             let g = if group.is_empty() {
                 "\"\"".to_string()
@@ -1461,16 +1478,15 @@ async fn route(
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let items = st
-                .lock()
-                .expect("state")
-                .pods
-                .get(ns)
-                .cloned()
-                .unwrap_or_default();
+            // One store, as the real API has: the pods a test serves and
+            // the pods the job controller created.
+            let s = st.lock().expect("state");
+            let mut items = s.pods.get(ns).cloned().unwrap_or_default();
+            items.extend(s.select("pods", ns, None, None));
             respond(
                 StatusCode::OK,
-                json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"}, "items": items}),
+                json!({"kind": "PodList", "apiVersion": "v1",
+                       "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
             )
         }
         ("list", "secrets", None) => respond(
