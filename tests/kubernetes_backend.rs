@@ -336,8 +336,81 @@ async fn an_api_server_that_goes_away_mid_watch_and_comes_back_is_followed() {
         .expect("join")
         .expect("followed after the API server came back");
     assert_eq!(r.exit_code, Some(0));
-    assert_eq!(r.stdout.text(), "done\n");
+    assert_eq!(r.stdout.text(), "done\n", "stderr: {}", r.stderr.text());
     assert!(eventually(|| gone(&c, "jobs", "gw-req-blip")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_read_that_fails_transiently_is_retried_and_a_final_refusal_is_reported() {
+    let c = cluster(|_| {}).await;
+    // The API server cannot reach the kubelet, then sheds load, then serves.
+    c.kube.with(|s| {
+        s.log_failures.extend([
+            (
+                500,
+                "InternalError".to_string(),
+                "Get \"https://node:10250/containerLogs\": dial tcp: connection refused"
+                    .to_string(),
+            ),
+            (
+                503,
+                "ServiceUnavailable".to_string(),
+                "the server is currently unable to handle the request".to_string(),
+            ),
+            (
+                429,
+                "TooManyRequests".to_string(),
+                "too many requests".to_string(),
+            ),
+        ])
+    });
+    let run = spawn_run(&c, request("req-logs", None));
+    let pod = pod_of(&c, "gw-req-logs").await;
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "o all there\n");
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(
+        r.stdout.text(),
+        "all there\n",
+        "stderr: {}",
+        r.stderr.text()
+    );
+    assert!(
+        c.kube.with(|s| s.log_failures.is_empty()),
+        "every failure was answered"
+    );
+
+    // A refusal (403) is final: not retried, and said in stderr.
+    c.kube.with(|s| {
+        s.log_failures.extend([
+            (
+                403,
+                "Forbidden".to_string(),
+                "pods \"x\" is forbidden: cannot get resource \"pods/log\"".to_string(),
+            ),
+            (
+                500,
+                "InternalError".to_string(),
+                "never reached".to_string(),
+            ),
+        ])
+    });
+    let run = spawn_run(&c, request("req-nolog", None));
+    let pod = pod_of(&c, "gw-req-nolog").await;
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "o hidden\n");
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.stdout.text(), "");
+    assert!(
+        r.stderr.text().contains("could not be read") && r.stderr.text().contains("forbidden"),
+        "{}",
+        r.stderr.text()
+    );
+    assert_eq!(
+        c.kube.with(|s| s.log_failures.len()),
+        1,
+        "the 403 was not retried"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

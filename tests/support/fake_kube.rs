@@ -77,6 +77,10 @@ pub struct State {
     pub restricted_namespaces: Vec<String>,
     /// Container logs by pod name.
     pub logs: BTreeMap<String, Vec<u8>>,
+    /// Failures `GET pods/{name}/log` answers with, one per request, before
+    /// it serves the log: (HTTP status, reason, message), as the API server
+    /// does when it cannot reach the kubelet (500) or sheds load (429/503).
+    pub log_failures: std::collections::VecDeque<(u16, String, String)>,
     /// Deletions with their propagation policy: (resource, name, policy).
     pub deletions: Vec<(String, String, String)>,
     /// Every change, for watches: (resource version, type, resource, object).
@@ -882,12 +886,16 @@ async fn workload_route(
     };
     match (verb, name, sub) {
         ("get", Some(pod), Some("log")) if resource == "pods" => {
-            let s = st.lock().expect("state");
+            let mut s = st.lock().expect("state");
             if !s
                 .objects
                 .contains_key(&("pods".to_string(), ns.to_string(), pod.to_string()))
             {
                 return not_found(pod);
+            }
+            if let Some((code, reason, message)) = s.log_failures.pop_front() {
+                let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return status(code, &reason, message, json!({"name": pod, "kind": "pods"}));
             }
             let log = s.logs.get(pod).cloned().unwrap_or_default();
             let mut r = Response::new(full(log));
@@ -1217,6 +1225,9 @@ fn serve(
     admin: String,
     shutdown: tokio::sync::watch::Receiver<u64>,
 ) -> tokio::task::JoinHandle<()> {
+    // This listener's generation: a pause ends it and every connection it
+    // accepted, also one accepted while the pause was taking effect.
+    let born = *shutdown.borrow();
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
@@ -1224,7 +1235,6 @@ fn serve(
             };
             let (acceptor, st, admin) = (acceptor.clone(), Arc::clone(&st), admin.clone());
             let mut shutdown = shutdown.clone();
-            shutdown.mark_unchanged();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
@@ -1235,9 +1245,12 @@ fn serve(
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                if *shutdown.borrow() != born {
+                    return;
+                }
                 tokio::select! {
                     _ = conn => {}
-                    _ = shutdown.changed() => {}
+                    _ = shutdown.wait_for(|g| *g != born) => {}
                 }
             });
         }

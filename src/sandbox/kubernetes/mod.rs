@@ -76,14 +76,54 @@ pub async fn config(cfg: &KubeSandboxConfig) -> Result<kube::Config, SandboxErro
     })
 }
 
-fn kube_err(what: &str, e: kube::Error) -> SandboxError {
+/// Whether an API call that failed this way may succeed when repeated:
+/// the API server was unreachable, overloaded or failed itself. A 4xx answer
+/// (other than 429) is final.
+fn transient(e: &kube::Error) -> bool {
     match e {
-        kube::Error::Api(s) => SandboxError::Setup(format!(
-            "{what}: the API server answered {} {}: {}",
-            s.code, s.reason, s.message
-        )),
-        other => SandboxError::Setup(format!("{what}: {other}")),
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
     }
+}
+
+/// The container's log. The pod has ended, so the log is complete and
+/// reading it is idempotent: a transient failure (the API server restarting
+/// just after the watch reported the end) is retried with backoff for up to
+/// `retry_for`, so a blip does not lose the call's output.
+async fn read_log(
+    pods: &Api<Pod>,
+    pod: &str,
+    lp: &LogParams,
+    retry_for: Duration,
+) -> Result<String, kube::Error> {
+    let until = Instant::now() + retry_for;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match pods.logs(pod, lp).await {
+            Ok(log) => return Ok(log),
+            Err(e) if transient(&e) && Instant::now() + backoff < until => {
+                tracing::debug!("reading the sandbox log failed ({e}); retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// An API error in words: the API server's own status and message.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!(
+            "the API server answered {} {}: {}",
+            s.code, s.reason, s.message
+        ),
+        other => other.to_string(),
+    }
+}
+
+fn kube_err(what: &str, e: kube::Error) -> SandboxError {
+    SandboxError::Setup(format!("{what}: {}", describe(&e)))
 }
 
 /// What the watches have seen so far.
@@ -497,7 +537,8 @@ impl KubernetesSandbox {
                     limit_bytes: Some(i64::try_from(cap.saturating_mul(2)).unwrap_or(i64::MAX)),
                     ..LogParams::default()
                 };
-                match pods.logs(pod, &lp).await {
+                let retry_for = Duration::from_secs(self.cfg.grace_seconds);
+                match read_log(&pods, pod, &lp, retry_for).await {
                     Ok(log) => {
                         let (o, e) = crate::tools::exec::unframe(log.as_bytes());
                         (capped(o, cap), capped(e, cap))
@@ -505,8 +546,11 @@ impl KubernetesSandbox {
                     Err(e) => (
                         Captured::default(),
                         Captured {
-                            bytes: format!("(the sandbox's log could not be read: {e})")
-                                .into_bytes(),
+                            bytes: format!(
+                                "(the sandbox's log could not be read: {})",
+                                describe(&e)
+                            )
+                            .into_bytes(),
                             truncated: false,
                         },
                     ),
