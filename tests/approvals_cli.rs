@@ -491,6 +491,79 @@ fn audit_verify_on_the_command_line_names_the_first_bad_line() {
 }
 
 #[test]
+fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
+    let home = tempfile::tempdir().expect("home");
+    let audit = AuditLog::in_home(home.path()).expect("audit");
+    for i in 0..3 {
+        audit
+            .append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let head = gateway(home.path())
+        .args(["audit", "head", "--json"])
+        .output()
+        .expect("run");
+    assert!(head.status.success(), "{}", stderr(&head));
+    let head: Value = serde_json::from_slice(&head.stdout).expect("json");
+    assert_eq!(head["events"], 3);
+    let checkpoint = head["head"].as_str().expect("head hash").to_string();
+    let path = home.path().join("audit.jsonl");
+    let at_checkpoint = std::fs::read(&path).expect("read");
+    for i in 3..5 {
+        audit
+            .append(&format!("req-{i}"), "tool.result", json!({"i": i}))
+            .expect("append");
+    }
+    let ok = gateway(home.path())
+        .args(["audit", "verify", "--checkpoint", &checkpoint])
+        .output()
+        .expect("run");
+    assert!(
+        ok.status.success() && stdout(&ok).contains("ok: 5 events verified"),
+        "{}",
+        stdout(&ok)
+    );
+    let whole = std::fs::read(&path).expect("read");
+    // Cut the last two events: a well-formed chain, but short of its head.
+    std::fs::write(&path, &at_checkpoint).expect("cut");
+    let cut = gateway(home.path())
+        .args(["audit", "verify"])
+        .output()
+        .expect("run");
+    assert!(!cut.status.success());
+    assert!(
+        stdout(&cut).contains("line 4: the log is")
+            && stdout(&cut).contains("removed from the end"),
+        "{}",
+        stdout(&cut)
+    );
+    // On the whole log, a checkpoint that is not on the chain fails.
+    std::fs::write(&path, &whole).expect("restore");
+    let bogus = gateway(home.path())
+        .args(["audit", "verify", "--checkpoint", &"0f".repeat(32)])
+        .output()
+        .expect("run");
+    assert!(!bogus.status.success());
+    assert!(
+        stdout(&bogus).contains("is not on the chain"),
+        "{}",
+        stdout(&bogus)
+    );
+    // `audit head` refuses to print the head of a log that does not verify.
+    std::fs::write(&path, &at_checkpoint).expect("cut");
+    let refused = gateway(home.path())
+        .args(["audit", "head"])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("does not verify"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
+#[test]
 fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
     let home = tempfile::tempdir().expect("home");
     let mut store = ApprovalStore::in_home(home.path()).expect("open");

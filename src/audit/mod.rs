@@ -7,6 +7,15 @@
 //! OPA decision-log fields (`decision_id`, `path`, `input`, `result`,
 //! `timestamp`) at the top level so existing decision-log tooling reads them.
 //!
+//! The chain alone cannot show that events were removed from the *end* of
+//! the file. After every append the writer also records the chain's head —
+//! the last event's hash and the file's length after it — in a sidecar file
+//! (`audit.jsonl.head`, one fixed-size record overwritten in place), and `audit verify`
+//! fails when the log no longer reaches that head. For protection against
+//! someone who can rewrite both files, `gateway audit head` prints the head
+//! to record elsewhere (a ticket, a remote log), and `audit verify
+//! --checkpoint HASH` checks that such a recorded head is still on the chain.
+//!
 //! Writers in several processes (the server and the CLI) take an exclusive
 //! `flock` on the file for each append, so lines never interleave; each line
 //! is written with one `write` and `fsync`ed before `append` returns.
@@ -39,6 +48,67 @@ pub enum AuditError {
     },
     #[error("audit event is not an object")]
     NotAnObject,
+    #[error("audit head {path} is unreadable ({why}); it was edited or damaged")]
+    BadHead { path: PathBuf, why: String },
+}
+
+/// The chain's head as the last writer recorded it in the sidecar file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Head {
+    /// The `hash` of the last event appended.
+    pub hash: String,
+    /// The log's length in bytes right after that event.
+    pub bytes: u64,
+}
+
+/// The sidecar file holding the head of the log at `log`.
+pub fn head_path(log: &Path) -> PathBuf {
+    let mut name = log.file_name().unwrap_or_default().to_os_string();
+    name.push(".head");
+    log.with_file_name(name)
+}
+
+/// The recorded head of the log at `log`; `None` when there is no sidecar.
+pub fn read_head(log: &Path) -> Result<Option<Head>, AuditError> {
+    let path = head_path(log);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| AuditError::BadHead {
+                path: path.clone(),
+                why: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(AuditError::Io { path, source }),
+    }
+}
+
+/// The head record's fixed size: JSON padded with spaces.
+const HEAD_RECORD: usize = 128;
+
+/// Record `head` for the log at `log`: one fixed-size record overwritten in
+/// place (one write of one block, so a reader or a crash sees the old head or
+/// the new one). Not fsynced: the log line was, and a head left behind by a
+/// crash is one `audit verify` accepts. Called with the log's lock held.
+fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let mut record = serde_json::to_string(head).unwrap_or_default().into_bytes();
+    if record.len() < HEAD_RECORD {
+        record.resize(HEAD_RECORD - 1, b' ');
+        record.push(b'\n');
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(head_path(log))?;
+    f.write_all_at(&record, 0)?;
+    if f.metadata()?.len() != record.len() as u64 {
+        f.set_len(record.len() as u64)?;
+    }
+    Ok(())
 }
 
 /// Where the chain stands at the end of the file.
@@ -151,6 +221,14 @@ impl AuditLog {
             .get("hash")
             .and_then(Value::as_str)
             .map(str::to_string);
+        let head = Head {
+            hash: tail.last_hash.clone().unwrap_or_default(),
+            bytes: tail.len,
+        };
+        write_head(&self.path, &head).map_err(|source| AuditError::Io {
+            path: head_path(&self.path),
+            source,
+        })?;
         let _ = file.unlock();
         Ok(event_obj)
     }
@@ -344,7 +422,7 @@ mod tests {
         assert_eq!(e["input"]["params"]["password"], "<redacted>");
         assert_eq!(e["data"]["allow"], false);
         assert!(
-            crate::audit::verify::verify_file(log.path())
+            crate::audit::verify::verify_file(log.path(), &[])
                 .expect("read")
                 .ok()
         );

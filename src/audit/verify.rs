@@ -6,6 +6,14 @@
 //! log fails verification. A last line cut short (a crash while writing) is
 //! reported but does not fail the lines before it; a cut line that a later
 //! writer ended and recorded with an `audit.recovered` event is accepted.
+//!
+//! Removal from the end leaves a well-formed chain, so the log is also
+//! checked against its head (the sidecar the writer updates after every
+//! append, see [`super::Head`]): the head's event must be on the chain and
+//! end where the head says. A head behind the end is fine (a crash between
+//! the append and the head's update); a log that no longer reaches its head
+//! fails. Checkpoints (heads recorded elsewhere by the operator) must be on
+//! the chain too.
 
 use std::path::Path;
 
@@ -19,10 +27,15 @@ use crate::canonical::sha256_hex;
 pub struct Report {
     /// Events whose hash and chain check out.
     pub verified: usize,
+    /// The hash of the last verified event (the chain's head), if any.
+    pub head: Option<String>,
     /// The first line that breaks the log, with why (1-based line number).
     pub first_bad: Option<(usize, String)>,
-    /// Things reported that do not fail the log (a crash-cut line).
+    /// Things reported that do not fail the log (a crash-cut line, no head).
     pub warnings: Vec<String>,
+    /// Each verified event's hash and the byte offset where its line ends.
+    #[serde(skip)]
+    ends: Vec<(String, u64)>,
 }
 
 impl Report {
@@ -31,12 +44,87 @@ impl Report {
     }
 }
 
-pub fn verify_file(path: &Path) -> std::io::Result<Report> {
-    let bytes = std::fs::read(path)?;
-    Ok(verify_bytes(&bytes))
+/// Verify the log at `path` against its chain, its recorded head (when the
+/// sidecar exists; its absence is a warning) and the given checkpoints.
+pub fn verify_file(path: &Path, checkpoints: &[String]) -> Result<Report, super::AuditError> {
+    let bytes = std::fs::read(path).map_err(|source| super::AuditError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let head = super::read_head(path)?;
+    let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
+    if head.is_none() && report.verified > 0 {
+        report.warnings.push(format!(
+            "no head file {}: events removed from the end of the log could not be detected",
+            super::head_path(path).display()
+        ));
+    }
+    Ok(report)
 }
 
+/// The chain alone (no head, no checkpoints).
 pub fn verify_bytes(bytes: &[u8]) -> Report {
+    verify_against(bytes, None, &[])
+}
+
+/// The chain, then whether it reaches `head` and holds every checkpoint.
+pub fn verify_against(bytes: &[u8], head: Option<&super::Head>, checkpoints: &[String]) -> Report {
+    let mut report = verify_chain(bytes);
+    if !report.ok() {
+        return report;
+    }
+    let after_last = report.ends.len() + 1;
+    if let Some(h) = head {
+        match report.ends.iter().position(|(hash, _)| *hash == h.hash) {
+            Some(i) if report.ends[i].1 == h.bytes => {}
+            Some(i) => {
+                report.first_bad = Some((
+                    i + 1,
+                    format!(
+                        "the recorded head event ends at byte {} but this line ends at byte {} (lines before it were changed)",
+                        h.bytes, report.ends[i].1
+                    ),
+                ));
+            }
+            None if (bytes.len() as u64) < h.bytes => {
+                report.first_bad = Some((
+                    after_last,
+                    format!(
+                        "the log is {} bytes but its recorded head ends at byte {}: events were removed from the end",
+                        bytes.len(),
+                        h.bytes
+                    ),
+                ));
+            }
+            None => {
+                report.first_bad = Some((
+                    after_last,
+                    format!(
+                        "the recorded head event {} is not in the log: the end of the log was rewritten",
+                        h.hash
+                    ),
+                ));
+            }
+        }
+    }
+    if report.ok() {
+        for c in checkpoints {
+            let c = c.trim().to_ascii_lowercase();
+            if !report.ends.iter().any(|(hash, _)| *hash == c) {
+                report.first_bad = Some((
+                    after_last,
+                    format!(
+                        "checkpoint {c} is not on the chain: the log was rewritten or cut before it"
+                    ),
+                ));
+                break;
+            }
+        }
+    }
+    report
+}
+
+fn verify_chain(bytes: &[u8]) -> Report {
     let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let ends_with_newline = bytes.is_empty() || bytes.ends_with(b"\n");
     let cut_last = if ends_with_newline {
@@ -47,13 +135,17 @@ pub fn verify_bytes(bytes: &[u8]) -> Report {
     };
     let mut report = Report {
         verified: 0,
+        head: None,
         first_bad: None,
         warnings: vec![],
+        ends: vec![],
     };
+    let mut end: u64 = 0;
     let mut prev = GENESIS.to_string();
     let mut pending_cut: Option<(usize, String)> = None;
     for (i, raw) in lines.iter().enumerate() {
         let n = i + 1;
+        end += raw.len() as u64 + 1;
         let parsed = serde_json::from_slice::<Map<String, Value>>(raw).ok();
         let Some(event) = parsed.filter(|e| e.get("hash").and_then(Value::as_str).is_some()) else {
             // Only acceptable if the next line records the recovery.
@@ -102,6 +194,8 @@ pub fn verify_bytes(bytes: &[u8]) -> Report {
         }
         prev = hash.to_string();
         report.verified += 1;
+        report.head = Some(prev.clone());
+        report.ends.push((prev.clone(), end));
     }
     if let Some((cut_line, _)) = pending_cut {
         report.first_bad = Some((cut_line, "not an audit event (edited or inserted)".into()));
@@ -152,7 +246,7 @@ mod tests {
     #[test]
     fn a_clean_log_verifies() {
         let (_d, path, _) = log_of(5);
-        let r = verify_file(&path).expect("read");
+        let r = verify_file(&path, &[]).expect("read");
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.verified, 5);
         assert!(verify_bytes(b"").ok());
@@ -199,6 +293,100 @@ mod tests {
         let (_d, _p, mut lines) = log_of(3);
         lines.insert(1, "garbage".into());
         assert_eq!(verify_bytes(&join(&lines)).first_bad.map(|b| b.0), Some(2));
+    }
+
+    fn head_of(path: &Path) -> crate::audit::Head {
+        crate::audit::read_head(path)
+            .expect("head readable")
+            .expect("head written")
+    }
+
+    #[test]
+    fn the_writer_records_the_head_and_a_clean_log_reaches_it() {
+        let (_d, path, lines) = log_of(4);
+        let head = head_of(&path);
+        let last: Map<String, Value> = serde_json::from_str(&lines[3]).expect("json");
+        assert_eq!(Some(head.hash.as_str()), last["hash"].as_str());
+        assert_eq!(head.bytes, std::fs::metadata(&path).expect("stat").len());
+        let r = verify_file(&path, &[]).expect("verify");
+        assert!(r.ok() && r.warnings.is_empty(), "{r:?}");
+        assert_eq!(r.head, Some(head.hash));
+    }
+
+    #[test]
+    fn events_removed_from_the_end_are_caught_through_the_head() {
+        let (_d, path, lines) = log_of(5);
+        // The chain alone cannot see it...
+        std::fs::write(&path, join(&lines[..3])).expect("cut");
+        assert!(verify_bytes(&std::fs::read(&path).expect("read")).ok());
+        // ...the head can.
+        let r = verify_file(&path, &[]).expect("verify");
+        let (line, why) = r.first_bad.expect("caught");
+        assert_eq!(line, 4);
+        assert!(why.contains("events were removed from the end"), "{why}");
+    }
+
+    #[test]
+    fn a_rewritten_end_is_caught_through_the_head() {
+        let (_d, path, lines) = log_of(5);
+        let head = head_of(&path);
+        // Drop the last two events and chain a different one, padded to the
+        // same length so the sizes do not give it away.
+        std::fs::write(&path, join(&lines[..3])).expect("cut");
+        std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
+        let log = AuditLog::open(&path).expect("open");
+        let len = std::fs::metadata(&path).expect("stat").len();
+        let pad = "x".repeat(
+            usize::try_from(head.bytes - len)
+                .unwrap_or(0)
+                .saturating_sub(200),
+        );
+        log.append("req-x", "tool.request", json!({"pad": pad}))
+            .expect("append");
+        let r = verify_against(&std::fs::read(&path).expect("read"), Some(&head), &[]);
+        let (_, why) = r.first_bad.expect("caught");
+        assert!(why.contains("is not in the log"), "{why}");
+    }
+
+    #[test]
+    fn a_head_behind_the_end_is_fine_and_a_missing_head_is_a_warning() {
+        let (_d, path, _) = log_of(3);
+        let behind = head_of(&path);
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-9", "tool.result", json!({}))
+            .expect("append");
+        // A crash between the append and the head's update leaves it behind.
+        let r = verify_against(&std::fs::read(&path).expect("read"), Some(&behind), &[]);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.verified, 4);
+        std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
+        let r = verify_file(&path, &[]).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        assert!(r.warnings[0].contains("no head file"), "{:?}", r.warnings);
+        // A damaged head is an error, not a pass.
+        std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
+        let e = verify_file(&path, &[]).expect_err("damaged head");
+        assert!(e.to_string().contains("unreadable"), "{e}");
+    }
+
+    #[test]
+    fn checkpoints_must_be_on_the_chain() {
+        let (_d, path, lines) = log_of(4);
+        let second: Map<String, Value> = serde_json::from_str(&lines[1]).expect("json");
+        let cp = second["hash"].as_str().expect("hash").to_ascii_uppercase();
+        let r = verify_file(&path, std::slice::from_ref(&cp)).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        let r = verify_file(&path, &["ab".repeat(32)]).expect("verify");
+        let (_, why) = r.first_bad.expect("unknown checkpoint");
+        assert!(why.contains("is not on the chain"), "{why}");
+        // A log rebuilt from scratch (new chain, new head) fails the checkpoint.
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-0", "tool.request", json!({}))
+            .expect("append");
+        let r = verify_file(&path, &[cp]).expect("verify");
+        assert!(!r.ok(), "{r:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `gateway audit [--request-id ID] [--since DURATION] [--json]` and
-//! `gateway audit verify [--file F]`.
+//! `gateway audit verify [--file F] [--checkpoint HASH]...` and
+//! `gateway audit head [--file F] [--json]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,7 +33,22 @@ pub struct AuditArgs {
 enum AuditCommand {
     /// Check the hash chain; non-zero exit and the first bad line when the
     /// log was edited, cut, reordered or added to.
+    ///
+    /// The log must also reach its recorded head (the sidecar file the
+    /// writers keep beside it), so events removed from the end are caught.
     Verify {
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// A head printed earlier by `gateway audit head` and kept elsewhere:
+        /// it must still be on the chain (repeatable).
+        #[arg(long = "checkpoint", value_name = "HASH")]
+        checkpoints: Vec<String>,
+    },
+    /// Print the chain's current head (last event's hash, event count), to
+    /// record outside this machine and check later with `verify --checkpoint`.
+    Head {
         #[arg(long)]
         file: Option<PathBuf>,
         #[arg(long)]
@@ -66,13 +82,49 @@ fn ts_ms(e: &Map<String, Value>) -> Option<i64> {
 }
 
 pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
-    if let Some(AuditCommand::Verify { file, json }) = &a.verify {
-        let path = file
-            .clone()
+    let log_path = |file: &Option<PathBuf>| {
+        file.clone()
             .or_else(|| a.file.clone())
-            .unwrap_or_else(|| cli.home().join(audit::FILE_NAME));
-        let report = verify::verify_file(&path)
+            .unwrap_or_else(|| cli.home().join(audit::FILE_NAME))
+    };
+    if let Some(AuditCommand::Head { file, json }) = &a.verify {
+        let path = log_path(file);
+        let report = verify::verify_file(&path, &[])
             .with_context(|| format!("cannot read audit log {}", path.display()))?;
+        if !report.ok() {
+            let (line, why) = report.first_bad.unwrap_or_default();
+            bail!(
+                "{} does not verify (line {line}: {why}); no head to record",
+                path.display()
+            );
+        }
+        let Some(head) = report.head else {
+            bail!("{} has no events yet", path.display());
+        };
+        if *json {
+            println!(
+                "{}",
+                serde_json::json!({"file": path, "head": head, "events": report.verified, "ts": audit::now_ts()})
+            );
+        } else {
+            println!(
+                "{head}  ({} events in {}, at {})\ncheck later with: gateway audit verify --checkpoint {head}",
+                report.verified,
+                path.display(),
+                audit::now_ts()
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(AuditCommand::Verify {
+        file,
+        json,
+        checkpoints,
+    }) = &a.verify
+    {
+        let path = log_path(file);
+        let report = verify::verify_file(&path, checkpoints)
+            .with_context(|| format!("cannot verify audit log {}", path.display()))?;
         if *json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {

@@ -204,7 +204,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         "reuse refused",
     )?;
 
-    let verify = crate::audit::verify::verify_file(pipeline.audit.path())?;
+    let verify = crate::audit::verify::verify_file(pipeline.audit.path(), &[])?;
     say(
         "7. audit trail",
         &format!(
