@@ -457,20 +457,28 @@ fn readers_are_not_blocked_while_the_server_writes() {
     );
 }
 
-#[test]
-fn audit_verify_on_the_command_line_names_the_first_bad_line() {
-    let home = tempfile::tempdir().expect("home");
-    let audit = AuditLog::in_home(home.path()).expect("audit");
-    for i in 0..5 {
+/// An audit log under `home` with `n` events.
+fn audit_of(home: &Path, n: usize) -> AuditLog {
+    let audit = AuditLog::in_home(home).expect("audit");
+    for i in 0..n {
         audit
             .append(&format!("req-{i}"), "tool.request", json!({"i": i}))
             .expect("append");
     }
+    audit
+}
+
+/// `gateway --home HOME ARGS...`, run to its end.
+fn cli(home: &Path, args: &[&str]) -> std::process::Output {
+    gateway(home).args(args).output().expect("run")
+}
+
+#[test]
+fn audit_verify_on_the_command_line_names_the_first_bad_line() {
+    let home = tempfile::tempdir().expect("home");
+    audit_of(home.path(), 5);
     let path = home.path().join("audit.jsonl");
-    let ok = gateway(home.path())
-        .args(["audit", "verify"])
-        .output()
-        .expect("run");
+    let ok = cli(home.path(), &["audit", "verify"]);
     assert!(
         ok.status.success() && stdout(&ok).contains("ok: 5 events verified"),
         "{}",
@@ -478,10 +486,10 @@ fn audit_verify_on_the_command_line_names_the_first_bad_line() {
     );
     let text = std::fs::read_to_string(&path).expect("read");
     std::fs::write(&path, text.replacen("\"i\":3", "\"i\":4", 1)).expect("tamper");
-    let bad = gateway(home.path())
-        .args(["audit", "verify", "--file", &path.display().to_string()])
-        .output()
-        .expect("run");
+    let bad = cli(
+        home.path(),
+        &["audit", "verify", "--file", &path.display().to_string()],
+    );
     assert!(!bad.status.success());
     assert!(
         stdout(&bad).contains("line 4: hash does not match"),
@@ -493,16 +501,8 @@ fn audit_verify_on_the_command_line_names_the_first_bad_line() {
 #[test]
 fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
     let home = tempfile::tempdir().expect("home");
-    let audit = AuditLog::in_home(home.path()).expect("audit");
-    for i in 0..3 {
-        audit
-            .append(&format!("req-{i}"), "tool.request", json!({"i": i}))
-            .expect("append");
-    }
-    let head = gateway(home.path())
-        .args(["audit", "head", "--json"])
-        .output()
-        .expect("run");
+    let audit = audit_of(home.path(), 3);
+    let head = cli(home.path(), &["audit", "head", "--json"]);
     assert!(head.status.success(), "{}", stderr(&head));
     let head: Value = serde_json::from_slice(&head.stdout).expect("json");
     assert_eq!(head["events"], 3);
@@ -514,10 +514,10 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
             .append(&format!("req-{i}"), "tool.result", json!({"i": i}))
             .expect("append");
     }
-    let ok = gateway(home.path())
-        .args(["audit", "verify", "--checkpoint", &checkpoint])
-        .output()
-        .expect("run");
+    let ok = cli(
+        home.path(),
+        &["audit", "verify", "--checkpoint", &checkpoint],
+    );
     assert!(
         ok.status.success() && stdout(&ok).contains("ok: 5 events verified"),
         "{}",
@@ -526,10 +526,7 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
     let whole = std::fs::read(&path).expect("read");
     // Cut the last two events: a well-formed chain, but short of its head.
     std::fs::write(&path, &at_checkpoint).expect("cut");
-    let cut = gateway(home.path())
-        .args(["audit", "verify"])
-        .output()
-        .expect("run");
+    let cut = cli(home.path(), &["audit", "verify"]);
     assert!(!cut.status.success());
     assert!(
         stdout(&cut).contains("line 4: the log is")
@@ -539,10 +536,10 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
     );
     // On the whole log, a checkpoint that is not on the chain fails.
     std::fs::write(&path, &whole).expect("restore");
-    let bogus = gateway(home.path())
-        .args(["audit", "verify", "--checkpoint", &"0f".repeat(32)])
-        .output()
-        .expect("run");
+    let bogus = cli(
+        home.path(),
+        &["audit", "verify", "--checkpoint", &"0f".repeat(32)],
+    );
     assert!(!bogus.status.success());
     assert!(
         stdout(&bogus).contains("is not on the chain"),
@@ -551,10 +548,7 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
     );
     // `audit head` refuses to print the head of a log that does not verify.
     std::fs::write(&path, &at_checkpoint).expect("cut");
-    let refused = gateway(home.path())
-        .args(["audit", "head"])
-        .output()
-        .expect("run");
+    let refused = cli(home.path(), &["audit", "head"]);
     assert!(!refused.status.success());
     assert!(
         stderr(&refused).contains("does not verify"),
