@@ -378,6 +378,24 @@ impl ApprovalStore {
         reason: &str,
         verdict: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
+        self.change(id, |tx, approval, now, db| {
+            decide_in(tx, approval, now, db, approver, reason, verdict)
+        })
+    }
+
+    /// One change to approval `id`, in one immediate transaction: read it
+    /// (an unknown id is a refusal), let `f` check and write, then read it
+    /// back and commit. A refusal from `f` rolls back.
+    fn change(
+        &mut self,
+        id: &str,
+        f: impl FnOnce(
+            &Connection,
+            &Approval,
+            i64,
+            &dyn Fn(rusqlite::Error) -> ApprovalError,
+        ) -> Result<Option<Refusal>, ApprovalError>,
+    ) -> Result<Result<Approval, Refusal>, ApprovalError> {
         let path = self.path.clone();
         let db = |source| ApprovalError::Db {
             path: path.clone(),
@@ -392,60 +410,9 @@ impl ApprovalStore {
             Ok(a) => a,
             Err(r) => return Ok(Err(r)),
         };
-        let refusal = match approval.state {
-            State::Expired | State::Denied | State::Spent => ended(&approval),
-            State::Approved => Some(Refusal::AlreadyDecided {
-                id: id.into(),
-                state: "approved".into(),
-            }),
-            State::Pending => None,
-        };
-        if let Some(r) = refusal {
+        if let Some(r) = f(&tx, &approval, now, &db)? {
             return Ok(Err(r));
         }
-        if verdict == "grant" && approver == approval.requested_by {
-            return Ok(Err(Refusal::SelfApproval {
-                approver: approver.into(),
-            }));
-        }
-        if approval.reason_required && reason.trim().is_empty() {
-            return Ok(Err(Refusal::ReasonRequired { id: id.into() }));
-        }
-        if verdict == "grant"
-            && approval
-                .verdicts
-                .iter()
-                .any(|v| v.verdict == "grant" && v.approver == approver)
-        {
-            return Ok(Err(Refusal::DuplicateApprover {
-                id: id.into(),
-                approver: approver.into(),
-            }));
-        }
-        tx.execute(
-            "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![id, approver, verdict, reason, now],
-        )
-        .map_err(db)?;
-        let grants: i64 = tx
-            .query_row(
-                "SELECT COUNT(DISTINCT approver) FROM verdicts WHERE approval_id = ?1 AND verdict = 'grant'",
-                [id],
-                |r| r.get(0),
-            )
-            .map_err(db)?;
-        let next = if verdict == "deny" {
-            "denied"
-        } else if grants >= i64::from(approval.approvers_required) {
-            "approved"
-        } else {
-            "pending"
-        };
-        tx.execute(
-            "UPDATE approvals SET state = ?2 WHERE id = ?1 AND state = 'pending'",
-            params![id, next],
-        )
-        .map_err(db)?;
         let after = read_approval(&tx, id, now).map_err(|e| map_read(&path, e))?;
         tx.commit().map_err(db)?;
         after.map(Ok).ok_or_else(|| ApprovalError::Corrupt {
@@ -466,66 +433,115 @@ impl ApprovalStore {
         plan_sha256: Option<&str>,
         request_id: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
-        let path = self.path.clone();
-        let db = |source| ApprovalError::Db {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(db)?;
-        let now = now_ms();
-        let approval = match read_for_update(&tx, &path, id, now)? {
-            Ok(a) => a,
-            Err(r) => return Ok(Err(r)),
-        };
-        let refusal = match approval.state {
-            State::Expired | State::Denied | State::Spent => ended(&approval),
-            State::Pending => Some(Refusal::NotApproved {
-                id: id.into(),
-                given: approval.grants(),
-                needed: approval.approvers_required,
-            }),
-            State::Approved => None,
-        }
-        .or_else(|| {
-            (approval.tool != tool).then(|| Refusal::ToolMismatch {
-                id: id.into(),
-                bound: approval.tool.clone(),
-                asked: tool.into(),
+        self.change(id, |tx, approval, now, db| {
+            let refusal = match approval.state {
+                State::Expired | State::Denied | State::Spent => ended(approval),
+                State::Pending => Some(Refusal::NotApproved {
+                    id: id.into(),
+                    given: approval.grants(),
+                    needed: approval.approvers_required,
+                }),
+                State::Approved => None,
+            }
+            .or_else(|| {
+                (approval.tool != tool).then(|| Refusal::ToolMismatch {
+                    id: id.into(),
+                    bound: approval.tool.clone(),
+                    asked: tool.into(),
+                })
             })
-        })
-        .or_else(|| {
-            (approval.params_sha256 != crate::canonical::call_digest(tool, params))
-                .then(|| Refusal::ParamsMismatch { id: id.into() })
-        })
-        .or_else(|| {
-            (approval.plan_sha256.as_deref() != plan_sha256)
-                .then(|| Refusal::PlanMismatch { id: id.into() })
-        });
-        if let Some(r) = refusal {
-            return Ok(Err(r));
-        }
-        // The state check again in the UPDATE itself: even without the
-        // immediate transaction, only one spender could flip it.
-        let changed = tx
-            .execute(
-                "UPDATE approvals SET state = 'spent', spent_at_ms = ?2, spent_request_id = ?3
-                 WHERE id = ?1 AND state = 'approved' AND expires_at_ms > ?2",
-                params![id, now, request_id],
-            )
-            .map_err(db)?;
-        if changed != 1 {
-            return Ok(Err(Refusal::AlreadySpent { id: id.into() }));
-        }
-        let after = read_approval(&tx, id, now).map_err(|e| map_read(&path, e))?;
-        tx.commit().map_err(db)?;
-        after.map(Ok).ok_or_else(|| ApprovalError::Corrupt {
-            id: id.into(),
-            message: "vanished".into(),
+            .or_else(|| {
+                (approval.params_sha256 != crate::canonical::call_digest(tool, params))
+                    .then(|| Refusal::ParamsMismatch { id: id.into() })
+            })
+            .or_else(|| {
+                (approval.plan_sha256.as_deref() != plan_sha256)
+                    .then(|| Refusal::PlanMismatch { id: id.into() })
+            });
+            if refusal.is_some() {
+                return Ok(refusal);
+            }
+            // The state check again in the UPDATE itself: even without the
+            // immediate transaction, only one spender could flip it.
+            let changed = tx
+                .execute(
+                    "UPDATE approvals SET state = 'spent', spent_at_ms = ?2, spent_request_id = ?3
+                     WHERE id = ?1 AND state = 'approved' AND expires_at_ms > ?2",
+                    params![id, now, request_id],
+                )
+                .map_err(db)?;
+            Ok((changed != 1).then(|| Refusal::AlreadySpent { id: id.into() }))
         })
     }
+}
+
+/// The checks and writes of a grant or a denial, inside [`ApprovalStore::change`].
+fn decide_in(
+    tx: &Connection,
+    approval: &Approval,
+    now: i64,
+    db: &dyn Fn(rusqlite::Error) -> ApprovalError,
+    approver: &str,
+    reason: &str,
+    verdict: &str,
+) -> Result<Option<Refusal>, ApprovalError> {
+    let id = approval.id.as_str();
+    let refusal = match approval.state {
+        State::Expired | State::Denied | State::Spent => ended(approval),
+        State::Approved => Some(Refusal::AlreadyDecided {
+            id: id.into(),
+            state: "approved".into(),
+        }),
+        State::Pending => None,
+    }
+    .or_else(|| {
+        (verdict == "grant" && approver == approval.requested_by).then(|| Refusal::SelfApproval {
+            approver: approver.into(),
+        })
+    })
+    .or_else(|| {
+        (approval.reason_required && reason.trim().is_empty())
+            .then(|| Refusal::ReasonRequired { id: id.into() })
+    })
+    .or_else(|| {
+        (verdict == "grant"
+            && approval
+                .verdicts
+                .iter()
+                .any(|v| v.verdict == "grant" && v.approver == approver))
+        .then(|| Refusal::DuplicateApprover {
+            id: id.into(),
+            approver: approver.into(),
+        })
+    });
+    if refusal.is_some() {
+        return Ok(refusal);
+    }
+    tx.execute(
+        "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![id, approver, verdict, reason, now],
+    )
+    .map_err(db)?;
+    let grants: i64 = tx
+        .query_row(
+            "SELECT COUNT(DISTINCT approver) FROM verdicts WHERE approval_id = ?1 AND verdict = 'grant'",
+            [id],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    let next = if verdict == "deny" {
+        "denied"
+    } else if grants >= i64::from(approval.approvers_required) {
+        "approved"
+    } else {
+        "pending"
+    };
+    tx.execute(
+        "UPDATE approvals SET state = ?2 WHERE id = ?1 AND state = 'pending'",
+        params![id, next],
+    )
+    .map_err(db)?;
+    Ok(None)
 }
 
 /// Read an approval inside a write transaction; an unknown id is a refusal.
