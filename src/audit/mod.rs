@@ -70,17 +70,31 @@ pub fn head_path(log: &Path) -> PathBuf {
 }
 
 /// The recorded head of the log at `log`; `None` when there is no sidecar.
+/// A record that does not parse is read again a few times (a read racing
+/// the writer's in-place update could see it half written) before it is
+/// called damaged.
 pub fn read_head(log: &Path) -> Result<Option<Head>, AuditError> {
     let path = head_path(log);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| AuditError::BadHead {
-                path: path.clone(),
-                why: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(AuditError::Io { path, source }),
+    let mut tries = 0;
+    loop {
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(AuditError::Io { path, source }),
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(head) => return Ok(Some(head)),
+            Err(_) if tries < 3 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => {
+                return Err(AuditError::BadHead {
+                    path,
+                    why: e.to_string(),
+                });
+            }
+        }
     }
 }
 

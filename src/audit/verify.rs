@@ -47,11 +47,14 @@ impl Report {
 /// Verify the log at `path` against its chain, its recorded head (when the
 /// sidecar exists; its absence is a warning) and the given checkpoints.
 pub fn verify_file(path: &Path, checkpoints: &[String]) -> Result<Report, super::AuditError> {
+    // The head first, then the log: a writer updates the head only after its
+    // line is in the log, so a head read first never points past the log
+    // read after it, even while the server keeps writing (no lock needed).
+    let head = super::read_head(path)?;
     let bytes = std::fs::read(path).map_err(|source| super::AuditError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let head = super::read_head(path)?;
     let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
     if head.is_none() && report.verified > 0 {
         report.warnings.push(format!(
@@ -367,6 +370,34 @@ mod tests {
         std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
         let e = verify_file(&path, &[]).expect_err("damaged head");
         assert!(e.to_string().contains("unreadable"), "{e}");
+    }
+
+    #[test]
+    fn verifying_while_a_writer_appends_never_fails() {
+        let (_d, path, _) = log_of(1);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (path, done) = (path.clone(), std::sync::Arc::clone(&done));
+            std::thread::spawn(move || {
+                let log = AuditLog::open(&path).expect("open");
+                for n in 0..600 {
+                    log.append("req-w", "tool.request", json!({"n": n}))
+                        .expect("append");
+                }
+                done.store(true, std::sync::atomic::Ordering::Relaxed);
+            })
+        };
+        let mut checked = 0;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            let r = verify_file(&path, &[]).expect("verify");
+            assert!(r.ok(), "a concurrent append made verify fail: {r:?}");
+            checked += 1;
+        }
+        writer.join().expect("writer");
+        assert!(
+            checked > 10,
+            "verify ran while the writer wrote ({checked})"
+        );
     }
 
     #[test]
