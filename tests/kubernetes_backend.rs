@@ -411,6 +411,32 @@ async fn a_log_read_that_fails_transiently_is_retried_and_a_final_refusal_is_rep
         1,
         "the 403 was not retried"
     );
+    c.kube.with(|s| s.log_failures.clear());
+
+    // A log bigger than the output limit: the API server is asked for at
+    // most twice the limit (both streams) of the runner container, and the
+    // result says it was cut.
+    let mut req = request("req-big", None);
+    req.limits.output_bytes = 1000;
+    let run = spawn_run(&c, req);
+    let pod = pod_of(&c, "gw-req-big").await;
+    terminate(
+        &c,
+        &pod,
+        "Succeeded",
+        0,
+        "Completed",
+        &"o 0123456789\n".repeat(500),
+    );
+    let r = run.await.expect("join").expect("ran");
+    assert!(r.stdout.truncated, "cut at the limit");
+    assert!(r.stdout.bytes.len() <= 1000, "{}", r.stdout.bytes.len());
+    let q = c
+        .kube
+        .with(|s| s.log_queries.last().cloned())
+        .expect("a log read");
+    assert_eq!(q.get("limitBytes").map(String::as_str), Some("2000"));
+    assert_eq!(q.get("container").map(String::as_str), Some("runner"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,8 @@ pub struct State {
     /// it serves the log: (HTTP status, reason, message), as the API server
     /// does when it cannot reach the kubelet (500) or sheds load (429/503).
     pub log_failures: std::collections::VecDeque<(u16, String, String)>,
+    /// The query of every `GET pods/{name}/log`, in order.
+    pub log_queries: Vec<BTreeMap<String, String>>,
     /// Deletions with their propagation policy: (resource, name, policy).
     pub deletions: Vec<(String, String, String)>,
     /// Every change, for watches: (resource version, type, resource, object).
@@ -887,17 +889,54 @@ async fn workload_route(
     match (verb, name, sub) {
         ("get", Some(pod), Some("log")) if resource == "pods" => {
             let mut s = st.lock().expect("state");
-            if !s
-                .objects
-                .contains_key(&("pods".to_string(), ns.to_string(), pod.to_string()))
-            {
+            let Some(object) =
+                s.objects
+                    .get(&("pods".to_string(), ns.to_string(), pod.to_string()))
+            else {
                 return not_found(pod);
+            };
+            // As the API server: `container` must name one of the pod's
+            // containers (400 otherwise); without it, a pod with one
+            // container is read, a pod with several is a 400.
+            let containers: Vec<String> = object["spec"]["containers"]
+                .as_array()
+                .map(|cs| {
+                    cs.iter()
+                        .filter_map(|c| c["name"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            s.log_queries.push(q.clone());
+            match q.get("container") {
+                Some(c) if !containers.contains(c) => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!("container {c} is not valid for pod {pod}"),
+                        json!({}),
+                    );
+                }
+                None if containers.len() != 1 => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!(
+                            "a container name must be specified for pod {pod}, choose one of: {containers:?}"
+                        ),
+                        json!({}),
+                    );
+                }
+                _ => {}
             }
             if let Some((code, reason, message)) = s.log_failures.pop_front() {
                 let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 return status(code, &reason, message, json!({"name": pod, "kind": "pods"}));
             }
-            let log = s.logs.get(pod).cloned().unwrap_or_default();
+            let mut log = s.logs.get(pod).cloned().unwrap_or_default();
+            // `limitBytes`: the API server stops after that many bytes.
+            if let Some(limit) = q.get("limitBytes").and_then(|l| l.parse::<usize>().ok()) {
+                log.truncate(limit);
+            }
             let mut r = Response::new(full(log));
             r.headers_mut().insert(
                 "content-type",
