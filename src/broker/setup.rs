@@ -89,6 +89,21 @@ pub fn role_body(def: &RoleDef) -> Value {
     })
 }
 
+/// How Vault reaches the cluster (the secrets engine's and the Kubernetes
+/// auth method's config): its API server and CA, and when Vault does not run
+/// in the cluster, the JWT it authenticates with under `jwt_key`.
+fn cluster_config(opts: &SetupOptions, jwt_key: &str) -> Value {
+    let mut config = json!({
+        "kubernetes_host": opts.kubernetes_host,
+        "kubernetes_ca_cert": opts.kubernetes_ca_pem,
+    });
+    if let Some(jwt) = &opts.service_account_jwt {
+        config[jwt_key] = json!(jwt);
+        config["disable_local_ca_jwt"] = json!(true);
+    }
+    config
+}
+
 /// Enable a secrets engine (`table` = "mounts") or an auth method
 /// ("auth") of type `kind` at `path`, unless one is there already.
 async fn enable(
@@ -141,14 +156,7 @@ pub async fn setup(
         roles.roles.values().map(|r| r.mount.as_str()).collect();
     for m in &k8s_mounts {
         enable(&client, "mounts", m, "kubernetes", &mut report).await?;
-        let mut config = json!({
-            "kubernetes_host": opts.kubernetes_host,
-            "kubernetes_ca_cert": opts.kubernetes_ca_pem,
-        });
-        if let Some(jwt) = &opts.service_account_jwt {
-            config["service_account_jwt"] = json!(jwt);
-            config["disable_local_ca_jwt"] = json!(true);
-        }
+        let config = cluster_config(opts, "service_account_jwt");
         call(
             &client,
             RequestMethod::POST,
@@ -239,15 +247,8 @@ pub async fn setup(
     }
     if let Some((ns, sa)) = &opts.kubernetes_auth {
         enable(&client, "auth", "kubernetes", "kubernetes", &mut report).await?;
-        let mut config = json!({
-            "kubernetes_host": opts.kubernetes_host,
-            "kubernetes_ca_cert": opts.kubernetes_ca_pem,
-        });
-        if let Some(jwt) = &opts.service_account_jwt {
-            // Vault reviews the gateway's token with its own (TokenReview).
-            config["token_reviewer_jwt"] = json!(jwt);
-            config["disable_local_ca_jwt"] = json!(true);
-        }
+        // Vault reviews the gateway's token with its own (TokenReview).
+        let config = cluster_config(opts, "token_reviewer_jwt");
         call(
             &client,
             RequestMethod::POST,
