@@ -1128,6 +1128,23 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         "{}",
         common::stdout(&out)
     );
+    // A namespace the policy does not allow: the credential check fails and
+    // says why, in the policy's words.
+    let mut cmd = common::gateway(&w.home);
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["verify", "--namespace", "kube-system"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("gateway verify"))
+        .await
+        .expect("join");
+    assert!(!out.status.success());
+    assert!(
+        common::stdout(&out)
+            .contains("the policy denies k8s_get_pod_status in namespace kube-system")
+            && common::stdout(&out).contains("4 passed, 1 failed"),
+        "{}",
+        common::stdout(&out)
+    );
 
     // And each check can fail: a cluster without gVisor, without the
     // NetworkPolicy labels, with admission off.

@@ -78,7 +78,7 @@ async fn verify_kubernetes(
         .unwrap_or(6443);
     let broker = super::vault::broker(cli, &cli.home())?;
     // The credential check uses exactly what the policy derives.
-    let scope = match &broker {
+    let (scope, why_none) = match &broker {
         Some(_) => {
             let store = crate::policy::PolicyStore::open(
                 vec![cli.policies.clone()],
@@ -92,9 +92,30 @@ async fn verify_kubernetes(
                     os_user: crate::config::os_identity(),
                 },
             );
-            store.decide(&input).decision.credential
+            let d = store.decide(&input).decision;
+            match (d.allow, d.credential) {
+                (true, Some(c)) => (Some(c), String::new()),
+                (true, None) => (
+                    None,
+                    format!(
+                        "the policy derives no credential for k8s_get_pod_status in namespace {}: cannot check",
+                        a.namespace
+                    ),
+                ),
+                (false, _) => (
+                    None,
+                    format!(
+                        "the policy denies k8s_get_pod_status in namespace {} ({}); pass --namespace with one it allows",
+                        a.namespace,
+                        d.deny_reasons.join("; ")
+                    ),
+                ),
+            }
         }
-        None => None,
+        None => (
+            None,
+            "no Vault configured ([vault] address or VAULT_ADDR): cannot check".to_string(),
+        ),
     };
     let token_check = match (&broker, &scope) {
         (Some(b), Some(s)) => Some((b.as_ref() as &dyn crate::broker::Broker, s)),
@@ -105,7 +126,7 @@ async fn verify_kubernetes(
         checks.push(crate::sandbox::verify::Check {
             name: "a minted pod-reader token lists pods in its namespace, not in kube-system nor secrets, and dies on revoke",
             pass: false,
-            detail: "no Vault configured, or the policy derives no credential for that namespace: cannot check".into(),
+            detail: why_none,
         });
     }
     Ok(checks)
