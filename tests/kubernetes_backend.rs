@@ -643,10 +643,15 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
         .await
     });
     // The kubelet: find the Job's pod, check what it was given, run "kubectl".
+    let waiting = Instant::now();
     let job = loop {
         if let Some(j) = c.kube.with(|s| s.live("jobs").into_iter().next()) {
             break j;
         }
+        assert!(
+            waiting.elapsed() < Duration::from_secs(20),
+            "the pipeline created no Job"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let job_name = job["metadata"]["name"].as_str().expect("name").to_string();
