@@ -659,7 +659,7 @@ impl VaultBroker {
             .ok_or_else(|| BrokerError::Refused(format!("{what}: Vault returned nothing")))?;
         let resp: SecretResponse = serde_json::from_value(raw)
             .map_err(|e| BrokerError::Refused(format!("{what}: unexpected answer: {e}")))?;
-        let data = resp.data.unwrap_or_default();
+        let mut data = resp.data.unwrap_or_default();
         if resp.lease_id.is_empty() {
             return Err(BrokerError::Refused(format!(
                 "{what}: Vault returned a secret without a lease; the gateway only uses revocable credentials"
@@ -679,6 +679,8 @@ impl VaultBroker {
             .map_err(|e| tracing::error!("lease ledger: {e}"))
         });
         let credential = credential_from(&data);
+        // The answer's copy of the secret is wiped as soon as the file holds it.
+        data.values_mut().for_each(wipe);
         if recorded.is_err() || credential.is_err() {
             let _ = self.revoke_lease(&resp.lease_id).await;
             return Err(match credential {
@@ -712,6 +714,17 @@ fn login_error(e: vaultrs::error::ClientError, method: &str, mount: &str) -> Bro
     }
 }
 
+/// Overwrite every string in `v` with zeros before it is freed.
+fn wipe(v: &mut Value) {
+    use zeroize::Zeroize;
+    match v {
+        Value::String(s) => s.zeroize(),
+        Value::Array(a) => a.iter_mut().for_each(wipe),
+        Value::Object(o) => o.values_mut().for_each(wipe),
+        _ => {}
+    }
+}
+
 /// The file a sandbox gets from a secret's data, by the secrets engine's
 /// answer: a Kubernetes service account token (the file kubectl's
 /// `tokenFile` reads), or AWS keys (a shared credentials file).
@@ -732,12 +745,26 @@ fn credential_from(
         data.get("access_key").and_then(Value::as_str),
         data.get("secret_key").and_then(Value::as_str),
     ) {
-        let mut file =
-            format!("[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n");
-        if let Some(t) = data.get("security_token").and_then(Value::as_str) {
-            file.push_str(&format!("aws_session_token = {t}\n"));
+        // Built in place in a buffer that is wiped on drop (no temporaries).
+        let mut file = Zeroizing::new(String::new());
+        for (name, value) in [
+            ("aws_access_key_id", Some(key)),
+            ("aws_secret_access_key", Some(secret)),
+            (
+                "aws_session_token",
+                data.get("security_token").and_then(Value::as_str),
+            ),
+        ] {
+            if let Some(v) = value {
+                if file.is_empty() {
+                    file.push_str("[default]\n");
+                }
+                file.push_str(name);
+                file.push_str(" = ");
+                file.push_str(v);
+                file.push('\n');
+            }
         }
-        let file = Zeroizing::new(file);
         return Ok((
             SecretFile::new(file.as_bytes().to_vec()),
             CredentialMeta::AwsKeys {
@@ -782,6 +809,17 @@ mod tests {
         assert!(!format!("{auth:?}").contains("sid-secret"));
         let t = VaultAuth::Token(Secret::from("hvs.very-secret"));
         assert!(!format!("{t:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn an_answers_secrets_are_wiped_everywhere_in_it() {
+        let mut v = serde_json::json!({"service_account_token": "aaa.bbb.ccc",
+            "nested": [{"k": "secret-1"}, 7, "secret-2"], "n": 1});
+        wipe(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"service_account_token": "", "nested": [{"k": ""}, 7, ""], "n": 1})
+        );
     }
 
     #[test]
