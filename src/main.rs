@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     match gateway::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gateway: {}", gateway::cli::error_chain(&e));
+            eprintln!("gateway: {}", gateway::error_chain(e.as_ref()));
             ExitCode::from(2)
         }
     }

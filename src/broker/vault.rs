@@ -291,24 +291,10 @@ fn vault_error(e: rustify::errors::ClientError, what: &str) -> BrokerError {
         }
         E::RequestError { source, url, .. } => BrokerError::Unreachable(format!(
             "{what}: Vault at {url} is unreachable: {}",
-            error_chain(source.as_ref())
+            crate::error_chain(source.as_ref())
         )),
-        other => BrokerError::Unreachable(format!("{what}: {}", error_chain(&other))),
+        other => BrokerError::Unreachable(format!("{what}: {}", crate::error_chain(&other))),
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// One Vault API call (`/v1/{path}`) with `client`'s token and namespace;
@@ -709,7 +695,7 @@ fn login_error(e: vaultrs::error::ClientError, method: &str, mount: &str) -> Bro
         )),
         other => BrokerError::Unreachable(format!(
             "{method} login at auth/{mount}: {}",
-            error_chain(&other)
+            crate::error_chain(&other)
         )),
     }
 }

@@ -109,21 +109,6 @@ impl Cli {
     }
 }
 
-/// An error and its causes on one line, each cause once: a library error
-/// that already says its cause in its own message (`audit log X: denied`)
-/// does not get it repeated by the chain.
-pub fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !out.contains(&c) {
-            out.push_str(": ");
-            out.push_str(&c);
-        }
-    }
-    out
-}
-
 /// Logs go to stderr (stdout is for results and, for `serve`, protocol),
 /// filtered by `RUST_LOG` (default: warnings and errors).
 pub fn init_tracing() {
@@ -152,30 +137,5 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
         Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
         Command::SandboxProbe { args } => Ok(crate::tools::exec::probe(args)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_chain;
-    use anyhow::Context;
-
-    #[test]
-    fn each_cause_is_said_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
-        let e = crate::audit::AuditError::Io {
-            path: "/var/audit.jsonl".into(),
-            source: io,
-        };
-        let e = Err::<(), _>(e)
-            .context("cannot verify audit log /var/audit.jsonl")
-            .expect_err("an error");
-        assert_eq!(
-            error_chain(&e),
-            "cannot verify audit log /var/audit.jsonl: audit log /var/audit.jsonl: permission denied"
-        );
-        // A cause the message does not mention is still said.
-        let e = anyhow::anyhow!("disk full").context("writing the plan");
-        assert_eq!(error_chain(&e), "writing the plan: disk full");
     }
 }
