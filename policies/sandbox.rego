@@ -17,5 +17,9 @@ limits := {
 	"cpu": merged.cpu,
 	"memory": merged.memory,
 	"deadline_seconds": merged.deadline_seconds,
+	"module_copy_bytes": merged.module_copy_bytes,
+	"module_copy_files": merged.module_copy_files,
+	"file_out_bytes": merged.file_out_bytes,
+	"module_wait_seconds": merged.module_wait_seconds,
 	"egress": scope.egress,
 }

@@ -133,3 +133,58 @@ found contains plan_signal("plan-malformed", sprintf("resource change %d has no 
 	some i, rc in raw_changes
 	not is_array(rc.change.actions)
 }
+
+# --- Apply-time code: provisioners ------------------------------------------
+
+# A provisioner runs a command when its resource is created (or destroyed),
+# with the apply's credential: whatever it does is not in the plan's
+# resource changes. Every provisioner in the configuration, in child modules
+# too, is a signal that names the resource, the provisioner and its command.
+found contains signal if {
+	some m in config_modules
+	some resource in object.get(m.module, "resources", [])
+	some p in object.get(resource, "provisioners", [])
+	addr := concat("", [m.prefix, resource.address])
+	signal := {
+		"address": addr,
+		"kind": "provisioner",
+		"actions": [],
+		"reason": null,
+		"paths": [],
+		"message": sprintf("%s runs a %s provisioner at apply time (%s): code outside the plan, with the apply's credential", [addr, p.type, provisioner_detail(p)]),
+	}
+}
+
+# The configuration's modules with the address prefix of each ("" for the
+# root, "module.a.module.b." below), to a depth of config_depth module
+# calls (Rego has no recursion); deeper nesting is itself a signal.
+config_depth := 8
+
+config_level(parents) := [{"prefix": sprintf("%smodule.%s.", [l.prefix, name]), "module": object.get(call, "module", {})} |
+	some l in parents
+	some name, call in object.get(l.module, "module_calls", {})
+]
+
+config_levels := [l0, l1, l2, l3, l4, l5, l6, l7, l8] if {
+	l0 := [{"prefix": "", "module": object.get(object.get(plan, "configuration", {}), "root_module", {})}]
+	l1 := config_level(l0)
+	l2 := config_level(l1)
+	l3 := config_level(l2)
+	l4 := config_level(l3)
+	l5 := config_level(l4)
+	l6 := config_level(l5)
+	l7 := config_level(l6)
+	l8 := config_level(l7)
+}
+
+config_modules := [m | some level in config_levels; some m in level]
+
+found contains plan_signal("config-too-deep", sprintf("modules nest deeper than %d calls: apply-time code below that depth is not inspected", [config_depth])) if {
+	count(config_level(config_levels[config_depth])) > 0
+}
+
+provisioner_detail(p) := sprintf("command %q", [p.expressions.command.constant_value]) if {
+	is_string(p.expressions.command.constant_value)
+} else := sprintf("inline %v", [p.expressions.inline.constant_value]) if {
+	is_array(p.expressions.inline.constant_value)
+} else := "its command is computed at apply time"

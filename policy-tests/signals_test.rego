@@ -179,3 +179,67 @@ test_signals_are_sorted_and_deterministic if {
 	s := sig(plan_with([rc("b.b", ["delete"], {}), rc("a.a", ["delete"], {})]))
 	[x.address | some x in s] == ["a.a", "b.b"]
 }
+
+# --- Provisioners: apply-time code is a signal ------------------------------
+
+with_config(changes, root_module) := object.union(plan_with(changes), {"configuration": {"root_module": root_module}})
+
+test_a_provisioner_on_a_created_resource_is_a_signal_naming_its_command if {
+	plan := with_config([rc("terraform_data.hook", ["create"], {})], {"resources": [{
+		"address": "terraform_data.hook", "mode": "managed", "type": "terraform_data", "name": "hook",
+		"provisioners": [{"type": "local-exec", "expressions": {"command": {"constant_value": "terraform destroy -auto-approve"}}}],
+	}]})
+	sig(plan) == [{
+		"address": "terraform_data.hook",
+		"kind": "provisioner",
+		"actions": [],
+		"reason": null,
+		"paths": [],
+		"message": "terraform_data.hook runs a local-exec provisioner at apply time (command \"terraform destroy -auto-approve\"): code outside the plan, with the apply's credential",
+	}]
+}
+
+test_provisioners_in_child_modules_and_of_every_kind_are_signals if {
+	plan := with_config([], {"module_calls": {"app": {"module": {
+		"resources": [{"address": "null_resource.a", "provisioners": [
+			{"type": "remote-exec", "expressions": {"inline": {"constant_value": ["rm -rf /data"]}}},
+			{"type": "local-exec", "expressions": {"command": {"references": ["var.cmd"]}}},
+		]}],
+		"module_calls": {"inner": {"module": {"resources": [{"address": "terraform_data.b", "provisioners": [{"type": "local-exec", "expressions": {}}]}]}}},
+	}}}})
+	s := sig(plan)
+	count(s) == 3
+	{x.address | some x in s} == {"module.app.null_resource.a", "module.app.module.inner.terraform_data.b"}
+	some a in s
+	contains(a.message, "remote-exec provisioner at apply time (inline [\"rm -rf /data\"])")
+	some b in s
+	contains(b.message, "module.app.null_resource.a runs a local-exec provisioner at apply time (its command is computed at apply time)")
+}
+
+test_modules_nested_past_the_inspected_depth_are_a_signal if {
+	# Nine module calls deep (built from text: a literal this deep is slow to parse).
+	nested := json.unmarshal(`{"module_calls": {"a": {"module": {"module_calls": {"b": {"module": {"module_calls": {"c": {"module": {"module_calls": {"d": {"module": {"module_calls": {"e": {"module": {"module_calls": {"f": {"module": {"module_calls": {"g": {"module": {"module_calls": {"h": {"module": {"module_calls": {"i": {"module": {}}}}}}}}}}}}}}}}}}}}}}}}}}}}`)
+	s := sig(with_config([], nested))
+	[x.kind | some x in s] == ["config-too-deep"]
+}
+
+test_resources_without_provisioners_raise_nothing if {
+	plan := with_config([rc("terraform_data.a", ["create"], {})], {"resources": [{"address": "terraform_data.a", "expressions": {}}]})
+	sig(plan) == []
+}
+
+# An apply whose plan only creates, but with a provisioner, is approved
+# under the destructive settings (a reason is required), not the default.
+test_a_provisioner_makes_an_apply_need_the_destructive_approval if {
+	plan := with_config([rc("terraform_data.hook", ["create"], {})], {"resources": [{
+		"address": "terraform_data.hook",
+		"provisioners": [{"type": "local-exec", "expressions": {"command": {"constant_value": "true"}}}],
+	}]})
+	d := data.gateway.decision with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "principal": {"client": "c", "os_user": "u"}, "plan": plan}
+	d.approval.required
+	d.approval.reason_required
+	plain := data.gateway.decision with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "principal": {"client": "c", "os_user": "u"}, "plan": plan_with([rc("terraform_data.hook", ["create"], {})])}
+	not plain.approval.reason_required
+	some s in d.signals
+	s.kind == "provisioner"
+}

@@ -258,7 +258,7 @@ fn requests_never_see_half_a_policy_set() {
         std::fs::write(
             d.join("decision.rego"),
             format!(
-                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [],\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
+                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [],\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
             ),
         )
         .expect("write");

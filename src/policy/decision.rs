@@ -55,6 +55,14 @@ pub struct SandboxLimits {
     pub cpu: String,
     pub memory: String,
     pub deadline_seconds: u64,
+    /// Cap on the copy of a Terraform module a sandbox works on (bytes).
+    pub module_copy_bytes: u64,
+    /// Cap on the number of files and dirs in that copy.
+    pub module_copy_files: u64,
+    /// Cap on each file read back from a sandbox (plan, plan JSON, state).
+    pub file_out_bytes: u64,
+    /// How long a call waits for another call on the same module.
+    pub module_wait_seconds: u64,
     pub egress: Vec<String>,
 }
 
@@ -135,6 +143,21 @@ impl Decision {
                 self.sandbox.deadline_seconds
             ));
         }
+        for (name, v) in [
+            ("module_copy_bytes", self.sandbox.module_copy_bytes),
+            ("module_copy_files", self.sandbox.module_copy_files),
+            ("file_out_bytes", self.sandbox.file_out_bytes),
+        ] {
+            if v == 0 {
+                return bad(format!("sandbox.{name} must be at least 1"));
+            }
+        }
+        if self.sandbox.module_wait_seconds > MAX_DEADLINE_SECONDS {
+            return bad(format!(
+                "sandbox.module_wait_seconds {} is over {MAX_DEADLINE_SECONDS}",
+                self.sandbox.module_wait_seconds
+            ));
+        }
         if self.approval.approvers == 0 {
             return bad("approval.approvers must be at least 1".into());
         }
@@ -162,6 +185,10 @@ impl Decision {
                 cpu: "100m".into(),
                 memory: "64Mi".into(),
                 deadline_seconds: 1,
+                module_copy_bytes: 1,
+                module_copy_files: 1,
+                file_out_bytes: 1,
+                module_wait_seconds: 0,
                 egress: vec![],
             },
             signals: vec![],
@@ -221,7 +248,8 @@ mod tests {
             "allow": true, "deny_reasons": [], "tier": "low",
             "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true},
             "credential": {"mount": "kubernetes", "role": "pod-reader", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
-            "sandbox": {"cpu": "500m", "memory": "512Mi", "deadline_seconds": 120, "egress": ["kube-apiserver"]},
+            "sandbox": {"cpu": "500m", "memory": "512Mi", "deadline_seconds": 120, "module_copy_bytes": 1024, "module_copy_files": 10,
+                        "file_out_bytes": 1024, "module_wait_seconds": 5, "egress": ["kube-apiserver"]},
             "signals": [{"address": "a.b", "kind": "delete", "actions": ["delete"], "reason": null, "paths": [], "message": "a.b will be destroyed"}],
             "approval": {"required": false, "approvers": 1, "ttl_seconds": 1800, "reason_required": false, "satisfied": true}
         })
@@ -277,6 +305,10 @@ mod tests {
             (
                 with(valid(), "/sandbox/deadline_seconds", json!(0)),
                 "deadline_seconds 0",
+            ),
+            (
+                with(valid(), "/sandbox/file_out_bytes", json!(0)),
+                "file_out_bytes must be at least 1",
             ),
             (
                 with(valid(), "/sandbox/deadline_seconds", json!(-5)),

@@ -286,7 +286,7 @@ decision := {
   "allow": true, "deny_reasons": [], "tier": data.cfg.tier,
   "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false},
   "credential": null,
-  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "egress": []},
+  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "module_copy_bytes": 1048576, "module_copy_files": 100, "file_out_bytes": 1048576, "module_wait_seconds": 1, "egress": []},
   "signals": [],
   "approval": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true},
 }
