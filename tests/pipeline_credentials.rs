@@ -8,72 +8,20 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use gateway::broker::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
-use gateway::policy::{CredentialScope, PolicyStore, Principal};
-use gateway::sandbox::SecretFile;
+use gateway::policy::{PolicyStore, Principal};
 use gateway::sandbox::local::{LocalConfig, LocalSandbox};
 use gateway::tools::ToolPaths;
 use serde_json::{Value, json};
 
-/// Every lease gets its own token: `TOKEN` followed by the lease number.
-const TOKEN: &str = "fake-minted-token-ZXhhbXBsZQ";
-
-/// A broker double that records what it issued and revoked.
-#[derive(Default)]
-struct FakeBroker {
-    issued: Mutex<Vec<CredentialScope>>,
-    live: Mutex<BTreeSet<String>>,
-    revoked: Mutex<Vec<String>>,
-    fail_revokes: AtomicUsize,
-    counter: AtomicUsize,
-    /// Milliseconds each issue takes (a slow Vault).
-    issue_delay_ms: std::sync::atomic::AtomicU64,
-}
-
-impl Broker for FakeBroker {
-    fn issue<'a>(
-        &'a self,
-        _request_id: &'a str,
-        scope: &'a CredentialScope,
-    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
-        Box::pin(async move {
-            let delay = self.issue_delay_ms.load(Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-            let n = self.counter.fetch_add(1, Ordering::SeqCst);
-            let lease = format!("{}/creds/{}/lease-{n}", scope.mount, scope.role);
-            self.issued.lock().expect("lock").push(scope.clone());
-            self.live.lock().expect("lock").insert(lease.clone());
-            Ok(IssuedCredential {
-                lease_id: lease,
-                secret: SecretFile::new(TOKEN.as_bytes().to_vec()),
-                ttl: Duration::from_secs(600),
-                meta: CredentialMeta::Opaque,
-            })
-        })
-    }
-
-    fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
-        Box::pin(async move {
-            if self.fail_revokes.load(Ordering::SeqCst) > 0 {
-                self.fail_revokes.fetch_sub(1, Ordering::SeqCst);
-                return Err(BrokerError::Unreachable("injected failure".into()));
-            }
-            self.live.lock().expect("lock").remove(lease_id);
-            self.revoked
-                .lock()
-                .expect("lock")
-                .push(lease_id.to_string());
-            Ok(())
-        })
-    }
-}
+#[path = "support/fake_broker.rs"]
+mod fake_broker;
+use fake_broker::{FakeBroker, TOKEN};
 
 struct Setup {
     _dirs: Vec<tempfile::TempDir>,

@@ -17,7 +17,7 @@ fn files_in(steps: &[tools::Step]) -> Vec<FileIn> {
         },
         FileIn {
             path: tools::TF_CLI_CONFIG.into(),
-            contents: tools::terraformrc(None).into_bytes(),
+            contents: tools::terraformrc(tools::PROVIDER_MIRROR).into_bytes(),
         },
     ]
 }
@@ -64,14 +64,15 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         .enable_all()
         .build()
         .expect("rt");
-    let (plan_file, plan_json) = tools::plan_paths("req-tf-test");
+    let (plan_file, plan_json) = (tools::PLAN_FILE.to_string(), tools::PLAN_JSON.to_string());
 
     // Plan, with a probe that the steps ran in gVisor.
     let mut steps = vec![tools::Step {
         argv: vec!["/bin/busybox".into(), "uname".into(), "-r".into()],
         stdout_file: None,
     }];
-    steps.extend(tools::terraform_plan_steps(&plan_file, &plan_json));
+    steps.extend(tools::terraform_plan_steps(&plan_file));
+    steps.extend(tools::terraform_show_steps(&plan_file, &plan_json));
     let mut binds_probe = binds.clone();
     binds_probe.push(gateway::sandbox::Bind {
         host: "/bin/busybox".into(),

@@ -29,12 +29,12 @@ fn gateway_demo_runs_the_forces_replacement_scenario_for_real() {
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     for expected in [
-        "Apply complete! Resources: 2 added",
+        "Applied the approved plan. From the state: 2 added, 0 replaced, 0 removed.",
         "No changes",
         "PENDING APPROVAL",
         "!! terraform_data.web will be destroyed and re-created",
         "approved ap-",
-        "Apply complete! Resources: 1 added, 0 changed, 1 destroyed.",
+        "Applied the approved plan. From the state: 0 added, 1 replaced, 0 removed.\n  replaced: terraform_data.web",
         "was already spent",
         "chain verified",
         "demo complete",
@@ -74,6 +74,10 @@ fn gateway_demo_runs_the_forces_replacement_scenario_for_real() {
         vec![
             "tool.request",
             "policy.decision",
+            // The plan sandbox, on a copy of the module...
+            "sandbox.started",
+            "sandbox.completed",
+            // ...and the one that shows the saved plan file.
             "sandbox.started",
             "sandbox.completed",
             "plan.saved",

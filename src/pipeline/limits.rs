@@ -58,6 +58,7 @@ pub fn from_decision(s: &SandboxLimits) -> Result<(Limits, Duration), String> {
             .deadline_seconds
             .saturating_mul(cpu_millicores(&s.cpu)?.max(1000))
             / 1000,
+        file_out_bytes: s.file_out_bytes,
         ..Limits::default()
     };
     Ok((limits, deadline))

@@ -26,7 +26,10 @@ use crate::audit::AuditLog;
 use crate::broker::{Broker, RevokeGuard};
 use crate::canonical::sha256_hex;
 use crate::policy::{Decision, DecisionInput, PlanInput, PolicyStore, Principal};
-use crate::sandbox::{Endpoint, FileIn, Network, Sandbox, SandboxRequest, SandboxResult};
+use crate::sandbox::{
+    Endpoint, FileIn, Network, Sandbox, SandboxRequest, SandboxResult, SecretFile,
+};
+use crate::tools::module::{self, CopyCaps, ModuleDir, ModuleLock};
 use crate::tools::{self, ToolPaths};
 
 /// How a call ended.
@@ -100,6 +103,8 @@ pub struct Pipeline {
     /// How a sandbox reaches the Kubernetes API server with a minted token
     /// (`None`: a Kubernetes credential cannot be used, calls are refused).
     pub kubernetes: Option<KubernetesAccess>,
+    /// Credentials of the calls in flight (for redaction).
+    live_secrets: LiveSecrets,
 }
 
 /// The API server as sandboxes see it: by endpoint name, with its CA.
@@ -108,6 +113,77 @@ pub struct KubernetesAccess {
     pub endpoint: String,
     pub ca_pem: Vec<u8>,
     pub tls_server_name: String,
+}
+
+/// One sandbox of a call.
+struct SandboxCall<'a> {
+    /// The sandbox's name after the request id ("": the call's main sandbox).
+    suffix: &'a str,
+    runner: Runner,
+    steps: Vec<tools::Step>,
+    /// A throwaway dir of the pipeline's (never a module dir itself).
+    workdir: Option<&'a Path>,
+    files_in: Vec<FileIn>,
+    files_out: Vec<String>,
+    /// Whether this sandbox gets the decision's credential and egress.
+    with_credential: bool,
+}
+
+/// A Terraform call's module: opened once, locked for the whole call.
+struct Module {
+    dir: Arc<ModuleDir>,
+    _lock: ModuleLock,
+}
+
+/// A plan made and shown: its JSON (made from the saved plan file by
+/// trusted code) and the SHA-256 of that file.
+struct MadePlan {
+    plan: Value,
+    digest: String,
+}
+
+/// Every credential issued to a call still in flight, so that no sandbox's
+/// output carries one (its own or another call's). A call's entries go
+/// when the call ends, cancelled or not ([`CallSecrets`]).
+#[derive(Default)]
+pub struct LiveSecrets(Mutex<BTreeMap<(String, String), SecretFile>>);
+
+impl LiveSecrets {
+    fn add(&self, request_id: &str, lease_id: &str, secret: SecretFile) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((request_id.into(), lease_id.into()), secret);
+    }
+
+    fn all(&self) -> Vec<SecretFile> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn forget_call(&self, request_id: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(rid, _), _| rid != request_id);
+    }
+}
+
+/// Drops a call's live credentials from [`LiveSecrets`] when the call
+/// ends, on every path.
+struct CallSecrets<'a> {
+    live: &'a LiveSecrets,
+    request_id: String,
+}
+
+impl Drop for CallSecrets<'_> {
+    fn drop(&mut self) {
+        self.live.forget_call(&self.request_id);
+    }
 }
 
 /// Which tool a sandbox runs (its binaries, environment and config files).
@@ -159,6 +235,7 @@ impl Pipeline {
             tools,
             endpoints: BTreeMap::new(),
             kubernetes: None,
+            live_secrets: LiveSecrets::default(),
         })
     }
 
@@ -244,6 +321,10 @@ impl Pipeline {
         );
         input.request_id = request_id.to_string();
         let rid = input.request_id.clone();
+        let _secrets = CallSecrets {
+            live: &self.live_secrets,
+            request_id: rid.clone(),
+        };
         self.audit.append(
             &rid,
             "tool.request",
@@ -270,16 +351,6 @@ impl Pipeline {
         }
     }
 
-    fn working_dir(&self, input: &DecisionInput) -> Result<(String, PathBuf), String> {
-        let wd = input
-            .params
-            .get("working_dir")
-            .and_then(Value::as_str)
-            .ok_or("working_dir is missing")?;
-        let path = tools::resolve_working_dir(&self.workspace, wd).map_err(|e| e.to_string())?;
-        Ok((wd.to_string(), path))
-    }
-
     fn network(&self, decision: &Decision) -> Result<Network, String> {
         if decision.sandbox.egress.is_empty() {
             return Ok(Network::None);
@@ -299,18 +370,33 @@ impl Pipeline {
         Ok(Network::Endpoints(list))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Run one sandbox of a call: limits and network from the decision, a
+    /// credential minted for it (when `call.with_credential` and the
+    /// decision names one) and revoked as soon as it ends, its output
+    /// cleared of every live credential, each step audited.
     async fn run_sandbox(
         &self,
         progress: &Progress,
         rid: &str,
         decision: &Decision,
-        runner: Runner,
-        steps: &[tools::Step],
-        workdir: Option<&Path>,
-        mut extra_files: Vec<FileIn>,
-        files_out: Vec<String>,
+        call: SandboxCall<'_>,
     ) -> Result<Result<SandboxResult, String>, PipelineError> {
+        // A sandbox without the call's credential gets no egress either.
+        let stripped;
+        let decision = if call.with_credential {
+            decision
+        } else {
+            let mut d = decision.clone();
+            d.credential = None;
+            d.sandbox.egress.clear();
+            stripped = d;
+            &stripped
+        };
+        let name = if call.suffix.is_empty() {
+            rid.to_string()
+        } else {
+            format!("{rid}-{}", call.suffix)
+        };
         if decision.credential.is_some() && self.broker.is_none() {
             let reason = "the decision needs a credential and no credential broker is configured; nothing was run";
             return Ok(Err(reason.into()));
@@ -323,7 +409,7 @@ impl Pipeline {
             Ok(n) => n,
             Err(e) => return Ok(Err(e)),
         };
-        let (binds, mut env) = match runner {
+        let (binds, mut env) = match call.runner {
             Runner::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Runner::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
         };
@@ -334,15 +420,19 @@ impl Pipeline {
             Ok(b) => b,
             Err(e) => return Ok(Err(e.to_string())),
         };
-        extra_files.push(FileIn {
+        let mut files_in = call.files_in;
+        files_in.push(FileIn {
             path: tools::STEPS_FILE.into(),
-            contents: serde_json::to_vec(steps).unwrap_or_default(),
+            contents: serde_json::to_vec(&call.steps).unwrap_or_default(),
         });
-        if runner == Runner::Terraform {
-            extra_files.push(FileIn {
+        if call.runner == Runner::Terraform {
+            let mirror = self
+                .sandbox
+                .terraform_provider_mirror()
+                .unwrap_or_else(|| tools::PROVIDER_MIRROR.to_string());
+            files_in.push(FileIn {
                 path: tools::TF_CLI_CONFIG.into(),
-                contents: tools::terraformrc(self.sandbox.terraform_provider_mirror().as_deref())
-                    .into_bytes(),
+                contents: tools::terraformrc(&mirror).into_bytes(),
             });
         }
         // A Kubernetes credential comes with a kubeconfig around its token
@@ -352,7 +442,7 @@ impl Pipeline {
         {
             match self.kubeconfig_file(scope) {
                 Ok(file) => {
-                    extra_files.push(file);
+                    files_in.push(file);
                     env.push(("KUBECONFIG".into(), tools::kubeconfig_inside()));
                     env.push(("KUBE_CONFIG_PATH".into(), tools::kubeconfig_inside()));
                 }
@@ -363,7 +453,6 @@ impl Pipeline {
         // here on it is revoked on every path (the guard covers
         // cancellation and panics).
         let mut credential = None;
-        let mut secret = None;
         let mut revoke = None;
         if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
             match crate::broker::issue_for_call(broker, &self.audit, rid, scope).await {
@@ -375,13 +464,13 @@ impl Pipeline {
                         rid,
                         &c.lease_id,
                     ));
+                    self.live_secrets.add(rid, &c.lease_id, c.secret.clone());
                     self.audit.append(
                         rid,
                         "credential.issued",
                         json!({"lease_id": c.lease_id, "mount": scope.mount, "role": scope.role,
                                "params": scope.params, "ttl_seconds": c.ttl.as_secs(), "credential": c.meta}),
                     )?;
-                    secret = Some(c.secret.clone());
                     credential = Some(c.secret.clone());
                 }
                 Err(e) => {
@@ -397,41 +486,44 @@ impl Pipeline {
             }
         }
         let req = SandboxRequest {
-            name: rid.to_string(),
+            name: name.clone(),
             argv: tools::runner_argv(),
             env,
             binds,
-            workdir: workdir.map(Path::to_path_buf),
-            files_in: extra_files,
+            workdir: call.workdir.map(Path::to_path_buf),
+            files_in,
             credential,
             limits: limits.0,
             deadline: limits.1,
             network,
-            files_out,
+            files_out: call.files_out,
         };
         self.audit.append(
             rid,
             "sandbox.started",
-            json!({"sandbox": rid, "backend": self.sandbox.backend(), "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
-                   "egress": decision.sandbox.egress, "steps": steps}),
+            json!({"sandbox": name, "backend": self.sandbox.backend(), "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
+                   "egress": decision.sandbox.egress, "credential": req.credential.is_some(), "steps": call.steps}),
         )?;
-        progress.say(format!("sandbox {rid} started"));
+        progress.say(format!("sandbox {name} started"));
         let mut outcome = self.sandbox.run(req).await;
         // The tool's output goes into the result and the audit: it must not
-        // carry the credential, whatever the tool printed.
-        if let (Ok(r), Some(secret)) = (&mut outcome, &secret) {
-            r.stdout.redact(secret);
-            r.stderr.redact(secret);
-            // Text files out too (the plan JSON shows outputs' values); a
-            // binary plan file keeps its bytes (it is kept under HOME/plans,
-            // and the lease is revoked below anyway).
+        // carry any live credential (this call's or another's in flight),
+        // whatever the tool printed and however it encoded it.
+        if let Ok(r) = &mut outcome {
+            let secrets = self.live_secrets.all();
+            r.stdout.redact_all(&secrets);
+            r.stderr.redact_all(&secrets);
+            // Text files out too (the plan JSON shows outputs' values, a
+            // state holds attributes); a binary plan file keeps its bytes
+            // (it is kept in the gateway's home, and the lease is revoked
+            // below anyway).
             for bytes in r.files_out.values_mut() {
                 if std::str::from_utf8(bytes).is_ok() {
                     let mut c = crate::sandbox::Captured {
                         bytes: std::mem::take(bytes),
                         truncated: false,
                     };
-                    c.redact(secret);
+                    c.redact_all(&secrets);
                     *bytes = c.bytes;
                 }
             }
@@ -440,10 +532,19 @@ impl Pipeline {
             Ok(r) => self.audit.append(
                 rid,
                 "sandbox.completed",
-                json!({"sandbox": rid, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
+                json!({"sandbox": name, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
                        "stdout_truncated": r.stdout.truncated, "stderr_truncated": r.stderr.truncated}),
             ),
-            Err(e) => self.audit.append(rid, "sandbox.failed", json!({"sandbox": rid, "error": e.to_string()})),
+            Err(crate::sandbox::SandboxError::Output(e)) => self.audit.append(
+                rid,
+                "sandbox.output_refused",
+                json!({"sandbox": name, "reason": e.to_string()}),
+            ),
+            Err(e) => self.audit.append(
+                rid,
+                "sandbox.failed",
+                json!({"sandbox": name, "error": e.to_string()}),
+            ),
         };
         // Revoke as soon as the sandbox has ended, whatever happened in it.
         if let Some(guard) = revoke {
@@ -518,17 +619,20 @@ impl Pipeline {
             );
             return self.finish(&rid, tool, Outcome::Refused { reason });
         }
-        let steps = tools::kubectl_get_pods_steps(&namespace, &tools::kubeconfig_inside());
         let r = match self
             .run_sandbox(
                 progress,
                 &rid,
                 &decision,
-                Runner::Kubectl,
-                &steps,
-                None,
-                vec![],
-                vec![],
+                SandboxCall {
+                    suffix: "",
+                    runner: Runner::Kubectl,
+                    steps: tools::kubectl_get_pods_steps(&namespace, &tools::kubeconfig_inside()),
+                    workdir: None,
+                    files_in: vec![],
+                    files_out: vec![],
+                    with_credential: true,
+                },
             )
             .await?
         {
@@ -570,40 +674,107 @@ impl Pipeline {
         )
     }
 
-    /// Plan in a sandbox; returns the plan JSON and the plan file, saved
-    /// under HOME/plans/<request id>.*.
+    /// Open the call's module once (beneath the workspace, no link
+    /// followed) and take its lock: one call at a time per module.
+    async fn open_module(
+        &self,
+        input: &DecisionInput,
+        decision: &Decision,
+    ) -> Result<Module, String> {
+        let wd = input
+            .params
+            .get("working_dir")
+            .and_then(Value::as_str)
+            .ok_or("working_dir is missing")?
+            .to_string();
+        let workspace = self.workspace.clone();
+        let locks = self.home.join("locks");
+        let wait = Duration::from_secs(decision.sandbox.module_wait_seconds);
+        tokio::task::spawn_blocking(move || {
+            let dir = ModuleDir::open(&workspace, &wd)?;
+            let lock = dir.lock(&locks, wait)?;
+            Ok::<_, tools::ToolError>(Module {
+                dir: Arc::new(dir),
+                _lock: lock,
+            })
+        })
+        .await
+        .map_err(|e| format!("opening the module: {e}"))?
+        .map_err(|e| e.to_string())
+    }
+
+    /// A new, empty working dir for one sandbox, where the backend can
+    /// mount it from; removed when dropped.
+    fn scratch(&self) -> Result<tempfile::TempDir, String> {
+        let root = self.sandbox.scratch_dir();
+        std::fs::create_dir_all(&root)
+            .and_then(|_| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+            })
+            .and_then(|_| tempfile::Builder::new().prefix("work-").tempdir_in(&root))
+            .map_err(|e| format!("making a working dir under {}: {e}", root.display()))
+    }
+
+    /// A size-limited copy of the module for one sandbox.
+    async fn copy_module(
+        &self,
+        module: &Module,
+        decision: &Decision,
+    ) -> Result<tempfile::TempDir, String> {
+        let work = self.scratch()?;
+        let dest = work.path().to_path_buf();
+        let dir = Arc::clone(&module.dir);
+        let caps = CopyCaps {
+            bytes: decision.sandbox.module_copy_bytes,
+            files: decision.sandbox.module_copy_files,
+        };
+        tokio::task::spawn_blocking(move || dir.copy_to(&dest, caps))
+            .await
+            .map_err(|e| format!("copying the module: {e}"))?
+            .map_err(|e| e.to_string())?;
+        Ok(work)
+    }
+
+    /// Plan: `init` and `plan -out` in a sandbox on a copy of the module
+    /// (its code runs there, with the plan's credential); then the plan's
+    /// JSON from the saved plan file alone, in a second sandbox that holds
+    /// nothing of the module's and no credential. Both are saved under
+    /// HOME/plans/<request id>.*.
     async fn make_plan(
         &self,
         progress: &Progress,
         input: &DecisionInput,
         decision: &Decision,
-    ) -> Result<Result<(Value, PathBuf, String, SandboxResult), String>, PipelineError> {
+        module: &Module,
+    ) -> Result<Result<MadePlan, String>, PipelineError> {
         let rid = input.request_id.clone();
-        let (_, workdir) = match self.working_dir(input) {
+        let work = match self.copy_module(module, decision).await {
             Ok(w) => w,
             Err(e) => return Ok(Err(e)),
         };
-        let (plan_file, plan_json) = tools::plan_paths(&rid);
-        let steps = tools::terraform_plan_steps(&plan_file, &plan_json);
         let r = match self
             .run_sandbox(
                 progress,
                 &rid,
                 decision,
-                Runner::Terraform,
-                &steps,
-                Some(&workdir),
-                vec![],
-                vec![plan_file.clone(), plan_json.clone()],
+                SandboxCall {
+                    suffix: "",
+                    runner: Runner::Terraform,
+                    steps: tools::terraform_plan_steps(tools::PLAN_FILE),
+                    workdir: Some(work.path()),
+                    files_in: vec![],
+                    files_out: vec![tools::PLAN_FILE.into()],
+                    with_credential: true,
+                },
             )
             .await?
         {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
-        // The plan artefacts are not left in the working dir.
-        let _ = std::fs::remove_file(workdir.join(&plan_file));
-        let _ = std::fs::remove_file(workdir.join(&plan_json));
+        // Everything else the plan sandbox wrote is discarded.
+        drop(work);
         if !r.success() {
             return Ok(Err(format!(
                 "terraform plan failed ({:?}):\n{}",
@@ -611,32 +782,76 @@ impl Pipeline {
                 tail(&r.stderr.text(), 40)
             )));
         }
-        let (Some(bin), Some(json_bytes)) =
-            (r.files_out.get(&plan_file), r.files_out.get(&plan_json))
-        else {
+        let Some(bin) = r.files_out.get(tools::PLAN_FILE).cloned() else {
             return Ok(Err("terraform plan produced no plan file".into()));
         };
-        let plan = match crate::policy::plan::parse_plan(json_bytes, "the sandbox's plan") {
+        let digest = sha256_hex(&bin);
+
+        let show_dir = match self.scratch() {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(e)),
+        };
+        let shown = match self
+            .run_sandbox(
+                progress,
+                &rid,
+                decision,
+                SandboxCall {
+                    suffix: "show",
+                    runner: Runner::Terraform,
+                    steps: tools::terraform_show_steps(
+                        &tools::plan_inside("plan.tfplan"),
+                        tools::PLAN_JSON,
+                    ),
+                    workdir: Some(show_dir.path()),
+                    files_in: vec![FileIn {
+                        path: "plan.tfplan".into(),
+                        contents: bin.clone(),
+                    }],
+                    files_out: vec![tools::PLAN_JSON.into()],
+                    with_credential: false,
+                },
+            )
+            .await?
+        {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        drop(show_dir);
+        if !shown.success() {
+            return Ok(Err(format!(
+                "terraform show of the saved plan failed ({:?}):\n{}",
+                shown.ended,
+                tail(&shown.stderr.text(), 40)
+            )));
+        }
+        let Some(json_bytes) = shown.files_out.get(tools::PLAN_JSON) else {
+            return Ok(Err("terraform show wrote no plan JSON".into()));
+        };
+        let plan = match crate::policy::plan::parse_plan(json_bytes, "the saved plan's JSON") {
             Ok(p) => p,
             Err(e) => return Ok(Err(e.to_string())),
         };
-        let saved = self.home.join("plans").join(format!("{rid}.tfplan"));
-        let io = |e: std::io::Error| e.to_string();
-        if let Err(e) = std::fs::write(&saved, bin).map_err(io) {
+        let saved = self.plan_path(&rid, "tfplan");
+        if let Err(e) = std::fs::write(&saved, &bin) {
             return Ok(Err(format!("saving the plan file: {e}")));
         }
-        let _ = std::fs::write(
-            self.home.join("plans").join(format!("{rid}.json")),
-            json_bytes,
-        );
-        let digest = sha256_hex(bin);
+        if let Err(e) = std::fs::write(self.plan_path(&rid, "json"), json_bytes) {
+            return Ok(Err(format!("saving the plan's JSON: {e}")));
+        }
         self.audit.append(
             &rid,
             "plan.saved",
-            json!({"plan_file": saved.display().to_string(), "sha256": digest}),
+            json!({"plan_file": saved.display().to_string(), "sha256": digest,
+                   "json_sha256": sha256_hex(json_bytes), "shown_by": format!("{rid}-show")}),
         )?;
         progress.say("plan computed");
-        Ok(Ok((plan, saved, digest, r)))
+        Ok(Ok(MadePlan { plan, digest }))
+    }
+
+    /// HOME/plans/<request id>.<ext>: the one place saved plans live.
+    fn plan_path(&self, request_id: &str, ext: &str) -> PathBuf {
+        self.home.join("plans").join(format!("{request_id}.{ext}"))
     }
 
     /// Plan in a sandbox, then decide again with the plan in the input. A
@@ -647,16 +862,17 @@ impl Pipeline {
         input: &mut DecisionInput,
         first: &Decision,
         tool: &str,
-    ) -> Result<Result<(Value, String, SandboxResult, Decision), CallResult>, PipelineError> {
+        module: &Module,
+    ) -> Result<Result<(Value, String, Decision), CallResult>, PipelineError> {
         let rid = input.request_id.clone();
-        let (plan, _saved, digest, run) = match self.make_plan(progress, input, first).await? {
+        let made = match self.make_plan(progress, input, first, module).await? {
             Ok(p) => p,
             Err(reason) => return Ok(Err(self.finish(&rid, tool, Outcome::Refused { reason })?)),
         };
-        input.plan = Some(PlanInput::new(plan.clone()));
+        input.plan = Some(PlanInput::new(made.plan.clone()));
         Ok(self
             .decide_or_deny(input, "plan", tool)?
-            .map(|d| (plan, digest, run, d)))
+            .map(|d| (made.plan, made.digest, d)))
     }
 
     async fn terraform_plan(
@@ -666,8 +882,13 @@ impl Pipeline {
         progress: &Progress,
     ) -> Result<CallResult, PipelineError> {
         let rid = input.request_id.clone();
-        let (plan, digest, sandbox_run, decision) = match self
-            .plan_and_decide(progress, input, &first, "terraform_plan")
+        let tool = "terraform_plan";
+        let module = match self.open_module(input, &first).await {
+            Ok(m) => m,
+            Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
+        };
+        let (plan, digest, decision) = match self
+            .plan_and_decide(progress, input, &first, tool, &module)
             .await?
         {
             Ok(p) => p,
@@ -678,11 +899,11 @@ impl Pipeline {
         let summary = summarize(&changes, &decision);
         self.finish(
             &rid,
-            "terraform_plan",
+            tool,
             Outcome::Completed {
                 ok: true,
                 summary,
-                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest, "sandbox_ms": sandbox_run.duration_ms}),
+                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest}),
             },
         )
     }
@@ -705,12 +926,20 @@ impl Pipeline {
         if let Some(o) = bound_params.as_object_mut() {
             o.remove("approval_id");
         }
+        // The module is opened and locked before anything else (an approval
+        // is not spent on a module another call holds).
+        let module = match self.open_module(input, &first).await {
+            Ok(m) => m,
+            Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
+        };
         let Some(approval_id) = approval_id else {
-            let (plan, digest, _run, decision) =
-                match self.plan_and_decide(progress, input, &first, tool).await? {
-                    Ok(p) => p,
-                    Err(ended) => return Ok(ended),
-                };
+            let (plan, digest, decision) = match self
+                .plan_and_decide(progress, input, &first, tool, &module)
+                .await?
+            {
+                Ok(p) => p,
+                Err(ended) => return Ok(ended),
+            };
             let changes = crate::approvals::plan_summary(&plan);
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
             if decision.approval.required && !decision.approval.satisfied {
@@ -759,7 +988,7 @@ impl Pipeline {
             }
             // The policy needs no approval for this plan: apply it now.
             return self
-                .apply_saved(progress, input, &decision, &rid, &rid)
+                .apply_saved(progress, input, &decision, &rid, &rid, &module)
                 .await;
         };
 
@@ -778,11 +1007,7 @@ impl Pipeline {
                 },
             );
         };
-        let saved = self
-            .home
-            .join("plans")
-            .join(format!("{}.tfplan", approval.request_id));
-        let Ok(bin) = std::fs::read(&saved) else {
+        let Ok(bin) = std::fs::read(self.plan_path(&approval.request_id, "tfplan")) else {
             let reason = format!(
                 "the plan file approval {approval_id} is bound to is missing; plan and ask again"
             );
@@ -794,11 +1019,8 @@ impl Pipeline {
             return self.finish(&rid, tool, Outcome::Refused { reason });
         };
         let digest = sha256_hex(&bin);
-        if let Ok(plan_json) = std::fs::read(
-            self.home
-                .join("plans")
-                .join(format!("{}.json", approval.request_id)),
-        ) && let Ok(plan) = crate::policy::plan::parse_plan(&plan_json, "the saved plan")
+        if let Ok(plan_json) = std::fs::read(self.plan_path(&approval.request_id, "json"))
+            && let Ok(plan) = crate::policy::plan::parse_plan(&plan_json, "the saved plan")
         {
             input.plan = Some(PlanInput::new(plan));
         }
@@ -834,26 +1056,33 @@ impl Pipeline {
             "approval.spent",
             json!({"approval_id": approval_id, "plan_sha256": digest}),
         )?;
-        self.apply_saved(progress, input, &decision, &rid, &approval.request_id)
-            .await
+        self.apply_saved(
+            progress,
+            input,
+            &decision,
+            &rid,
+            &approval.request_id,
+            &module,
+        )
+        .await
     }
 
-    /// Apply the saved plan of request `plan_of`.
+    /// Apply the saved plan of request `plan_of` in a sandbox on a copy of
+    /// the module, then write back exactly the state files (checked to be
+    /// Terraform state of the module's lineage); the rest is discarded. The
+    /// summary is made from the state before and after, not from what the
+    /// sandbox printed.
     async fn apply_saved(
         &self,
         progress: &Progress,
-        input: &DecisionInput,
+        _input: &DecisionInput,
         decision: &Decision,
         rid: &str,
         plan_of: &str,
+        module: &Module,
     ) -> Result<CallResult, PipelineError> {
         let tool = "terraform_apply";
-        let (_, workdir) = match self.working_dir(input) {
-            Ok(w) => w,
-            Err(reason) => return self.finish(rid, tool, Outcome::Refused { reason }),
-        };
-        let saved = self.home.join("plans").join(format!("{plan_of}.tfplan"));
-        let Ok(bin) = std::fs::read(&saved) else {
+        let Ok(bin) = std::fs::read(self.plan_path(plan_of, "tfplan")) else {
             return self.finish(
                 rid,
                 tool,
@@ -862,31 +1091,116 @@ impl Pipeline {
                 },
             );
         };
-        let steps = tools::terraform_apply_steps(&tools::plan_inside("plan.tfplan"));
-        let files = vec![FileIn {
-            path: "plan.tfplan".into(),
-            contents: bin.clone(),
-        }];
+        let cap = decision.sandbox.file_out_bytes;
+        let before = match module.dir.read_state(cap) {
+            Ok(b) => b.and_then(|b| module::check_state(&b).ok()),
+            Err(e) => {
+                let reason = e.to_string();
+                return self.finish(rid, tool, Outcome::Refused { reason });
+            }
+        };
+        let work = match self.copy_module(module, decision).await {
+            Ok(w) => w,
+            Err(reason) => return self.finish(rid, tool, Outcome::Refused { reason }),
+        };
         progress.say("applying the saved plan");
         let r = match self
             .run_sandbox(
                 progress,
                 rid,
                 decision,
-                Runner::Terraform,
-                &steps,
-                Some(&workdir),
-                files,
-                vec![],
+                SandboxCall {
+                    suffix: "",
+                    runner: Runner::Terraform,
+                    steps: tools::terraform_apply_steps(&tools::plan_inside("plan.tfplan")),
+                    workdir: Some(work.path()),
+                    files_in: vec![FileIn {
+                        path: "plan.tfplan".into(),
+                        contents: bin.clone(),
+                    }],
+                    files_out: module::STATE_FILES.iter().map(|s| s.to_string()).collect(),
+                    with_credential: true,
+                },
             )
             .await?
         {
             Ok(r) => r,
             Err(reason) => return self.finish(rid, tool, Outcome::Refused { reason }),
         };
-        let ok = r.success();
-        let summary = if ok {
-            last_line_with(&r.stdout.text(), "Apply complete!").unwrap_or_else(|| "applied".into())
+        drop(work);
+        // The state back, backup first so that the state is the last file
+        // written; whatever fails the check is kept aside, not written.
+        let mut after = None;
+        let mut state_problems = Vec::new();
+        for name in module::STATE_FILES.iter().rev() {
+            let Some(bytes) = r.files_out.get(*name) else {
+                continue;
+            };
+            let checked = module::check_state(bytes).and_then(|facts| match &before {
+                Some(b) if *name == module::STATE_FILES[0] && b.lineage != facts.lineage => {
+                    Err(format!(
+                        "its lineage {} is not the module's ({})",
+                        facts.lineage, b.lineage
+                    ))
+                }
+                Some(b) if *name == module::STATE_FILES[0] && facts.serial < b.serial => {
+                    Err(format!(
+                        "its serial {} is older than the module's ({})",
+                        facts.serial, b.serial
+                    ))
+                }
+                _ => Ok(facts),
+            });
+            match checked {
+                Ok(facts) => {
+                    if let Err(e) = module.dir.write_state(name, bytes) {
+                        state_problems.push(format!("{name} could not be written back: {e}"));
+                        continue;
+                    }
+                    self.audit.append(
+                        rid,
+                        "state.saved",
+                        json!({"file": name, "sha256": sha256_hex(bytes), "serial": facts.serial, "lineage": facts.lineage}),
+                    )?;
+                    if *name == module::STATE_FILES[0] {
+                        after = Some(facts);
+                    }
+                }
+                Err(why) => {
+                    let kept = self.home.join("quarantine").join(format!("{rid}.{name}"));
+                    let _ = std::fs::create_dir_all(self.home.join("quarantine"));
+                    let _ = std::fs::write(&kept, bytes);
+                    let problem = format!(
+                        "the {name} the apply left is not written back: {why} (kept at {})",
+                        kept.display()
+                    );
+                    self.audit.append(
+                        rid,
+                        "state.refused",
+                        json!({"file": name, "sha256": sha256_hex(bytes), "reason": why, "kept_at": kept.display().to_string()}),
+                    )?;
+                    state_problems.push(problem);
+                }
+            }
+        }
+        let ok = r.success() && state_problems.is_empty();
+        let change = state_change(before.as_ref(), after.as_ref());
+        let summary = if r.success() {
+            let mut s = format!(
+                "Applied the approved plan. From the state: {} added, {} replaced, {} removed.",
+                change.added.len(),
+                change.replaced.len(),
+                change.removed.len()
+            );
+            for (what, list) in [("replaced", &change.replaced), ("removed", &change.removed)] {
+                if !list.is_empty() {
+                    s.push_str(&format!("\n  {what}: {}", list.join(", ")));
+                }
+            }
+            for p in &state_problems {
+                s.push_str(&format!("\n  !! {p}"));
+            }
+            s
         } else {
             format!("terraform apply failed ({:?})", r.ended)
         };
@@ -897,22 +1211,53 @@ impl Pipeline {
                 ok,
                 summary,
                 result: json!({"plan_sha256": sha256_hex(&bin), "exit_code": r.exit_code, "ended": r.ended,
+                               "state": {"change": change, "serial": after.as_ref().map(|a| a.serial),
+                                         "problems": state_problems},
                                "output": tail(&r.stdout.text(), 60), "errors": tail(&r.stderr.text(), 40)}),
             },
         )
     }
 }
 
+/// What an apply did, read from the state before and after it (not from
+/// what the sandbox printed).
+#[derive(Debug, Default, Serialize)]
+struct StateChange {
+    added: Vec<String>,
+    replaced: Vec<String>,
+    removed: Vec<String>,
+}
+
+fn state_change(
+    before: Option<&module::StateFacts>,
+    after: Option<&module::StateFacts>,
+) -> StateChange {
+    let Some(after) = after else {
+        return StateChange::default();
+    };
+    let empty = module::StateFacts {
+        lineage: String::new(),
+        serial: 0,
+        addresses: vec![],
+        ids: Default::default(),
+    };
+    let before = before.unwrap_or(&empty);
+    let b: std::collections::BTreeSet<&String> = before.addresses.iter().collect();
+    let a: std::collections::BTreeSet<&String> = after.addresses.iter().collect();
+    StateChange {
+        added: a.difference(&b).map(|s| s.to_string()).collect(),
+        removed: b.difference(&a).map(|s| s.to_string()).collect(),
+        replaced: a
+            .intersection(&b)
+            .filter(|addr| matches!((before.ids.get(**addr), after.ids.get(**addr)), (Some(x), Some(y)) if x != y))
+            .map(|s| s.to_string())
+            .collect(),
+    }
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn last_line_with(text: &str, needle: &str) -> Option<String> {
-    text.lines()
-        .rev()
-        .find(|l| l.contains(needle))
-        .map(|l| l.trim().to_string())
 }
 
 /// One line per planned change, then the signals.

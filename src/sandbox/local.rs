@@ -201,6 +201,7 @@ impl LocalSandbox {
         });
         std::fs::create_dir_all(root.join("state"))?;
         std::fs::create_dir_all(root.join("bundles"))?;
+        std::fs::create_dir_all(root.join("scratch"))?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let sandbox = LocalSandbox {
             runsc,
@@ -305,7 +306,17 @@ impl LocalSandbox {
                 &["nosuid", "nodev", "mode=1777", "size=65536k"],
             )?,
         ];
-        for dir in ["proc", "dev", "tmp", "etc", "run/gateway", "work"] {
+        // opt/terraform/providers: where a provider mirror is bound; an empty
+        // read-only dir when the operator configured none.
+        for dir in [
+            "proc",
+            "dev",
+            "tmp",
+            "etc",
+            "run/gateway",
+            "work",
+            "opt/terraform/providers",
+        ] {
             std::fs::create_dir_all(rootfs.join(dir))?;
         }
 
@@ -686,15 +697,12 @@ impl LocalSandbox {
                 None => (None, Ended::Signal(-1)),
             }
         };
-        let mut files_out = BTreeMap::new();
-        if let Some(work) = &req.workdir {
-            for f in &req.files_out {
-                let rel = clean_relative(f)?;
-                if let Ok(bytes) = std::fs::read(work.join(rel)) {
-                    files_out.insert(f.clone(), bytes);
-                }
+        let files_out = match &req.workdir {
+            Some(work) => {
+                super::beneath::read_files_out(work, &req.files_out, req.limits.file_out_bytes)?
             }
-        }
+            None => BTreeMap::new(),
+        };
         guard.finish();
         Ok(SandboxResult {
             name: req.name.clone(),
@@ -716,6 +724,10 @@ impl Sandbox for LocalSandbox {
 
     fn backend(&self) -> &'static str {
         "local"
+    }
+
+    fn scratch_dir(&self) -> PathBuf {
+        self.root.join("scratch")
     }
 }
 

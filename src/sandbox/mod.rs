@@ -6,6 +6,7 @@
 //! Backends: [`local`] (gVisor `runsc` on one Linux host, the embedded
 //! default) and [`kubernetes`] (a gVisor Job per call on a cluster).
 
+pub mod beneath;
 pub mod kubernetes;
 pub mod local;
 pub mod net;
@@ -51,6 +52,10 @@ pub enum SandboxError {
     Setup(String),
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// A file the sandbox left is not one the gateway will read (a link, a
+    /// FIFO, a device, over the cap): the sandbox is hostile input.
+    #[error("the sandbox's output was refused: {0}")]
+    Output(#[from] beneath::BeneathError),
 }
 
 /// A secret that is written into the sandbox as a read-only file and
@@ -102,6 +107,8 @@ pub struct Limits {
     pub file_bytes: u64,
     /// Cap of captured stdout and of stderr, each.
     pub output_bytes: usize,
+    /// Cap of each file read back from the working dir (`files_out`).
+    pub file_out_bytes: u64,
 }
 
 impl Default for Limits {
@@ -113,6 +120,7 @@ impl Default for Limits {
             cpu_millicores: 1000,
             file_bytes: 256 << 20,
             output_bytes: 1 << 20,
+            file_out_bytes: 64 << 20,
         }
     }
 }
@@ -151,13 +159,17 @@ pub struct SandboxRequest {
     /// Host files and dirs the command needs, read-only.
     pub binds: Vec<Bind>,
     /// Host dir mounted read-write at [`WORKDIR`]: the only writable place.
+    /// Always a throwaway dir of the caller's (a copy of a module, never the
+    /// module itself), under [`Sandbox::scratch_dir`].
     pub workdir: Option<PathBuf>,
     pub files_in: Vec<FileIn>,
     pub credential: Option<SecretFile>,
     pub limits: Limits,
     pub deadline: Duration,
     pub network: Network,
-    /// Paths relative to the working dir to return after the run.
+    /// Paths relative to the working dir to return after the run, read as
+    /// hostile input ([`beneath::read_files_out`]): no link followed,
+    /// regular files only, at most `limits.file_out_bytes` each.
     pub files_out: Vec<String>,
 }
 
@@ -195,6 +207,18 @@ impl Captured {
         self.bytes = out;
     }
 
+    /// Redact every one of `secrets`, also in the cheap encodings a tool
+    /// (or hostile code) could print it in: base64 (standard and URL-safe,
+    /// at each of the three alignments it can have inside a longer
+    /// encoded text) and hex (lower and upper case).
+    pub fn redact_all(&mut self, secrets: &[SecretFile]) {
+        for s in secrets {
+            for needle in encodings(s.expose()) {
+                self.redact(&SecretFile(needle));
+            }
+        }
+    }
+
     /// The text, with a marker when it was cut.
     pub fn text(&self) -> String {
         let mut s = String::from_utf8_lossy(&self.bytes).into_owned();
@@ -203,6 +227,31 @@ impl Captured {
         }
         s
     }
+}
+
+/// `secret` and its encodings, longest first. A base64 form is taken from
+/// each whole 3-byte group of the secret after skipping 0, 1 or 2 bytes,
+/// so it is found whatever the secret's offset in the encoded stream.
+fn encodings(secret: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
+    use base64::Engine;
+    let mut out: Vec<Zeroizing<Vec<u8>>> = vec![Zeroizing::new(secret.to_vec())];
+    if secret.len() >= 8 {
+        out.push(Zeroizing::new(hex::encode(secret).into_bytes()));
+        out.push(Zeroizing::new(hex::encode_upper(secret).into_bytes()));
+        for skip in 0..3 {
+            let rest = &secret[skip..];
+            let whole = &rest[..rest.len() - rest.len() % 3];
+            for engine in [
+                &base64::engine::general_purpose::STANDARD_NO_PAD,
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            ] {
+                out.push(Zeroizing::new(engine.encode(whole).into_bytes()));
+            }
+        }
+    }
+    out.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    out.dedup();
+    out
 }
 
 /// Why the sandbox ended.
@@ -260,9 +309,16 @@ pub trait Sandbox: Send + Sync {
         true
     }
 
-    /// Where a Terraform provider mirror is inside the sandbox, if any.
+    /// Where a Terraform provider mirror is inside the sandbox, if the
+    /// backend puts it somewhere of its own.
     fn terraform_provider_mirror(&self) -> Option<String> {
         None
+    }
+
+    /// Where working dirs for this backend's sandboxes are made (a copy of
+    /// a module per sandbox): a place the backend can mount from.
+    fn scratch_dir(&self) -> PathBuf {
+        std::env::temp_dir().join("gateway-scratch")
     }
 }
 
@@ -290,5 +346,49 @@ mod tests {
             "a <redacted> b tok-12 <redacted><redacted>"
         );
         assert_eq!(format!("{secret:?} {secret}"), "<redacted> <redacted>");
+    }
+
+    #[test]
+    fn every_live_credential_is_cut_out_also_base64_and_hex_encoded() {
+        use base64::Engine;
+        let a = SecretFile::new(b"hvs.first-call-token-0123456789".to_vec());
+        let b = SecretFile::new(b"eyJhbGciOi.second-call-jwt.sig".to_vec());
+        let mut text = String::from("plain: hvs.first-call-token-0123456789\n");
+        for prefix in ["", "x", "xy"] {
+            let mut raw = prefix.as_bytes().to_vec();
+            raw.extend_from_slice(b"eyJhbGciOi.second-call-jwt.sig");
+            raw.extend_from_slice(b" tail");
+            text.push_str(&base64::engine::general_purpose::STANDARD.encode(&raw));
+            text.push('\n');
+            text.push_str(&base64::engine::general_purpose::URL_SAFE.encode(&raw));
+            text.push('\n');
+        }
+        text.push_str(&hex::encode("hvs.first-call-token-0123456789"));
+        text.push('\n');
+        text.push_str(&hex::encode_upper("eyJhbGciOi.second-call-jwt.sig"));
+        let mut c = Captured {
+            bytes: text.into_bytes(),
+            truncated: false,
+        };
+        c.redact_all(&[a, b]);
+        let out = String::from_utf8_lossy(&c.bytes).into_owned();
+        // Decode every line back: no secret survives in any of them.
+        for line in out.lines() {
+            assert!(!line.contains("first-call-token"), "{line}");
+            for engine in [
+                &base64::engine::general_purpose::STANDARD,
+                &base64::engine::general_purpose::URL_SAFE,
+            ] {
+                if let Ok(d) = engine.decode(line) {
+                    let d = String::from_utf8_lossy(&d);
+                    assert!(!d.contains("second-call-jwt"), "{line} decodes to {d}");
+                }
+            }
+            if let Ok(d) = hex::decode(line) {
+                let d = String::from_utf8_lossy(&d);
+                assert!(!d.contains("call-"), "{line} decodes to {d}");
+            }
+        }
+        assert_eq!(out.matches("<redacted>").count(), 9, "{out}");
     }
 }

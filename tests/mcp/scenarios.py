@@ -72,7 +72,7 @@ async def scenarios(s):
     seed_id = r.structured_content["approval_id"]
     approve(seed_id)
     r = await s.call_tool("terraform_apply", {"working_dir": MODULE, "approval_id": seed_id})
-    check(not r.is_error and "2 added" in r.content[0].text, r.content[0].text)
+    check(not r.is_error and "From the state: 2 added," in r.content[0].text, r.content[0].text)
 
     main_tf = os.path.join(WORKSPACE, MODULE, "main.tf")
     text = open(main_tf).read()
@@ -99,10 +99,10 @@ async def scenarios(s):
     print("PASS the approval used with other params is refused")
 
     r = await s.call_tool("terraform_apply", {"working_dir": MODULE, "approval_id": approval})
-    check(not r.is_error and "1 added, 0 changed, 1 destroyed" in r.content[0].text, r.content[0].text)
+    check(not r.is_error and "From the state: 0 added, 1 replaced, 0 removed." in r.content[0].text, r.content[0].text)
     trail = audit_events(rid(r))
     check(trail[:3] == ["tool.request", "policy.decision", "policy.decision"], trail)
-    check(["approval.spent", "sandbox.started", "sandbox.completed", "tool.result"] == trail[-4:], trail)
+    check(["approval.spent", "sandbox.started", "sandbox.completed", "state.saved", "state.saved", "tool.result"] == trail[-6:], trail)
     print("PASS apply with the approval applies the approved plan")
 
     r = await s.call_tool("terraform_apply", {"working_dir": MODULE, "approval_id": approval})

@@ -559,15 +559,21 @@ impl KubernetesSandbox {
             None => (Captured::default(), Captured::default()),
         };
         // Files out: the working dir is on the workspace PVC, which the
-        // gateway mounts at the same path.
-        let mut files_out = BTreeMap::new();
-        if let Some(w) = &req.workdir {
-            for f in &req.files_out {
-                if let Ok(bytes) = std::fs::read(w.join(f)) {
-                    files_out.insert(f.clone(), bytes);
+        // gateway mounts at the same path; read as hostile input.
+        let files_out = match &req.workdir {
+            Some(w) => match crate::sandbox::beneath::read_files_out(
+                w,
+                &req.files_out,
+                req.limits.file_out_bytes,
+            ) {
+                Ok(f) => f,
+                Err(e) => {
+                    cleanup.finish().await;
+                    return Err(e.into());
                 }
-            }
-        }
+            },
+            None => BTreeMap::new(),
+        };
         cleanup.finish().await;
         let mut endpoints = BTreeMap::new();
         if let Network::Endpoints(list) = &req.network {
@@ -605,5 +611,11 @@ impl Sandbox for KubernetesSandbox {
 
     fn terraform_provider_mirror(&self) -> Option<String> {
         self.cfg.provider_mirror.clone()
+    }
+
+    /// On the workspace PVC (sandboxes mount their working dir from it),
+    /// in a dir of the gateway's that no policy lets an agent name.
+    fn scratch_dir(&self) -> std::path::PathBuf {
+        self.cfg.workspace_root.join(".gateway-scratch")
     }
 }

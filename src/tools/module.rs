@@ -1,0 +1,577 @@
+//! A Terraform module as the gateway handles it: hostile code in a
+//! directory the agent can change at any moment.
+//!
+//! - The module dir is resolved once per call, beneath the workspace, with
+//!   no symlink followed anywhere on the way ([`ModuleDir::open`]); every
+//!   later access goes through the directory descriptor opened then, so a
+//!   dir swapped for a link afterwards is never entered.
+//! - No sandbox ever gets the module dir itself. Each gets a size-limited
+//!   copy ([`ModuleDir::copy_to`]) of its regular files and directories,
+//!   without `.terraform/`, `terraform.d/` (a module-local provider dir),
+//!   `.gateway/` and `.git/`; a symlink, FIFO, device or socket in the
+//!   module is a refusal.
+//! - After an approved apply the gateway writes back exactly the state
+//!   files, checked to be Terraform state of the same lineage
+//!   ([`check_state`], [`ModuleDir::write_state`]); everything else the
+//!   sandbox wrote is discarded with its copy.
+//! - One call at a time works on a module ([`ModuleDir::lock`], an `flock`
+//!   shared by every gateway process using the same home).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::{Mode, fstat};
+
+use super::ToolError;
+use crate::sandbox::beneath::{self, BeneathError};
+
+/// The state files an apply may change, and nothing else.
+pub const STATE_FILES: [&str; 2] = ["terraform.tfstate", "terraform.tfstate.backup"];
+
+/// Names never copied into a sandbox, at any depth: Terraform's own
+/// install dir, a module-local provider dir, the gateway's plan dir, git.
+pub const SKIPPED: [&str; 4] = [".terraform", "terraform.d", ".gateway", ".git"];
+
+/// How deep a module's directories may nest.
+const MAX_DEPTH: usize = 32;
+
+/// Caps on one copy of a module (from the decision's sandbox limits).
+#[derive(Debug, Clone, Copy)]
+pub struct CopyCaps {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// What a copy held.
+#[derive(Debug, Clone, Default)]
+pub struct Copied {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// A module dir, opened once.
+#[derive(Debug)]
+pub struct ModuleDir {
+    /// The agent's `working_dir`, as the policy saw it.
+    pub working_dir: String,
+    /// Where it is (for messages and the lock's name).
+    pub path: PathBuf,
+    fd: OwnedFd,
+    uid: u32,
+    gid: u32,
+}
+
+fn refusal(working_dir: &str, e: BeneathError) -> ToolError {
+    ToolError::Module(format!("working_dir {working_dir:?}: {e}"))
+}
+
+impl ModuleDir {
+    /// Open `working_dir` beneath `workspace` (a directory the operator
+    /// configured), following no link on the way.
+    pub fn open(workspace: &Path, working_dir: &str) -> Result<ModuleDir, ToolError> {
+        let rel = Path::new(working_dir);
+        if working_dir.is_empty()
+            || rel.is_absolute()
+            || rel.components().any(|c| !matches!(c, Component::Normal(_)))
+        {
+            return Err(ToolError::OutsideWorkspace(working_dir.into()));
+        }
+        let root = std::fs::canonicalize(workspace).map_err(|source| ToolError::Io {
+            what: format!("workspace {}", workspace.display()),
+            source,
+        })?;
+        let root_fd = beneath::open_dir(&root).map_err(|e| refusal(working_dir, e))?;
+        let fd = beneath::open_beneath(&root_fd, working_dir, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
+            .map_err(|e| match e {
+                BeneathError::Escapes { .. } => ToolError::OutsideWorkspace(working_dir.into()),
+                // O_DIRECTORY|O_NOFOLLOW on a link says "not a directory": say
+                // what it really is.
+                BeneathError::Io { .. } => match beneath::stat_beneath(&root_fd, working_dir) {
+                    Ok(st) => ToolError::Module(format!(
+                        "working_dir {working_dir:?} is a {}, not a directory",
+                        beneath::kind_of(&st)
+                    )),
+                    Err(e2) => refusal(working_dir, e2),
+                },
+                e => refusal(working_dir, e),
+            })?;
+        let st = fstat(&fd).map_err(|e| ToolError::Io {
+            what: format!("working_dir {working_dir}"),
+            source: e.into(),
+        })?;
+        Ok(ModuleDir {
+            working_dir: working_dir.into(),
+            path: root.join(rel),
+            fd,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        })
+    }
+
+    /// Copy the module's regular files and directories into `dest` (an
+    /// empty directory), within `caps`.
+    pub fn copy_to(&self, dest: &Path, caps: CopyCaps) -> Result<Copied, ToolError> {
+        let mut done = Copied::default();
+        let fd = nix::unistd::dup(&self.fd).map_err(|e| ToolError::Io {
+            what: "working_dir".into(),
+            source: e.into(),
+        })?;
+        self.copy_dir(fd, dest, "", caps, &mut done, 0)?;
+        Ok(done)
+    }
+
+    fn copy_dir(
+        &self,
+        fd: OwnedFd,
+        dest: &Path,
+        shown: &str,
+        caps: CopyCaps,
+        done: &mut Copied,
+        depth: usize,
+    ) -> Result<(), ToolError> {
+        let wd = &self.working_dir;
+        if depth > MAX_DEPTH {
+            return Err(ToolError::Module(format!(
+                "working_dir {wd:?}: directories nest deeper than {MAX_DEPTH} at {shown}"
+            )));
+        }
+        let io = |what: String| {
+            move |e: nix::errno::Errno| ToolError::Io {
+                what,
+                source: e.into(),
+            }
+        };
+        let dup = nix::unistd::dup(&fd).map_err(io(format!("{wd}/{shown}")))?;
+        let mut dir = nix::dir::Dir::from_fd(dup).map_err(io(format!("{wd}/{shown}")))?;
+        let mut names: Vec<String> = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(io(format!("{wd}/{shown}")))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                return Err(ToolError::Module(format!(
+                    "working_dir {wd:?}: a file name in {shown:?} is not UTF-8"
+                )));
+            };
+            names.push(name.to_string());
+        }
+        names.sort();
+        for name in names {
+            if SKIPPED.contains(&name.as_str()) {
+                continue;
+            }
+            let path = if shown.is_empty() {
+                name.clone()
+            } else {
+                format!("{shown}/{name}")
+            };
+            let st = beneath::stat_beneath(&fd, &name).map_err(|e| refusal(wd, e))?;
+            let kind = beneath::kind_of(&st);
+            done.files += 1;
+            if done.files > caps.files {
+                return Err(ToolError::Module(format!(
+                    "working_dir {wd:?} holds more than the policy's {} files",
+                    caps.files
+                )));
+            }
+            match kind {
+                "directory" => {
+                    let sub =
+                        beneath::open_beneath(&fd, &name, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
+                            .map_err(|e| refusal(wd, e))?;
+                    let target = dest.join(&name);
+                    std::fs::create_dir(&target).map_err(|source| ToolError::Io {
+                        what: format!("copying {path}"),
+                        source,
+                    })?;
+                    self.copy_dir(sub, &target, &path, caps, done, depth + 1)?;
+                }
+                "regular file" => {
+                    let room = caps.bytes.saturating_sub(done.bytes);
+                    let bytes = match beneath::read_file(&fd, &name, room) {
+                        Ok(b) => b,
+                        Err(BeneathError::TooLarge { .. }) => {
+                            return Err(ToolError::Module(format!(
+                                "working_dir {wd:?} is larger than the policy's {} bytes (at {path})",
+                                caps.bytes
+                            )));
+                        }
+                        Err(e) => return Err(refusal(wd, e)),
+                    };
+                    done.bytes += bytes.len() as u64;
+                    std::fs::write(dest.join(&name), &bytes).map_err(|source| ToolError::Io {
+                        what: format!("copying {path}"),
+                        source,
+                    })?;
+                }
+                other => {
+                    return Err(ToolError::Module(format!(
+                        "working_dir {wd:?}: {path} is a {other}; a module may hold only regular files and directories"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The module's current state file, if it has one (checked like a file
+    /// a sandbox left: the agent can make it anything).
+    pub fn read_state(&self, cap: u64) -> Result<Option<Vec<u8>>, ToolError> {
+        match beneath::read_file(&self.fd, STATE_FILES[0], cap) {
+            Ok(b) => Ok(Some(b)),
+            Err(BeneathError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(refusal(&self.working_dir, e)),
+        }
+    }
+
+    /// Replace state file `name` in the module dir with `bytes`: written
+    /// to a new file beside it, synced, owned like the module dir, then
+    /// renamed over it (a link there is replaced, never followed).
+    pub fn write_state(&self, name: &str, bytes: &[u8]) -> Result<(), ToolError> {
+        if !STATE_FILES.contains(&name) {
+            return Err(ToolError::Module(format!("{name} is not a state file")));
+        }
+        let io = |source: std::io::Error| ToolError::Io {
+            what: format!("writing {}/{name}", self.working_dir),
+            source,
+        };
+        let tmp = format!(".{name}.gateway-{}", uuid::Uuid::new_v4().simple());
+        let fd = beneath::open_beneath(
+            &self.fd,
+            &tmp,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        )
+        .map_err(|e| refusal(&self.working_dir, e))?;
+        let written = (|| {
+            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o600))
+                .map_err(std::io::Error::from)?;
+            nix::unistd::fchown(
+                &fd,
+                Some(nix::unistd::Uid::from_raw(self.uid)),
+                Some(nix::unistd::Gid::from_raw(self.gid)),
+            )
+            .map_err(std::io::Error::from)?;
+            let mut f = File::from(fd);
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name)
+                .map_err(std::io::Error::from)?;
+            nix::unistd::fsync(&self.fd).map_err(std::io::Error::from)
+        })();
+        if written.is_err() {
+            let _ = nix::unistd::unlinkat(
+                &self.fd,
+                tmp.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+        written.map_err(io)
+    }
+
+    /// Take the module's lock (one call at a time per module, across every
+    /// gateway process sharing `locks_dir`), waiting at most `wait`.
+    /// Blocking: call from a blocking thread.
+    pub fn lock(&self, locks_dir: &Path, wait: Duration) -> Result<ModuleLock, ToolError> {
+        let st = fstat(&self.fd).map_err(|e| ToolError::Io {
+            what: format!("working_dir {}", self.working_dir),
+            source: e.into(),
+        })?;
+        std::fs::create_dir_all(locks_dir).map_err(|source| ToolError::Io {
+            what: format!("lock dir {}", locks_dir.display()),
+            source,
+        })?;
+        // The module by its inode, so two names for one dir share a lock.
+        let file = locks_dir.join(format!("module-{}-{}.lock", st.st_dev, st.st_ino));
+        let started = Instant::now();
+        loop {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&file)
+                .map_err(|source| ToolError::Io {
+                    what: format!("lock {}", file.display()),
+                    source,
+                })?;
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => return Ok(ModuleLock(l)),
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(ToolError::Busy(format!(
+                        "working_dir {:?} is in use by another call (waited {} s); try again when it has finished",
+                        self.working_dir,
+                        wait.as_secs()
+                    )));
+                }
+                Err((_, e)) => {
+                    return Err(ToolError::Io {
+                        what: format!("lock {}", file.display()),
+                        source: e.into(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The directory descriptor (for reading beneath it).
+    pub fn fd(&self) -> impl AsFd + '_ {
+        &self.fd
+    }
+}
+
+/// Held while a call works on a module; released when dropped.
+#[derive(Debug)]
+pub struct ModuleLock(#[allow(dead_code)] Flock<File>);
+
+/// The parts of a Terraform state the gateway checks and reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateFacts {
+    pub lineage: String,
+    pub serial: u64,
+    /// Managed and data resource instance addresses, sorted.
+    pub addresses: Vec<String>,
+    /// Each instance's `id` attribute, where it has one (a replaced
+    /// instance keeps its address and gets a new id).
+    pub ids: std::collections::BTreeMap<String, String>,
+}
+
+/// Check that `bytes` are a Terraform state (format version 4): an object
+/// with `version`, `lineage`, `serial` and a `resources` list.
+pub fn check_state(bytes: &[u8]) -> Result<StateFacts, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if v.get("version").and_then(serde_json::Value::as_u64) != Some(4) {
+        return Err("not a Terraform state (version 4)".into());
+    }
+    let lineage = v
+        .get("lineage")
+        .and_then(serde_json::Value::as_str)
+        .filter(|l| !l.is_empty())
+        .ok_or("the state has no lineage")?
+        .to_string();
+    let serial = v
+        .get("serial")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or("the state has no serial")?;
+    let resources = v
+        .get("resources")
+        .and_then(serde_json::Value::as_array)
+        .ok_or("the state has no resources list")?;
+    let mut addresses = Vec::new();
+    let mut ids = std::collections::BTreeMap::new();
+    for r in resources {
+        let s = |k: &str| r.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
+        let mut base = String::new();
+        if !s("module").is_empty() {
+            base.push_str(s("module"));
+            base.push('.');
+        }
+        if s("mode") == "data" {
+            base.push_str("data.");
+        }
+        base.push_str(&format!("{}.{}", s("type"), s("name")));
+        let instances = r
+            .get("instances")
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for i in instances {
+            let addr = match i.get("index_key") {
+                Some(serde_json::Value::String(k)) => format!("{base}[{k:?}]"),
+                Some(serde_json::Value::Number(n)) => format!("{base}[{n}]"),
+                _ => base.clone(),
+            };
+            if let Some(id) = i
+                .pointer("/attributes/id")
+                .and_then(serde_json::Value::as_str)
+            {
+                ids.insert(addr.clone(), id.to_string());
+            }
+            addresses.push(addr);
+        }
+    }
+    addresses.sort();
+    Ok(StateFacts {
+        lineage,
+        serial,
+        addresses,
+        ids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps() -> CopyCaps {
+        CopyCaps {
+            bytes: 1 << 20,
+            files: 100,
+        }
+    }
+
+    #[test]
+    fn a_copy_holds_only_the_modules_regular_files_and_dirs() {
+        let ws = tempfile::tempdir().expect("ws");
+        let m = ws.path().join("mods/m");
+        std::fs::create_dir_all(m.join("sub")).expect("mkdir");
+        std::fs::create_dir_all(m.join("terraform.d/plugins/x")).expect("mkdir");
+        std::fs::create_dir_all(m.join(".terraform/providers")).expect("mkdir");
+        std::fs::write(m.join("main.tf"), "# main").expect("write");
+        std::fs::write(m.join("sub/x.tf"), "# x").expect("write");
+        std::fs::write(m.join("terraform.d/plugins/x/p"), "evil").expect("write");
+        std::fs::write(m.join(".terraform/providers/p"), "evil").expect("write");
+        let dest = tempfile::tempdir().expect("dest");
+        let md = ModuleDir::open(ws.path(), "mods/m").expect("open");
+        let c = md.copy_to(dest.path(), caps()).expect("copy");
+        assert_eq!((c.files, c.bytes), (3, 9));
+        assert!(dest.path().join("main.tf").is_file());
+        assert!(dest.path().join("sub/x.tf").is_file());
+        assert!(!dest.path().join("terraform.d").exists());
+        assert!(!dest.path().join(".terraform").exists());
+
+        // Over the caps.
+        let small = CopyCaps {
+            bytes: 5,
+            files: 100,
+        };
+        let e = md
+            .copy_to(tempfile::tempdir().expect("d").path(), small)
+            .expect_err("big");
+        assert!(
+            e.to_string().contains("larger than the policy's 5 bytes"),
+            "{e}"
+        );
+        let few = CopyCaps {
+            bytes: 1 << 20,
+            files: 2,
+        };
+        let e = md
+            .copy_to(tempfile::tempdir().expect("d").path(), few)
+            .expect_err("many");
+        assert!(
+            e.to_string().contains("more than the policy's 2 files"),
+            "{e}"
+        );
+
+        // A link inside the module, to a host file: refused, not followed.
+        std::os::unix::fs::symlink("/etc/passwd", m.join("passwd.tf")).expect("symlink");
+        let e = md
+            .copy_to(tempfile::tempdir().expect("d").path(), caps())
+            .expect_err("link");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        std::fs::remove_file(m.join("passwd.tf")).expect("rm");
+        nix::unistd::mkfifo(&m.join("fifo"), Mode::S_IRWXU).expect("fifo");
+        let e = md
+            .copy_to(tempfile::tempdir().expect("d").path(), caps())
+            .expect_err("fifo");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+    }
+
+    #[test]
+    fn a_module_dir_reached_through_a_link_is_refused() {
+        let ws = tempfile::tempdir().expect("ws");
+        std::fs::create_dir_all(ws.path().join("a")).expect("mkdir");
+        std::os::unix::fs::symlink("a", ws.path().join("b")).expect("symlink");
+        std::fs::create_dir_all(ws.path().join("c")).expect("mkdir");
+        std::os::unix::fs::symlink("../a", ws.path().join("c/d")).expect("symlink");
+        assert!(ModuleDir::open(ws.path(), "a").is_ok());
+        for bad in ["b", "c/d", "../a", "/etc", "a/../a", ""] {
+            assert!(ModuleDir::open(ws.path(), bad).is_err(), "{bad}");
+        }
+        let e = ModuleDir::open(ws.path(), "b")
+            .expect_err("link")
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // Opened once: a swap afterwards does not move the call.
+        let md = ModuleDir::open(ws.path(), "a").expect("open");
+        std::fs::write(ws.path().join("a/main.tf"), "# a").expect("write");
+        std::fs::rename(ws.path().join("a"), ws.path().join("a-old")).expect("mv");
+        std::os::unix::fs::symlink("c", ws.path().join("a")).expect("symlink");
+        let dest = tempfile::tempdir().expect("dest");
+        md.copy_to(dest.path(), caps()).expect("copy");
+        assert!(dest.path().join("main.tf").is_file());
+    }
+
+    #[test]
+    fn state_is_written_back_by_rename_and_a_link_in_its_place_is_replaced() {
+        let ws = tempfile::tempdir().expect("ws");
+        let outside = tempfile::tempdir().expect("outside");
+        std::fs::create_dir_all(ws.path().join("m")).expect("mkdir");
+        std::fs::write(outside.path().join("victim"), "keep").expect("write");
+        std::os::unix::fs::symlink(
+            outside.path().join("victim"),
+            ws.path().join("m/terraform.tfstate"),
+        )
+        .expect("symlink");
+        let md = ModuleDir::open(ws.path(), "m").expect("open");
+        assert!(
+            md.read_state(1 << 20).is_err(),
+            "a linked state is not read"
+        );
+        md.write_state("terraform.tfstate", b"{}").expect("write");
+        assert_eq!(
+            std::fs::read(outside.path().join("victim")).expect("r"),
+            b"keep"
+        );
+        assert_eq!(
+            std::fs::read(ws.path().join("m/terraform.tfstate")).expect("r"),
+            b"{}"
+        );
+        assert!(md.write_state("main.tf", b"x").is_err());
+    }
+
+    #[test]
+    fn only_terraform_state_passes_the_check() {
+        let ok = br#"{"version":4,"terraform_version":"1.15.5","serial":3,"lineage":"l-1","outputs":{},
+            "resources":[{"mode":"managed","type":"terraform_data","name":"a","instances":[{"attributes":{"id":"i-1"}}]},
+                         {"module":"module.m","mode":"data","type":"x","name":"b","instances":[{"index_key":0},{"index_key":"k"}]}]}"#;
+        let f = check_state(ok).expect("state");
+        assert_eq!(f.lineage, "l-1");
+        assert_eq!(f.serial, 3);
+        assert_eq!(
+            f.addresses,
+            vec![
+                "module.m.data.x.b[\"k\"]".to_string(),
+                "module.m.data.x.b[0]".to_string(),
+                "terraform_data.a".to_string()
+            ]
+        );
+        assert_eq!(
+            f.ids.get("terraform_data.a").map(String::as_str),
+            Some("i-1")
+        );
+        for bad in [
+            &b"not json"[..],
+            b"{}",
+            br#"{"version":4}"#,
+            br#"{"version":3,"lineage":"x","serial":1,"resources":[]}"#,
+        ] {
+            assert!(check_state(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn a_second_call_on_a_busy_module_waits_then_is_refused() {
+        let ws = tempfile::tempdir().expect("ws");
+        std::fs::create_dir_all(ws.path().join("m")).expect("mkdir");
+        let locks = tempfile::tempdir().expect("locks");
+        let a = ModuleDir::open(ws.path(), "m").expect("open");
+        let b = ModuleDir::open(ws.path(), "m").expect("open");
+        let held = a.lock(locks.path(), Duration::ZERO).expect("lock");
+        let e = b
+            .lock(locks.path(), Duration::from_millis(250))
+            .expect_err("busy");
+        assert!(e.to_string().contains("in use by another call"), "{e}");
+        drop(held);
+        b.lock(locks.path(), Duration::ZERO).expect("free again");
+    }
+}

