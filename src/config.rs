@@ -61,6 +61,10 @@ pub struct SandboxConfig {
     /// runsc platform: ptrace (works everywhere) or kvm.
     #[serde(default = "default_platform")]
     pub platform: String,
+    /// The trusted Terraform provider mirror (local backend): the only
+    /// place `terraform init` in a sandbox takes providers from. None: no
+    /// provider but Terraform's built-in one can be used.
+    pub provider_mirror: Option<PathBuf>,
     /// The kubernetes backend (`backend = "kubernetes"`).
     #[serde(default)]
     pub kubernetes: crate::sandbox::kubernetes::KubeSandboxConfig,
@@ -72,6 +76,7 @@ impl Default for SandboxConfig {
             backend: default_backend(),
             runsc: None,
             platform: default_platform(),
+            provider_mirror: None,
             kubernetes: crate::sandbox::kubernetes::KubeSandboxConfig::default(),
         }
     }

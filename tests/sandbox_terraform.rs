@@ -72,7 +72,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         stdout_file: None,
     }];
     steps.extend(tools::terraform_plan_steps(&plan_file));
-    steps.extend(tools::terraform_show_steps(&plan_file, &plan_json));
+    steps.extend(tools::terraform_show_steps(&plan_file, &plan_json, false));
     let mut binds_probe = binds.clone();
     binds_probe.push(gateway::sandbox::Bind {
         host: "/bin/busybox".into(),

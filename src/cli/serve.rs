@@ -112,7 +112,8 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("."));
     let workspace =
         std::fs::canonicalize(&ws).with_context(|| format!("workspace {}", ws.display()))?;
-    let tools = ToolPaths::discover(&workspace);
+    let mut tools = ToolPaths::discover(&workspace);
+    tools.provider_mirror = cli.file.sandbox.provider_mirror.clone();
     let broker = super::vault::broker(cli, &home)?;
     let kubernetes = super::vault::kubernetes_access(cli)?;
     let mut pipeline = Pipeline::new(policy, home, workspace, sandbox, tools)?;

@@ -764,7 +764,7 @@ impl Pipeline {
                     steps: tools::terraform_plan_steps(tools::PLAN_FILE),
                     workdir: Some(work.path()),
                     files_in: vec![],
-                    files_out: vec![tools::PLAN_FILE.into()],
+                    files_out: vec![tools::PLAN_FILE.into(), tools::LOCK_FILE.into()],
                     with_credential: true,
                 },
             )
@@ -787,10 +787,29 @@ impl Pipeline {
         };
         let digest = sha256_hex(&bin);
 
+        // The providers the plan was made with, named by its lock file,
+        // are installed from the trusted mirror for show to read schemas.
+        let providers = match r
+            .files_out
+            .get(tools::LOCK_FILE)
+            .map(|l| tools::locked_providers(l))
+        {
+            None => vec![],
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return Ok(Err(format!("the plan's lock file: {e}"))),
+        };
         let show_dir = match self.scratch() {
             Ok(d) => d,
             Err(e) => return Ok(Err(e)),
         };
+        let show_config = tools::show_config(&providers);
+        if let (Some(cfg), Some(lock)) = (&show_config, r.files_out.get(tools::LOCK_FILE)) {
+            let written = std::fs::write(show_dir.path().join(tools::SHOW_CONFIG), cfg)
+                .and_then(|_| std::fs::write(show_dir.path().join(tools::LOCK_FILE), lock));
+            if let Err(e) = written {
+                return Ok(Err(format!("preparing the show sandbox: {e}")));
+            }
+        }
         let shown = match self
             .run_sandbox(
                 progress,
@@ -802,6 +821,7 @@ impl Pipeline {
                     steps: tools::terraform_show_steps(
                         &tools::plan_inside("plan.tfplan"),
                         tools::PLAN_JSON,
+                        show_config.is_some(),
                     ),
                     workdir: Some(show_dir.path()),
                     files_in: vec![FileIn {

@@ -102,10 +102,27 @@ pub fn terraform_plan_steps(plan_file: &str) -> Vec<Step> {
 /// fresh sandbox that holds only that file and the trusted providers, so
 /// what the approver sees is made from exactly the bytes the approval is
 /// bound to, by code the module does not control.
-pub fn terraform_show_steps(plan_file_inside: &str, plan_json: &str) -> Vec<Step> {
+/// With `with_providers`, an `init -lockfile=readonly` first installs the
+/// locked providers from the mirror ([`show_config`]).
+pub fn terraform_show_steps(
+    plan_file_inside: &str,
+    plan_json: &str,
+    with_providers: bool,
+) -> Vec<Step> {
     let mut show = tf(&["show", "-json", "-no-color", plan_file_inside]);
     show.stdout_file = Some(plan_json.to_string());
-    vec![show]
+    let mut steps = Vec::new();
+    if with_providers {
+        steps.push(tf(&[
+            "init",
+            "-input=false",
+            "-no-color",
+            "-lockfile=readonly",
+            "-backend=false",
+        ]));
+    }
+    steps.push(show);
+    steps
 }
 
 /// `terraform apply` of exactly one saved plan file.
@@ -396,6 +413,60 @@ pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
 pub const PLAN_FILE: &str = ".gateway/plan.tfplan";
 /// Where the show sandbox writes the plan's JSON, inside its working dir.
 pub const PLAN_JSON: &str = "plan.json";
+/// Terraform's dependency lock file, in a working dir.
+pub const LOCK_FILE: &str = ".terraform.lock.hcl";
+/// The configuration the gateway writes for the show sandbox.
+pub const SHOW_CONFIG: &str = "providers.tf";
+
+/// The providers a lock file names, as (source address, version), each
+/// checked to be a plain address and version (the lock file comes from a
+/// sandbox the module's code ran in).
+pub fn locked_providers(lock: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let text = std::str::from_utf8(lock).map_err(|_| "the lock file is not UTF-8".to_string())?;
+    let source_re =
+        regex::Regex::new(r#"^provider\s+"([a-z0-9.-]+/[a-z0-9_-]+/[a-z0-9_-]+)"\s*\{\s*$"#)
+            .map_err(|e| e.to_string())?;
+    let version_re = regex::Regex::new(r#"^\s*version\s*=\s*"([0-9A-Za-z.+-]+)"\s*$"#)
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if let Some(c) = source_re.captures(trimmed) {
+            current = Some(c[1].to_string());
+        } else if trimmed.starts_with("provider") {
+            return Err(format!(
+                "the lock file names a provider this gateway cannot read: {trimmed:?}"
+            ));
+        } else if let (Some(src), Some(c)) = (&current, version_re.captures(line)) {
+            out.push((src.clone(), c[1].to_string()));
+            current = None;
+        }
+    }
+    if current.is_some() {
+        return Err("the lock file names a provider without a version".into());
+    }
+    Ok(out)
+}
+
+/// The show sandbox's configuration: nothing but `required_providers`
+/// pinning exactly the locked providers, so that `init` installs them from
+/// the trusted mirror (checked against the lock file's hashes) for `show`
+/// to read the plan's schemas with. Written by the gateway, never by the
+/// module. `None` when the plan needs no provider but Terraform's own.
+pub fn show_config(providers: &[(String, String)]) -> Option<String> {
+    if providers.is_empty() {
+        return None;
+    }
+    let mut s = String::from("terraform {\n  required_providers {\n");
+    for (i, (src, version)) in providers.iter().enumerate() {
+        s.push_str(&format!(
+            "    p{i} = {{\n      source  = \"{src}\"\n      version = \"= {version}\"\n    }}\n"
+        ));
+    }
+    s.push_str("  }\n}\n");
+    Some(s)
+}
 
 /// A plan file as the apply step sees it (among the files in).
 pub fn plan_inside(name: &str) -> String {
@@ -428,13 +499,56 @@ mod tests {
             plan.iter().all(|s| s.argv[1] != "show"),
             "no show where the module's code runs"
         );
-        let show = terraform_show_steps("/run/gateway/in/plan.tfplan", PLAN_JSON);
+        let show = terraform_show_steps("/run/gateway/in/plan.tfplan", PLAN_JSON, false);
         assert_eq!(show[0].stdout_file.as_deref(), Some(PLAN_JSON));
+        let show = terraform_show_steps("/run/gateway/in/plan.tfplan", PLAN_JSON, true);
+        assert!(show[0].argv.contains(&"-lockfile=readonly".to_string()));
         assert!(
             terraform_apply_steps("/run/gateway/in/p.tfplan")[1]
                 .argv
                 .contains(&"/run/gateway/in/p.tfplan".to_string())
         );
+    }
+
+    #[test]
+    fn the_show_config_pins_exactly_the_locked_providers() {
+        let lock = br#"# This file is maintained automatically by "terraform init".
+provider "registry.terraform.io/hashicorp/kubernetes" {
+  version     = "2.31.0"
+  constraints = "~> 2.31"
+  hashes = [
+    "h1:abc=",
+  ]
+}
+"#;
+        let p = locked_providers(lock).expect("lock");
+        assert_eq!(
+            p,
+            vec![(
+                "registry.terraform.io/hashicorp/kubernetes".to_string(),
+                "2.31.0".to_string()
+            )]
+        );
+        let cfg = show_config(&p).expect("config");
+        assert!(
+            cfg.contains("source  = \"registry.terraform.io/hashicorp/kubernetes\""),
+            "{cfg}"
+        );
+        assert!(cfg.contains("version = \"= 2.31.0\""), "{cfg}");
+        assert_eq!(show_config(&[]), None);
+        assert_eq!(locked_providers(b"").expect("empty"), vec![]);
+        // Anything that could inject HCL into the generated config is refused.
+        for bad in [
+            &b"provider \"x/y/z\" {\n  version = \"1\" }\n provider \"a\\\"} evil {\" {\n"[..],
+            b"provider \"registry.terraform.io/h/k\" {\n  version = \"1\\\" evil\"\n}\n",
+            b"provider \"registry.terraform.io/h/k\" {\n}\n",
+        ] {
+            assert!(
+                locked_providers(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]
