@@ -192,6 +192,14 @@ impl ModuleDir {
                     })?;
                     self.copy_dir(sub, &target, &path, caps, done, depth + 1)?;
                 }
+                // A file with other names may be one the agent could not
+                // read itself (the gateway reads as root): refused.
+                "regular file" if st.st_nlink > 1 => {
+                    return Err(ToolError::Module(format!(
+                        "working_dir {wd:?}: {path} is a hard link ({} names); a module may hold only files of its own",
+                        st.st_nlink
+                    )));
+                }
                 "regular file" => {
                     let room = caps.bytes.saturating_sub(done.bytes);
                     let bytes = match beneath::read_file(&fd, &name, room) {
@@ -469,6 +477,15 @@ mod tests {
             .expect_err("link");
         assert!(e.to_string().contains("symbolic link"), "{e}");
         std::fs::remove_file(m.join("passwd.tf")).expect("rm");
+        // A hard link to a file outside the module: refused, not read.
+        let outside = tempfile::tempdir().expect("outside");
+        std::fs::write(outside.path().join("secret"), "root only").expect("write");
+        std::fs::hard_link(outside.path().join("secret"), m.join("secret.tf")).expect("link");
+        let e = md
+            .copy_to(tempfile::tempdir().expect("d").path(), caps())
+            .expect_err("hard link");
+        assert!(e.to_string().contains("hard link"), "{e}");
+        std::fs::remove_file(m.join("secret.tf")).expect("rm");
         nix::unistd::mkfifo(&m.join("fifo"), Mode::S_IRWXU).expect("fifo");
         let e = md
             .copy_to(tempfile::tempdir().expect("d").path(), caps())
