@@ -333,11 +333,11 @@ fn a_provider_shipped_inside_the_module_is_never_installed_or_run() {
         .module
         .join("terraform.d/plugins/registry.terraform.io/evil/pwn/1.0.0/linux_amd64");
     std::fs::create_dir_all(&plugin_dir).expect("mkdir");
-    std::fs::copy("/bin/busybox", w.module.join("terraform.d/bb")).expect("busybox");
+    std::fs::copy("/bin/busybox", w.module.join("terraform.d/busybox")).expect("busybox");
     let plugin = plugin_dir.join("terraform-provider-pwn_v1.0.0");
     std::fs::write(
         &plugin,
-        "#!/work/terraform.d/bb sh\necho ran > /work/PWNED\nexit 1\n",
+        "#!/work/terraform.d/busybox sh\necho ran > /work/PWNED\nexit 1\n",
     )
     .expect("write");
     use std::os::unix::fs::PermissionsExt;
@@ -375,9 +375,9 @@ fn the_sandbox_cli_config_names_only_the_trusted_mirror() {
         .path()
         .join("terraform.d/plugins/registry.terraform.io/evil/pwn/1.0.0/linux_amd64");
     std::fs::create_dir_all(&plugin_dir).expect("mkdir");
-    std::fs::copy("/bin/busybox", work.path().join("bb")).expect("busybox");
+    std::fs::copy("/bin/busybox", work.path().join("busybox")).expect("busybox");
     let plugin = plugin_dir.join("terraform-provider-pwn_v1.0.0");
-    std::fs::write(&plugin, "#!/work/bb sh\necho ran > /work/PWNED\nexit 1\n").expect("write");
+    std::fs::write(&plugin, "#!/work/busybox sh\necho ran > /work/PWNED\nexit 1\n").expect("write");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::write(
