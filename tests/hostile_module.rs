@@ -377,7 +377,11 @@ fn the_sandbox_cli_config_names_only_the_trusted_mirror() {
     std::fs::create_dir_all(&plugin_dir).expect("mkdir");
     std::fs::copy("/bin/busybox", work.path().join("busybox")).expect("busybox");
     let plugin = plugin_dir.join("terraform-provider-pwn_v1.0.0");
-    std::fs::write(&plugin, "#!/work/busybox sh\necho ran > /work/PWNED\nexit 1\n").expect("write");
+    std::fs::write(
+        &plugin,
+        "#!/work/busybox sh\necho ran > /work/PWNED\nexit 1\n",
+    )
+    .expect("write");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::write(
