@@ -183,8 +183,42 @@ found contains plan_signal("config-too-deep", sprintf("modules nest deeper than 
 	count(config_level(config_levels[config_depth])) > 0
 }
 
-provisioner_detail(p) := sprintf("command %q", [p.expressions.command.constant_value]) if {
+# What a provisioner will run, in words: its command, and whatever else
+# decides what runs (an interpreter, the environment, the working dir).
+provisioner_detail(p) := concat("; ", array.concat(command_part(p), [sprintf("%s %s", [k, expression_text(p.expressions[k])]) |
+	some k in ["interpreter", "environment", "working_dir"]
+	p.expressions[k]
+]))
+
+command_part(p) := [sprintf("command %q", [p.expressions.command.constant_value])] if {
 	is_string(p.expressions.command.constant_value)
-} else := sprintf("inline %v", [p.expressions.inline.constant_value]) if {
+} else := [sprintf("inline %v", [p.expressions.inline.constant_value])] if {
 	is_array(p.expressions.inline.constant_value)
-} else := "its command is computed at apply time"
+} else := ["its command is computed at apply time"]
+
+expression_text(e) := sprintf("%v", [e.constant_value]) if {
+	"constant_value" in object.keys(e)
+} else := "computed at apply time"
+
+# --- Apply-time code the plan's JSON does not show ---------------------------
+
+# The configuration files the saved plan file carries (the gateway reads
+# them from the plan file itself, the bytes the approval is bound to).
+config_files := object.get(input, "plan_config_files", {})
+
+# A removed block's destroy-time provisioner runs at apply time and is not
+# in the plan's `configuration`: any file with a removed block and a
+# provisioner is a signal (it may name a provisioner of a resource block
+# too; reading too much is safe, too little is not).
+found contains plan_signal("config-removed-provisioner", sprintf("%s has a removed block and a provisioner: a removed block's destroy-time provisioner runs at apply time and is not shown in the plan's changes", [path])) if {
+	some path, text in config_files
+	regex.match(`(^|\n)\s*removed\s*\{|"removed"\s*:`, text)
+	contains(text, "provisioner")
+}
+
+# Provider actions (action blocks, action_trigger) run at apply time outside
+# the planned resource changes.
+found contains plan_signal("config-action", sprintf("%s declares an action or action_trigger: provider actions run at apply time outside the planned changes", [path])) if {
+	some path, text in config_files
+	regex.match(`(^|\n)\s*action\s+"|action_trigger|"action"\s*:`, text)
+}

@@ -223,6 +223,19 @@ test_modules_nested_past_the_inspected_depth_are_a_signal if {
 	[x.kind | some x in s] == ["config-too-deep"]
 }
 
+# The approver reads everything that decides what a provisioner runs, not
+# only its command: an interpreter can run any file.
+test_a_provisioners_interpreter_environment_and_working_dir_are_named if {
+	plan := with_config([], {"resources": [{"address": "terraform_data.x", "provisioners": [{"type": "local-exec", "expressions": {
+		"command": {"constant_value": "echo hello"},
+		"interpreter": {"constant_value": ["/lib64/ld-linux-x86-64.so.2", "./payload.bin"]},
+		"environment": {"constant_value": {"LD_PRELOAD": "./x.so"}},
+		"working_dir": {"references": ["var.dir"]},
+	}}]}]})
+	[s] := sig(plan)
+	contains(s.message, "(command \"echo hello\"; interpreter [\"/lib64/ld-linux-x86-64.so.2\", \"./payload.bin\"]; environment {\"LD_PRELOAD\": \"./x.so\"}; working_dir computed at apply time)")
+}
+
 test_resources_without_provisioners_raise_nothing if {
 	plan := with_config([rc("terraform_data.a", ["create"], {})], {"resources": [{"address": "terraform_data.a", "expressions": {}}]})
 	sig(plan) == []
@@ -242,4 +255,30 @@ test_a_provisioner_makes_an_apply_need_the_destructive_approval if {
 	not plain.approval.reason_required
 	some s in d.signals
 	s.kind == "provisioner"
+}
+
+# --- Configuration the plan's JSON does not show ------------------------------
+
+sig_with_files(plan, files) := s if {
+	s := signals.signals with input as {"tool": "terraform_apply", "params": {}, "plan": plan, "plan_config_files": files}
+}
+
+test_a_removed_block_with_a_provisioner_is_a_signal if {
+	files := {"m-/main.tf": "removed {\n  from = terraform_data.x\n  lifecycle {\n    destroy = true\n  }\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"rm -rf /\"\n  }\n}\n"}
+	[s] := sig_with_files(plan_with([]), files)
+	s.kind == "config-removed-provisioner"
+	startswith(s.message, "m-/main.tf has a removed block and a provisioner")
+	json_files := {"m-/x.tf.json": "{\"removed\": [{\"from\": \"a.b\", \"provisioner\": []}]}"}
+	[j] := sig_with_files(plan_with([]), json_files)
+	j.kind == "config-removed-provisioner"
+}
+
+test_actions_are_a_signal if {
+	[s] := sig_with_files(plan_with([]), {"m-/a.tf": "action \"local_command\" \"x\" {\n}\n"})
+	s.kind == "config-action"
+}
+
+test_ordinary_configuration_files_raise_nothing if {
+	sig_with_files(plan_with([]), {"m-/main.tf": "resource \"terraform_data\" \"removed_things\" {\n  input = \"provisioner-free\"\n}\n"}) == []
+	sig_with_files(plan_with([]), {"m-/main.tf": "removed {\n  from = terraform_data.x\n}\n"}) == []
 }

@@ -920,3 +920,43 @@ fn a_second_call_on_a_busy_module_is_refused_after_the_policys_wait() {
         .collect();
     assert!(!trail.iter().any(|e| e == "sandbox.started"), "{trail:?}");
 }
+
+/// Attack: a `removed` block's destroy-time provisioner runs a command at
+/// apply time, and the plan's JSON does not show it (its `configuration`
+/// has no trace of removed blocks). The gateway reads the configuration
+/// the saved plan file carries, so the approver is told.
+#[test]
+fn a_removed_blocks_provisioner_is_a_signal_too() {
+    let w = world(false);
+    seed(&w);
+    let main = w.module.join("main.tf");
+    let text = std::fs::read_to_string(&main).expect("main.tf");
+    let start = text
+        .find("resource \"terraform_data\" \"config\"")
+        .expect("config resource");
+    let end = start + text[start..].find("\n}\n").expect("block end") + 3;
+    let edited = format!(
+        "{}removed {{\n  from = terraform_data.config\n  lifecycle {{\n    destroy = true\n  }}\n  provisioner \"local-exec\" {{\n    when    = destroy\n    command = \"echo payload\"\n  }}\n}}\n{}",
+        &text[..start],
+        &text[end..]
+    );
+    std::fs::write(&main, edited).expect("edit");
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let Outcome::PendingApproval { signals, .. } = &r.outcome else {
+        panic!("expected a pending approval: {:?}", r.outcome);
+    };
+    let kinds: Vec<&str> = signals
+        .as_array()
+        .expect("signals")
+        .iter()
+        .filter_map(|s| s["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"config-removed-provisioner"), "{signals}");
+    let saved =
+        std::fs::read_to_string(w.home.join("plans").join(format!("{}.json", r.request_id)))
+            .expect("plan json");
+    assert!(
+        !saved.contains("echo payload"),
+        "the plan's JSON alone would not have shown it"
+    );
+}

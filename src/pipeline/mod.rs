@@ -140,6 +140,8 @@ struct Module {
 struct MadePlan {
     plan: Value,
     digest: String,
+    /// The configuration files the plan file carries, `{path: text}`.
+    config_files: Value,
 }
 
 /// Every credential issued to a call still in flight, so that no sandbox's
@@ -251,6 +253,16 @@ impl Pipeline {
                 .as_ref()
                 .map(|p| sha256_hex(p.json.to_string().as_bytes()));
             obj.insert("plan".into(), json!({"sha256_of_json": digest}));
+        }
+        if let Some(obj) = audit_input.as_object_mut()
+            && let Some(files) = obj.get("plan_config_files")
+        {
+            // Carried by the saved plan file; the log keeps their names.
+            let names: Vec<String> = files
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            obj.insert("plan_config_files".into(), json!({"files": names}));
         }
         let result = serde_json::to_value(&ev.decision).unwrap_or(Value::Null);
         self.audit
@@ -707,12 +719,11 @@ impl Pipeline {
     /// mount it from; removed when dropped.
     fn scratch(&self) -> Result<tempfile::TempDir, String> {
         let root = self.sandbox.scratch_dir();
-        std::fs::create_dir_all(&root)
-            .and_then(|_| {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
-            })
-            .and_then(|_| tempfile::Builder::new().prefix("work-").tempdir_in(&root))
+        crate::sandbox::beneath::private_dir(&root, 0o700)
+            .map_err(|e| format!("the sandboxes' scratch dir: {e}"))?;
+        tempfile::Builder::new()
+            .prefix("work-")
+            .tempdir_in(&root)
             .map_err(|e| format!("making a working dir under {}: {e}", root.display()))
     }
 
@@ -786,6 +797,13 @@ impl Pipeline {
             return Ok(Err("terraform plan produced no plan file".into()));
         };
         let digest = sha256_hex(&bin);
+        // What the plan file carries as configuration, for the policy (the
+        // same bytes the approval is bound to, not the module dir).
+        let config_files = match tools::plan_config_files(&bin, decision.sandbox.module_copy_bytes)
+        {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e)),
+        };
 
         // The providers the plan was made with, named by its lock file,
         // are installed from the trusted mirror for show to read schemas.
@@ -866,7 +884,34 @@ impl Pipeline {
                    "json_sha256": sha256_hex(json_bytes), "shown_by": format!("{rid}-show")}),
         )?;
         progress.say("plan computed");
-        Ok(Ok(MadePlan { plan, digest }))
+        Ok(Ok(MadePlan {
+            plan,
+            digest,
+            config_files: serde_json::to_value(config_files).unwrap_or(Value::Null),
+        }))
+    }
+
+    /// Keep `bytes` (a state an apply left) in HOME/quarantine, readable
+    /// by the gateway's user only; returns where.
+    fn keep_aside(&self, rid: &str, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let dir = self.home.join("quarantine");
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let path = dir.join(format!("{rid}.{name}"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        Ok(path)
     }
 
     /// HOME/plans/<request id>.<ext>: the one place saved plans live.
@@ -890,6 +935,7 @@ impl Pipeline {
             Err(reason) => return Ok(Err(self.finish(&rid, tool, Outcome::Refused { reason })?)),
         };
         input.plan = Some(PlanInput::new(made.plan.clone()));
+        input.plan_config_files = Some(made.config_files);
         Ok(self
             .decide_or_deny(input, "plan", tool)?
             .map(|d| (made.plan, made.digest, d)))
@@ -1039,6 +1085,9 @@ impl Pipeline {
             return self.finish(&rid, tool, Outcome::Refused { reason });
         };
         let digest = sha256_hex(&bin);
+        if let Ok(files) = tools::plan_config_files(&bin, first.sandbox.module_copy_bytes) {
+            input.plan_config_files = Some(serde_json::to_value(files).unwrap_or(Value::Null));
+        }
         if let Ok(plan_json) = std::fs::read(self.plan_path(&approval.request_id, "json"))
             && let Ok(plan) = crate::policy::plan::parse_plan(&plan_json, "the saved plan")
         {
@@ -1149,12 +1198,23 @@ impl Pipeline {
         };
         drop(work);
         // The state back, backup first so that the state is the last file
-        // written; whatever fails the check is kept aside, not written.
+        // written. Every state that came back is first kept in
+        // HOME/quarantine (owner only) until it is written, so that no
+        // failure on the way loses what the apply did.
         let mut after = None;
         let mut state_problems = Vec::new();
         for name in module::STATE_FILES.iter().rev() {
             let Some(bytes) = r.files_out.get(*name) else {
                 continue;
+            };
+            let kept = match self.keep_aside(rid, name, bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    state_problems.push(format!(
+                        "the {name} the apply left could not be kept aside ({e}); it is not written back"
+                    ));
+                    continue;
+                }
             };
             let checked = module::check_state(bytes).and_then(|facts| match &before {
                 Some(b) if *name == module::STATE_FILES[0] && b.lineage != facts.lineage => {
@@ -1171,37 +1231,50 @@ impl Pipeline {
                 }
                 _ => Ok(facts),
             });
-            match checked {
-                Ok(facts) => {
-                    if let Err(e) = module.dir.write_state(name, bytes) {
-                        state_problems.push(format!("{name} could not be written back: {e}"));
-                        continue;
-                    }
-                    self.audit.append(
-                        rid,
-                        "state.saved",
-                        json!({"file": name, "sha256": sha256_hex(bytes), "serial": facts.serial, "lineage": facts.lineage}),
-                    )?;
-                    if *name == module::STATE_FILES[0] {
-                        after = Some(facts);
-                    }
-                }
+            let facts = match checked {
+                Ok(f) => f,
                 Err(why) => {
-                    let kept = self.home.join("quarantine").join(format!("{rid}.{name}"));
-                    let _ = std::fs::create_dir_all(self.home.join("quarantine"));
-                    let _ = std::fs::write(&kept, bytes);
-                    let problem = format!(
-                        "the {name} the apply left is not written back: {why} (kept at {})",
-                        kept.display()
-                    );
                     self.audit.append(
                         rid,
                         "state.refused",
                         json!({"file": name, "sha256": sha256_hex(bytes), "reason": why, "kept_at": kept.display().to_string()}),
                     )?;
-                    state_problems.push(problem);
+                    state_problems.push(format!(
+                        "the {name} the apply left is not written back: {why} (kept at {})",
+                        kept.display()
+                    ));
+                    continue;
                 }
+            };
+            if let Err(e) = module.dir.write_state(name, bytes) {
+                self.audit.append(
+                    rid,
+                    "state.refused",
+                    json!({"file": name, "sha256": sha256_hex(bytes), "reason": e.to_string(), "kept_at": kept.display().to_string()}),
+                )?;
+                state_problems.push(format!(
+                    "{name} could not be written back: {e} (kept at {})",
+                    kept.display()
+                ));
+                continue;
             }
+            let _ = std::fs::remove_file(&kept);
+            self.audit.append(
+                rid,
+                "state.saved",
+                json!({"file": name, "sha256": sha256_hex(bytes), "serial": facts.serial, "lineage": facts.lineage}),
+            )?;
+            if *name == module::STATE_FILES[0] {
+                after = Some(facts);
+            }
+        }
+        // An apply that ran leaves the module's state where the gateway
+        // reads it; none there (a backend or workspace elsewhere in the
+        // copy, which is discarded) is a failure, not "nothing changed".
+        if r.success() && !r.files_out.contains_key(module::STATE_FILES[0]) {
+            state_problems.push(
+                "the apply left no terraform.tfstate in the module dir (a non-local backend, another state path or a workspace?): its state is lost with the sandbox; use the default local state".into(),
+            );
         }
         let ok = r.success() && state_problems.is_empty();
         let change = state_change(before.as_ref(), after.as_ref());

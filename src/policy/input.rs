@@ -27,6 +27,9 @@ pub struct DecisionInput {
     pub plan: Option<PlanInput>,
     /// The approval presented with the call (`{id, status, approvers}`).
     pub approval: Option<serde_json::Value>,
+    /// The configuration the saved plan file carries, `{path: text}`
+    /// (`plan_config_files` in the input), once a plan exists.
+    pub plan_config_files: Option<serde_json::Value>,
 }
 
 impl DecisionInput {
@@ -40,6 +43,7 @@ impl DecisionInput {
             principal,
             plan: None,
             approval: None,
+            plan_config_files: None,
         }
     }
 
@@ -59,6 +63,9 @@ impl DecisionInput {
         }
         if let Some(approval) = &self.approval {
             m.insert("approval".into(), approval.clone());
+        }
+        if let Some(files) = &self.plan_config_files {
+            m.insert("plan_config_files".into(), files.clone());
         }
         serde_json::Value::Object(m)
     }
@@ -81,6 +88,9 @@ impl DecisionInput {
         }
         if let Some(approval) = &self.approval {
             obj.insert(s("approval"), regorus::Value::from(approval.clone()));
+        }
+        if let Some(files) = &self.plan_config_files {
+            obj.insert(s("plan_config_files"), regorus::Value::from(files.clone()));
         }
         regorus::Value::from(obj)
     }

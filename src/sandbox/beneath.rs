@@ -41,14 +41,17 @@ pub enum BeneathError {
     },
 }
 
-/// How every open here resolves a path: beneath the directory, no links.
+/// How every open here resolves a path: beneath the directory, no links,
+/// no crossing into another mount (a FUSE or NFS mount inside a module
+/// could block or lie).
 fn how(flags: OFlag) -> OpenHow {
     OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
         .resolve(
             ResolveFlag::RESOLVE_BENEATH
                 | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
         )
 }
 
@@ -56,6 +59,10 @@ fn map_errno(path: &str, e: Errno) -> BeneathError {
     match e {
         Errno::ELOOP => BeneathError::Link { path: path.into() },
         Errno::EXDEV => BeneathError::Escapes { path: path.into() },
+        Errno::EEXIST => BeneathError::Io {
+            path: path.into(),
+            source: std::io::Error::from(Errno::EEXIST),
+        },
         Errno::ENOENT => BeneathError::NotFound { path: path.into() },
         other => BeneathError::Io {
             path: path.into(),
@@ -96,6 +103,61 @@ pub fn open_beneath(dir: impl AsFd, rel: &str, flags: OFlag) -> Result<OwnedFd, 
         return Err(BeneathError::Escapes { path: rel.into() });
     }
     openat2(dir, rel, how(flags)).map_err(|e| map_errno(rel, e))
+}
+
+/// Create the new regular file `rel` beneath `dir` with `mode` (never an
+/// existing file, never through a link).
+pub fn create_beneath(dir: impl AsFd, rel: &str, mode: u32) -> Result<OwnedFd, BeneathError> {
+    if rel.is_empty() || rel.starts_with('/') {
+        return Err(BeneathError::Escapes { path: rel.into() });
+    }
+    let how =
+        how(OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL).mode(Mode::from_bits_truncate(mode));
+    openat2(dir, rel, how).map_err(|e| map_errno(rel, e))
+}
+
+/// Make sure `path` is a directory of this process's user that nobody
+/// else can write, creating it (with `mode`) when it is missing: a
+/// directory the gateway puts sandboxes' files in must not be one another
+/// user made (an agent could create it first, in `/dev/shm` or on a
+/// shared volume, and swap what the gateway writes there for links).
+pub fn private_dir(path: &Path, mode: u32) -> Result<(), BeneathError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let shown = path.display().to_string();
+    let io = |source| BeneathError::Io {
+        path: shown.clone(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    if meta.file_type().is_symlink() {
+        return Err(BeneathError::Link { path: shown });
+    }
+    if !meta.is_dir() {
+        return Err(BeneathError::NotRegular {
+            path: shown,
+            kind: "file that is not a directory",
+        });
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(BeneathError::Io {
+            path: shown,
+            source: std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "owned by uid {} with mode {:o}, not by this gateway (uid {me}) and writable by it alone; remove it (another user may have made it) and start again",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            ),
+        });
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
 }
 
 /// Stat `rel` beneath `dir` without following a link and without opening
@@ -232,5 +294,45 @@ mod tests {
         assert!(read_files_out(d.path(), &["fifo".into()], 10).is_err());
         // The directory itself must not be a link either.
         assert!(open_dir(&d.path().join("dirlink")).is_err());
+        // New files only, never through a link.
+        let f = create_beneath(&dir, "new", 0o640).expect("create");
+        drop(f);
+        assert!(create_beneath(&dir, "new", 0o640).is_err(), "exists");
+        assert!(
+            create_beneath(&dir, "dirlink/x", 0o640).is_err(),
+            "through a link"
+        );
+        assert!(!outside.path().join("x").exists());
+    }
+
+    #[test]
+    fn a_private_dir_someone_else_made_or_linked_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tmp");
+        let mine = d.path().join("mine");
+        private_dir(&mine, 0o700).expect("made");
+        private_dir(&mine, 0o700).expect("again");
+        assert_eq!(
+            std::fs::metadata(&mine).expect("meta").permissions().mode() & 0o777,
+            0o700
+        );
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = private_dir(&open, 0o700)
+            .expect_err("world-writable")
+            .to_string();
+        assert!(e.contains("writable by it alone"), "{e}");
+        std::os::unix::fs::symlink(&mine, d.path().join("link")).expect("symlink");
+        assert!(private_dir(&d.path().join("link"), 0o700).is_err());
+        if nix::unistd::geteuid().is_root() {
+            let theirs = d.path().join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::os::unix::fs::chown(&theirs, Some(1234), Some(1234)).expect("chown");
+            let e = private_dir(&theirs, 0o700)
+                .expect_err("not ours")
+                .to_string();
+            assert!(e.contains("owned by uid 1234"), "{e}");
+        }
     }
 }

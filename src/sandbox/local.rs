@@ -199,10 +199,17 @@ impl LocalSandbox {
                 std::env::temp_dir().join("gateway-sandbox")
             }
         });
-        std::fs::create_dir_all(root.join("state"))?;
-        std::fs::create_dir_all(root.join("bundles"))?;
-        std::fs::create_dir_all(root.join("scratch"))?;
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+        // Ours alone, checked (not only created): in /dev/shm anyone could
+        // have made it first.
+        for dir in [
+            root.clone(),
+            root.join("state"),
+            root.join("bundles"),
+            root.join("scratch"),
+        ] {
+            super::beneath::private_dir(&dir, 0o700)
+                .map_err(|e| SandboxError::Setup(format!("the sandbox root: {e}")))?;
+        }
         let sandbox = LocalSandbox {
             runsc,
             root,

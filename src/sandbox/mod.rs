@@ -211,10 +211,25 @@ impl Captured {
     /// (or hostile code) could print it in: base64 (standard and URL-safe,
     /// at each of the three alignments it can have inside a longer
     /// encoded text) and hex (lower and upper case).
+    /// A credential file of `key = value` lines (an AWS credentials file)
+    /// has each value redacted on its own too.
     pub fn redact_all(&mut self, secrets: &[SecretFile]) {
         for s in secrets {
-            for needle in encodings(s.expose()) {
-                self.redact(&SecretFile(needle));
+            let mut parts = vec![Zeroizing::new(s.expose().to_vec())];
+            if s.expose().contains(&b'\n') {
+                for line in s.expose().split(|b| *b == b'\n') {
+                    if let Some(eq) = line.iter().position(|b| *b == b'=') {
+                        let v = line[eq + 1..].trim_ascii();
+                        if v.len() >= 8 {
+                            parts.push(Zeroizing::new(v.to_vec()));
+                        }
+                    }
+                }
+            }
+            for part in parts {
+                for needle in encodings(&part) {
+                    self.redact(&SecretFile(needle));
+                }
             }
         }
     }
@@ -390,5 +405,19 @@ mod tests {
             }
         }
         assert_eq!(out.matches("<redacted>").count(), 9, "{out}");
+
+        // An AWS credentials file: each value on its own is a secret too.
+        let ini = SecretFile::new(
+            b"[default]\naws_access_key_id = AKIAEXAMPLEKEY12\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG\n".to_vec(),
+        );
+        let mut c = Captured {
+            bytes: b"key AKIAEXAMPLEKEY12 secret wJalrXUtnFEMI/K7MDENG".to_vec(),
+            truncated: false,
+        };
+        c.redact_all(&[ini]);
+        assert_eq!(
+            String::from_utf8_lossy(&c.bytes),
+            "key <redacted> secret <redacted>"
+        );
     }
 }

@@ -449,6 +449,50 @@ pub fn locked_providers(lock: &[u8]) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// The configuration a saved plan file carries (`tfconfig/` in its zip):
+/// each `.tf` and `.tf.json` file by its path, at most `cap` bytes in all.
+/// The plan's JSON does not show everything that runs at apply time
+/// (a `removed` block's destroy-time provisioner, actions); the policy
+/// reads these files for it. A plan file that is not such a zip, or holds
+/// more than `cap`, is an error.
+pub fn plan_config_files(
+    plan_file: &[u8],
+    cap: u64,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    use std::io::Read;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(plan_file))
+        .map_err(|e| format!("the plan file is not a Terraform plan (zip): {e}"))?;
+    let mut out = std::collections::BTreeMap::new();
+    let mut total = 0u64;
+    for i in 0..zip.len() {
+        let mut f = zip.by_index(i).map_err(|e| format!("the plan file: {e}"))?;
+        let name = f.name().to_string();
+        let Some(rel) = name.strip_prefix("tfconfig/") else {
+            continue;
+        };
+        if !(rel.ends_with(".tf") || rel.ends_with(".tf.json")) {
+            continue;
+        }
+        let room = cap.saturating_sub(total);
+        let mut bytes = Vec::new();
+        (&mut f)
+            .take(room.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("the plan file's {name}: {e}"))?;
+        total += bytes.len() as u64;
+        if total > cap {
+            return Err(format!(
+                "the plan file's configuration is larger than the policy's {cap} bytes"
+            ));
+        }
+        out.insert(
+            rel.to_string(),
+            String::from_utf8_lossy(&bytes).into_owned(),
+        );
+    }
+    Ok(out)
+}
+
 /// The show sandbox's configuration: nothing but `required_providers`
 /// pinning exactly the locked providers, so that `init` installs them from
 /// the trusted mirror (checked against the lock file's hashes) for `show`
@@ -549,6 +593,38 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn a_plan_files_configuration_is_read_within_its_cap() {
+        use std::io::Write;
+        let mut buf = std::io::Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            let o = zip::write::SimpleFileOptions::default();
+            for (name, body) in [
+                ("tfplan", "binary"),
+                ("tfconfig/m-/main.tf", "removed {}"),
+                ("tfconfig/m-child/x.tf.json", "{}"),
+                ("tfconfig/modules.json", "{}"),
+            ] {
+                z.start_file(name, o).expect("start");
+                z.write_all(body.as_bytes()).expect("write");
+            }
+            z.finish().expect("finish");
+        }
+        let bytes = buf.into_inner();
+        let files = plan_config_files(&bytes, 1024).expect("files");
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            vec!["m-/main.tf", "m-child/x.tf.json"]
+        );
+        assert!(
+            plan_config_files(&bytes, 5)
+                .expect_err("cap")
+                .contains("larger than")
+        );
+        assert!(plan_config_files(b"not a zip", 1024).is_err());
     }
 
     #[test]

@@ -120,14 +120,18 @@ impl ModuleDir {
             what: "working_dir".into(),
             source: e.into(),
         })?;
-        self.copy_dir(fd, dest, "", caps, &mut done, 0)?;
+        let dest_fd = beneath::open_dir(dest).map_err(|e| ToolError::Module(e.to_string()))?;
+        self.copy_dir(fd, dest_fd, "", caps, &mut done, 0)?;
         Ok(done)
     }
 
+    /// Copy the directory `fd` into the directory `dest` (both by fd:
+    /// nothing is resolved by path, so nothing swapped in on either side
+    /// is followed).
     fn copy_dir(
         &self,
         fd: OwnedFd,
-        dest: &Path,
+        dest: OwnedFd,
         shown: &str,
         caps: CopyCaps,
         done: &mut Copied,
@@ -145,6 +149,12 @@ impl ModuleDir {
                 source: e.into(),
             }
         };
+        let too_many = || {
+            ToolError::Module(format!(
+                "working_dir {wd:?} holds more than the policy's {} files",
+                caps.files
+            ))
+        };
         let dup = nix::unistd::dup(&fd).map_err(io(format!("{wd}/{shown}")))?;
         let mut dir = nix::dir::Dir::from_fd(dup).map_err(io(format!("{wd}/{shown}")))?;
         let mut names: Vec<String> = Vec::new();
@@ -153,6 +163,11 @@ impl ModuleDir {
             let name = entry.file_name().to_bytes();
             if name == b"." || name == b".." {
                 continue;
+            }
+            // Counted while listing: a dir of millions of names is refused
+            // before it is held in memory.
+            if done.files + names.len() as u64 >= caps.files {
+                return Err(too_many());
             }
             let Ok(name) = std::str::from_utf8(name) else {
                 return Err(ToolError::Module(format!(
@@ -175,22 +190,32 @@ impl ModuleDir {
             let kind = beneath::kind_of(&st);
             done.files += 1;
             if done.files > caps.files {
+                return Err(too_many());
+            }
+            // Only what the module's owner owns: the gateway reads as root,
+            // and a file moved in from elsewhere may be one the agent could
+            // not read itself.
+            if st.st_uid != self.uid {
                 return Err(ToolError::Module(format!(
-                    "working_dir {wd:?} holds more than the policy's {} files",
-                    caps.files
+                    "working_dir {wd:?}: {path} is owned by uid {}, not by the module's owner (uid {})",
+                    st.st_uid, self.uid
                 )));
             }
+            let write_err = |e: BeneathError| ToolError::Io {
+                what: format!("copying {path}"),
+                source: std::io::Error::other(e.to_string()),
+            };
             match kind {
                 "directory" => {
                     let sub =
                         beneath::open_beneath(&fd, &name, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
                             .map_err(|e| refusal(wd, e))?;
-                    let target = dest.join(&name);
-                    std::fs::create_dir(&target).map_err(|source| ToolError::Io {
-                        what: format!("copying {path}"),
-                        source,
-                    })?;
-                    self.copy_dir(sub, &target, &path, caps, done, depth + 1)?;
+                    nix::sys::stat::mkdirat(&dest, name.as_str(), Mode::from_bits_truncate(0o755))
+                        .map_err(io(format!("copying {path}")))?;
+                    let sub_dest =
+                        beneath::open_beneath(&dest, &name, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
+                            .map_err(write_err)?;
+                    self.copy_dir(sub, sub_dest, &path, caps, done, depth + 1)?;
                 }
                 // A file with other names may be one the agent could not
                 // read itself (the gateway reads as root): refused.
@@ -213,10 +238,16 @@ impl ModuleDir {
                         Err(e) => return Err(refusal(wd, e)),
                     };
                     done.bytes += bytes.len() as u64;
-                    std::fs::write(dest.join(&name), &bytes).map_err(|source| ToolError::Io {
-                        what: format!("copying {path}"),
-                        source,
-                    })?;
+                    // The file's execute bits are kept (scripts a module
+                    // runs); set-id, sticky and group/other write are not.
+                    let out = beneath::create_beneath(&dest, &name, st.st_mode & 0o755 | 0o400)
+                        .map_err(write_err)?;
+                    File::from(out)
+                        .write_all(&bytes)
+                        .map_err(|source| ToolError::Io {
+                            what: format!("copying {path}"),
+                            source,
+                        })?;
                 }
                 other => {
                     return Err(ToolError::Module(format!(
@@ -294,21 +325,42 @@ impl ModuleDir {
             what: format!("lock dir {}", locks_dir.display()),
             source,
         })?;
-        // The module by its inode, so two names for one dir share a lock.
-        let file = locks_dir.join(format!("module-{}-{}.lock", st.st_dev, st.st_ino));
+        // The module by its inode (two names for one dir share a lock) and
+        // by its name (a dir renamed aside and replaced by a copy is still
+        // the same module to the policy and its infrastructure).
         let started = Instant::now();
+        let by_inode = self.lock_file(
+            &locks_dir.join(format!("module-{}-{}.lock", st.st_dev, st.st_ino)),
+            started,
+            wait,
+        )?;
+        let name_key = crate::canonical::sha256_hex(self.working_dir.as_bytes());
+        let by_name = self.lock_file(
+            &locks_dir.join(format!("module-name-{}.lock", &name_key[..32])),
+            started,
+            wait,
+        )?;
+        Ok(ModuleLock(by_inode, by_name))
+    }
+
+    fn lock_file(
+        &self,
+        file: &Path,
+        started: Instant,
+        wait: Duration,
+    ) -> Result<Flock<File>, ToolError> {
         loop {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
-                .open(&file)
+                .open(file)
                 .map_err(|source| ToolError::Io {
                     what: format!("lock {}", file.display()),
                     source,
                 })?;
             match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-                Ok(l) => return Ok(ModuleLock(l)),
+                Ok(l) => return Ok(l),
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < wait => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -337,7 +389,10 @@ impl ModuleDir {
 
 /// Held while a call works on a module; released when dropped.
 #[derive(Debug)]
-pub struct ModuleLock(#[allow(dead_code)] Flock<File>);
+pub struct ModuleLock(
+    #[allow(dead_code)] Flock<File>,
+    #[allow(dead_code)] Flock<File>,
+);
 
 /// The parts of a Terraform state the gateway checks and reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -351,57 +406,130 @@ pub struct StateFacts {
     pub ids: std::collections::BTreeMap<String, String>,
 }
 
+/// The fields of a state file the gateway reads; everything else is
+/// skipped while parsing, never held in memory (a state can be large, and
+/// the agent can write the module's).
+#[derive(serde::Deserialize)]
+struct RawState {
+    version: Option<u64>,
+    lineage: Option<String>,
+    serial: Option<u64>,
+    resources: Option<Vec<RawResource>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawResource {
+    #[serde(default)]
+    module: String,
+    #[serde(default)]
+    mode: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    instances: Vec<RawInstance>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawInstance {
+    #[serde(default)]
+    index_key: Scalar,
+    attributes: Option<RawAttributes>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawAttributes {
+    #[serde(default)]
+    id: Scalar,
+}
+
+/// A string or a whole number, kept; any other JSON value, skipped as it
+/// is parsed (an `id` or `index_key` can be anything in a hostile state).
+#[derive(Default)]
+enum Scalar {
+    Str(String),
+    Num(u64),
+    #[default]
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Scalar, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::Num(v))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Scalar::Other)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Scalar::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Check that `bytes` are a Terraform state (format version 4): an object
 /// with `version`, `lineage`, `serial` and a `resources` list.
 pub fn check_state(bytes: &[u8]) -> Result<StateFacts, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    if v.get("version").and_then(serde_json::Value::as_u64) != Some(4) {
+    let raw: RawState =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a Terraform state: {e}"))?;
+    if raw.version != Some(4) {
         return Err("not a Terraform state (version 4)".into());
     }
-    let lineage = v
-        .get("lineage")
-        .and_then(serde_json::Value::as_str)
+    let lineage = raw
+        .lineage
         .filter(|l| !l.is_empty())
-        .ok_or("the state has no lineage")?
-        .to_string();
-    let serial = v
-        .get("serial")
-        .and_then(serde_json::Value::as_u64)
-        .ok_or("the state has no serial")?;
-    let resources = v
-        .get("resources")
-        .and_then(serde_json::Value::as_array)
-        .ok_or("the state has no resources list")?;
+        .ok_or("the state has no lineage")?;
+    let serial = raw.serial.ok_or("the state has no serial")?;
+    let resources = raw.resources.ok_or("the state has no resources list")?;
     let mut addresses = Vec::new();
     let mut ids = std::collections::BTreeMap::new();
     for r in resources {
-        let s = |k: &str| r.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
         let mut base = String::new();
-        if !s("module").is_empty() {
-            base.push_str(s("module"));
+        if !r.module.is_empty() {
+            base.push_str(&r.module);
             base.push('.');
         }
-        if s("mode") == "data" {
+        if r.mode == "data" {
             base.push_str("data.");
         }
-        base.push_str(&format!("{}.{}", s("type"), s("name")));
-        let instances = r
-            .get("instances")
-            .and_then(serde_json::Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for i in instances {
-            let addr = match i.get("index_key") {
-                Some(serde_json::Value::String(k)) => format!("{base}[{k:?}]"),
-                Some(serde_json::Value::Number(n)) => format!("{base}[{n}]"),
-                _ => base.clone(),
+        base.push_str(&format!("{}.{}", r.kind, r.name));
+        for i in r.instances {
+            let addr = match i.index_key {
+                Scalar::Str(k) => format!("{base}[{k:?}]"),
+                Scalar::Num(n) => format!("{base}[{n}]"),
+                Scalar::Other => base.clone(),
             };
-            if let Some(id) = i
-                .pointer("/attributes/id")
-                .and_then(serde_json::Value::as_str)
-            {
-                ids.insert(addr.clone(), id.to_string());
+            if let Some(Scalar::Str(id)) = i.attributes.map(|a| a.id) {
+                ids.insert(addr.clone(), id);
             }
             addresses.push(addr);
         }
@@ -443,6 +571,30 @@ mod tests {
         assert_eq!((c.files, c.bytes), (3, 9));
         assert!(dest.path().join("main.tf").is_file());
         assert!(dest.path().join("sub/x.tf").is_file());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(dest.path().join("main.tf"))
+                .expect("meta")
+                .permissions()
+                .mode()
+                & 0o7777,
+            0o644
+        );
+        // A script keeps its execute bits; set-id and other-write go.
+        std::fs::write(m.join("run.sh"), "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(m.join("run.sh"), std::fs::Permissions::from_mode(0o4777))
+            .expect("chmod");
+        let dest2 = tempfile::tempdir().expect("dest");
+        md.copy_to(dest2.path(), caps()).expect("copy");
+        assert_eq!(
+            std::fs::metadata(dest2.path().join("run.sh"))
+                .expect("meta")
+                .permissions()
+                .mode()
+                & 0o7777,
+            0o755
+        );
+        std::fs::remove_file(m.join("run.sh")).expect("rm");
         assert!(!dest.path().join("terraform.d").exists());
         assert!(!dest.path().join(".terraform").exists());
 
@@ -486,6 +638,16 @@ mod tests {
             .expect_err("hard link");
         assert!(e.to_string().contains("hard link"), "{e}");
         std::fs::remove_file(m.join("secret.tf")).expect("rm");
+        // A file someone else owns, moved into the module: refused.
+        if nix::unistd::geteuid().is_root() {
+            std::fs::write(m.join("theirs.tf"), "x").expect("write");
+            std::os::unix::fs::chown(m.join("theirs.tf"), Some(4321), None).expect("chown");
+            let e = md
+                .copy_to(tempfile::tempdir().expect("d").path(), caps())
+                .expect_err("owner");
+            assert!(e.to_string().contains("owned by uid 4321"), "{e}");
+            std::fs::remove_file(m.join("theirs.tf")).expect("rm");
+        }
         nix::unistd::mkfifo(&m.join("fifo"), Mode::S_IRWXU).expect("fifo");
         let e = md
             .copy_to(tempfile::tempdir().expect("d").path(), caps())
