@@ -27,6 +27,17 @@ deny contains msg if {
 
 # --- Terraform module targets -----------------------------------------------
 
+# The gateway keeps a module's state itself: the default local state
+# (terraform.tfstate in the module dir), copied into each sandbox and back
+# after an approved apply. A configuration (as the saved plan file carries
+# it) that keeps state anywhere else would lose it with the sandbox.
+deny contains msg if {
+	tools.tool.scope == "module"
+	some path, text in object.get(input, "plan_config_files", {})
+	regex.match(`(^|\n)\s*(backend\s+"|cloud\s*\{)|"(backend|cloud)"\s*:`, text)
+	msg := sprintf("%s declares a backend or cloud block: the gateway keeps only the default local state (terraform.tfstate in the module dir); remove the block", [path])
+}
+
 module_entry := cfg.modules[tools.params.working_dir] if tools.tool.scope == "module"
 
 deny contains msg if {

@@ -76,3 +76,15 @@ test_a_second_namespace_added_to_data_is_allowed_with_its_own_role if {
 	c.role == "gateway-pod-reader-staging"
 	c.params.kubernetes_namespace == "staging"
 }
+
+test_a_module_whose_configuration_keeps_state_elsewhere_is_denied if {
+	base := {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "principal": {"client": "c", "os_user": "u"}}
+	d := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/backend.tf": "terraform {\n  backend \"local\" {\n    path = \"elsewhere.tfstate\"\n  }\n}\n"}})
+	not d.allow
+	some r in d.deny_reasons
+	startswith(r, "m-/backend.tf declares a backend or cloud block")
+	c := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/c.tf.json": "{\"terraform\": {\"cloud\": {}}}"}})
+	not c.allow
+	ok := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/main.tf": "resource \"terraform_data\" \"backend_like\" {}\n"}})
+	ok.allow
+}

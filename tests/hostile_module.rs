@@ -960,3 +960,26 @@ fn a_removed_blocks_provisioner_is_a_signal_too() {
         "the plan's JSON alone would not have shown it"
     );
 }
+
+/// A module that keeps its state elsewhere (here a local backend with
+/// another path) would have its applied state discarded with the
+/// sandbox's copy: it is denied once its plan shows the backend.
+#[test]
+fn a_module_that_keeps_its_state_elsewhere_is_denied() {
+    let w = world(false);
+    std::fs::write(
+        w.module.join("backend.tf"),
+        "terraform {\n  backend \"local\" {\n    path = \"state/elsewhere.tfstate\"\n  }\n}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let Outcome::Denied { reasons } = &r.outcome else {
+        panic!("expected a deny: {:?}", r.outcome);
+    };
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("backend.tf declares a backend or cloud block")),
+        "{reasons:?}"
+    );
+}
