@@ -719,7 +719,8 @@ impl Pipeline {
     /// mount it from; removed when dropped.
     fn scratch(&self) -> Result<tempfile::TempDir, String> {
         let root = self.sandbox.scratch_dir();
-        crate::sandbox::beneath::private_dir(&root, 0o700)
+        let group = self.sandbox.scratch_group_writable();
+        crate::sandbox::beneath::private_dir(&root, if group { 0o770 } else { 0o700 }, group)
             .map_err(|e| format!("the sandboxes' scratch dir: {e}"))?;
         tempfile::Builder::new()
             .prefix("work-")

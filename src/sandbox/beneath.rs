@@ -121,7 +121,11 @@ pub fn create_beneath(dir: impl AsFd, rel: &str, mode: u32) -> Result<OwnedFd, B
 /// directory the gateway puts sandboxes' files in must not be one another
 /// user made (an agent could create it first, in `/dev/shm` or on a
 /// shared volume, and swap what the gateway writes there for links).
-pub fn private_dir(path: &Path, mode: u32) -> Result<(), BeneathError> {
+///
+/// `group_may_write`: the directory's group may write it too (a volume
+/// whose group is the sandboxes' fsGroup, which the kubelet sets on every
+/// mount); its mode is then left as it is.
+pub fn private_dir(path: &Path, mode: u32, group_may_write: bool) -> Result<(), BeneathError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let shown = path.display().to_string();
     let io = |source| BeneathError::Io {
@@ -144,7 +148,8 @@ pub fn private_dir(path: &Path, mode: u32) -> Result<(), BeneathError> {
         });
     }
     let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me || meta.mode() & 0o022 != 0 {
+    let foreign_write = if group_may_write { 0o002 } else { 0o022 };
+    if meta.uid() != me || meta.mode() & foreign_write != 0 {
         return Err(BeneathError::Io {
             path: shown,
             source: std::io::Error::new(
@@ -156,6 +161,9 @@ pub fn private_dir(path: &Path, mode: u32) -> Result<(), BeneathError> {
                 ),
             ),
         });
+    }
+    if group_may_write {
+        return Ok(());
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
 }
@@ -310,8 +318,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().expect("tmp");
         let mine = d.path().join("mine");
-        private_dir(&mine, 0o700).expect("made");
-        private_dir(&mine, 0o700).expect("again");
+        private_dir(&mine, 0o700, false).expect("made");
+        private_dir(&mine, 0o700, false).expect("again");
         assert_eq!(
             std::fs::metadata(&mine).expect("meta").permissions().mode() & 0o777,
             0o700
@@ -319,17 +327,24 @@ mod tests {
         let open = d.path().join("open");
         std::fs::create_dir(&open).expect("mkdir");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let e = private_dir(&open, 0o700)
+        let e = private_dir(&open, 0o700, false)
             .expect_err("world-writable")
             .to_string();
         assert!(e.contains("writable by it alone"), "{e}");
+        assert!(
+            private_dir(&open, 0o700, true).is_err(),
+            "others may not write, group or not"
+        );
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o2770)).expect("chmod");
+        assert!(private_dir(&open, 0o700, false).is_err());
+        private_dir(&open, 0o770, true).expect("a group-writable volume dir");
         std::os::unix::fs::symlink(&mine, d.path().join("link")).expect("symlink");
-        assert!(private_dir(&d.path().join("link"), 0o700).is_err());
+        assert!(private_dir(&d.path().join("link"), 0o700, false).is_err());
         if nix::unistd::geteuid().is_root() {
             let theirs = d.path().join("theirs");
             std::fs::create_dir(&theirs).expect("mkdir");
             std::os::unix::fs::chown(&theirs, Some(1234), Some(1234)).expect("chown");
-            let e = private_dir(&theirs, 0o700)
+            let e = private_dir(&theirs, 0o700, true)
                 .expect_err("not ours")
                 .to_string();
             assert!(e.contains("owned by uid 1234"), "{e}");

@@ -207,7 +207,7 @@ impl LocalSandbox {
             root.join("bundles"),
             root.join("scratch"),
         ] {
-            super::beneath::private_dir(&dir, 0o700)
+            super::beneath::private_dir(&dir, 0o700, false)
                 .map_err(|e| SandboxError::Setup(format!("the sandbox root: {e}")))?;
         }
         let sandbox = LocalSandbox {

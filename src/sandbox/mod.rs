@@ -335,6 +335,12 @@ pub trait Sandbox: Send + Sync {
     fn scratch_dir(&self) -> PathBuf {
         std::env::temp_dir().join("gateway-scratch")
     }
+
+    /// Whether the scratch dir's group may write it (a volume shared with
+    /// the sandboxes through their fsGroup).
+    fn scratch_group_writable(&self) -> bool {
+        false
+    }
 }
 
 /// A name usable as a runsc container id, a netns and interface suffix.

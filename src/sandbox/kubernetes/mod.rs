@@ -618,4 +618,10 @@ impl Sandbox for KubernetesSandbox {
     fn scratch_dir(&self) -> std::path::PathBuf {
         self.cfg.workspace_root.join(".gateway-scratch")
     }
+
+    /// The kubelet gives the PVC the sandboxes' fsGroup, group-writable,
+    /// on every mount.
+    fn scratch_group_writable(&self) -> bool {
+        true
+    }
 }
