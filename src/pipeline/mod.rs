@@ -140,6 +140,8 @@ struct Module {
 struct MadePlan {
     plan: Value,
     digest: String,
+    /// Run time of the plan and show sandboxes together.
+    sandbox_ms: u128,
     /// The configuration files the plan file carries, `{path: text}`.
     config_files: Value,
 }
@@ -888,6 +890,7 @@ impl Pipeline {
         Ok(Ok(MadePlan {
             plan,
             digest,
+            sandbox_ms: r.duration_ms + shown.duration_ms,
             config_files: serde_json::to_value(config_files).unwrap_or(Value::Null),
         }))
     }
@@ -929,17 +932,15 @@ impl Pipeline {
         first: &Decision,
         tool: &str,
         module: &Module,
-    ) -> Result<Result<(Value, String, Decision), CallResult>, PipelineError> {
+    ) -> Result<Result<(MadePlan, Decision), CallResult>, PipelineError> {
         let rid = input.request_id.clone();
         let made = match self.make_plan(progress, input, first, module).await? {
             Ok(p) => p,
             Err(reason) => return Ok(Err(self.finish(&rid, tool, Outcome::Refused { reason })?)),
         };
         input.plan = Some(PlanInput::new(made.plan.clone()));
-        input.plan_config_files = Some(made.config_files);
-        Ok(self
-            .decide_or_deny(input, "plan", tool)?
-            .map(|d| (made.plan, made.digest, d)))
+        input.plan_config_files = Some(made.config_files.clone());
+        Ok(self.decide_or_deny(input, "plan", tool)?.map(|d| (made, d)))
     }
 
     async fn terraform_plan(
@@ -954,23 +955,24 @@ impl Pipeline {
             Ok(m) => m,
             Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
         };
-        let (plan, digest, decision) = match self
+        let (made, decision) = match self
             .plan_and_decide(progress, input, &first, tool, &module)
             .await?
         {
             Ok(p) => p,
             Err(ended) => return Ok(ended),
         };
-        let changes = crate::approvals::plan_summary(&plan);
+        let changes = crate::approvals::plan_summary(&made.plan);
         let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
         let summary = summarize(&changes, &decision);
+        let digest = made.digest;
         self.finish(
             &rid,
             tool,
             Outcome::Completed {
                 ok: true,
                 summary,
-                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest}),
+                result: json!({"changes": changes, "signals": signals, "plan_sha256": digest, "sandbox_ms": made.sandbox_ms}),
             },
         )
     }
@@ -1000,14 +1002,15 @@ impl Pipeline {
             Err(reason) => return self.finish(&rid, tool, Outcome::Refused { reason }),
         };
         let Some(approval_id) = approval_id else {
-            let (plan, digest, decision) = match self
+            let (made, decision) = match self
                 .plan_and_decide(progress, input, &first, tool, &module)
                 .await?
             {
                 Ok(p) => p,
                 Err(ended) => return Ok(ended),
             };
-            let changes = crate::approvals::plan_summary(&plan);
+            let digest = made.digest;
+            let changes = crate::approvals::plan_summary(&made.plan);
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
             if decision.approval.required && !decision.approval.satisfied {
                 let a = self
