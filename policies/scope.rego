@@ -30,12 +30,15 @@ deny contains msg if {
 # The gateway keeps a module's state itself: the default local state
 # (terraform.tfstate in the module dir), copied into each sandbox and back
 # after an approved apply. A configuration (as the saved plan file carries
-# it) that keeps state anywhere else would lose it with the sandbox.
+# it, parsed) that keeps state anywhere else would lose it with the sandbox.
 deny contains msg if {
 	tools.tool.scope == "module"
-	some path, text in object.get(input, "plan_config_files", {})
-	regex.match(`(^|\n)\s*(backend\s+"|cloud\s*\{)|"(backend|cloud)"\s*:`, text)
-	msg := sprintf("%s declares a backend or cloud block: the gateway keeps only the default local state (terraform.tfstate in the module dir); remove the block", [path])
+	some path, body in object.get(input, "plan_config_files", {})
+	some t in data.gateway.signals.as_list(object.get(body, "terraform", []))
+	is_object(t)
+	some k in ["backend", "cloud"]
+	k in object.keys(t)
+	msg := sprintf("%q declares a %s block: the gateway keeps only the default local state (terraform.tfstate in the module dir); remove the block", [path, k])
 }
 
 module_entry := cfg.modules[tools.params.working_dir] if tools.tool.scope == "module"

@@ -202,23 +202,46 @@ expression_text(e) := sprintf("%v", [e.constant_value]) if {
 
 # --- Apply-time code the plan's JSON does not show ---------------------------
 
-# The configuration files the saved plan file carries (the gateway reads
-# them from the plan file itself, the bytes the approval is bound to).
-config_files := object.get(input, "plan_config_files", {})
+# The configuration files the saved plan file carries, parsed by the
+# gateway from the plan file itself (the bytes the approval is bound to):
+# each file's body as data, blocks as objects, repeated blocks as arrays;
+# {"gateway_unreadable": reason} for a file that did not parse.
+config_bodies := object.get(input, "plan_config_files", {})
+
+# A block, or a list of them, as a list.
+as_list(x) := x if is_array(x)
+
+else := [x]
 
 # A removed block's destroy-time provisioner runs at apply time and is not
-# in the plan's `configuration`: any file with a removed block and a
-# provisioner is a signal (it may name a provisioner of a resource block
-# too; reading too much is safe, too little is not).
-found contains plan_signal("config-removed-provisioner", sprintf("%s has a removed block and a provisioner: a removed block's destroy-time provisioner runs at apply time and is not shown in the plan's changes", [path])) if {
-	some path, text in config_files
-	regex.match(`(^|\n)\s*removed\s*\{|"removed"\s*:`, text)
-	contains(text, "provisioner")
+# in the plan's `configuration`.
+found contains plan_signal("config-removed-provisioner", sprintf("%q has a removed block with a provisioner: it runs at apply time and is not shown in the plan's changes", [path])) if {
+	some path, body in config_bodies
+	some b in as_list(object.get(body, "removed", []))
+	is_object(b)
+	"provisioner" in object.keys(b)
 }
 
-# Provider actions (action blocks, action_trigger) run at apply time outside
-# the planned resource changes.
-found contains plan_signal("config-action", sprintf("%s declares an action or action_trigger: provider actions run at apply time outside the planned changes", [path])) if {
-	some path, text in config_files
-	regex.match(`(^|\n)\s*action\s+"|action_trigger|"action"\s*:`, text)
+# Provider actions run at apply time outside the planned resource changes.
+found contains plan_signal("config-action", sprintf("%q declares an action: provider actions run at apply time outside the planned changes", [path])) if {
+	some path, body in config_bodies
+	"action" in object.keys(body)
+}
+
+found contains plan_signal("config-action", sprintf("%q: resource %s.%s has an action_trigger: provider actions run at apply time outside the planned changes", [path, type, name])) if {
+	some path, body in config_bodies
+	some block in as_list(object.get(body, "resource", {}))
+	some type, named in block
+	some names in as_list(named)
+	some name, resources in names
+	some r in as_list(resources)
+	some l in as_list(object.get(r, "lifecycle", []))
+	is_object(l)
+	"action_trigger" in object.keys(l)
+}
+
+# A file the gateway could not read may hide any of the above.
+found contains plan_signal("config-unreadable", sprintf("%q could not be read (%s): what it runs at apply time is unknown", [path, body.gateway_unreadable])) if {
+	some path, body in config_bodies
+	is_string(body.gateway_unreadable)
 }

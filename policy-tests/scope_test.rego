@@ -79,12 +79,13 @@ test_a_second_namespace_added_to_data_is_allowed_with_its_own_role if {
 
 test_a_module_whose_configuration_keeps_state_elsewhere_is_denied if {
 	base := {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "principal": {"client": "c", "os_user": "u"}}
-	d := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/backend.tf": "terraform {\n  backend \"local\" {\n    path = \"elsewhere.tfstate\"\n  }\n}\n"}})
+	d := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/backend.tf": {"terraform": {"backend": {"local": {"path": "elsewhere.tfstate"}}}}}})
 	not d.allow
 	some r in d.deny_reasons
-	startswith(r, "m-/backend.tf declares a backend or cloud block")
-	c := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/c.tf.json": "{\"terraform\": {\"cloud\": {}}}"}})
+	startswith(r, "\"m-/backend.tf\" declares a backend block")
+	c := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/c.tf.json": {"terraform": [{"required_version": ">= 1"}, {"cloud": {}}]}}})
 	not c.allow
-	ok := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/main.tf": "resource \"terraform_data\" \"backend_like\" {}\n"}})
+	# A value that merely says "backend" is no backend block.
+	ok := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/main.tf": {"resource": {"kubernetes_ingress": {"i": {"backend": {"service": "x"}}}}, "terraform": {"required_version": ">= 1"}}}})
 	ok.allow
 }

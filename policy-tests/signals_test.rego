@@ -264,21 +264,30 @@ sig_with_files(plan, files) := s if {
 }
 
 test_a_removed_block_with_a_provisioner_is_a_signal if {
-	files := {"m-/main.tf": "removed {\n  from = terraform_data.x\n  lifecycle {\n    destroy = true\n  }\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"rm -rf /\"\n  }\n}\n"}
-	[s] := sig_with_files(plan_with([]), files)
+	one := {"m-/main.tf": {"removed": {"from": "${terraform_data.x}", "provisioner": {"local-exec": {"command": "rm -rf /"}}}}}
+	[s] := sig_with_files(plan_with([]), one)
 	s.kind == "config-removed-provisioner"
-	startswith(s.message, "m-/main.tf has a removed block and a provisioner")
-	json_files := {"m-/x.tf.json": "{\"removed\": [{\"from\": \"a.b\", \"provisioner\": []}]}"}
-	[j] := sig_with_files(plan_with([]), json_files)
+	startswith(s.message, "\"m-/main.tf\" has a removed block with a provisioner")
+	several := {"m-/x.tf.json": {"removed": [{"from": "a.b"}, {"from": "c.d", "provisioner": [{"local-exec": {}}]}]}}
+	[j] := sig_with_files(plan_with([]), several)
 	j.kind == "config-removed-provisioner"
 }
 
-test_actions_are_a_signal if {
-	[s] := sig_with_files(plan_with([]), {"m-/a.tf": "action \"local_command\" \"x\" {\n}\n"})
+test_actions_and_action_triggers_are_signals if {
+	[s] := sig_with_files(plan_with([]), {"m-/a.tf": {"action": {"local_command": {"x": {}}}}})
 	s.kind == "config-action"
+	files := {"m-/b.tf": {"resource": {"terraform_data": {"a": {"lifecycle": {"action_trigger": {"events": ["${after_create}"]}}}}}}}
+	[t] := sig_with_files(plan_with([]), files)
+	t.kind == "config-action"
+	contains(t.message, "resource terraform_data.a has an action_trigger")
+}
+
+test_a_configuration_file_the_gateway_could_not_read_is_a_signal if {
+	[s] := sig_with_files(plan_with([]), {"m-/bad.tf": {"gateway_unreadable": "unexpected token"}})
+	s.kind == "config-unreadable"
 }
 
 test_ordinary_configuration_files_raise_nothing if {
-	sig_with_files(plan_with([]), {"m-/main.tf": "resource \"terraform_data\" \"removed_things\" {\n  input = \"provisioner-free\"\n}\n"}) == []
-	sig_with_files(plan_with([]), {"m-/main.tf": "removed {\n  from = terraform_data.x\n}\n"}) == []
+	sig_with_files(plan_with([]), {"m-/main.tf": {"resource": {"terraform_data": {"removed_things": {"input": "provisioner action backend"}}}}}) == []
+	sig_with_files(plan_with([]), {"m-/main.tf": {"removed": {"from": "${terraform_data.x}"}}}) == []
 }

@@ -936,7 +936,7 @@ fn a_removed_blocks_provisioner_is_a_signal_too() {
         .expect("config resource");
     let end = start + text[start..].find("\n}\n").expect("block end") + 3;
     let edited = format!(
-        "{}removed {{\n  from = terraform_data.config\n  lifecycle {{\n    destroy = true\n  }}\n  provisioner \"local-exec\" {{\n    when    = destroy\n    command = \"echo payload\"\n  }}\n}}\n{}",
+        "{}/* a comment first, as a regex-dodging module would */ removed {{\n  from = terraform_data.config\n  lifecycle {{\n    destroy = true\n  }}\n  provisioner \"local-exec\" {{\n    when    = destroy\n    command = \"echo payload\"\n  }}\n}}\n{}",
         &text[..start],
         &text[end..]
     );
@@ -969,7 +969,7 @@ fn a_module_that_keeps_its_state_elsewhere_is_denied() {
     let w = world(false);
     std::fs::write(
         w.module.join("backend.tf"),
-        "terraform {\n  backend \"local\" {\n    path = \"state/elsewhere.tfstate\"\n  }\n}\n",
+        "terraform {\n  /**/backend\"local\" {\n    path = \"state/elsewhere.tfstate\"\n  }\n}\n",
     )
     .expect("write");
     let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
@@ -979,7 +979,7 @@ fn a_module_that_keeps_its_state_elsewhere_is_denied() {
     assert!(
         reasons
             .iter()
-            .any(|r| r.contains("backend.tf declares a backend or cloud block")),
+            .any(|r| r.contains("backend.tf\" declares a backend block")),
         "{reasons:?}"
     );
 }

@@ -92,7 +92,7 @@ pub fn list(cli: &Cli, a: &ApprovalsArgs) -> anyhow::Result<ExitCode> {
                 x.id.clone(),
                 x.state.as_str().to_string(),
                 x.tool.clone(),
-                crate::audit::scrub::scrub_str(&x.params.to_string()),
+                shown(&x.params.to_string()),
                 x.signals.as_array().map(Vec::len).unwrap_or(0).to_string(),
                 human(now - x.created_at_ms),
                 if matches!(x.state, State::Pending | State::Approved) {
@@ -148,6 +148,32 @@ fn human(ms: i64) -> String {
     }
 }
 
+/// An untrusted string as the terminal should show it: secrets scrubbed,
+/// and every control or format character (C0, DEL, C1, bidi overrides,
+/// zero-width marks) escaped, so that no text from a module, a sandbox or
+/// an MCP client can move the cursor, erase a line or reorder what the
+/// approver reads.
+pub fn shown(s: &str) -> String {
+    let s = crate::audit::scrub::scrub_str(s);
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let format_char = matches!(c as u32,
+            0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064
+            | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB);
+        if c.is_control() || format_char {
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn render_show(a: &Approval) -> String {
     use std::fmt::Write;
     let now = crate::approvals::now_ms();
@@ -161,16 +187,12 @@ fn render_show(a: &Approval) -> String {
         a.approvers_required
     );
     let _ = writeln!(o, "  tool:          {}", a.tool);
-    let _ = writeln!(
-        o,
-        "  params:        {}",
-        crate::audit::scrub::scrub_str(&a.params.to_string())
-    );
+    let _ = writeln!(o, "  params:        {}", shown(&a.params.to_string()));
     let _ = writeln!(
         o,
         "  requested by:  {} via {} (request {}) at {}, {} ago",
-        a.requested_by,
-        a.requested_client,
+        shown(&a.requested_by),
+        shown(&a.requested_client),
         a.request_id,
         a.created_at,
         human(now - a.created_at_ms)
@@ -214,13 +236,13 @@ fn render_show(a: &Approval) -> String {
             o,
             "  {mark} {:<24} {}",
             actions.join(","),
-            crate::audit::scrub::scrub_str(c["address"].as_str().unwrap_or("?"))
+            shown(c["address"].as_str().unwrap_or("?"))
         );
         if let Some(r) = c["reason"].as_str() {
-            let _ = write!(o, "  reason={r}");
+            let _ = write!(o, "  reason={}", shown(r));
         }
         if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
-            let _ = write!(o, "  paths={}", Value::Array(p.clone()));
+            let _ = write!(o, "  paths={}", shown(&Value::Array(p.clone()).to_string()));
         }
         let _ = writeln!(o);
     }
@@ -233,8 +255,8 @@ fn render_show(a: &Approval) -> String {
             let _ = writeln!(
                 o,
                 "  !! [{}] {}",
-                s["kind"].as_str().unwrap_or("?"),
-                crate::audit::scrub::scrub_str(s["message"].as_str().unwrap_or(""))
+                shown(s["kind"].as_str().unwrap_or("?")),
+                shown(s["message"].as_str().unwrap_or(""))
             );
         }
     }
@@ -242,7 +264,10 @@ fn render_show(a: &Approval) -> String {
         let _ = writeln!(
             o,
             "\n{} by {} at {}: {}",
-            v.verdict, v.approver, v.at, v.reason
+            v.verdict,
+            shown(&v.approver),
+            v.at,
+            shown(&v.reason)
         );
     }
     let _ = writeln!(
@@ -357,5 +382,26 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
             eprintln!("gateway: refused: {refusal}");
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn no_control_or_format_character_reaches_the_terminal() {
+        let hostile = "ok\r\x1b[2K  !! fake\x1b]0;title\x07\u{9b}31m\u{202e}evil\u{200b}\tend\n";
+        let s = shown(hostile);
+        assert!(
+            s.chars()
+                .all(|c| !c.is_control() && !('\u{200b}'..='\u{202e}').contains(&c)),
+            "{s:?}"
+        );
+        assert_eq!(
+            s,
+            "ok\\r\\u{001b}[2K  !! fake\\u{001b}]0;title\\u{0007}\\u{009b}31m\\u{202e}evil\\u{200b}\\tend\\n"
+        );
+        assert_eq!(shown("plain text, ünïcode"), "plain text, ünïcode");
     }
 }

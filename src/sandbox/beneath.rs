@@ -178,6 +178,16 @@ pub fn stat_beneath(dir: impl AsFd, rel: &str) -> Result<FileStat, BeneathError>
 
 /// Read the regular file `rel` beneath `dir`, at most `cap` bytes.
 pub fn read_file(dir: impl AsFd, rel: &str, cap: u64) -> Result<Vec<u8>, BeneathError> {
+    read_file_stat(dir, rel, cap).map(|(bytes, _)| bytes)
+}
+
+/// [`read_file`], with the stat of the descriptor that was read (the file
+/// the bytes came from, whatever its name points at by now).
+pub fn read_file_stat(
+    dir: impl AsFd,
+    rel: &str,
+    cap: u64,
+) -> Result<(Vec<u8>, FileStat), BeneathError> {
     let dir = dir.as_fd();
     let st = stat_beneath(dir, rel)?;
     let kind = kind_of(&st);
@@ -219,7 +229,7 @@ pub fn read_file(dir: impl AsFd, rel: &str, cap: u64) -> Result<Vec<u8>, Beneath
             cap,
         });
     }
-    Ok(out)
+    Ok((out, again))
 }
 
 /// The files a sandbox left in its working dir that the caller asked for:

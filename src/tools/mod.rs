@@ -449,28 +449,56 @@ pub fn locked_providers(lock: &[u8]) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
-/// The configuration a saved plan file carries (`tfconfig/` in its zip):
-/// each `.tf` and `.tf.json` file by its path, at most `cap` bytes in all.
-/// The plan's JSON does not show everything that runs at apply time
-/// (a `removed` block's destroy-time provisioner, actions); the policy
-/// reads these files for it. A plan file that is not such a zip, or holds
-/// more than `cap`, is an error.
+/// Zip extra fields that make readers disagree about an entry's name
+/// (Info-ZIP Unicode Path, 0x7075; WinZip AES, 0x9901): a plan file whose
+/// entries carry one is refused, so the gateway reads the names Terraform
+/// reads.
+const AMBIGUOUS_ZIP_EXTRAS: [u16; 2] = [0x7075, 0x9901];
+
+/// Most entries a plan file may hold.
+const MAX_PLAN_ENTRIES: usize = 100_000;
+
+/// The configuration a saved plan file carries (`tfconfig/` in its zip),
+/// parsed: each `.tf` file (HCL) and `.tf.json` file (JSON) by its path, as
+/// the data the policy reads (`input.plan_config_files`): blocks become
+/// objects, repeated blocks arrays, comments and escapes are gone. A file
+/// that does not parse is `{"gateway_unreadable": reason}` (the policy
+/// treats it as hiding anything). The plan's JSON does not show everything
+/// that runs at apply time (a `removed` block's provisioner, actions); this
+/// does. At most `cap` bytes of configuration in all.
 pub fn plan_config_files(
     plan_file: &[u8],
     cap: u64,
-) -> Result<std::collections::BTreeMap<String, String>, String> {
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, String> {
     use std::io::Read;
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(plan_file))
         .map_err(|e| format!("the plan file is not a Terraform plan (zip): {e}"))?;
+    if zip.len() > MAX_PLAN_ENTRIES {
+        return Err(format!(
+            "the plan file holds more than {MAX_PLAN_ENTRIES} entries"
+        ));
+    }
     let mut out = std::collections::BTreeMap::new();
     let mut total = 0u64;
     for i in 0..zip.len() {
         let mut f = zip.by_index(i).map_err(|e| format!("the plan file: {e}"))?;
         let name = f.name().to_string();
+        let mut extra = f.extra_data().unwrap_or(&[]);
+        while extra.len() >= 4 {
+            let id = u16::from_le_bytes([extra[0], extra[1]]);
+            let len = usize::from(u16::from_le_bytes([extra[2], extra[3]]));
+            if AMBIGUOUS_ZIP_EXTRAS.contains(&id) {
+                return Err(format!(
+                    "the plan file's entry {name:?} carries zip extra field {id:#06x}, which makes readers disagree on its name"
+                ));
+            }
+            extra = extra.get(4 + len..).unwrap_or(&[]);
+        }
         let Some(rel) = name.strip_prefix("tfconfig/") else {
             continue;
         };
-        if !(rel.ends_with(".tf") || rel.ends_with(".tf.json")) {
+        let json = rel.ends_with(".tf.json");
+        if !(json || rel.ends_with(".tf")) {
             continue;
         }
         let room = cap.saturating_sub(total);
@@ -485,10 +513,15 @@ pub fn plan_config_files(
                 "the plan file's configuration is larger than the policy's {cap} bytes"
             ));
         }
-        out.insert(
-            rel.to_string(),
-            String::from_utf8_lossy(&bytes).into_owned(),
-        );
+        let text = String::from_utf8_lossy(&bytes);
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let parsed = if json {
+            serde_json::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())
+        } else {
+            hcl::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())
+        };
+        let body = parsed.unwrap_or_else(|e| serde_json::json!({"gateway_unreadable": e}));
+        out.insert(rel.to_string(), body);
     }
     Ok(out)
 }
@@ -604,7 +637,7 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
             let o = zip::write::SimpleFileOptions::default();
             for (name, body) in [
                 ("tfplan", "binary"),
-                ("tfconfig/m-/main.tf", "removed {}"),
+                ("tfconfig/m-/main.tf", "/* c */ removed {}"),
                 ("tfconfig/m-child/x.tf.json", "{}"),
                 ("tfconfig/modules.json", "{}"),
             ] {
@@ -619,12 +652,28 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
             files.keys().collect::<Vec<_>>(),
             vec!["m-/main.tf", "m-child/x.tf.json"]
         );
+        assert_eq!(files["m-/main.tf"], serde_json::json!({"removed": {}}));
         assert!(
             plan_config_files(&bytes, 5)
                 .expect_err("cap")
                 .contains("larger than")
         );
         assert!(plan_config_files(b"not a zip", 1024).is_err());
+
+        // A file that does not parse is named as such, not dropped.
+        let mut buf = std::io::Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            z.start_file(
+                "tfconfig/m-/bad.tf",
+                zip::write::SimpleFileOptions::default(),
+            )
+            .expect("start");
+            z.write_all(b"removed {{{").expect("write");
+            z.finish().expect("finish");
+        }
+        let files = plan_config_files(&buf.into_inner(), 1024).expect("files");
+        assert!(files["m-/bad.tf"]["gateway_unreadable"].is_string());
     }
 
     #[test]

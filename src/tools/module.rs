@@ -36,6 +36,12 @@ pub const STATE_FILES: [&str; 2] = ["terraform.tfstate", "terraform.tfstate.back
 /// install dir, a module-local provider dir, the gateway's plan dir, git.
 pub const SKIPPED: [&str; 4] = [".terraform", "terraform.d", ".gateway", ".git"];
 
+/// Most resource instances a state may have for the gateway to check it,
+/// and the longest address part (a hostile state could otherwise make the
+/// addresses the gateway builds cost far more than the file).
+const MAX_STATE_INSTANCES: usize = 200_000;
+const MAX_ADDRESS_BYTES: usize = 4096;
+
 /// How deep a module's directories may nest.
 const MAX_DEPTH: usize = 32;
 
@@ -227,8 +233,16 @@ impl ModuleDir {
                 }
                 "regular file" => {
                     let room = caps.bytes.saturating_sub(done.bytes);
-                    let bytes = match beneath::read_file(&fd, &name, room) {
-                        Ok(b) => b,
+                    let bytes = match beneath::read_file_stat(&fd, &name, room) {
+                        // The checks again, on the file that was read (it
+                        // may have been swapped since the first stat).
+                        Ok((_, read)) if read.st_uid != self.uid || read.st_nlink > 1 => {
+                            return Err(ToolError::Module(format!(
+                                "working_dir {wd:?}: {path} changed while it was copied (now owned by uid {}, {} names)",
+                                read.st_uid, read.st_nlink
+                            )));
+                        }
+                        Ok((b, _)) => b,
                         Err(BeneathError::TooLarge { .. }) => {
                             return Err(ToolError::Module(format!(
                                 "working_dir {wd:?} is larger than the policy's {} bytes (at {path})",
@@ -350,10 +364,13 @@ impl ModuleDir {
         wait: Duration,
     ) -> Result<Flock<File>, ToolError> {
         loop {
+            use std::os::unix::fs::OpenOptionsExt;
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
                 .open(file)
                 .map_err(|source| ToolError::Io {
                     what: format!("lock {}", file.display()),
@@ -510,6 +527,20 @@ pub fn check_state(bytes: &[u8]) -> Result<StateFacts, String> {
         .ok_or("the state has no lineage")?;
     let serial = raw.serial.ok_or("the state has no serial")?;
     let resources = raw.resources.ok_or("the state has no resources list")?;
+    let instances: usize = resources.iter().map(|r| r.instances.len()).sum();
+    if instances > MAX_STATE_INSTANCES {
+        return Err(format!(
+            "the state has {instances} resource instances, more than the {MAX_STATE_INSTANCES} the gateway checks"
+        ));
+    }
+    if resources
+        .iter()
+        .any(|r| r.module.len() + r.kind.len() + r.name.len() > MAX_ADDRESS_BYTES)
+    {
+        return Err(format!(
+            "the state names a resource longer than {MAX_ADDRESS_BYTES} bytes"
+        ));
+    }
     let mut addresses = Vec::new();
     let mut ids = std::collections::BTreeMap::new();
     for r in resources {
