@@ -194,10 +194,18 @@ command_part(p) := [sprintf("command %q", [p.expressions.command.constant_value]
 	is_string(p.expressions.command.constant_value)
 } else := [sprintf("inline %v", [p.expressions.inline.constant_value])] if {
 	is_array(p.expressions.inline.constant_value)
+} else := [sprintf("its command is computed at apply time from %v", [p.expressions.command.references])] if {
+	is_array(p.expressions.command.references)
 } else := ["its command is computed at apply time"]
 
-expression_text(e) := sprintf("%v", [e.constant_value]) if {
+# A string is quoted (control characters escaped), other values shown as
+# data; an expression names what it is computed from.
+expression_text(e) := sprintf("%q", [e.constant_value]) if {
+	is_string(e.constant_value)
+} else := sprintf("%v", [e.constant_value]) if {
 	"constant_value" in object.keys(e)
+} else := sprintf("computed at apply time from %v", [e.references]) if {
+	is_array(e.references)
 } else := "computed at apply time"
 
 # --- Apply-time code the plan's JSON does not show ---------------------------

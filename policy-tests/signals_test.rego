@@ -213,7 +213,7 @@ test_provisioners_in_child_modules_and_of_every_kind_are_signals if {
 	some a in s
 	contains(a.message, "remote-exec provisioner at apply time (inline [\"rm -rf /data\"])")
 	some b in s
-	contains(b.message, "module.app.null_resource.a runs a local-exec provisioner at apply time (its command is computed at apply time)")
+	contains(b.message, "module.app.null_resource.a runs a local-exec provisioner at apply time (its command is computed at apply time from [\"var.cmd\"])")
 }
 
 test_modules_nested_past_the_inspected_depth_are_a_signal if {
@@ -231,9 +231,14 @@ test_a_provisioners_interpreter_environment_and_working_dir_are_named if {
 		"interpreter": {"constant_value": ["/lib64/ld-linux-x86-64.so.2", "./payload.bin"]},
 		"environment": {"constant_value": {"LD_PRELOAD": "./x.so"}},
 		"working_dir": {"references": ["var.dir"]},
+	}}]}, {"address": "terraform_data.y", "provisioners": [{"type": "local-exec", "expressions": {
+		"command": {},
+		"working_dir": {"constant_value": "\r\u001b[2K"},
+		"environment": {},
 	}}]}]})
-	[s] := sig(plan)
-	contains(s.message, "(command \"echo hello\"; interpreter [\"/lib64/ld-linux-x86-64.so.2\", \"./payload.bin\"]; environment {\"LD_PRELOAD\": \"./x.so\"}; working_dir computed at apply time)")
+	[s, t] := sig(plan)
+	contains(s.message, "(command \"echo hello\"; interpreter [\"/lib64/ld-linux-x86-64.so.2\", \"./payload.bin\"]; environment {\"LD_PRELOAD\": \"./x.so\"}; working_dir computed at apply time from [\"var.dir\"])")
+	contains(t.message, "(its command is computed at apply time; environment computed at apply time; working_dir \"\\r\\x1b[2K\")")
 }
 
 test_resources_without_provisioners_raise_nothing if {
