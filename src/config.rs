@@ -25,7 +25,7 @@ pub fn os_identity() -> String {
     }
 }
 
-/// `gateway.toml` (SPEC §8). Every key is optional; a flag or `GATEWAY_*`
+/// `gateway.toml` (README.md: command line). Every key is optional; a flag or `GATEWAY_*`
 /// environment variable overrides the file, and the file overrides the
 /// defaults, which work on one machine with no file at all.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -42,7 +42,7 @@ pub struct GatewayConfig {
     pub endpoints: std::collections::BTreeMap<String, u16>,
     #[serde(default)]
     pub sandbox: SandboxConfig,
-    /// The credential broker (SPEC §5); no address anywhere (file or
+    /// The credential broker (README.md: credentials); no address anywhere (file or
     /// `VAULT_ADDR`) means no broker.
     #[serde(default)]
     pub vault: crate::broker::vault::VaultConfig,

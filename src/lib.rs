@@ -1,6 +1,6 @@
 //! `gateway`: policy-gated, sandboxed infrastructure actions for AI coding agents.
 //!
-//! The modules follow the pipeline of SPEC §1. Every decision is made by the
+//! The modules follow the pipeline described in README.md. Every decision is made by the
 //! Rego policies under `policies/` (see [`policy`]); Rust moves data.
 
 pub mod approvals;

@@ -1,4 +1,4 @@
-//! Approvals (SPEC §4): a SQLite store (WAL, busy timeout, versioned schema)
+//! Approvals (README.md: approvals): a SQLite store (WAL, busy timeout, versioned schema)
 //! of approvals that are bound to one call, single-use, expiring, and
 //! granted only out of band by a person through the CLI.
 //!

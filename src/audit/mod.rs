@@ -1,4 +1,4 @@
-//! The audit trail (SPEC §7): an append-only JSONL file, one event per line,
+//! The audit trail (README.md: audit): an append-only JSONL file, one event per line,
 //! hash-chained and scrubbed of secrets.
 //!
 //! Every event has `ts`, `request_id`, `event`, `data`, `prev` (the `hash`

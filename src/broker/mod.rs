@@ -1,4 +1,4 @@
-//! The credential broker (SPEC §5): a credential minted for one call, in the
+//! The credential broker (README.md: credentials): a credential minted for one call, in the
 //! narrowest scope the decision derived, revoked as soon as the sandbox
 //! ends — on success, failure, deadline, cancellation or panic alike.
 //!

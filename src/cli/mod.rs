@@ -1,4 +1,4 @@
-//! The command line (SPEC §8).
+//! The command line (README.md: command line).
 
 mod approvals;
 mod audit;

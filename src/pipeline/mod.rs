@@ -1,4 +1,4 @@
-//! The pipeline (SPEC §1): one function of a request, used by `gateway demo`
+//! The pipeline (README.md): one function of a request, used by `gateway demo`
 //! (and by the MCP server once it exists), in this order:
 //!
 //! audit `tool.request` -> policy decision -> (apply) plan, decide again with

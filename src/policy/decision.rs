@@ -1,4 +1,4 @@
-//! The decision contract (SPEC §3): the one object every policy evaluation
+//! The decision contract (README.md: the policy contract): the one object every policy evaluation
 //! must return. Every field must be present; unknown fields are refused (a
 //! misspelt field must not silently fall back to a default). An object that
 //! does not match is turned into a deny by [`Decision::fail_closed`].

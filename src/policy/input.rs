@@ -1,4 +1,4 @@
-//! The policy input (SPEC §3), built the same way by the server and by
+//! The policy input (README.md: the policy contract), built the same way by the server and by
 //! `gateway policy eval`.
 
 use std::sync::Arc;

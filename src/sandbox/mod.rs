@@ -1,4 +1,4 @@
-//! Sandboxes (SPEC §6): one throwaway sandbox per tool call, behind one
+//! Sandboxes (README.md: the sandboxes): one throwaway sandbox per tool call, behind one
 //! contract for every backend — a command, files in, an optional credential
 //! file, limits, a deadline and a network rule in; exit status, capped
 //! stdout/stderr, files out, duration and why it ended out.

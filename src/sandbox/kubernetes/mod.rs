@@ -1,4 +1,4 @@
-//! The kubernetes backend (SPEC §6): one gVisor Job per call.
+//! The kubernetes backend (README.md: the sandboxes): one gVisor Job per call.
 //!
 //! Per call: a Secret with the credential and files in, a Job (both named
 //! from the request id, labelled for this gateway, the Secret owned by the
