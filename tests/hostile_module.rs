@@ -189,12 +189,7 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     )
     .expect("pipeline");
     if with_credential {
-        pipeline.endpoints.insert("kube-apiserver".into(), 16443);
-        pipeline.kubernetes = Some(gateway::pipeline::KubernetesAccess {
-            endpoint: "kube-apiserver".into(),
-            ca_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
-            tls_server_name: "kubernetes".into(),
-        });
+        fake_broker::reach_a_stand_in_api_server(&mut pipeline);
         pipeline.broker = Some(Arc::new(FakeBroker::default()));
     }
     World {

@@ -71,14 +71,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
         tools,
     )
     .expect("pipeline");
-    // The credential's egress endpoint (nothing needs to listen on it here).
-    pipeline.endpoints.insert("kube-apiserver".into(), 16443);
-    // A Kubernetes credential comes with a kubeconfig for the API server.
-    pipeline.kubernetes = Some(gateway::pipeline::KubernetesAccess {
-        endpoint: "kube-apiserver".into(),
-        ca_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
-        tls_server_name: "kubernetes".into(),
-    });
+    fake_broker::reach_a_stand_in_api_server(&mut pipeline);
     let broker = Arc::new(FakeBroker::default());
     if with_broker {
         pipeline.broker = Some(broker.clone());

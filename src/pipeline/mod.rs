@@ -802,8 +802,11 @@ impl Pipeline {
         let digest = sha256_hex(&bin);
         // What the plan file carries as configuration, for the policy (the
         // same bytes the approval is bound to, not the module dir).
-        let config_files = match tools::plan_config_files(&bin, decision.sandbox.module_copy_bytes)
-        {
+        let config_files = match tools::plan_config_files(
+            &bin,
+            decision.sandbox.module_copy_bytes,
+            &self.live_secrets.all(),
+        ) {
             Ok(f) => f,
             Err(e) => return Ok(Err(e)),
         };
@@ -1089,7 +1092,11 @@ impl Pipeline {
             return self.finish(&rid, tool, Outcome::Refused { reason });
         };
         let digest = sha256_hex(&bin);
-        if let Ok(files) = tools::plan_config_files(&bin, first.sandbox.module_copy_bytes) {
+        if let Ok(files) = tools::plan_config_files(
+            &bin,
+            first.sandbox.module_copy_bytes,
+            &self.live_secrets.all(),
+        ) {
             input.plan_config_files = Some(serde_json::to_value(files).unwrap_or(Value::Null));
         }
         if let Ok(plan_json) = std::fs::read(self.plan_path(&approval.request_id, "json"))

@@ -466,9 +466,14 @@ const MAX_PLAN_ENTRIES: usize = 100_000;
 /// treats it as hiding anything). The plan's JSON does not show everything
 /// that runs at apply time (a `removed` block's provisioner, actions); this
 /// does. At most `cap` bytes of configuration in all.
+///
+/// `secrets` (the live credentials) are cut out of the text before it is
+/// parsed: code in the plan sandbox can write the plan file, and what is
+/// parsed here reaches signals, results and the audit.
 pub fn plan_config_files(
     plan_file: &[u8],
     cap: u64,
+    secrets: &[crate::sandbox::SecretFile],
 ) -> Result<std::collections::BTreeMap<String, serde_json::Value>, String> {
     use std::io::Read;
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(plan_file))
@@ -513,14 +518,23 @@ pub fn plan_config_files(
                 "the plan file's configuration is larger than the policy's {cap} bytes"
             ));
         }
-        let text = String::from_utf8_lossy(&bytes);
+        let mut captured = crate::sandbox::Captured {
+            bytes,
+            truncated: false,
+        };
+        captured.redact_all(secrets);
+        let text = String::from_utf8_lossy(&captured.bytes);
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let parsed = if json {
             serde_json::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())
         } else {
             hcl::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())
         };
-        let body = parsed.unwrap_or_else(|e| serde_json::json!({"gateway_unreadable": e}));
+        // The parser's message, cut short: it quotes the file.
+        let body = parsed.unwrap_or_else(|e| {
+            let e: String = e.chars().take(300).collect();
+            serde_json::json!({"gateway_unreadable": e})
+        });
         out.insert(rel.to_string(), body);
     }
     Ok(out)
@@ -647,18 +661,18 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
             z.finish().expect("finish");
         }
         let bytes = buf.into_inner();
-        let files = plan_config_files(&bytes, 1024).expect("files");
+        let files = plan_config_files(&bytes, 1024, &[]).expect("files");
         assert_eq!(
             files.keys().collect::<Vec<_>>(),
             vec!["m-/main.tf", "m-child/x.tf.json"]
         );
         assert_eq!(files["m-/main.tf"], serde_json::json!({"removed": {}}));
         assert!(
-            plan_config_files(&bytes, 5)
+            plan_config_files(&bytes, 5, &[])
                 .expect_err("cap")
                 .contains("larger than")
         );
-        assert!(plan_config_files(b"not a zip", 1024).is_err());
+        assert!(plan_config_files(b"not a zip", 1024, &[]).is_err());
 
         // A file that does not parse is named as such, not dropped.
         let mut buf = std::io::Cursor::new(Vec::new());
@@ -672,8 +686,36 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
             z.write_all(b"removed {{{").expect("write");
             z.finish().expect("finish");
         }
-        let files = plan_config_files(&buf.into_inner(), 1024).expect("files");
+        let bad = buf.into_inner();
+        let files = plan_config_files(&bad, 1024, &[]).expect("files");
         assert!(files["m-/bad.tf"]["gateway_unreadable"].is_string());
+
+        // A live credential written into the plan's configuration (code in
+        // the plan sandbox can write the plan file) is cut out before the
+        // text is parsed, so no parser message quotes it.
+        let mut buf = std::io::Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            z.start_file(
+                "tfconfig/m-/leak.tf",
+                zip::write::SimpleFileOptions::default(),
+            )
+            .expect("start");
+            z.write_all(b"live-token-0123456789 = {").expect("write");
+            z.start_file(
+                "tfconfig/m-/ok.tf",
+                zip::write::SimpleFileOptions::default(),
+            )
+            .expect("start");
+            z.write_all(b"locals {\n  t = \"live-token-0123456789\"\n}\n")
+                .expect("write");
+            z.finish().expect("finish");
+        }
+        let secret = crate::sandbox::SecretFile::new(b"live-token-0123456789".to_vec());
+        let files = plan_config_files(&buf.into_inner(), 1024, &[secret]).expect("files");
+        let text = serde_json::to_string(&files).expect("json");
+        assert!(!text.contains("live-token"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
     }
 
     #[test]

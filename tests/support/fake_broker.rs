@@ -84,3 +84,15 @@ pub fn give_the_offline_module_a_credential(policies: &std::path::Path) {
     }
     std::fs::write(&roles, text).expect("write");
 }
+
+/// What a pipeline needs to hand a (fake) Kubernetes credential to a
+/// sandbox: the API server's endpoint (nothing needs to listen on it) and
+/// a CA for the kubeconfig around the token.
+pub fn reach_a_stand_in_api_server(pipeline: &mut gateway::pipeline::Pipeline) {
+    pipeline.endpoints.insert("kube-apiserver".into(), 16443);
+    pipeline.kubernetes = Some(gateway::pipeline::KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".to_vec(),
+        tls_server_name: "kubernetes".into(),
+    });
+}
