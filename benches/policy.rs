@@ -16,7 +16,7 @@ use gateway::policy::{DecisionInput, PlanInput, PolicySet, Principal, plan};
 fn big_plan(n: usize) -> serde_json::Value {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut p =
-        plan::read_plan_file(&root.join("tests/fixtures/plans/replace.json")).expect("fixture");
+        plan::read_plan_file(&root.join("policy-tests/plans/replace/data.json")).expect("fixture");
     let template = p["resource_changes"]
         .as_array()
         .and_then(|rcs| rcs.iter().find(|rc| rc["change"]["actions"][0] == "delete"))

@@ -4,7 +4,7 @@
 # changes something (not read-only) and the plan carries any signal. Signals
 # on a read-only tool (terraform_plan) are shown to the agent, not gated:
 # nothing is changed by planning. The number of approvers, the approval's
-# lifetime and whether a reason is required come from config/approvals.yaml.
+# lifetime and whether a reason is required come from config/approvals/data.yaml.
 package gateway.approvals
 
 import data.gateway.signals
@@ -24,7 +24,7 @@ required if {
 # Destructive (or not understood) plans use the stricter settings.
 settings := cfg.destructive if count(signals.signals) > 0
 
-else := cfg.default
+else := cfg.standard
 
 # Distinct people who approved the approval presented with this call.
 approvers := {a | some a in input.approval.approvers}
@@ -49,11 +49,11 @@ requirement := {
 }
 
 # The identity an approval or denial is recorded under, asked by the
-# `gateway approve` / `gateway deny` CLI with input {"os_user", "as"}.
+# `gateway approve` / `gateway deny` CLI with input {"os_user", "named"}.
 # Undefined (refused) when --as is used and the configuration forbids it.
-approver := input.os_user if not input.as
+approver := input.os_user if not input.named
 
-approver := input.as if {
-	input.as
+approver := input.named if {
+	input.named
 	cfg.identity.allow_as
 }

@@ -25,6 +25,7 @@ deny_reasons := tools.deny | scope.deny
 decision := {
 	"allow": count(deny_reasons) == 0,
 	"deny_reasons": sort(deny_reasons),
+	"violations": [v | some m in sort({v.message | some v in tools.violations}); some v in tools.violations; v.message == m],
 	"tier": tools.tier,
 	"annotations": tools.annotations,
 	"credential": scope.credential,

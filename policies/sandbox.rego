@@ -1,5 +1,5 @@
 # Sandbox limits: CPU, memory, wall-clock deadline and network egress for the
-# throwaway sandbox a call runs in. Limits come from config/sandbox.yaml
+# throwaway sandbox a call runs in. Limits come from config/sandbox/data.yaml
 # (per-tool overrides over a default); egress comes from the credential: a
 # sandbox may reach only the endpoints its credential is for, and nothing at
 # all without one.
@@ -11,7 +11,7 @@ cfg := data.config.sandbox
 
 overrides := object.get(cfg.tools, object.get(input, "tool", ""), {})
 
-merged := object.union(cfg.default, overrides)
+merged := object.union(cfg.base, overrides)
 
 limits := {
 	"cpu": merged.cpu,
@@ -21,5 +21,8 @@ limits := {
 	"module_copy_files": merged.module_copy_files,
 	"file_out_bytes": merged.file_out_bytes,
 	"module_wait_seconds": merged.module_wait_seconds,
+	"max_processes": merged.max_processes,
+	"file_bytes": merged.file_bytes,
+	"output_bytes": merged.output_bytes,
 	"egress": scope.egress,
 }

@@ -1,8 +1,8 @@
 # Credential scope derivation and target allowlists.
 #
-# From the tool (its `scope` and `credential` kind in config/tools.yaml) and
+# From the tool (its `scope` and `credential` kind in config/tools/data.yaml) and
 # its params, derive the target (a namespace or a Terraform module dir) and
-# the exact credential to mint for it, using only config/scopes.yaml. A target
+# the exact credential to mint for it, using only config/scopes/data.yaml. A target
 # outside the allowlists, or a target for which no role is configured, is
 # refused: no scope, no call.
 package gateway.scope
@@ -83,6 +83,8 @@ entry := module_entry
 default credential := null
 
 credential := {
+	"kind": kind,
+	"type": cfg.credential_kinds[kind].type,
 	"mount": cfg.credential_kinds[kind].mount,
 	"role": entry.roles[kind],
 	"params": {
@@ -108,7 +110,7 @@ deny contains msg if {
 
 # --- The Vault setup defines every role the policy derives -------------------
 
-# config/vault_roles.yaml is what `gateway vault setup` creates. A derived
+# config/vault_roles/data.yaml is what `gateway vault setup` creates. A derived
 # role missing from it, or defined for another mount or namespace, would fail
 # at Vault (or worse, mint a broader credential): refuse it here.
 vault_role := data.config.vault_roles.roles[credential.role] if credential != null
@@ -116,7 +118,7 @@ vault_role := data.config.vault_roles.roles[credential.role] if credential != nu
 deny contains msg if {
 	credential != null
 	not vault_role
-	msg := sprintf("credential role %q is not defined by the Vault setup (config/vault_roles.yaml)", [credential.role])
+	msg := sprintf("credential role %q is not defined by the Vault setup (config/vault_roles/data.yaml)", [credential.role])
 }
 
 deny contains msg if {

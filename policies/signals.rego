@@ -131,8 +131,13 @@ found contains plan_signal("plan-malformed", "the plan's resource_changes is not
 found contains plan_signal("plan-malformed", sprintf("resource change %d has no change.actions list", [i])) if {
 	is_array(raw_changes)
 	some i, rc in raw_changes
-	not is_array(rc.change.actions)
+	not has_actions_list(rc)
 }
+
+# Through a function, not `not is_array(rc.change.actions)`: OPA makes a
+# negated built-in call with an undefined argument fail instead of succeed
+# (regorus does not), and the signal must be raised under both.
+has_actions_list(rc) if is_array(rc.change.actions)
 
 # --- Apply-time code: provisioners ------------------------------------------
 

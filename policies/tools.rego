@@ -1,6 +1,6 @@
 # Tool catalog and risk tiers.
 #
-# A tool exists for the agent only if config/tools.yaml lists it. This file
+# A tool exists for the agent only if config/tools/data.yaml lists it. This file
 # decides whether the requested tool exists, whether its params are
 # acceptable, its risk tier and its MCP annotations.
 package gateway.tools
@@ -65,36 +65,36 @@ deny contains msg if {
 	msg := sprintf("tool %q is not available to client %q", [input.tool, client])
 }
 
-deny contains msg if {
+# What is wrong with the call's params, as data: the MCP layer hands these
+# to the agent as its validation error (after the request is audited), and
+# each also denies the call. `param` is "" for the params as a whole.
+violations contains {"param": "", "problem": "not_an_object", "message": "params must be an object"} if {
 	tool
 	not is_object(raw_params)
-	msg := "params must be an object"
 }
 
-deny contains msg if {
+violations contains {"param": name, "problem": "missing", "message": sprintf("missing required param %q", [name])} if {
 	some name, spec in tool.params
 	spec.required
 	not name in object.keys(params)
-	msg := sprintf("missing required param %q", [name])
 }
 
-deny contains msg if {
+violations contains {"param": name, "problem": "unknown", "message": sprintf("unknown param %q for tool %q", [name, input.tool])} if {
 	tool
 	some name, _ in params
 	not tool.params[name]
-	msg := sprintf("unknown param %q for tool %q", [name, input.tool])
 }
 
-deny contains msg if {
+violations contains {"param": name, "problem": "not_a_string", "message": sprintf("param %q must be a string", [name])} if {
 	some name, value in params
 	tool.params[name]
 	not is_string(value)
-	msg := sprintf("param %q must be a string", [name])
 }
 
-deny contains msg if {
+violations contains {"param": name, "problem": "too_long", "message": sprintf("param %q is longer than %d characters", [name, tool.params[name].max_length])} if {
 	some name, value in params
 	is_string(value)
 	count(value) > tool.params[name].max_length
-	msg := sprintf("param %q is longer than %d characters", [name, tool.params[name].max_length])
 }
+
+deny contains v.message if some v in violations

@@ -59,7 +59,7 @@ test_a_pending_approval_does_not_satisfy if {
 }
 
 test_k_of_n_needs_k_distinct_approvers if {
-	cfg := object.union(data.config.approvals, {"default": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
+	cfg := object.union(data.config.approvals, {"standard": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
 	twice := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "bob"]}})
 	not approvals.requirement.satisfied with data.config.approvals as cfg with input as twice
 	two := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "carol"]}})
@@ -72,9 +72,9 @@ test_the_approver_is_the_os_user_by_default if {
 }
 
 test_approve_as_is_allowed_by_the_default_configuration if {
-	approvals.approver == "bob" with input as {"os_user": "alice", "as": "bob"}
+	approvals.approver == "bob" with input as {"os_user": "alice", "named": "bob"}
 }
 
 test_approve_as_is_refused_when_the_configuration_forbids_it if {
-	not approvals.approver with input as {"os_user": "alice", "as": "bob"} with data.config.approvals.identity.allow_as as false
+	not approvals.approver with input as {"os_user": "alice", "named": "bob"} with data.config.approvals.identity.allow_as as false
 }

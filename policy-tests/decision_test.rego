@@ -24,6 +24,8 @@ test_pod_status_in_allowed_namespace_is_allowed_with_a_pod_reader_credential if 
 	d.deny_reasons == []
 	d.tier == "low"
 	d.credential == {
+		"kind": "pod_reader",
+		"type": "kubernetes",
 		"mount": "kubernetes",
 		"role": "gateway-pod-reader-demo-app",
 		"params": {"kubernetes_namespace": "demo-app", "ttl": "10m"},
@@ -84,9 +86,9 @@ test_missing_tool_is_denied if {
 
 test_every_field_of_the_contract_is_present if {
 	d := decide("nope", {})
-	object.keys(d) == {"allow", "deny_reasons", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
+	object.keys(d) == {"allow", "deny_reasons", "violations", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
 	object.keys(d.approval) == {"required", "approvers", "ttl_seconds", "reason_required", "satisfied"}
-	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "egress"}
+	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "max_processes", "file_bytes", "output_bytes", "egress"}
 }
 
 test_deny_reasons_are_sorted_and_all_reported if {
@@ -94,6 +96,22 @@ test_deny_reasons_are_sorted_and_all_reported if {
 	not d.allow
 	count(d.deny_reasons) == 4
 	d.deny_reasons == sort(d.deny_reasons)
+}
+
+test_param_problems_are_data_and_reasons if {
+	d := decide("terraform_apply", {"working_dir": 7, "extra": "1"})
+	not d.allow
+	d.violations == [
+		{"param": "working_dir", "problem": "not_a_string", "message": `param "working_dir" must be a string`},
+		{"param": "extra", "problem": "unknown", "message": `unknown param "extra" for tool "terraform_apply"`},
+	]
+	every v in d.violations {
+		v.message in d.deny_reasons
+	}
+}
+
+test_a_call_with_good_params_has_no_violations if {
+	decide("terraform_plan", {"working_dir": "/etc"}).violations == []
 }
 
 test_tool_list_shows_catalog_tools_to_every_client_by_default if {

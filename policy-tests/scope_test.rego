@@ -50,12 +50,12 @@ test_the_namespace_comes_from_policy_data_not_from_the_agent if {
 
 test_target_without_a_role_for_the_tool_has_no_scope if {
 	modules := {"terraform/k8s-demo": {"namespace": "demo-app", "roles": {"terraform_plan": "p"}}}
-	r := scope.deny with data.config.scopes.modules as modules with input as call("terraform_apply", {"working_dir": "terraform/k8s-demo"})
+	r := scope.deny with data.config.scopes as with_scopes("modules", modules) with input as call("terraform_apply", {"working_dir": "terraform/k8s-demo"})
 	r == {`no credential scope: the policy has no "terraform_apply" role for this target`}
 }
 
 test_namespace_without_a_role_has_no_scope if {
-	r := scope.deny with data.config.scopes.namespaces as {"demo-app": {"roles": {}}} with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
+	r := scope.deny with data.config.scopes as with_scopes("namespaces", {"demo-app": {"roles": {}}}) with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
 	r == {`no credential scope: the policy has no "pod_reader" role for this target`}
 }
 
@@ -89,3 +89,8 @@ test_a_module_whose_configuration_keeps_state_elsewhere_is_denied if {
 	ok := data.gateway.decision with input as object.union(base, {"plan_config_files": {"m-/main.tf": {"resource": {"kubernetes_ingress": {"i": {"backend": {"service": "x"}}}}, "terraform": {"required_version": ">= 1"}}}})
 	ok.allow
 }
+
+# The scopes table with one key replaced. The whole document is replaced
+# (`with data.config.scopes as …`), not one key of it: OPA does not apply
+# `with data.config.scopes.namespaces` to rules that read data.config.scopes.
+with_scopes(key, value) := object.union(object.remove(data.config.scopes, [key]), {key: value})

@@ -1,4 +1,4 @@
-# The policies and the Vault setup (config/vault_roles.yaml, what
+# The policies and the Vault setup (config/vault_roles/data.yaml, what
 # `gateway vault setup` creates) cannot drift apart.
 package gateway_test.vault_roles
 
@@ -53,7 +53,7 @@ pods := call("k8s_get_pod_status", {"namespace": "demo-app"})
 
 test_a_derived_role_the_setup_does_not_define_is_refused if {
 	r := scope.deny with data.config.vault_roles.roles as {} with input as pods
-	r == {`credential role "gateway-pod-reader-demo-app" is not defined by the Vault setup (config/vault_roles.yaml)`}
+	r == {`credential role "gateway-pod-reader-demo-app" is not defined by the Vault setup (config/vault_roles/data.yaml)`}
 }
 
 test_a_role_set_up_for_another_namespace_is_refused if {

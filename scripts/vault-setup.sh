@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configure a Vault or OpenBao for the default policies: the Kubernetes
 # secrets engine pointed at the cluster, one role per credential scope
-# (policies/config/vault_roles.yaml), the gateway's least-privilege policy and
+# (policies/config/vault_roles/data.yaml), the gateway's least-privilege policy and
 # its AppRole. Idempotent. A thin wrapper over `gateway vault setup`.
 #
 # Needs VAULT_ADDR and an admin VAULT_TOKEN (BAO_ADDR/BAO_TOKEN work too).

@@ -19,7 +19,7 @@ const VAULT_TOKEN: &str = "hvs.CAESIPlantedSecretTokenValue0123456789abcd";
 
 fn new_approval(requested_by: &str, approvers: u32, reason_required: bool) -> NewApproval {
     let plan: Value = serde_json::from_str(
-        &std::fs::read_to_string(common::repo().join("tests/fixtures/plans/replace.json"))
+        &std::fs::read_to_string(common::repo().join("policy-tests/plans/replace/data.json"))
             .expect("fixture"),
     )
     .expect("json");
@@ -365,7 +365,7 @@ fn approve_as_is_refused_when_the_policy_forbids_it() {
     let dir = tempfile::tempdir().expect("tmp");
     let policies = dir.path().join("policies");
     common::copy_dir(&common::repo().join("policies"), &policies);
-    let cfg = policies.join("config/approvals.yaml");
+    let cfg = policies.join("config/approvals/data.yaml");
     let text = std::fs::read_to_string(&cfg)
         .expect("read")
         .replace("allow_as: true", "allow_as: false");

@@ -149,11 +149,11 @@ fn world(with_credential: bool) -> World {
     world_with(with_credential, &[])
 }
 
-/// [`world`], with (old, new) text replacements in config/sandbox.yaml.
+/// [`world`], with (old, new) text replacements in config/sandbox/data.yaml.
 fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     let policies = tempfile::tempdir().expect("policies");
     common::copy_dir(&common::repo().join("policies"), policies.path());
-    let sandbox_yaml = policies.path().join("config/sandbox.yaml");
+    let sandbox_yaml = policies.path().join("config/sandbox/data.yaml");
     let mut text = std::fs::read_to_string(&sandbox_yaml).expect("sandbox.yaml");
     for (old, new) in sandbox_edits {
         assert!(text.contains(old), "{old}");
@@ -410,7 +410,7 @@ fn a_forged_plan_json_cannot_change_what_the_approver_sees() {
     seed(&w);
     force_replace(&w);
     // A benign plan, as the forger would ship it: an update of config only.
-    let forged = std::fs::read(common::repo().join("tests/fixtures/plans/update.json"))
+    let forged = std::fs::read(common::repo().join("policy-tests/plans/update/data.json"))
         .or_else(|_| std::fs::read(common::repo().join("policy-tests/plans/update.json")))
         .expect("a benign plan");
     std::fs::write(w.module.join("forged.json"), forged).expect("write");
@@ -968,7 +968,7 @@ fn a_module_that_keeps_its_state_elsewhere_is_denied() {
     )
     .expect("write");
     let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
-    let Outcome::Denied { reasons } = &r.outcome else {
+    let Outcome::Denied { reasons, .. } = &r.outcome else {
         panic!("expected a deny: {:?}", r.outcome);
     };
     assert!(

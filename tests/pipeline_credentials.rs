@@ -37,7 +37,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
     let policies = tempfile::tempdir().expect("policies");
     common::copy_dir(&common::repo().join("policies"), policies.path());
     fake_broker::give_the_offline_module_a_credential(policies.path());
-    let sandbox_cfg = policies.path().join("config/sandbox.yaml");
+    let sandbox_cfg = policies.path().join("config/sandbox/data.yaml");
     let text = std::fs::read_to_string(&sandbox_cfg)
         .expect("sandbox")
         .replace(

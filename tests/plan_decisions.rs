@@ -1,4 +1,4 @@
-//! The decision for each real plan fixture (tests/fixtures/plans, made by
+//! The decision for each real plan fixture (policy-tests/plans/*/data.json, made by
 //! scripts/make-plan-fixtures.sh with a real Terraform), snapshotted with
 //! insta. The request id and time are fixed so that snapshots are stable.
 
@@ -28,7 +28,7 @@ fn policies() -> PolicySet {
 }
 
 fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
-    let path = common::repo().join(format!("tests/fixtures/plans/{fixture}.json"));
+    let path = common::repo().join(format!("policy-tests/plans/{fixture}/data.json"));
     let plan = plan::read_plan_file(&path).expect("fixture is a plan");
     let mut input = DecisionInput::new(
         "terraform_apply",
@@ -48,15 +48,11 @@ fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
 
 #[test]
 fn every_fixture_directory_entry_is_snapshotted() {
-    let mut on_disk: Vec<String> = std::fs::read_dir(common::repo().join("tests/fixtures/plans"))
+    let mut on_disk: Vec<String> = std::fs::read_dir(common::repo().join("policy-tests/plans"))
         .expect("fixtures dir")
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.strip_suffix(".json"))
-                .map(str::to_string)
-        })
+        .filter(|e| e.path().join("data.json").is_file())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
     on_disk.sort();
     let mut listed: Vec<String> = FIXTURES.iter().map(|s| s.to_string()).collect();

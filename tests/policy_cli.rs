@@ -136,7 +136,7 @@ fn eval_with_a_real_plan_reports_its_signals() {
         "--params",
         r#"{"working_dir":"terraform/offline-demo"}"#,
         "--plan",
-        "tests/fixtures/plans/replace.json",
+        "policy-tests/plans/replace/data.json",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let d = d.expect("decision");
@@ -203,27 +203,27 @@ fn a_different_policy_set_changes_the_decisions() {
     // A new namespace with its own role, a tier change, a stricter approval,
     // forget no longer destructive, a longer deadline.
     edit(
-        "config/scopes.yaml",
+        "config/scopes/data.yaml",
         "namespaces:\n",
         "namespaces:\n  staging:\n    roles:\n      pod_reader: ro-staging\n",
     );
     edit(
-        "config/vault_roles.yaml",
+        "config/vault_roles/data.yaml",
         "roles:\n",
         "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n",
     );
     edit(
-        "config/tools.yaml",
+        "config/tools/data.yaml",
         "  tier: low\n  scope: namespace",
         "  tier: high\n  scope: namespace",
     );
     edit(
-        "config/approvals.yaml",
+        "config/approvals/data.yaml",
         "destructive:\n  approvers: 1",
         "destructive:\n  approvers: 3",
     );
     edit(
-        "config/sandbox.yaml",
+        "config/sandbox/data.yaml",
         "deadline_seconds: 120",
         "deadline_seconds: 45",
     );
@@ -262,7 +262,7 @@ fn a_different_policy_set_changes_the_decisions() {
         "--params",
         r#"{"working_dir":"terraform/offline-demo"}"#,
         "--plan",
-        "tests/fixtures/plans/delete.json",
+        "policy-tests/plans/delete/data.json",
     ];
     assert_eq!(run("policies", &delete)["approval"]["approvers"], 1);
     assert_eq!(run(&alt_arg, &delete)["approval"]["approvers"], 3);
@@ -273,7 +273,7 @@ fn a_different_policy_set_changes_the_decisions() {
         "--params",
         r#"{"working_dir":"terraform/offline-demo"}"#,
         "--plan",
-        "tests/fixtures/plans/forget.json",
+        "policy-tests/plans/forget/data.json",
     ];
     assert_eq!(
         run("policies", &forget)["signals"].as_array().map(Vec::len),
@@ -346,7 +346,9 @@ fn policy_test_text_output_ends_with_the_summary_line() {
 fn run_test_dir(files: &[(&str, &str)], extra: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().expect("tmp");
     for (name, content) in files {
-        std::fs::write(dir.path().join(name), content).expect("write");
+        let p = dir.path().join(name);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, content).expect("write");
     }
     let home = tempfile::tempdir().expect("home");
     gateway(home.path())
@@ -380,7 +382,7 @@ fn with_mocking_of_input_and_data_works() {
     let out = run_test_dir(
         &[
             ("p.rego", "package p\nallow if input.user in data.users\n"),
-            ("users.json", r#"["alice"]"#),
+            ("users/data.json", r#"["alice"]"#),
             (
                 "p_test.rego",
                 "package p_test\nimport data.p\ntest_data if { p.allow with input as {\"user\": \"alice\"} }\ntest_mock_data if { p.allow with input as {\"user\": \"bob\"} with data.users as [\"bob\"] }\ntest_denied if { not p.allow with input as {\"user\": \"bob\"} }\n",

@@ -86,13 +86,13 @@ fn an_edited_data_file_takes_effect_within_a_second() {
     assert!(!f.store.decide(&pod_status("staging")).decision.allow);
     // The Vault setup defines the new role (alone, it changes no decision)...
     edit(
-        &f.policies.join("config/vault_roles.yaml"),
+        &f.policies.join("config/vault_roles/data.yaml"),
         "roles:\n",
         "roles:\n  ro-staging:\n    mount: kubernetes\n    namespace: staging\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: []\n",
     );
     // ...and the edit that matters: the namespace is allowed.
     edit(
-        &f.policies.join("config/scopes.yaml"),
+        &f.policies.join("config/scopes/data.yaml"),
         "namespaces:\n",
         "namespaces:\n  staging:\n    roles:\n      pod_reader: ro-staging\n",
     );
@@ -258,11 +258,16 @@ fn requests_never_see_half_a_policy_set() {
         std::fs::write(
             d.join("decision.rego"),
             format!(
-                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [],\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
+                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [], \"violations\": [],\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"max_processes\": 64, \"file_bytes\": 1048576, \"output_bytes\": 65536, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
             ),
         )
         .expect("write");
-        std::fs::write(d.join("version.json"), format!("{{\"v\": \"{v}\"}}")).expect("write");
+        std::fs::create_dir_all(d.join("version")).expect("mkdir");
+        std::fs::write(
+            d.join("version/data.json"),
+            format!("{{\"v\": \"{v}\"}}"),
+        )
+        .expect("write");
     }
     let link = dir.path().join("current");
     std::os::unix::fs::symlink(dir.path().join("a"), &link).expect("symlink");

@@ -965,7 +965,7 @@ mod tests {
         let plan: Value = serde_json::from_str(
             &std::fs::read_to_string(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/fixtures/plans/replace.json"
+                "/policy-tests/plans/replace/data.json"
             ))
             .expect("fixture"),
         )

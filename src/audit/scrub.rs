@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn keeps_scopes_lease_ids_and_ttls() {
         let v = json!({
-            "credential": {"mount": "kubernetes", "role": "gateway-pod-reader-demo-app", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
+            "credential": {"kind": "pod_reader", "type": "kubernetes", "mount": "kubernetes", "role": "gateway-pod-reader-demo-app", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
             "lease_id": "kubernetes/creds/gateway-pod-reader-demo-app/AbCdEf123",
             "token_ttl": 600,
         });

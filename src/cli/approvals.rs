@@ -302,7 +302,7 @@ fn approver(cli: &Cli, as_name: Option<&str>) -> anyhow::Result<Result<String, S
         })?;
     let mut input = json!({"os_user": os_user});
     if let Some(n) = as_name {
-        input["as"] = n.into();
+        input["named"] = n.into();
     }
     match set.eval_rule(
         "data.gateway.approvals.approver",

@@ -24,7 +24,9 @@ fn say(step: &str, text: &str) {
 
 fn show(r: &crate::pipeline::CallResult) -> String {
     match &r.outcome {
-        Outcome::Denied { reasons } => format!("DENIED ({}): {}", r.request_id, reasons.join("; ")),
+        Outcome::Denied { reasons, .. } => {
+            format!("DENIED ({}): {}", r.request_id, reasons.join("; "))
+        }
         Outcome::Refused { reason } => format!("REFUSED ({}): {reason}", r.request_id),
         Outcome::PendingApproval {
             approval_id,

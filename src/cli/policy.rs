@@ -32,6 +32,11 @@ pub struct EvalArgs {
     /// A plan: the output of `terraform show -json PLANFILE`.
     #[arg(long)]
     plan: Option<PathBuf>,
+    /// The saved plan file itself (`terraform plan -out=FILE`): the
+    /// configuration it carries becomes `plan_config_files`, as the server
+    /// reads it.
+    #[arg(long)]
+    plan_file: Option<PathBuf>,
     /// A full or partial input document (JSON); missing fields are filled in
     /// as the server would fill them.
     #[arg(long)]
@@ -42,6 +47,9 @@ pub struct EvalArgs {
     /// principal.client
     #[arg(long, default_value = "cli")]
     client: String,
+    /// Print the tools/list document for the principal (`data.gateway.tool_list`) instead of a decision.
+    #[arg(long)]
+    tool_list: bool,
     /// Print the input document too: {"input": …, "decision": …}.
     #[arg(long)]
     show_input: bool,
@@ -103,6 +111,16 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     let Some(base) = base.as_object() else {
         bail!("the --input document must be a JSON object")
     };
+    if a.tool_list {
+        let principal = Principal {
+            client: a.client.clone(),
+            os_user: crate::config::os_identity(),
+        };
+        let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())?;
+        let list = set.tool_list(&principal)?;
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let tool = match (&a.tool, base.get("tool")) {
         (Some(t), _) => t.clone(),
         (None, Some(serde_json::Value::String(t))) => t.clone(),
@@ -142,6 +160,15 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
             &bytes,
             "the --input document's plan",
         )?));
+    }
+    if let Some(p) = &a.plan_file {
+        let bin =
+            std::fs::read(p).with_context(|| format!("cannot read plan file {}", p.display()))?;
+        let files = crate::tools::plan_config_files(&bin, 64 << 20, &[])
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        input.plan_config_files = Some(serde_json::to_value(files)?);
+    } else if let Some(f) = base.get("plan_config_files") {
+        input.plan_config_files = Some(f.clone());
     }
     input.approval = match &a.approval {
         Some(s) => Some(serde_json::from_str(s).context("--approval is not valid JSON")?),

@@ -112,9 +112,9 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
     .with_context(|| format!("loading the policies in {}", cli.policies.display()))?;
     let roles = set
         .data("data.config.vault_roles")?
-        .context("the policies define no config/vault_roles.yaml: no roles to set up")?;
+        .context("the policies define no config/vault_roles/data.yaml: no roles to set up")?;
     let roles: VaultRoles = serde_json::from_value(roles)
-        .context("config/vault_roles.yaml does not match the expected shape")?;
+        .context("config/vault_roles/data.yaml does not match the expected shape")?;
     let ca = std::fs::read_to_string(&a.kubernetes_ca_file)
         .with_context(|| format!("reading {}", a.kubernetes_ca_file.display()))?;
     let jwt = match &a.service_account_jwt_file {

@@ -5,8 +5,10 @@
 //!   param specs (`additionalProperties: false`, string limits), one output
 //!   schema, and the policy's annotations.
 //! - `tools/call` runs the pipeline. Denials and refusals are tool results
-//!   with `isError: true` and the reasons; malformed arguments are a JSON-RPC
-//!   invalid-params error naming the field. Progress notifications go out
+//!   with `isError: true` and the reasons. Malformed arguments are found by
+//!   the policy (`violations` in the decision), after the request is
+//!   audited, and come back the same way (a tool execution error, as
+//!   SEP-1303 asks, so that the model can correct them), naming each field. Progress notifications go out
 //!   when the client sent a progress token; cancellation drops the call,
 //!   which kills its sandbox, and the audit says so.
 //! - There is no tool, resource or prompt that approves, denies or reads
@@ -103,6 +105,8 @@ pub fn output_schema() -> Map<String, Value> {
             "tool": {"type": "string"},
             "status": {"type": "string", "enum": ["denied", "pending_approval", "refused", "completed", "cancelled"]},
             "reasons": {"type": "array", "items": {"type": "string"}},
+            "violations": {"type": "array", "items": {"type": "object", "required": ["param", "problem", "message"],
+                "properties": {"param": {"type": "string"}, "problem": {"type": "string"}, "message": {"type": "string"}}}},
             "reason": {"type": "string"},
             "approval_id": {"type": "string"},
             "approve_command": {"type": "string"},
@@ -119,41 +123,21 @@ pub fn output_schema() -> Map<String, Value> {
     }
 }
 
-/// Check `args` against a tool's param specs; the error names the field.
-pub fn check_arguments(params: &Value, args: &Map<String, Value>) -> Result<(), String> {
-    let specs = params.as_object().cloned().unwrap_or_default();
-    for (name, value) in args {
-        let Some(spec) = specs.get(name) else {
-            return Err(format!("unknown argument `{name}`"));
-        };
-        let Some(s) = value.as_str() else {
-            return Err(format!("argument `{name}` must be a string"));
-        };
-        if let Some(max) = spec.get("max_length").and_then(Value::as_u64)
-            && s.chars().count() as u64 > max
-        {
-            return Err(format!("argument `{name}` is longer than {max} characters"));
-        }
-    }
-    for (name, spec) in &specs {
-        if spec
-            .get("required")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-            && !args.contains_key(name)
-        {
-            return Err(format!("missing required argument `{name}`"));
-        }
-    }
-    Ok(())
-}
-
 /// The tool result for a pipeline result: text plus structured content,
 /// `isError` for denials and refusals, the request id in `_meta`.
 pub fn to_result(r: &CallResult) -> CallToolResult {
     let structured = serde_json::to_value(r).unwrap_or(Value::Null);
     let (text, is_error) = match &r.outcome {
-        Outcome::Denied { reasons } => (format!("Denied by policy: {}", reasons.join("; ")), true),
+        Outcome::Denied { violations, .. } if !violations.is_empty() => {
+            let mut t = format!("Invalid arguments for {}:", r.tool);
+            for v in violations {
+                t.push_str(&format!("\n- {}", v.message));
+            }
+            (t, true)
+        }
+        Outcome::Denied { reasons, .. } => {
+            (format!("Denied by policy: {}", reasons.join("; ")), true)
+        }
         Outcome::Refused { reason } => (format!("Refused: {reason}"), true),
         Outcome::PendingApproval {
             approval_id,
@@ -234,16 +218,6 @@ impl ServerHandler for GatewayServer {
         let principal = self.principal(&ctx);
         let args = request.arguments.clone().unwrap_or_default();
         let name = request.name.to_string();
-        // Malformed arguments of a tool the policy lists: invalid params.
-        if let Ok(catalog) = self.catalog(&principal)
-            && let Some(t) = catalog.get(&name)
-            && let Err(e) = check_arguments(&t["params"], &args)
-        {
-            return Err(McpError::invalid_params(
-                format!("{name}: {e}"),
-                Some(json!({"tool": name})),
-            ));
-        }
         let call = ToolCall {
             tool: name.clone(),
             params: Value::Object(args),

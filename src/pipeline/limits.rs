@@ -59,7 +59,10 @@ pub fn from_decision(s: &SandboxLimits) -> Result<(Limits, Duration), String> {
             .saturating_mul(cpu_millicores(&s.cpu)?.max(1000))
             / 1000,
         file_out_bytes: s.file_out_bytes,
-        ..Limits::default()
+        max_processes: s.max_processes,
+        file_bytes: s.file_bytes,
+        output_bytes: usize::try_from(s.output_bytes)
+            .map_err(|_| format!("sandbox.output_bytes {} is too large", s.output_bytes))?,
     };
     Ok((limits, deadline))
 }

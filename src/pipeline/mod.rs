@@ -36,8 +36,13 @@ use crate::tools::{self, ToolPaths};
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
-    /// The policy refused the call.
-    Denied { reasons: Vec<String> },
+    /// The policy refused the call. `violations`: what is wrong with the
+    /// params, as the policy found it (the agent can correct those).
+    Denied {
+        reasons: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        violations: Vec<crate::policy::decision::Violation>,
+    },
     /// The call needs a person's approval; nothing was applied.
     PendingApproval {
         approval_id: String,
@@ -292,6 +297,7 @@ impl Pipeline {
         }
         let denied = Outcome::Denied {
             reasons: decision.deny_reasons,
+            violations: decision.violations,
         };
         Ok(Err(self.finish(&input.request_id, tool, denied)?))
     }
@@ -449,18 +455,28 @@ impl Pipeline {
                 contents: tools::terraformrc(&mirror).into_bytes(),
             });
         }
-        // A Kubernetes credential comes with a kubeconfig around its token
-        // file; without the API server's CA configured it cannot be used.
-        if let Some(scope) = &decision.credential
-            && scope.params.contains_key("kubernetes_namespace")
+        // How the credential reaches the sandbox is the decision's
+        // `credential.type`: a Kubernetes token comes with a kubeconfig
+        // around its token file (without the API server's CA configured it
+        // cannot be used). A type this gateway cannot hand over is refused.
+        match decision
+            .credential
+            .as_ref()
+            .map(|c| (c, c.credential_type.as_str()))
         {
-            match self.kubeconfig_file(scope) {
+            None => {}
+            Some((scope, "kubernetes")) => match self.kubeconfig_file(scope) {
                 Ok(file) => {
                     files_in.push(file);
                     env.push(("KUBECONFIG".into(), tools::kubeconfig_inside()));
                     env.push(("KUBE_CONFIG_PATH".into(), tools::kubeconfig_inside()));
                 }
                 Err(e) => return Ok(Err(e)),
+            },
+            Some((_, other)) => {
+                return Ok(Err(format!(
+                    "the decision's credential is of type {other:?}, which this gateway cannot hand to a sandbox (it knows: kubernetes); nothing was run"
+                )));
             }
         }
         // Everything is checked; only now is a credential minted, and from
@@ -586,8 +602,8 @@ impl Pipeline {
         let namespace = scope
             .params
             .get("kubernetes_namespace")
-            .map(String::as_str)
-            .unwrap_or("default");
+            .filter(|n| !n.is_empty())
+            .ok_or("the decision's Kubernetes credential names no params.kubernetes_namespace; nothing was run")?;
         let text = crate::broker::kubeconfig::kubeconfig(
             &format!("https://{}:{port}", k.endpoint),
             &k.ca_pem,

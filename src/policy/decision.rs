@@ -14,6 +14,9 @@ use super::PolicyError;
 pub struct Decision {
     pub allow: bool,
     pub deny_reasons: Vec<String>,
+    /// What is wrong with the params, as the policy found it (each one is
+    /// also among `deny_reasons`).
+    pub violations: Vec<Violation>,
     pub tier: String,
     pub annotations: Annotations,
     /// The credential to mint for this call; `null` when it needs none.
@@ -39,11 +42,29 @@ pub struct Annotations {
     pub open_world_hint: bool,
 }
 
+/// One thing wrong with a call's params (`data.gateway.tools.violations`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Violation {
+    /// The param's name; "" for the params as a whole.
+    pub param: String,
+    /// `missing`, `unknown`, `not_a_string`, `too_long`, `not_an_object`, or
+    /// whatever else the policy names.
+    pub problem: String,
+    pub message: String,
+}
+
 /// Which dynamic secret to ask Vault/OpenBao for: `POST {mount}/creds/{role}`
 /// with `params`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialScope {
+    /// The catalog's credential kind (`pod_reader`, `terraform_apply`, …).
+    pub kind: String,
+    /// What is issued, which decides how it reaches the sandbox:
+    /// `kubernetes` (a token in a kubeconfig for `params.kubernetes_namespace`).
+    #[serde(rename = "type")]
+    pub credential_type: String,
     pub mount: String,
     pub role: String,
     pub params: BTreeMap<String, String>,
@@ -63,6 +84,12 @@ pub struct SandboxLimits {
     pub file_out_bytes: u64,
     /// How long a call waits for another call on the same module.
     pub module_wait_seconds: u64,
+    /// Processes and threads the sandbox may have.
+    pub max_processes: u64,
+    /// Largest file a process in the sandbox may write.
+    pub file_bytes: u64,
+    /// Cap of the captured stdout, and of stderr.
+    pub output_bytes: u64,
     pub egress: Vec<String>,
 }
 
@@ -147,6 +174,9 @@ impl Decision {
             ("module_copy_bytes", self.sandbox.module_copy_bytes),
             ("module_copy_files", self.sandbox.module_copy_files),
             ("file_out_bytes", self.sandbox.file_out_bytes),
+            ("max_processes", self.sandbox.max_processes),
+            ("file_bytes", self.sandbox.file_bytes),
+            ("output_bytes", self.sandbox.output_bytes),
         ] {
             if v == 0 {
                 return bad(format!("sandbox.{name} must be at least 1"));
@@ -173,6 +203,7 @@ impl Decision {
         Decision {
             allow: false,
             deny_reasons: vec![reason.into()],
+            violations: vec![],
             tier: "high".into(),
             annotations: Annotations {
                 read_only_hint: false,
@@ -189,6 +220,9 @@ impl Decision {
                 module_copy_files: 1,
                 file_out_bytes: 1,
                 module_wait_seconds: 0,
+                max_processes: 1,
+                file_bytes: 1,
+                output_bytes: 1,
                 egress: vec![],
             },
             signals: vec![],
@@ -245,11 +279,11 @@ mod tests {
 
     fn valid() -> serde_json::Value {
         json!({
-            "allow": true, "deny_reasons": [], "tier": "low",
+            "allow": true, "deny_reasons": [], "violations": [], "tier": "low",
             "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true},
-            "credential": {"mount": "kubernetes", "role": "pod-reader", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
+            "credential": {"kind": "pod_reader", "type": "kubernetes", "mount": "kubernetes", "role": "pod-reader", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
             "sandbox": {"cpu": "500m", "memory": "512Mi", "deadline_seconds": 120, "module_copy_bytes": 1024, "module_copy_files": 10,
-                        "file_out_bytes": 1024, "module_wait_seconds": 5, "egress": ["kube-apiserver"]},
+                        "file_out_bytes": 1024, "module_wait_seconds": 5, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "egress": ["kube-apiserver"]},
             "signals": [{"address": "a.b", "kind": "delete", "actions": ["delete"], "reason": null, "paths": [], "message": "a.b will be destroyed"}],
             "approval": {"required": false, "approvers": 1, "ttl_seconds": 1800, "reason_required": false, "satisfied": true}
         })

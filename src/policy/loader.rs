@@ -1,11 +1,17 @@
-//! Reading policy directories: every `.rego` module and every `.json` /
-//! `.yaml` / `.yml` data file below the given roots.
+//! Reading policy directories by OPA's bundle rules: every `.rego` module,
+//! and data only from files named `data.json`, `data.yaml` or `data.yml`,
+//! mounted at their directory's path (`config/tools/data.yaml` is
+//! `data.config.tools`; `data.json` at the root is merged into `data`). So
+//! `opa build -b`, `opa run -b` and `opa test -b` see exactly the document
+//! the gateway sees.
 //!
-//! Data files are mounted under `data` by their path relative to their root,
-//! following OPA's bundle convention: `config/tools.yaml` becomes
-//! `data.config.tools`, and a file named `data.json` / `data.yaml` is merged
-//! at its directory (`x/data.json` becomes `data.x`). Hidden files and
-//! directories (editor swap files, `.git`) and files ending in `~` are ignored.
+//! Any other `.json` / `.yaml` / `.yml` file is refused with the path it
+//! belongs at: OPA would ignore it in a bundle (and mount it at its
+//! directory, file name dropped, outside one), so a table an author means to
+//! be data would silently not be. The exception is a top-level `schema/`
+//! directory, which holds JSON Schemas of the input and the decision, not
+//! data. Hidden files and directories (editor swap files, `.git`) and files
+//! ending in `~` are ignored.
 
 use std::path::{Path, PathBuf};
 
@@ -68,6 +74,18 @@ impl Sources {
             walk(&real, &real, &mut found)?;
             found.sort();
             for (path, rel, kind) in found {
+                if kind != FileKind::Rego && rel.starts_with("schema/") {
+                    continue;
+                }
+                if kind != FileKind::Rego && !is_data_file(&rel) {
+                    return Err(PolicyError::Data {
+                        path: root.join(&rel),
+                        message: format!(
+                            "OPA reads data only from files named data.json or data.yaml; move it to {}",
+                            suggested_path(&rel)
+                        ),
+                    });
+                }
                 let mut file = read_file(&path, &rel, kind)?;
                 file.display = root.join(&rel).display().to_string();
                 files.push(file);
@@ -162,18 +180,40 @@ fn read_file(path: &Path, relative: &str, kind: FileKind) -> Result<SourceFile, 
     })
 }
 
-/// The `data` path a data file is mounted at.
+/// Whether a file's name makes it data in an OPA bundle.
+fn is_data_file(relative: &str) -> bool {
+    let name = relative.rsplit('/').next().unwrap_or(relative);
+    matches!(name, "data.json" | "data.yaml" | "data.yml")
+}
+
+/// Where a misnamed data file belongs: `config/tools.yaml` ->
+/// `config/tools/data.yaml`.
+fn suggested_path(relative: &str) -> String {
+    let p = Path::new(relative);
+    let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let ext = p.extension().map(|s| s.to_string_lossy().into_owned());
+    let dir = p
+        .parent()
+        .map(|d| d.to_string_lossy().into_owned())
+        .filter(|d| !d.is_empty());
+    let ext = if ext.as_deref() == Some("json") {
+        "json"
+    } else {
+        "yaml"
+    };
+    match (dir, stem) {
+        (Some(d), Some(s)) => format!("{d}/{s}/data.{ext}"),
+        (None, Some(s)) => format!("{s}/data.{ext}"),
+        _ => format!("data.{ext}"),
+    }
+}
+
+/// The `data` path a data file is mounted at: its directory (OPA's rule).
+/// A data file given by itself (not inside a policy dir) is merged at the
+/// root, as `opa eval -d FILE` does.
 pub fn data_path(relative: &str) -> Vec<String> {
     let mut parts: Vec<String> = relative.split('/').map(str::to_string).collect();
-    if let Some(last) = parts.pop() {
-        let stem = Path::new(&last)
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or(last);
-        if stem != "data" {
-            parts.push(stem);
-        }
-    }
+    parts.pop();
     parts
 }
 
@@ -211,11 +251,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn data_files_are_keyed_by_their_path() {
-        assert_eq!(data_path("config/tools.yaml"), vec!["config", "tools"]);
+    fn data_files_are_keyed_by_their_directory() {
+        assert_eq!(data_path("config/tools/data.yaml"), vec!["config", "tools"]);
         assert_eq!(data_path("x/data.json"), vec!["x"]);
         assert!(data_path("data.yaml").is_empty());
-        assert_eq!(data_path("limits.yml"), vec!["limits"]);
+        assert_eq!(
+            suggested_path("config/tools.yaml"),
+            "config/tools/data.yaml"
+        );
+        assert_eq!(suggested_path("limits.json"), "limits/data.json");
+    }
+
+    #[test]
+    fn a_data_file_opa_would_not_read_is_refused_with_where_it_belongs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path();
+        std::fs::create_dir_all(p.join("config")).expect("mkdir");
+        std::fs::write(p.join("config/tools.yaml"), "k: v\n").expect("write");
+        let err = Sources::read(&[p.to_path_buf()]).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("move it to config/tools/data.yaml"),
+            "{err}"
+        );
+        // JSON Schemas under schema/ are not data.
+        std::fs::remove_file(p.join("config/tools.yaml")).expect("rm");
+        std::fs::create_dir_all(p.join("schema")).expect("mkdir");
+        std::fs::write(p.join("schema/input.json"), "{}").expect("write");
+        let s = Sources::read(&[p.to_path_buf()]).expect("read");
+        assert!(s.files.is_empty());
     }
 
     #[test]
@@ -225,16 +289,17 @@ mod tests {
         std::fs::create_dir_all(p.join("config")).expect("mkdir");
         std::fs::create_dir_all(p.join(".git")).expect("mkdir");
         std::fs::write(p.join("a.rego"), "package a\nx := 1\n").expect("write");
-        std::fs::write(p.join("config/t.yaml"), "k: v\n").expect("write");
+        std::fs::create_dir_all(p.join("config/t")).expect("mkdir");
+        std::fs::write(p.join("config/t/data.yaml"), "k: v\n").expect("write");
         std::fs::write(p.join(".git/x.rego"), "junk").expect("write");
         std::fs::write(p.join(".a.rego.swp"), "junk").expect("write");
         std::fs::write(p.join("a.rego~"), "junk").expect("write");
         std::fs::write(p.join("README.md"), "# hi").expect("write");
         let s = Sources::read(&[p.to_path_buf()]).expect("read");
         let rel: Vec<_> = s.files.iter().map(|f| f.relative.as_str()).collect();
-        assert_eq!(rel, vec!["a.rego", "config/t.yaml"]);
+        assert_eq!(rel, vec!["a.rego", "config/t/data.yaml"]);
         let before = s.fingerprint();
-        std::fs::write(p.join("config/t.yaml"), "k: w\n").expect("write");
+        std::fs::write(p.join("config/t/data.yaml"), "k: w\n").expect("write");
         assert_ne!(
             Sources::read(&[p.to_path_buf()])
                 .expect("read")

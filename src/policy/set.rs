@@ -283,10 +283,10 @@ mod tests {
 
     const ALLOW_ALL: &str = r#"package gateway
 decision := {
-  "allow": true, "deny_reasons": [], "tier": data.cfg.tier,
+  "allow": true, "deny_reasons": [], "violations": [], "tier": data.cfg.tier,
   "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false},
   "credential": null,
-  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "module_copy_bytes": 1048576, "module_copy_files": 100, "file_out_bytes": 1048576, "module_wait_seconds": 1, "egress": []},
+  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "module_copy_bytes": 1048576, "module_copy_files": 100, "file_out_bytes": 1048576, "module_wait_seconds": 1, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "egress": []},
   "signals": [],
   "approval": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true},
 }
@@ -295,7 +295,7 @@ decision := {
     #[test]
     fn a_valid_set_decides_and_reads_its_data() {
         let set = set_from(
-            &[("d.rego", ALLOW_ALL), ("cfg.yaml", "tier: medium\n")],
+            &[("d.rego", ALLOW_ALL), ("cfg/data.yaml", "tier: medium\n")],
             &LoadOptions::default(),
         )
         .expect("loads");
@@ -373,7 +373,7 @@ decision := {
     fn a_decision_that_breaks_the_contract_is_a_deny_with_the_reason() {
         let rego = ALLOW_ALL.replace("\"signals\": [],", "");
         let set = set_from(
-            &[("d.rego", &rego), ("cfg.yaml", "tier: low\n")],
+            &[("d.rego", &rego), ("cfg/data.yaml", "tier: low\n")],
             &LoadOptions::default(),
         )
         .expect("loads");

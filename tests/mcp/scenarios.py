@@ -16,7 +16,6 @@ import sys
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.shared.exceptions import MCPError
 
 GATEWAY, HOME, WORKSPACE, POLICIES = sys.argv[1:5]
 MODULE = "terraform/offline-demo"
@@ -118,12 +117,12 @@ async def scenarios(s):
     check(r.is_error and "unknown tool" in r.content[0].text, r.content[0].text)
     print("PASS an unknown tool is refused")
 
-    try:
-        await s.call_tool("terraform_plan", {"working_dir": MODULE, "role": "admin"})
-        check(False, "malformed arguments were accepted")
-    except MCPError as e:
-        check("role" in str(e) and e.error.code == -32602, e)
-    print("PASS malformed arguments are an invalid-params error naming the field")
+    r = await s.call_tool("terraform_plan", {"working_dir": MODULE, "role": "admin"})
+    check(r.is_error and 'unknown param "role"' in r.content[0].text, r.content[0].text)
+    check(r.structured_content["violations"] == [{"param": "role", "problem": "unknown",
+          "message": 'unknown param "role" for tool "terraform_plan"'}], r.structured_content)
+    check(audit_events(rid(r)) == ["tool.request", "policy.decision", "tool.result"], audit_events(rid(r)))
+    print("PASS malformed arguments are a tool error naming the field, found by the policy after the request is audited")
 
     # Cancellation: make the plan slow, cancel it, check its sandbox is gone.
     slow = os.path.join(WORKSPACE, MODULE, "slow.tf")

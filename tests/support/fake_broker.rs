@@ -69,13 +69,13 @@ impl Broker for FakeBroker {
 /// needs a credential (scoped to demo-app, roles test-plan/test-apply,
 /// defined for the Vault setup too): what the broker double then issues.
 pub fn give_the_offline_module_a_credential(policies: &std::path::Path) {
-    let scopes = policies.join("config/scopes.yaml");
+    let scopes = policies.join("config/scopes/data.yaml");
     let text = std::fs::read_to_string(&scopes).expect("scopes").replace(
         "    credential: none\n",
         "    namespace: demo-app\n    roles:\n      terraform_plan: test-plan\n      terraform_apply: test-apply\n",
     );
     std::fs::write(&scopes, text).expect("write");
-    let roles = policies.join("config/vault_roles.yaml");
+    let roles = policies.join("config/vault_roles/data.yaml");
     let mut text = std::fs::read_to_string(&roles).expect("roles");
     for role in ["test-plan", "test-apply"] {
         text.push_str(&format!(

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""The policy contract, checked by OPA itself.
+
+Loads the policy dirs the way an OPA bundle is loaded (every `.rego`
+module; data only from `data.json` / `data.yaml` / `data.yml`, mounted at its
+directory's path; a top-level `schema/` dir is not data) into OPA's own Go
+engine (PyPI opa-golib-python-bindings), then:
+
+1. runs every `test_*` rule, as `opa test` does, and compares each outcome
+   with `gateway policy test --format json` on the same dirs: the same tests,
+   the same outcomes, all passing;
+2. builds a matrix of calls (every catalog tool with good and bad params,
+   every real plan fixture, approvals, a real saved plan file whose
+   configuration carries provisioners), has the gateway build each input
+   and decide it (`gateway policy eval --show-input`), and evaluates
+   `data.gateway.decision` under OPA with that same input: the decisions
+   must be equal;
+3. validates every input against policies/schema/input.json and every
+   decision (the gateway's and OPA's) against policies/schema/decision.json.
+
+Usage: scripts/opa-conformance.py [--gateway target/debug/gateway]
+Exit status 0 only when everything agrees.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import jsonschema
+import yaml
+from opa_bindings import OpaEngine, OpaError, OpaUndefinedError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_FILES = ("data.json", "data.yaml", "data.yml")
+
+
+def bundle_files(root):
+    """(relative path, absolute path) of every file OPA's bundle reader takes."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        if rel_dir == "schema" or rel_dir.startswith("schema" + os.sep):
+            continue
+        for name in sorted(filenames):
+            if name.startswith(".") or name.endswith("~"):
+                continue
+            if name.endswith(".rego") or name in DATA_FILES:
+                out.append((os.path.join(rel_dir, name), os.path.join(dirpath, name)))
+    return out
+
+
+def load_engine(roots):
+    engine = OpaEngine()
+    modules = {}
+    for root in roots:
+        for rel, path in bundle_files(root):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            if rel.endswith(".rego"):
+                name = os.path.join(os.path.basename(root), rel)
+                engine.add_policy(name, text)
+                modules[name] = text
+            else:
+                value = json.loads(text) if rel.endswith(".json") else yaml.safe_load(text)
+                parts = [p for p in os.path.dirname(rel).split(os.sep) if p]
+                engine.add_data(value, path=".".join(parts))
+    return engine, modules
+
+
+PACKAGE = re.compile(r"^package\s+([A-Za-z0-9_.]+)", re.M)
+TEST_RULE = re.compile(r"^(test_[A-Za-z0-9_]+)\b", re.M)
+
+
+def opa_tests(engine, modules):
+    """{data.pkg.test_x: "pass" | "fail" | "error"} as `opa test` decides."""
+    results = {}
+    for text in modules.values():
+        pkg = PACKAGE.search(text)
+        if not pkg:
+            continue
+        for name in dict.fromkeys(TEST_RULE.findall(text)):
+            full = f"data.{pkg.group(1)}.{name}"
+            try:
+                value = engine.eval_document(f"{pkg.group(1)}.{name}")
+                results[full] = "pass" if value is True else "fail"
+            except OpaUndefinedError:
+                results[full] = "fail"
+            except OpaError as e:
+                results[full] = f"error: {e}"
+    return results
+
+
+def gateway_tests(gateway, roots):
+    out = subprocess.run(
+        [gateway, "--policies", roots[0], "policy", "test", *roots, "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    doc = json.loads(out.stdout)
+    return {r["name"]: r["outcome"] for r in doc["results"]}
+
+
+def saved_plan_with_config(work):
+    """A real saved plan file whose configuration has a provisioner and a
+    removed block with one (made offline with built-in resources)."""
+    terraform = os.environ.get("TERRAFORM", os.path.join(ROOT, ".tools/bin/terraform"))
+    module = os.path.join(work, "module")
+    os.makedirs(module)
+    with open(os.path.join(module, "main.tf"), "w") as f:
+        f.write(
+            'resource "terraform_data" "web" {\n'
+            '  input = "v1"\n'
+            '  provisioner "local-exec" {\n'
+            '    command = "echo ${self.input}"\n'
+            "  }\n"
+            "}\n"
+        )
+    rc = os.path.join(work, "terraformrc")
+    open(rc, "w").close()
+    env = dict(os.environ, TF_CLI_CONFIG_FILE=rc, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
+    for args in (["init", "-input=false"], ["plan", "-input=false", "-out=plan.tfplan"]):
+        subprocess.run([terraform, f"-chdir={module}", *args], check=True, env=env,
+                       capture_output=True)
+    show = subprocess.run([terraform, f"-chdir={module}", "show", "-json", "plan.tfplan"],
+                          check=True, env=env, capture_output=True)
+    plan_json = os.path.join(work, "plan.json")
+    with open(plan_json, "wb") as f:
+        f.write(show.stdout)
+    return os.path.join(module, "plan.tfplan"), plan_json
+
+
+def cases(policies, work):
+    """Every call the matrix decides: (name, policy eval arguments)."""
+    with open(os.path.join(policies, "config/tools/data.yaml")) as f:
+        catalog = yaml.safe_load(f)
+    good = {
+        "k8s_get_pod_status": [{"namespace": "demo-app"}, {"namespace": "kube-system"}],
+        "terraform_plan": [{"working_dir": d} for d in
+                           ("terraform/offline-demo", "terraform/k8s-demo", "terraform/other",
+                            "/etc", "terraform/../x")],
+    }
+    good["terraform_apply"] = good["terraform_plan"] + [
+        {"working_dir": "terraform/offline-demo", "approval_id": "appr-1"}]
+    out = []
+    for tool in catalog:
+        for p in good.get(tool, [{}]):
+            out.append((f"{tool} {p}", ["--tool", tool, "--params", json.dumps(p)]))
+        # Bad params: missing, unknown, not a string, too long.
+        for p in ({}, {"bogus": "x"}, {k: 7 for k in catalog[tool]["params"]},
+                  {k: "x" * 500 for k in catalog[tool]["params"]}):
+            out.append((f"{tool} {json.dumps(p)[:40]}", ["--tool", tool, "--params", json.dumps(p)]))
+        for client in ("claude-code", "cursor"):
+            out.append((f"{tool} as {client}", ["--tool", tool, "--client", client,
+                                                "--params", json.dumps(good.get(tool, [{}])[0])]))
+    out.append(("unknown tool", ["--tool", "kubectl_delete", "--params", "{}"]))
+    plans = os.path.join(ROOT, "policy-tests/plans")
+    for fixture in sorted(os.listdir(plans)):
+        plan = os.path.join(plans, fixture, "data.json")
+        for tool in ("terraform_plan", "terraform_apply"):
+            for wd in ("terraform/offline-demo", "terraform/k8s-demo"):
+                out.append((f"{tool} {wd} plan {fixture}",
+                            ["--tool", tool, "--params", json.dumps({"working_dir": wd}),
+                             "--plan", plan]))
+    approvals = [
+        {"id": "appr-1", "status": "approved", "approvers": ["alice"]},
+        {"id": "appr-1", "status": "approved", "approvers": ["alice", "bob"]},
+        {"id": "appr-1", "status": "pending", "approvers": []},
+        {"id": "appr-1", "status": "denied", "approvers": []},
+    ]
+    for fixture in ("replace", "create", "no-changes"):
+        for a in approvals:
+            out.append((f"apply {fixture} approval {a['status']} {len(a['approvers'])}",
+                        ["--tool", "terraform_apply",
+                         "--params", json.dumps({"working_dir": "terraform/offline-demo",
+                                                 "approval_id": "appr-1"}),
+                         "--plan", os.path.join(plans, fixture, "data.json"),
+                         "--approval", json.dumps(a)]))
+    plan_file, plan_json = saved_plan_with_config(work)
+    for tool in ("terraform_plan", "terraform_apply"):
+        out.append((f"{tool} saved plan with a provisioner",
+                    ["--tool", tool, "--params", json.dumps({"working_dir": "terraform/offline-demo"}),
+                     "--plan", plan_json, "--plan-file", plan_file]))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gateway", default=os.path.join(ROOT, "target/debug/gateway"))
+    ap.add_argument("--policies", default="policies")
+    ap.add_argument("--tests", default="policy-tests")
+    a = ap.parse_args()
+    os.chdir(ROOT)
+    failures = []
+
+    # 1. The Rego unit tests under OPA and under the gateway.
+    engine, modules = load_engine([a.policies, a.tests])
+    opa = opa_tests(engine, modules)
+    ours = gateway_tests(a.gateway, [a.policies, a.tests])
+    for name in sorted(set(opa) | set(ours)):
+        o, g = opa.get(name, "missing"), ours.get(name, "missing")
+        if o != "pass" or g != "pass":
+            failures.append(f"test {name}: OPA {o}, gateway {g}")
+    print(f"opa-conformance: {len(opa)} Rego tests under OPA, {len(ours)} under the gateway")
+    engine.close()
+
+    # 2. and 3. Decisions on the matrix, and the schemas.
+    with open(os.path.join(a.policies, "schema/input.json")) as f:
+        input_schema = json.load(f)
+    with open(os.path.join(a.policies, "schema/decision.json")) as f:
+        decision_schema = json.load(f)
+    validator_in = jsonschema.Draft202012Validator(input_schema)
+    validator_out = jsonschema.Draft202012Validator(decision_schema)
+    engine, _ = load_engine([a.policies])
+    with tempfile.TemporaryDirectory() as work:
+        matrix = cases(a.policies, work)
+        for name, args in matrix:
+            out = subprocess.run(
+                [a.gateway, "--policies", a.policies, "policy", "eval", "--show-input", *args],
+                capture_output=True, text=True)
+            if out.returncode != 0 or out.stderr.strip():
+                failures.append(f"{name}: gateway policy eval failed: {out.stderr.strip()}")
+                continue
+            doc = json.loads(out.stdout)
+            theirs = engine.eval_document("gateway.decision", doc["input"])
+            if theirs != doc["decision"]:
+                failures.append(f"{name}: decisions differ\n  gateway: {json.dumps(doc['decision'])}"
+                                f"\n  OPA:     {json.dumps(theirs)}")
+            for what, validator, value in (("input", validator_in, doc["input"]),
+                                           ("gateway decision", validator_out, doc["decision"]),
+                                           ("OPA decision", validator_out, theirs)):
+                for err in validator.iter_errors(value):
+                    failures.append(f"{name}: {what} does not match its schema at "
+                                    f"/{'/'.join(map(str, err.absolute_path))}: {err.message}")
+        # tools/list for two clients.
+        for client in ("claude-code", "cli"):
+            principal = {"client": client, "os_user": "alice"}
+            theirs = engine.eval_document("gateway.tool_list", {"principal": principal})
+            out = subprocess.run(
+                [a.gateway, "--policies", a.policies, "policy", "eval", "--tool-list",
+                 "--client", client], capture_output=True, text=True)
+            if out.returncode == 0 and json.loads(out.stdout) != theirs:
+                failures.append(f"tool_list for {client}: gateway and OPA differ")
+            elif out.returncode != 0:
+                failures.append(f"tool_list for {client}: {out.stderr.strip()}")
+    print(f"opa-conformance: {len(matrix)} decisions compared")
+    engine.close()
+
+    for f in failures:
+        print(f"opa-conformance: FAIL {f}", file=sys.stderr)
+    if failures:
+        print(f"opa-conformance: {len(failures)} disagreement(s)", file=sys.stderr)
+        return 1
+    print("opa-conformance: OPA and the gateway agree on every test and decision")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
