@@ -35,14 +35,14 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
 
-# Rust: edition 2024 needs Rust 1.85 or later (Debian's own cargo is older).
+# Rust: 1.95 or later, the rust-version in Cargo.toml (the locked dependencies need it; Debian's own cargo is older).
 if ! command -v cargo >/dev/null 2>&1; then
-  say "no cargo on PATH: install Rust 1.85+ with rustup (https://rustup.rs), then run this again"
+  say "no cargo on PATH: install Rust 1.95+ with rustup (https://rustup.rs), then run this again"
   exit 1
 fi
 rust_minor="$(rustc --version | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p')"
-if [ -z "$rust_minor" ] || [ "$rust_minor" -lt 85 ]; then
-  say "$(rustc --version) is too old: edition 2024 needs Rust 1.85+ (rustup update stable)"
+if [ -z "$rust_minor" ] || [ "$rust_minor" -lt 95 ]; then
+  say "$(rustc --version) is too old: the gateway needs Rust 1.95+ (rustup update stable)"
   exit 1
 fi
 for c in clippy rustfmt; do

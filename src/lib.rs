@@ -14,8 +14,11 @@ pub mod mcp;
 pub mod pipeline;
 pub mod policy;
 pub mod process;
+pub use gateway_runner::protocol;
 pub mod sandbox;
+pub mod secret;
 pub mod tools;
+pub mod verify;
 
 /// An error and its causes on one line, each cause once: an error that
 /// already says its cause in its own message (`audit log X: denied`) does

@@ -206,7 +206,7 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
     assert_eq!(
         role["rules"],
         json!([{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["pods"], "resourceNames": []}]),
-        "exactly the rules of config/vault_roles.yaml"
+        "exactly the rules of config/vault_roles/data.yaml"
     );
     assert_eq!(binding["metadata"]["namespace"], "demo-app");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
@@ -479,7 +479,7 @@ fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Pipeline {
     ));
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));
     let mut tools = ToolPaths::discover(&common::repo());
-    tools.runner = env!("CARGO_BIN_EXE_gateway").into();
+    tools.runner = common::runner_bin();
     let mut p =
         Pipeline::new(store, w.home.clone(), common::repo(), sandbox, tools).expect("pipeline");
     p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), w.kube.port)]);
@@ -921,7 +921,7 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
         role["data"]["allowed_kubernetes_namespaces"],
         json!(["demo-app"])
     );
-    // TTLs from config/vault_roles.yaml (10m and 30m), in seconds.
+    // TTLs from config/vault_roles/data.yaml (10m and 30m), in seconds.
     assert_eq!(role["data"]["token_default_ttl"], 600, "{role}");
     assert_eq!(role["data"]["token_max_ttl"], 1800, "{role}");
     let policy = w.bao.ok(&["policy", "read", "gateway"]);
@@ -1030,7 +1030,8 @@ fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHan
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons() {
-    use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox, verify};
+    use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox};
+    use gateway::verify::kubernetes as verify;
     let w = world().await;
     w.kube
         .with(|s| s.restricted_namespaces = vec!["gateway-sandbox".into()]);

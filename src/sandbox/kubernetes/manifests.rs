@@ -313,7 +313,7 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         })
         .collect();
     env.push(EnvVar {
-        name: crate::tools::exec::FRAMED_ENV.into(),
+        name: crate::protocol::FRAMED_ENV.into(),
         value: Some("1".into()),
         value_from: None,
     });

@@ -17,7 +17,6 @@
 
 pub mod manifests;
 pub mod podsecurity;
-pub mod verify;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -540,7 +539,7 @@ impl KubernetesSandbox {
                 let retry_for = Duration::from_secs(self.cfg.grace_seconds);
                 match read_log(&pods, pod, &lp, retry_for).await {
                     Ok(log) => {
-                        let (o, e) = crate::tools::exec::unframe(log.as_bytes());
+                        let (o, e) = crate::protocol::unframe(log.as_bytes());
                         (capped(o, cap), capped(e, cap))
                     }
                     Err(e) => (

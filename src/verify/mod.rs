@@ -3,6 +3,8 @@
 //!
 //! The probe is the static busybox from Debian's busybox-static.
 
+pub mod kubernetes;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
@@ -10,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::local::LocalSandbox;
-use super::{Bind, Ended, Endpoint, Limits, Network, Sandbox, SandboxRequest};
+use crate::sandbox::local::LocalSandbox;
+use crate::sandbox::{Bind, Ended, Endpoint, Limits, Network, Sandbox, SandboxRequest};
 
 pub const PROBE: &str = "/bin/busybox";
 
@@ -79,7 +81,10 @@ fn host_ip() -> String {
         .to_string()
 }
 
-async fn run(sb: &LocalSandbox, req: SandboxRequest) -> Result<super::SandboxResult, String> {
+async fn run(
+    sb: &LocalSandbox,
+    req: SandboxRequest,
+) -> Result<crate::sandbox::SandboxResult, String> {
     sb.run(req).await.map_err(|e| e.to_string())
 }
 

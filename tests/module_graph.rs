@@ -1,0 +1,129 @@
+//! The crate's top-level modules form a graph without cycles: a reader can
+//! follow one call down the pipeline without being sent back up. In
+//! particular sandbox, tools and broker do not import each other in a
+//! circle (tools uses sandbox; sandbox and broker use neither).
+//!
+//! The graph is read from the source: every `crate::MODULE` a module's
+//! non-test code names.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = common::repo().join("src");
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let re = regex::Regex::new(r"crate::([a-z_]+)").expect("regex");
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&src).expect("under src");
+            let first = rel
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .unwrap_or_default();
+            let module = Path::new(first)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if module == "lib" || module == "main" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read");
+            // Unit tests may reach anywhere; the code may not.
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let uses = g.entry(module.clone()).or_default();
+            for c in re.captures_iter(code) {
+                if c[1] != module {
+                    uses.insert(c[1].to_string());
+                }
+            }
+        }
+    }
+    g
+}
+
+/// A cycle through `from`, if any.
+fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        g: &BTreeMap<String, BTreeSet<String>>,
+        node: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|n| n == node) {
+            let mut c = path[i..].to_vec();
+            c.push(node.to_string());
+            return Some(c);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in g.get(node).into_iter().flatten() {
+            if let Some(c) = visit(g, next, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in g.keys() {
+        if let Some(c) = visit(g, node, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_top_level_modules_have_no_cycle() {
+    let g = graph();
+    assert!(
+        g.contains_key("pipeline") && g.contains_key("sandbox"),
+        "{g:?}"
+    );
+    if let Some(c) = cycle(&g) {
+        panic!("module cycle: {}", c.join(" -> "));
+    }
+}
+
+#[test]
+fn sandbox_tools_and_broker_depend_only_downwards() {
+    let g = graph();
+    let uses = |m: &str| g.get(m).cloned().unwrap_or_default();
+    for m in ["tools", "broker", "pipeline", "policy"] {
+        assert!(!uses("sandbox").contains(m), "sandbox uses {m}");
+    }
+    for m in ["sandbox", "tools", "pipeline"] {
+        assert!(!uses("broker").contains(m), "broker uses {m}");
+    }
+    assert!(!uses("tools").contains("broker"), "tools uses broker");
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let mut g = BTreeMap::new();
+    g.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
+    g.insert("b".to_string(), BTreeSet::from(["c".to_string()]));
+    g.insert("c".to_string(), BTreeSet::from(["a".to_string()]));
+    assert_eq!(
+        cycle(&g),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    g.insert("c".to_string(), BTreeSet::new());
+    assert_eq!(cycle(&g), None);
+}
