@@ -25,7 +25,8 @@ deny_reasons := tools.deny | scope.deny
 decision := {
 	"allow": count(deny_reasons) == 0,
 	"deny_reasons": sort(deny_reasons),
-	"violations": [v | some m in sort({v.message | some v in tools.violations}); some v in tools.violations; v.message == m],
+	"violations": [{"param": t[1], "problem": t[2], "message": t[0]} | some t in sort({[v.message, v.param, v.problem] | some v in tools.violations})],
+	"runner": tools.runner,
 	"tier": tools.tier,
 	"annotations": tools.annotations,
 	"credential": scope.credential,

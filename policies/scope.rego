@@ -21,6 +21,7 @@ deny contains msg if {
 	tools.tool.scope == "namespace"
 	ns := tools.params.namespace
 	is_string(ns)
+	not tools.violated("namespace")
 	not cfg.namespaces[ns]
 	msg := sprintf("namespace %q is not in the allowlist (allowed: %s)", [ns, concat(", ", sort(object.keys(cfg.namespaces)))])
 }
@@ -47,6 +48,7 @@ deny contains msg if {
 	tools.tool.scope == "module"
 	wd := tools.params.working_dir
 	is_string(wd)
+	not tools.violated("working_dir")
 	startswith(wd, "/")
 	msg := sprintf("working_dir %q is absolute: name an allowed module dir relative to the repository", [wd])
 }
@@ -55,6 +57,7 @@ deny contains msg if {
 	tools.tool.scope == "module"
 	wd := tools.params.working_dir
 	is_string(wd)
+	not tools.violated("working_dir")
 	".." in split(replace(wd, "\\", "/"), "/")
 	msg := sprintf("working_dir %q contains '..': paths may not leave the allowed module dirs", [wd])
 }
@@ -63,6 +66,7 @@ deny contains msg if {
 	tools.tool.scope == "module"
 	wd := tools.params.working_dir
 	is_string(wd)
+	not tools.violated("working_dir")
 	not cfg.modules[wd]
 	msg := sprintf("working_dir %q is not an allowed module dir (allowed: %s)", [wd, concat(", ", sort(object.keys(cfg.modules)))])
 }

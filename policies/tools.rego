@@ -21,6 +21,11 @@ else := {}
 # The MCP client making the call ("" when unknown).
 client := object.get(object.get(input, "principal", {}), "client", "")
 
+# The gateway's runner for the tool (null: none; the call is refused).
+default runner := null
+
+runner := tool.runner
+
 # Unknown tools are treated as the riskiest kind.
 default tier := "high"
 
@@ -56,13 +61,40 @@ visible[name] := {
 
 deny contains msg if {
 	not tool
-	msg := sprintf("unknown tool %q: the policy's tool catalog does not list it", [object.get(input, "tool", "")])
+	msg := sprintf("unknown tool %s: the policy's tool catalog does not list it", [quoted(object.get(input, "tool", ""))])
 }
 
 deny contains msg if {
 	tool
 	not principal_allowed(tool)
-	msg := sprintf("tool %q is not available to client %q", [input.tool, client])
+	msg := sprintf("tool %s is not available to client %s", [quoted(input.tool), quoted(client)])
+}
+
+# Lengths are in characters (Unicode scalar values), the same under OPA and
+# regorus, as in the tools/list schema's maxLength. count() of a string is
+# not portable: OPA counts characters, regorus UTF-16 units (at least as
+# many, at most twice as many). So count() decides the clear cases under
+# both, and characters are counted one by one only in between.
+longer_than(s, n) if count(s) > 2 * n
+
+longer_than(s, n) if {
+	count(s) > n
+	count(s) <= 2 * n
+	count(regex.find_n("(?s:.)", s, -1)) > n
+}
+
+# A string as a message quotes it: at most 64 characters of it, so that
+# what the agent sent is not echoed back (and audited) at any size.
+short(s) := s if not longer_than(s, 64)
+
+else := concat("", [substring(s, 0, 64), "…"])
+
+quoted(s) := sprintf("%q", [short(s)])
+
+# Whether a param has a violation (other rules then leave it alone).
+violated(name) if {
+	some v in violations
+	v.param == name
 }
 
 # What is wrong with the call's params, as data: the MCP layer hands these
@@ -79,7 +111,7 @@ violations contains {"param": name, "problem": "missing", "message": sprintf("mi
 	not name in object.keys(params)
 }
 
-violations contains {"param": name, "problem": "unknown", "message": sprintf("unknown param %q for tool %q", [name, input.tool])} if {
+violations contains {"param": short(name), "problem": "unknown", "message": sprintf("unknown param %s for tool %s", [quoted(name), quoted(input.tool)])} if {
 	tool
 	some name, _ in params
 	not tool.params[name]
@@ -94,7 +126,7 @@ violations contains {"param": name, "problem": "not_a_string", "message": sprint
 violations contains {"param": name, "problem": "too_long", "message": sprintf("param %q is longer than %d characters", [name, tool.params[name].max_length])} if {
 	some name, value in params
 	is_string(value)
-	count(value) > tool.params[name].max_length
+	longer_than(value, tool.params[name].max_length)
 }
 
 deny contains v.message if some v in violations

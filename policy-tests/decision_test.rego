@@ -86,7 +86,7 @@ test_missing_tool_is_denied if {
 
 test_every_field_of_the_contract_is_present if {
 	d := decide("nope", {})
-	object.keys(d) == {"allow", "deny_reasons", "violations", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
+	object.keys(d) == {"allow", "deny_reasons", "violations", "runner", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
 	object.keys(d.approval) == {"required", "approvers", "ttl_seconds", "reason_required", "satisfied"}
 	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "max_processes", "file_bytes", "output_bytes", "egress"}
 }
@@ -108,6 +108,12 @@ test_param_problems_are_data_and_reasons if {
 	every v in d.violations {
 		v.message in d.deny_reasons
 	}
+}
+
+test_the_catalog_names_each_tools_runner if {
+	decide("k8s_get_pod_status", {"namespace": "demo-app"}).runner == "kubectl_get_pods"
+	decide("terraform_apply", {"working_dir": "terraform/offline-demo"}).runner == "terraform_apply"
+	decide("nope", {}).runner == null
 }
 
 test_a_call_with_good_params_has_no_violations if {

@@ -94,3 +94,9 @@ test_a_module_whose_configuration_keeps_state_elsewhere_is_denied if {
 # (`with data.config.scopes as …`), not one key of it: OPA does not apply
 # `with data.config.scopes.namespaces` to rules that read data.config.scopes.
 with_scopes(key, value) := object.union(object.remove(data.config.scopes, [key]), {key: value})
+
+test_a_working_dir_that_is_too_long_is_not_echoed_by_the_allowlist_rules if {
+	wd := concat("", ["/" | some _ in numbers.range(1, 300)])
+	r := scope.deny with input as call("terraform_plan", {"working_dir": wd})
+	r == set()
+}

@@ -80,3 +80,31 @@ test_an_empty_catalog_has_no_tools if {
 	r := tools.deny with data.config.tools as {} with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
 	r == {`unknown tool "k8s_get_pod_status": the policy's tool catalog does not list it`}
 }
+
+# --- Lengths are characters, under OPA and regorus alike --------------------
+
+emoji(n) := concat("", ["😀" | some _ in numbers.range(1, n)])
+
+test_a_namespace_of_63_emoji_is_not_too_long if {
+	v := tools.violations with input as {"tool": "k8s_get_pod_status", "params": {"namespace": emoji(63)}, "principal": {"client": "c", "os_user": "u"}}
+	v == set()
+}
+
+test_a_namespace_of_64_emoji_is_too_long if {
+	v := tools.violations with input as {"tool": "k8s_get_pod_status", "params": {"namespace": emoji(64)}, "principal": {"client": "c", "os_user": "u"}}
+	[x.problem | some x in v] == ["too_long"]
+}
+
+test_a_namespace_of_200_emoji_is_too_long if {
+	v := tools.violations with input as {"tool": "k8s_get_pod_status", "params": {"namespace": emoji(200)}, "principal": {"client": "c", "os_user": "u"}}
+	[x.problem | some x in v] == ["too_long"]
+}
+
+test_a_long_unknown_param_name_is_quoted_short if {
+	name := concat("", ["é" | some _ in numbers.range(1, 500)])
+	v := tools.violations with input as {"tool": "terraform_plan", "params": {"working_dir": "terraform/offline-demo", name: "x"}, "principal": {"client": "c", "os_user": "u"}}
+	[x] := [y | some y in v]
+	x.problem == "unknown"
+	x.param == concat("", [substring(name, 0, 64), "…"])
+	x.message == sprintf("unknown param %q for tool \"terraform_plan\"", [x.param])
+}

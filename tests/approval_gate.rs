@@ -47,6 +47,11 @@ fn world() -> World {
     let config =
         std::fs::read_to_string(common::repo().join(MODULE).join("main.tf")).expect("main.tf");
     std::fs::write(module.join("main.tf"), &config).expect("write");
+    // A second allowed module, so that an approval presented with its
+    // working_dir gets as far as the approval's binding.
+    let other = workspace.path().join("terraform/k8s-demo");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("main.tf"), "").expect("write");
     // A plan that replaces a resource: destructive, and terraform_apply is
     // high tier anyway.
     let plan_json = std::fs::read(common::repo().join("policy-tests/plans/replace/data.json"))
@@ -179,7 +184,10 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
         .await
         .expect("call");
     let why = refused(&r3.outcome);
-    assert!(why.contains("plan"), "{why}");
+    assert!(
+        why.contains("digest") || why.contains("changed"),
+        "refused for the plan file: {why}"
+    );
     assert_eq!(
         w.sandbox.seen().len(),
         before,
@@ -209,6 +217,11 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     );
     let applied = seen.last().expect("apply");
     assert_eq!(applied.phase, Phase::Apply);
+    assert_eq!(
+        applied.steps,
+        gateway::tools::terraform_apply_steps(&gateway::tools::plan_inside("plan.tfplan")),
+        "the apply sandbox ran init and the apply of the given plan file, no plan of its own"
+    );
     assert_eq!(
         applied.files_in.get("plan.tfplan"),
         Some(&approved_bytes),

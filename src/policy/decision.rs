@@ -17,6 +17,9 @@ pub struct Decision {
     /// What is wrong with the params, as the policy found it (each one is
     /// also among `deny_reasons`).
     pub violations: Vec<Violation>,
+    /// The gateway's runner for the tool (the catalog's `runner` key).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub runner: Option<String>,
     pub tier: String,
     pub annotations: Annotations,
     /// The credential to mint for this call; `null` when it needs none.
@@ -142,6 +145,21 @@ impl Decision {
         if self.allow && !self.deny_reasons.is_empty() {
             return bad("allow is true but deny_reasons is not empty".into());
         }
+        // Params the policy found wrong never reach a tool, whatever the
+        // rest of the policy says (the MCP layer does not check them).
+        if self.allow && !self.violations.is_empty() {
+            return bad("allow is true but violations is not empty".into());
+        }
+        if let Some(c) = &self.credential
+            && c.credential_type == "kubernetes"
+            && c.params
+                .get("kubernetes_namespace")
+                .is_none_or(String::is_empty)
+        {
+            return bad(
+                "credential.type is kubernetes but credential.params.kubernetes_namespace is missing".into(),
+            );
+        }
         if self.tier.trim().is_empty() {
             return bad("tier is empty".into());
         }
@@ -204,6 +222,7 @@ impl Decision {
             allow: false,
             deny_reasons: vec![reason.into()],
             violations: vec![],
+            runner: None,
             tier: "high".into(),
             annotations: Annotations {
                 read_only_hint: false,
@@ -279,7 +298,7 @@ mod tests {
 
     fn valid() -> serde_json::Value {
         json!({
-            "allow": true, "deny_reasons": [], "violations": [], "tier": "low",
+            "allow": true, "deny_reasons": [], "violations": [], "runner": null, "tier": "low",
             "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true},
             "credential": {"kind": "pod_reader", "type": "kubernetes", "mount": "kubernetes", "role": "pod-reader", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
             "sandbox": {"cpu": "500m", "memory": "512Mi", "deadline_seconds": 120, "module_copy_bytes": 1024, "module_copy_files": 10,
@@ -287,6 +306,20 @@ mod tests {
             "signals": [{"address": "a.b", "kind": "delete", "actions": ["delete"], "reason": null, "paths": [], "message": "a.b will be destroyed"}],
             "approval": {"required": false, "approvers": 1, "ttl_seconds": 1800, "reason_required": false, "satisfied": true}
         })
+    }
+
+    #[test]
+    fn an_allow_with_violations_or_a_kubernetes_credential_without_namespace_is_refused() {
+        let v = with(
+            valid(),
+            "/violations",
+            json!([{"param": "x", "problem": "unknown", "message": "unknown param \"x\""}]),
+        );
+        let err = Decision::from_policy_value(v).expect_err("refused");
+        assert!(err.to_string().contains("violations is not empty"), "{err}");
+        let v = with(valid(), "/credential/params", json!({"ttl": "10m"}));
+        let err = Decision::from_policy_value(v).expect_err("refused");
+        assert!(err.to_string().contains("kubernetes_namespace"), "{err}");
     }
 
     fn with(mut v: serde_json::Value, pointer: &str, new: serde_json::Value) -> serde_json::Value {

@@ -10,8 +10,11 @@
 //! directory, file name dropped, outside one), so a table an author means to
 //! be data would silently not be. The exception is a top-level `schema/`
 //! directory, which holds JSON Schemas of the input and the decision, not
-//! data. Hidden files and directories (editor swap files, `.git`) and files
-//! ending in `~` are ignored.
+//! data (a `data.json` there is data, as for OPA). A symbolic link inside a
+//! policy dir is refused (OPA's loader does not follow it; the root itself
+//! may be one, for atomic swaps), and so is a hidden `.rego`/data file or
+//! dir (OPA would load it); `.git` and files that are not policy or data
+//! (editor swap files, `x.rego~`) are ignored.
 
 use std::path::{Path, PathBuf};
 
@@ -74,7 +77,7 @@ impl Sources {
             walk(&real, &real, &mut found)?;
             found.sort();
             for (path, rel, kind) in found {
-                if kind != FileKind::Rego && rel.starts_with("schema/") {
+                if kind != FileKind::Rego && rel.starts_with("schema/") && !is_data_file(&rel) {
                     continue;
                 }
                 if kind != FileKind::Rego && !is_data_file(&rel) {
@@ -91,7 +94,54 @@ impl Sources {
                 files.push(file);
             }
         }
-        Ok(Sources { files })
+        let sources = Sources { files };
+        sources.check_data_leaves_rules_alone()?;
+        Ok(sources)
+    }
+
+    /// Refuse data that lands where a policy package is: a data file at or
+    /// below a package's path, or one whose content reaches into it. OPA
+    /// refuses such a set ("conflicting rule"); regorus would let the data
+    /// silently replace the rules, so that a `gateway/approvals/data.json`
+    /// of `{"requirement": {...}}` would waive every approval.
+    fn check_data_leaves_rules_alone(&self) -> Result<(), PolicyError> {
+        let packages: Vec<(Vec<String>, &str)> = self
+            .files
+            .iter()
+            .filter(|f| f.kind == FileKind::Rego)
+            .filter_map(|f| package_path(&f.content).map(|p| (p, f.display.as_str())))
+            .collect();
+        for f in self.files.iter().filter(|f| f.kind != FileKind::Rego) {
+            let value = data_value(f)?;
+            for (package, module) in &packages {
+                let mut here = &value;
+                let mut clash = true;
+                for key in package {
+                    match here {
+                        regorus::Value::Object(m) => {
+                            match m.get(&regorus::Value::from(key.as_str())) {
+                                Some(next) => here = next,
+                                None => {
+                                    clash = false;
+                                    break;
+                                }
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+                if clash {
+                    return Err(PolicyError::Data {
+                        path: PathBuf::from(&f.display),
+                        message: format!(
+                            "it puts data at data.{}, the package of {module}: data may not replace or shadow rules (OPA refuses this too)",
+                            package.join(".")
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// SHA-256 over every file's relative path, kind and content: equal
@@ -141,14 +191,37 @@ fn walk(
         let entry = entry.map_err(io)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        // Follow symlinks the way a reader of the directory would.
-        let meta = std::fs::metadata(&path).map_err(|source| PolicyError::Io {
+        let meta = std::fs::symlink_metadata(&path).map_err(|source| PolicyError::Io {
             path: path.clone(),
             source,
         })?;
+        let refuse = |why: &str| PolicyError::Data {
+            path: path.clone(),
+            message: why.to_string(),
+        };
+        // OPA's bundle loader does not follow links inside a bundle; the
+        // gateway refuses them rather than read something else than OPA.
+        if meta.file_type().is_symlink() {
+            return Err(refuse(
+                "a symbolic link inside a policy dir (OPA's bundle loader does not follow it): replace it with the file or dir itself",
+            ));
+        }
         if meta.is_dir() {
-            if !name.starts_with('.') {
-                walk(root, &path, out)?;
+            if name == ".git" {
+                continue;
+            }
+            if name.starts_with('.') {
+                return Err(refuse(
+                    "a hidden dir inside a policy dir (OPA would load what it holds, the gateway does not read hidden paths): rename or remove it",
+                ));
+            }
+            walk(root, &path, out)?;
+        } else if name.starts_with('.') {
+            let ext = Path::new(&name).extension().and_then(|e| e.to_str());
+            if matches!(ext, Some("rego" | "json" | "yaml" | "yml")) {
+                return Err(refuse(
+                    "a hidden policy or data file (OPA would load it, the gateway does not read hidden files): rename or remove it",
+                ));
             }
         } else if let Some(kind) = kind_of(&name) {
             let rel = path
@@ -178,6 +251,28 @@ fn read_file(path: &Path, relative: &str, kind: FileKind) -> Result<SourceFile, 
         kind,
         content,
     })
+}
+
+/// The path of a module's package (`package gateway.approvals` ->
+/// [gateway, approvals]); `package a["b-c"].d` forms too.
+fn package_path(rego: &str) -> Option<Vec<String>> {
+    let line = rego
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("package ") || l.starts_with("package\t"))?;
+    let path = line["package".len()..]
+        .split('#')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    let mut parts = Vec::new();
+    for piece in path.split(['.', '[', ']']) {
+        let piece = piece.trim().trim_matches('"');
+        if !piece.is_empty() {
+            parts.push(piece.to_string());
+        }
+    }
+    (!parts.is_empty()).then_some(parts)
 }
 
 /// Whether a file's name makes it data in an OPA bundle.
@@ -292,6 +387,7 @@ mod tests {
         std::fs::create_dir_all(p.join("config/t")).expect("mkdir");
         std::fs::write(p.join("config/t/data.yaml"), "k: v\n").expect("write");
         std::fs::write(p.join(".git/x.rego"), "junk").expect("write");
+        std::fs::write(p.join(".git/config"), "junk").expect("write");
         std::fs::write(p.join(".a.rego.swp"), "junk").expect("write");
         std::fs::write(p.join("a.rego~"), "junk").expect("write");
         std::fs::write(p.join("README.md"), "# hi").expect("write");
@@ -306,6 +402,74 @@ mod tests {
                 .fingerprint(),
             before
         );
+    }
+
+    #[test]
+    fn data_that_would_replace_rules_is_refused() {
+        for (file, content) in [
+            (
+                "gateway/approvals/data.json",
+                r#"{"requirement": {"required": false}}"#,
+            ),
+            ("gateway/data.json", r#"{"decision": {"allow": true}}"#),
+            ("data.json", r#"{"gateway": {"approvals": {"x": 1}}}"#),
+            ("gateway/approvals/more/data.yaml", "x: 1\n"),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let p = dir.path();
+            std::fs::write(
+                p.join("a.rego"),
+                "package gateway.approvals\nrequirement := 1\n",
+            )
+            .expect("write");
+            std::fs::write(p.join("d.rego"), "package gateway\ndecision := 1\n").expect("write");
+            let f = p.join(file);
+            std::fs::create_dir_all(f.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&f, content).expect("write");
+            let err = Sources::read(&[p.to_path_buf()]).expect_err(file);
+            assert!(
+                err.to_string().contains("may not replace or shadow rules"),
+                "{file}: {err}"
+            );
+        }
+        // Data beside the package is fine.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("a.rego"),
+            "package gateway.approvals\nx := 1\n",
+        )
+        .expect("write");
+        std::fs::create_dir_all(dir.path().join("gateway")).expect("mkdir");
+        std::fs::write(dir.path().join("gateway/data.json"), r#"{"other": 1}"#).expect("write");
+        std::fs::create_dir_all(dir.path().join("config")).expect("mkdir");
+        std::fs::write(dir.path().join("config/data.json"), r#"{"gateway": 1}"#).expect("write");
+        Sources::read(&[dir.path().to_path_buf()]).expect("data beside a package");
+        assert_eq!(
+            package_path("# c\npackage a[\"b-c\"].d # x\n"),
+            Some(vec!["a".into(), "b-c".into(), "d".into()])
+        );
+    }
+
+    #[test]
+    fn links_and_hidden_policy_files_are_refused() {
+        for setup in ["link-file", "link-dir", "hidden-rego", "hidden-dir"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let p = dir.path();
+            std::fs::write(p.join("a.rego"), "package a\nx := 1\n").expect("write");
+            match setup {
+                "link-file" => std::os::unix::fs::symlink("/etc/hostname", p.join("b.rego")),
+                "link-dir" => std::os::unix::fs::symlink("/etc", p.join("config")),
+                "hidden-rego" => std::fs::write(p.join(".b.rego"), "package b\n"),
+                _ => std::fs::create_dir_all(p.join(".hidden")),
+            }
+            .expect("setup");
+            let err = Sources::read(&[p.to_path_buf()]).expect_err(setup);
+            let m = err.to_string();
+            assert!(
+                m.contains("symbolic link") || m.contains("hidden"),
+                "{setup}: {m}"
+            );
+        }
     }
 
     #[test]

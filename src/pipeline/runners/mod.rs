@@ -1,0 +1,83 @@
+//! The tools' runners: what each tool does once the policy has allowed the
+//! request. The catalog names a tool's runner (`runner:` in
+//! `config/tools/data.yaml`, `runner` in the decision); a new tool is a
+//! runner here plus catalog lines, and the pipeline matches no tool name.
+
+mod kubectl;
+mod terraform;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use super::{Call, Outcome, Pipeline, Stop};
+use crate::policy::Decision;
+
+/// What a runner's `run` returns.
+pub type RunnerFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Stop>> + Send + 'a>>;
+
+/// One tool's part of the pipeline, after the request's decision allowed
+/// it: its own stages (plan, approval gate, credential, sandbox) and its
+/// result. Stopping early is a [`Stop`].
+pub trait ToolRunner: Send + Sync {
+    /// The name the catalog's `runner:` key uses.
+    fn name(&self) -> &'static str;
+
+    fn run<'a>(
+        &'a self,
+        pipeline: &'a Pipeline,
+        call: &'a mut Call,
+        decision: Decision,
+    ) -> RunnerFuture<'a>;
+}
+
+/// Every runner this gateway has.
+pub static RUNNERS: &[&dyn ToolRunner] = &[&kubectl::GetPods, &terraform::Plan, &terraform::Apply];
+
+/// The runner the decision names; a tool without one (or one this gateway
+/// does not have) is refused before anything is run.
+pub fn for_decision(decision: &Decision) -> Result<&'static dyn ToolRunner, Stop> {
+    let Some(name) = decision.runner.as_deref() else {
+        return Err(Stop::refused(
+            "the tool catalog names no runner for this tool; nothing was run",
+        ));
+    };
+    RUNNERS
+        .iter()
+        .copied()
+        .find(|r| r.name() == name)
+        .ok_or_else(|| {
+            Stop::refused(format!(
+                "the tool catalog names runner {name:?}, which this gateway does not have; nothing was run"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runner_names_are_unique() {
+        let mut names: Vec<_> = RUNNERS.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn a_decision_without_a_known_runner_is_refused() {
+        let mut d = Decision::fail_closed("x");
+        assert!(matches!(for_decision(&d), Err(Stop::Refused(_))));
+        d.runner = Some("rm_rf".into());
+        let Err(Stop::Refused(r)) = for_decision(&d) else {
+            panic!("an unknown runner was accepted");
+        };
+        assert!(r.reason.contains("\"rm_rf\""), "{}", r.reason);
+        d.runner = Some("terraform_apply".into());
+        assert_eq!(
+            for_decision(&d).ok().map(|r| r.name()),
+            Some("terraform_apply")
+        );
+    }
+}
