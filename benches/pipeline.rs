@@ -36,10 +36,10 @@ fn bench(c: &mut Criterion) {
     ));
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc, as root"));
     let mut tools = ToolPaths::discover(&repo);
-    // The in-sandbox step runner is the gateway binary, not this bench.
-    tools.runner = repo.join("target/release/gateway");
+    // The in-sandbox step runner is gateway-runner, not this bench.
+    tools.runner = repo.join("target/release/gateway-runner");
     if !tools.runner.is_file() {
-        tools.runner = repo.join("target/debug/gateway");
+        tools.runner = repo.join("target/debug/gateway-runner");
     }
     let pipeline = Pipeline::new(
         policy,

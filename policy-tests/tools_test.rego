@@ -108,3 +108,23 @@ test_a_long_unknown_param_name_is_quoted_short if {
 	x.param == concat("", [substring(name, 0, 64), "…"])
 	x.message == sprintf("unknown param %q for tool \"terraform_plan\"", [x.param])
 }
+
+# A catalog line that gives the apply runner to a low tier or read-only tool
+# would apply without a person's approval: the catalog never does.
+test_every_tool_run_by_the_apply_runner_is_high_tier_and_destructive if {
+	appliers := {n: e | some n, e in data.config.tools; e.runner == "terraform_apply"}
+	count(appliers) > 0
+	every _, e in appliers {
+		e.tier == "high"
+		e.annotations.destructiveHint
+		not e.annotations.readOnlyHint
+	}
+}
+
+test_every_catalog_param_has_a_numeric_max_length if {
+	every _, entry in data.config.tools {
+		every _, spec in entry.params {
+			is_number(spec.max_length)
+		}
+	}
+}

@@ -350,7 +350,15 @@ impl Pipeline {
                 violations,
             },
             Err(Stop::Refused(r)) => Outcome::Refused { reason: r.reason },
-            Err(Stop::Failed(e)) => return Err(e),
+            Err(Stop::Failed(e)) => {
+                // The call still ends in the log when the log can take it.
+                let _ = self.audit.append(
+                    request_id,
+                    "tool.result",
+                    json!({"status": "error", "error": e.to_string()}),
+                );
+                return Err(e);
+            }
         };
         self.finish(request_id, &call.input.tool, outcome)
     }

@@ -3,6 +3,8 @@
 //! `terraform show -json`, made from that file by trusted code). The one
 //! place their paths are built.
 
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::Stop;
@@ -13,10 +15,15 @@ pub struct PlanStore {
 }
 
 impl PlanStore {
-    /// The store under `home`, created if missing.
+    /// The store under `home`, created if missing (owner only: a plan's
+    /// JSON can show values the plan read).
     pub fn in_home(home: &Path) -> std::io::Result<PlanStore> {
         let dir = home.join("plans");
-        std::fs::create_dir_all(&dir)?;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
         Ok(PlanStore { dir })
     }
 
@@ -29,19 +36,22 @@ impl PlanStore {
         self.dir.join(format!("{request_id}.{ext}"))
     }
 
-    /// Save a plan file and its JSON; returns the plan file's path.
+    /// Save a plan file and its JSON (new files, no link followed);
+    /// returns the plan file's path.
     pub fn save(&self, request_id: &str, plan_file: &[u8], json: &[u8]) -> Result<PathBuf, Stop> {
+        check_id(request_id)?;
         let saved = self.plan_file_path(request_id);
-        std::fs::write(&saved, plan_file)
+        write_new(&saved, plan_file)
             .map_err(|e| Stop::refused(format!("saving the plan file: {e}")))?;
-        std::fs::write(self.path(request_id, "json"), json)
+        write_new(&self.path(request_id, "json"), json)
             .map_err(|e| Stop::refused(format!("saving the plan's JSON: {e}")))?;
         Ok(saved)
     }
 
     /// The plan file saved by request `request_id`.
     pub fn plan_file(&self, request_id: &str) -> Result<Vec<u8>, Stop> {
-        std::fs::read(self.plan_file_path(request_id)).map_err(|_| {
+        check_id(request_id)?;
+        read_regular(&self.plan_file_path(request_id)).map_err(|_| {
             Stop::refused(format!(
                 "the saved plan file of request {request_id} is missing; plan and ask again"
             ))
@@ -50,6 +60,46 @@ impl PlanStore {
 
     /// The plan's JSON saved with it, if it is there.
     pub fn plan_json(&self, request_id: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.path(request_id, "json")).ok()
+        check_id(request_id).ok()?;
+        read_regular(&self.path(request_id, "json")).ok()
     }
+}
+
+/// Request ids are `req-` and 32 hex digits; nothing else names a file here.
+fn check_id(request_id: &str) -> Result<(), Stop> {
+    let ok = request_id
+        .strip_prefix("req-")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Stop::refused(format!(
+            "{request_id:?} is not a request id; no saved plan is read or written for it"
+        )))
+    }
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)?;
+    Ok(out)
 }

@@ -87,6 +87,8 @@ struct Module {
 /// trusted code) and the SHA-256 of that file.
 struct MadePlan {
     plan: Value,
+    /// The saved plan file's bytes, as made (and saved).
+    plan_file: Vec<u8>,
     digest: String,
     /// Run time of the plan and show sandboxes together.
     sandbox_ms: u128,
@@ -271,6 +273,7 @@ impl Pipeline {
         progress.say("plan computed");
         Ok(MadePlan {
             plan,
+            plan_file: bin,
             digest,
             sandbox_ms: r.duration_ms + shown.duration_ms,
             config_files: serde_json::to_value(config_files).unwrap_or(Value::Null),
@@ -330,7 +333,14 @@ impl Pipeline {
         let rid = call.request_id().to_string();
         if !decision.approval.required || decision.approval.satisfied {
             return self
-                .apply_saved(&call.progress, &decision, &rid, &rid, module)
+                .apply_saved(
+                    &call.progress,
+                    &decision,
+                    &rid,
+                    made.plan_file,
+                    &made.digest,
+                    module,
+                )
                 .await;
         }
         let changes = crate::approvals::plan_summary(&made.plan);
@@ -397,10 +407,8 @@ impl Pipeline {
                     "approval.refused",
                     json!({"approval_id": approval_id, "reason": reason}),
                 )?;
-                return Err(match stop {
-                    Stop::Refused(_) => Stop::refused(reason),
-                    other => other,
-                });
+                drop(stop);
+                return Err(Stop::refused(reason));
             }
         };
         let digest = sha256_hex(&bin);
@@ -421,6 +429,26 @@ impl Pipeline {
             "approvers": approval.verdicts.iter().filter(|v| v.verdict == "grant").map(|v| v.approver.clone()).collect::<Vec<_>>(),
         }));
         let decision = self.decide(&call.input, Step::Approval)?;
+        // The policy of now decides whether a granted approval is enough
+        // (more approvers may be needed than when it was asked for). One
+        // that is not granted (pending, denied, expired, spent) is refused
+        // below by the store, with its own reason.
+        if decision.approval.required
+            && !decision.approval.satisfied
+            && approval.state.as_str() == "approved"
+        {
+            let reason = format!(
+                "approval {approval_id} does not meet the policy's requirement now ({} approver(s) needed, status {}); nothing was applied",
+                decision.approval.approvers,
+                approval.state.as_str()
+            );
+            self.audit.append(
+                &rid,
+                "approval.refused",
+                json!({"approval_id": approval_id, "reason": reason}),
+            )?;
+            return Err(Stop::refused(reason));
+        }
         let bound = bound_params(&call.input.params);
         let spent =
             self.approvals()
@@ -438,18 +466,13 @@ impl Pipeline {
             "approval.spent",
             json!({"approval_id": approval_id, "plan_sha256": digest}),
         )?;
-        self.apply_saved(
-            &call.progress,
-            &decision,
-            &rid,
-            &approval.request_id,
-            module,
-        )
-        .await
+        self.apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
+            .await
     }
 
-    /// Apply the saved plan of request `plan_of` in a sandbox on a copy of
-    /// the module, then write back exactly the state files (checked to be
+    /// Apply `bin`, the saved plan file read once by the caller (the bytes
+    /// whose digest the policy and the approval saw, never read again from
+    /// disk), in a sandbox on a copy of the module, then write back exactly the state files (checked to be
     /// Terraform state of the module's lineage); the rest is discarded. The
     /// summary is made from the state before and after, not from what the
     /// sandbox printed.
@@ -458,10 +481,15 @@ impl Pipeline {
         progress: &Progress,
         decision: &Decision,
         rid: &str,
-        plan_of: &str,
+        bin: Vec<u8>,
+        digest: &str,
         module: &Module,
     ) -> Result<Outcome, Stop> {
-        let bin = self.plans.plan_file(plan_of)?;
+        if sha256_hex(&bin) != digest {
+            return Err(Stop::refused(
+                "the plan file is not the one the decision was made on; nothing was applied",
+            ));
+        }
         let cap = decision.sandbox.file_out_bytes;
         let before = module
             .dir
