@@ -82,14 +82,18 @@ fn world() -> World {
     }
 }
 
-fn apply(params: Value) -> ToolCall {
-    ToolCall {
-        tool: "terraform_apply".into(),
-        params,
-        principal: Principal {
-            client: "test-agent".into(),
-            os_user: "alice".into(),
-        },
+impl World {
+    /// terraform_apply with `params`, as the agent alice.
+    async fn apply(&self, params: Value) -> gateway::pipeline::CallResult {
+        let call = ToolCall {
+            tool: "terraform_apply".into(),
+            params,
+            principal: Principal {
+                client: "test-agent".into(),
+                os_user: "alice".into(),
+            },
+        };
+        self.pipeline.call(call).await.expect("call")
     }
 }
 
@@ -106,11 +110,7 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     let w = world();
 
     // 1. No approval: plan, show, then a pending approval; nothing applied.
-    let r = w
-        .pipeline
-        .call(apply(json!({"working_dir": MODULE})))
-        .await
-        .expect("call");
+    let r = w.apply(json!({"working_dir": MODULE})).await;
     let Outcome::PendingApproval {
         approval_id,
         signals,
@@ -160,12 +160,8 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     // 3. The approval with other params: refused, nothing run.
     let before = w.sandbox.seen().len();
     let r2 = w
-        .pipeline
-        .call(apply(
-            json!({"working_dir": "terraform/k8s-demo", "approval_id": approval_id}),
-        ))
-        .await
-        .expect("call");
+        .apply(json!({"working_dir": "terraform/k8s-demo", "approval_id": approval_id}))
+        .await;
     let why = refused(&r2.outcome);
     assert!(!why.is_empty());
     assert_eq!(
@@ -177,12 +173,8 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     // 4. The saved plan file changed on disk: refused, approval not spent.
     std::fs::write(&saved, b"another plan").expect("tamper");
     let r3 = w
-        .pipeline
-        .call(apply(
-            json!({"working_dir": MODULE, "approval_id": approval_id}),
-        ))
-        .await
-        .expect("call");
+        .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
+        .await;
     let why = refused(&r3.outcome);
     assert!(
         why.contains("digest") || why.contains("changed"),
@@ -198,12 +190,8 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     // 5. With the approval: exactly the approved plan's bytes are applied,
     // and no fresh plan is made.
     let r4 = w
-        .pipeline
-        .call(apply(
-            json!({"working_dir": MODULE, "approval_id": approval_id}),
-        ))
-        .await
-        .expect("call");
+        .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
+        .await;
     let Outcome::Completed { ok, summary, .. } = &r4.outcome else {
         panic!("expected the apply to complete, got {:?}", r4.outcome);
     };
@@ -232,12 +220,8 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
 
     // 6. The same approval again: refused (spent), nothing run.
     let r5 = w
-        .pipeline
-        .call(apply(
-            json!({"working_dir": MODULE, "approval_id": approval_id}),
-        ))
-        .await
-        .expect("call");
+        .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
+        .await;
     assert!(refused(&r5.outcome).contains("spent"), "{:?}", r5.outcome);
     assert_eq!(w.sandbox.seen().len(), before + 1);
 }
@@ -245,11 +229,7 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
 #[tokio::test]
 async fn a_denied_approval_applies_nothing() {
     let w = world();
-    let r = w
-        .pipeline
-        .call(apply(json!({"working_dir": MODULE})))
-        .await
-        .expect("call");
+    let r = w.apply(json!({"working_dir": MODULE})).await;
     let Outcome::PendingApproval { approval_id, .. } = &r.outcome else {
         panic!("expected a pending approval, got {:?}", r.outcome);
     };
@@ -259,12 +239,8 @@ async fn a_denied_approval_applies_nothing() {
         .expect("store")
         .expect("bob denies");
     let r2 = w
-        .pipeline
-        .call(apply(
-            json!({"working_dir": MODULE, "approval_id": approval_id}),
-        ))
-        .await
-        .expect("call");
+        .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
+        .await;
     refused(&r2.outcome);
     assert_eq!(w.sandbox.phases(), vec![Phase::Plan, Phase::Show]);
     assert!(!w.module.join("terraform.tfstate").exists());

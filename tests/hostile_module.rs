@@ -136,6 +136,7 @@ impl Sandbox for Hostile {
 
 struct World {
     _dirs: Vec<tempfile::TempDir>,
+    policies: PathBuf,
     home: PathBuf,
     workspace: PathBuf,
     module: PathBuf,
@@ -151,27 +152,16 @@ fn world(with_credential: bool) -> World {
 
 /// [`world`], with (old, new) text replacements in config/sandbox/data.yaml.
 fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
-    let policies = tempfile::tempdir().expect("policies");
-    common::copy_dir(&common::repo().join("policies"), policies.path());
-    let sandbox_yaml = policies.path().join("config/sandbox/data.yaml");
-    let mut text = std::fs::read_to_string(&sandbox_yaml).expect("sandbox.yaml");
-    for (old, new) in sandbox_edits {
-        assert!(text.contains(old), "{old}");
-        text = text.replace(old, new);
-    }
-    std::fs::write(&sandbox_yaml, text).expect("write");
+    let edits: Vec<(&str, &str, &str)> = sandbox_edits
+        .iter()
+        .map(|(old, new)| ("config/sandbox/data.yaml", *old, *new))
+        .collect();
+    let policies = common::policies_with(&edits);
     if with_credential {
         fake_broker::give_the_offline_module_a_credential(policies.path());
     }
     let home = tempfile::tempdir().expect("home");
-    let workspace = tempfile::tempdir().expect("workspace");
-    let module = workspace.path().join(MODULE);
-    std::fs::create_dir_all(&module).expect("mkdir");
-    std::fs::copy(
-        common::repo().join("terraform/offline-demo/main.tf"),
-        module.join("main.tf"),
-    )
-    .expect("copy");
+    let (workspace, module) = common::workspace_with_module(MODULE);
     let store = Arc::new(PolicyStore::open(
         vec![policies.path().to_path_buf()],
         LoadOptions::default(),
@@ -193,6 +183,7 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
         pipeline.broker = Some(Arc::new(FakeBroker::default()));
     }
     World {
+        policies: policies.path().to_path_buf(),
         home: home.path().to_path_buf(),
         workspace: workspace.path().to_path_buf(),
         module,
@@ -976,5 +967,40 @@ fn a_module_that_keeps_its_state_elsewhere_is_denied() {
             .iter()
             .any(|r| r.contains("backend.tf\" declares a backend block")),
         "{reasons:?}"
+    );
+}
+
+/// Attack (an agent with a shell that can write the policy dir): drop a
+/// data file where a rule is, `gateway/approvals/data.json` with a waived
+/// `requirement`. Under regorus data silently replaces the rule, so the
+/// next terraform_apply would have run at once, without a person. The
+/// reload is refused (as OPA refuses such a set), the last good set stays,
+/// and the apply still stops at the gate: real Terraform plans it in gVisor.
+#[test]
+fn data_dropped_over_the_approval_rules_does_not_waive_the_gate() {
+    let w = world(false);
+    let dir = w.policies.join("gateway/approvals");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("data.json"),
+        r#"{"requirement": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true}}"#,
+    )
+    .expect("write");
+    match w.pipeline.policy.reload() {
+        Some(gateway::policy::store::PolicyEvent::ReloadFailed { error, active }) => {
+            assert!(error.contains("may not replace or shadow rules"), "{error}");
+            assert!(active.is_some(), "the last good set stays active");
+        }
+        other => panic!("the shadowing set was not refused: {other:?}"),
+    }
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    assert!(
+        matches!(r.outcome, Outcome::PendingApproval { .. }),
+        "the apply ran without a person: {:?}",
+        r.outcome
+    );
+    assert!(
+        !w.module.join("terraform.tfstate").exists(),
+        "nothing applied"
     );
 }

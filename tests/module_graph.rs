@@ -43,10 +43,18 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
             let text = std::fs::read_to_string(&path).expect("read");
             // Unit tests may reach anywhere; the code may not.
             let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            // `super::super::x` would name a top-level module without
+            // `crate::`; none is used, and none may be, so that every
+            // edge is seen here.
+            assert!(
+                !code.contains("super::super::"),
+                "{}: use crate:: paths, not super::super::",
+                path.display()
+            );
             let uses = g.entry(module.clone()).or_default();
-            for c in re.captures_iter(code) {
-                if c[1] != module {
-                    uses.insert(c[1].to_string());
+            for name in referenced(&re, code) {
+                if name != module {
+                    uses.insert(name);
                 }
             }
         }
@@ -54,7 +62,49 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     g
 }
 
-/// A cycle through `from`, if any.
+/// Every top-level module `code` names: `crate::x` and each first-level
+/// item of `crate::{x, y::z, ...}`.
+fn referenced(re: &regex::Regex, code: &str) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = re.captures_iter(code).map(|c| c[1].to_string()).collect();
+    for (at, _) in code.match_indices("crate::{") {
+        let mut depth = 0;
+        let mut item = String::new();
+        let mut items = Vec::new();
+        for ch in code[at + "crate::".len()..].chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    if depth > 1 {
+                        item.push(ch);
+                    }
+                }
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        items.push(std::mem::take(&mut item));
+                        break;
+                    }
+                    item.push(ch);
+                }
+                ',' if depth == 1 => items.push(std::mem::take(&mut item)),
+                _ => item.push(ch),
+            }
+        }
+        for i in items {
+            let head: String = i
+                .trim()
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !head.is_empty() && head != "self" {
+                out.insert(head);
+            }
+        }
+    }
+    out
+}
+
+/// A cycle in `g`, if any.
 fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
         g: &BTreeMap<String, BTreeSet<String>>,
@@ -112,6 +162,23 @@ fn sandbox_tools_and_broker_depend_only_downwards() {
         assert!(!uses("broker").contains(m), "broker uses {m}");
     }
     assert!(!uses("tools").contains("broker"), "tools uses broker");
+}
+
+#[test]
+fn grouped_imports_are_edges_too() {
+    let re = regex::Regex::new(r"crate::([a-z_]+)").expect("regex");
+    let got = referenced(
+        &re,
+        "use crate::{audit::AuditLog, sandbox::{Bind, net}, tools};\n",
+    );
+    assert_eq!(
+        got,
+        BTreeSet::from([
+            "audit".to_string(),
+            "sandbox".to_string(),
+            "tools".to_string()
+        ])
+    );
 }
 
 #[test]

@@ -34,27 +34,16 @@ struct Setup {
 /// The default policies, except that the offline module now needs a
 /// (fake) credential scoped to demo-app, and terraform_plan gets `deadline`.
 fn setup(deadline: u64, with_broker: bool) -> Setup {
-    let policies = tempfile::tempdir().expect("policies");
-    common::copy_dir(&common::repo().join("policies"), policies.path());
+    let deadline = format!("  terraform_plan:\n    deadline_seconds: {deadline}");
+    let policies = common::policies_with(&[(
+        "config/sandbox/data.yaml",
+        "  terraform_plan:\n    deadline_seconds: 300",
+        &deadline,
+    )]);
     fake_broker::give_the_offline_module_a_credential(policies.path());
-    let sandbox_cfg = policies.path().join("config/sandbox/data.yaml");
-    let text = std::fs::read_to_string(&sandbox_cfg)
-        .expect("sandbox")
-        .replace(
-            "  terraform_plan:\n    deadline_seconds: 300",
-            &format!("  terraform_plan:\n    deadline_seconds: {deadline}"),
-        );
-    std::fs::write(&sandbox_cfg, text).expect("write");
 
     let home = tempfile::tempdir().expect("home");
-    let workspace = tempfile::tempdir().expect("workspace");
-    let module = workspace.path().join("terraform/offline-demo");
-    std::fs::create_dir_all(&module).expect("mkdir");
-    std::fs::copy(
-        common::repo().join("terraform/offline-demo/main.tf"),
-        module.join("main.tf"),
-    )
-    .expect("copy");
+    let (workspace, _module) = common::workspace_with_module("terraform/offline-demo");
     let store = Arc::new(PolicyStore::open(
         vec![policies.path().to_path_buf()],
         LoadOptions::default(),

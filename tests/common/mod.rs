@@ -51,3 +51,31 @@ pub fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A copy of the default policies with (file, old, new) text edits, each
+/// of which must apply.
+pub fn policies_with(edits: &[(&str, &str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("policies");
+    copy_dir(&repo().join("policies"), dir.path());
+    for (file, old, new) in edits {
+        let p = dir.path().join(file);
+        let text = std::fs::read_to_string(&p).expect("policy file");
+        assert!(text.contains(old), "{file} should contain {old:?}");
+        std::fs::write(&p, text.replace(old, new)).expect("write");
+    }
+    dir
+}
+
+/// A workspace holding a copy of the offline demo module at `module`;
+/// returns the workspace and the module's dir.
+pub fn workspace_with_module(module: &str) -> (tempfile::TempDir, PathBuf) {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let dir = workspace.path().join(module);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::copy(
+        repo().join("terraform/offline-demo/main.tf"),
+        dir.join("main.tf"),
+    )
+    .expect("copy main.tf");
+    (workspace, dir)
+}

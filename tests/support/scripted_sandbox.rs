@@ -47,6 +47,9 @@ pub struct Script {
     pub state_after: Vec<u8>,
     /// Distinguishes plan files of successive plans (Terraform's differ too).
     pub plans_made: u32,
+    /// Every plan file a plan sandbox handed back: show and apply accept
+    /// only these, as Terraform refuses a file that is not a plan it wrote.
+    pub made: Vec<Vec<u8>>,
 }
 
 pub struct ScriptedSandbox {
@@ -63,6 +66,7 @@ impl ScriptedSandbox {
                 plan_json,
                 state_after,
                 plans_made: 0,
+                made: Vec::new(),
             }),
             seen: Mutex::new(Vec::new()),
             scratch: tempfile::tempdir().expect("scratch"),
@@ -137,13 +141,34 @@ impl Sandbox for ScriptedSandbox {
             });
             let mut script = self.script.lock().expect("script");
             let mut files_out = BTreeMap::new();
+            let given = req
+                .files_in
+                .iter()
+                .find(|f| f.path == "plan.tfplan")
+                .map(|f| f.contents.clone());
+            if matches!(phase, Phase::Show | Phase::Apply)
+                && !given.as_ref().is_some_and(|g| script.made.contains(g))
+            {
+                return Ok(SandboxResult {
+                    name: req.name,
+                    exit_code: Some(1),
+                    stdout: Captured::default(),
+                    stderr: Captured {
+                        bytes: b"Error: Failed to load \"plan.tfplan\" as a plan file\n".to_vec(),
+                        truncated: false,
+                    },
+                    files_out,
+                    duration_ms: 1,
+                    ended: Ended::Exited,
+                    endpoints: BTreeMap::new(),
+                });
+            }
             match phase {
                 Phase::Plan => {
                     script.plans_made += 1;
-                    files_out.insert(
-                        tools::PLAN_FILE.to_string(),
-                        plan_file(&script.config, script.plans_made),
-                    );
+                    let file = plan_file(&script.config, script.plans_made);
+                    script.made.push(file.clone());
+                    files_out.insert(tools::PLAN_FILE.to_string(), file);
                 }
                 Phase::Show => {
                     files_out.insert(tools::PLAN_JSON.to_string(), script.plan_json.clone());

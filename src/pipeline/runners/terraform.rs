@@ -96,6 +96,16 @@ struct MadePlan {
     config_files: Value,
 }
 
+/// A sandbox step that did not succeed, as a refusal with how it ended and
+/// the end of what it said.
+fn failed(what: &str, r: &crate::sandbox::SandboxResult) -> Stop {
+    Stop::refused(format!(
+        "{what} failed ({:?}):\n{}",
+        r.ended,
+        tail(&r.stderr.text(), 40)
+    ))
+}
+
 /// The call's params without its approval_id: what an approval is bound to.
 fn bound_params(params: &Value) -> Value {
     let mut bound = params.clone();
@@ -188,11 +198,7 @@ impl Pipeline {
         // Everything else the plan sandbox wrote is discarded.
         drop(work);
         if !r.success() {
-            return Err(Stop::refused(format!(
-                "terraform plan failed ({:?}):\n{}",
-                r.ended,
-                tail(&r.stderr.text(), 40)
-            )));
+            return Err(failed("terraform plan", &r));
         }
         let Some(bin) = r.files_out.get(tools::PLAN_FILE).cloned() else {
             return Err(Stop::refused("terraform plan produced no plan file"));
@@ -252,11 +258,7 @@ impl Pipeline {
             .await?;
         drop(show_dir);
         if !shown.success() {
-            return Err(Stop::refused(format!(
-                "terraform show of the saved plan failed ({:?}):\n{}",
-                shown.ended,
-                tail(&shown.stderr.text(), 40)
-            )));
+            return Err(failed("terraform show of the saved plan", &shown));
         }
         let Some(json_bytes) = shown.files_out.get(tools::PLAN_JSON) else {
             return Err(Stop::refused("terraform show wrote no plan JSON"));
