@@ -20,8 +20,11 @@
 //! `flock` on the file for each append, so lines never interleave; each line
 //! is written with one `write` and `fsync`ed before `append` returns.
 
+pub mod events;
 pub mod scrub;
 pub mod verify;
+
+pub use events::Event;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -176,7 +179,16 @@ impl AuditLog {
         &self.path
     }
 
-    /// Append one event. `data` is scrubbed of secrets before it is written.
+    /// Record one of the gateway's events ([`Event`]): the way every part
+    /// of the gateway writes to the log.
+    pub fn record(&self, request_id: &str, event: Event) -> Result<Map<String, Value>, AuditError> {
+        let (name, data) = event.split();
+        self.append(request_id, &name, data)
+    }
+
+    /// Append one event by name (the log's own primitive; the gateway's
+    /// parts use [`AuditLog::record`]). `data` is scrubbed of secrets
+    /// before it is written.
     pub fn append(
         &self,
         request_id: &str,

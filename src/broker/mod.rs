@@ -17,9 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, Event};
 use crate::policy::CredentialScope;
 use crate::secret::SecretFile;
 
@@ -92,11 +90,17 @@ pub async fn issue_for_call(
     tokio::spawn(async move {
         let issued = b.issue(&rid, &sc).await;
         if let Err(Ok(orphan)) = tx.send(issued) {
-            let _ = a.append(
+            let _ = a.record(
                 &rid,
-                "credential.issued",
-                json!({"lease_id": orphan.lease_id, "mount": sc.mount, "role": sc.role,
-                       "after_cancellation": true}),
+                Event::CredentialIssued {
+                    lease_id: orphan.lease_id.clone(),
+                    mount: sc.mount.clone(),
+                    role: sc.role.clone(),
+                    params: None,
+                    ttl_seconds: None,
+                    credential: None,
+                    after_cancellation: Some(true),
+                },
             );
             revoke_with_retries(b.as_ref(), &a, &rid, &orphan.lease_id).await;
         }
@@ -128,18 +132,30 @@ pub async fn revoke_with_retries(
         tokio::time::sleep(*delay).await;
         match broker.revoke(lease_id).await {
             Ok(()) => {
-                let _ = audit.append(
+                let _ = audit.record(
                     request_id,
-                    "credential.revoked",
-                    json!({"lease_id": lease_id, "attempt": attempt + 1}),
+                    Event::CredentialRevoked {
+                        lease_id: lease_id.into(),
+                        attempt: Some(attempt + 1),
+                        recovered: None,
+                        reason: None,
+                        issued_at: None,
+                        owner_pid: None,
+                    },
                 );
                 return true;
             }
             Err(e) => {
-                let _ = audit.append(
+                let _ = audit.record(
                     request_id,
-                    "credential.revoke_failed",
-                    json!({"lease_id": lease_id, "attempt": attempt + 1, "of": REVOKE_BACKOFF.len(), "error": e.to_string()}),
+                    Event::CredentialRevokeFailed {
+                        lease_id: lease_id.into(),
+                        error: e.to_string(),
+                        attempt: Some(attempt + 1),
+                        of: Some(REVOKE_BACKOFF.len()),
+                        recovered: None,
+                        expires_at: None,
+                    },
                 );
             }
         }
@@ -205,10 +221,11 @@ impl Drop for RevokeGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    let _ = audit.append(
+                    let _ = audit.record(
                         &rid,
-                        "credential.revoke_on_abort",
-                        json!({"lease_id": lease}),
+                        Event::CredentialRevokeOnAbort {
+                            lease_id: lease.clone(),
+                        },
                     );
                     revoke_with_retries(broker.as_ref(), &audit, &rid, &lease).await;
                 });
@@ -216,10 +233,16 @@ impl Drop for RevokeGuard {
             Err(_) => {
                 // No runtime (process teardown): say so; the lease still
                 // expires at its TTL.
-                let _ = audit.append(
+                let _ = audit.record(
                     &rid,
-                    "credential.revoke_failed",
-                    json!({"lease_id": lease, "error": "no runtime to revoke on; the lease expires at its TTL"}),
+                    Event::CredentialRevokeFailed {
+                        lease_id: lease.clone(),
+                        error: "no runtime to revoke on; the lease expires at its TTL".into(),
+                        attempt: None,
+                        of: None,
+                        recovered: None,
+                        expires_at: None,
+                    },
                 );
             }
         }

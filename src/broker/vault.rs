@@ -23,7 +23,7 @@ use zeroize::Zeroizing;
 
 use super::leases::{LeaseLedger, Owner};
 use super::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, Event};
 use crate::policy::CredentialScope;
 use crate::secret::SecretFile;
 
@@ -565,21 +565,32 @@ impl VaultBroker {
             match self.revoke_lease(&lease.lease_id).await {
                 Ok(()) => {
                     done += 1;
-                    let _ = audit.append(
+                    let _ = audit.record(
                         &lease.request_id,
-                        "credential.revoked",
-                        json!({"lease_id": lease.lease_id, "recovered": true,
-                               "reason": "left open by a gateway that stopped before revoking it",
-                               "issued_at": lease.issued_at, "owner_pid": lease.owner_pid}),
+                        Event::CredentialRevoked {
+                            lease_id: lease.lease_id.clone(),
+                            attempt: None,
+                            recovered: Some(true),
+                            reason: Some(
+                                "left open by a gateway that stopped before revoking it".into(),
+                            ),
+                            issued_at: Some(json!(lease.issued_at)),
+                            owner_pid: Some(json!(lease.owner_pid)),
+                        },
                     );
                 }
                 Err(e) => {
                     left += 1;
-                    let _ = audit.append(
+                    let _ = audit.record(
                         &lease.request_id,
-                        "credential.revoke_failed",
-                        json!({"lease_id": lease.lease_id, "recovered": true, "error": e.to_string(),
-                               "expires_at": lease.expires_at}),
+                        Event::CredentialRevokeFailed {
+                            lease_id: lease.lease_id.clone(),
+                            error: e.to_string(),
+                            attempt: None,
+                            of: None,
+                            recovered: Some(true),
+                            expires_at: Some(json!(lease.expires_at)),
+                        },
                     );
                 }
             }

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::Cli;
 use crate::approvals::{Approval, ApprovalStore, State};
-use crate::audit::{AuditLog, scrub::scrub};
+use crate::audit::events::Verdict;
+use crate::audit::{AuditLog, Event, scrub::scrub};
 use crate::policy::PolicySet;
 use crate::policy::set::LoadOptions;
 
@@ -329,7 +330,17 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
     let who = match approver(cli, a.as_name.as_deref())? {
         Ok(w) => w,
         Err(why) => {
-            audit.append(&request_id, "approval.refused", json!({"approval_id": a.id, "os_user": crate::config::os_identity(), "reason": why}))?;
+            audit.record(
+                &request_id,
+                Event::ApprovalRefused {
+                    approval_id: a.id.clone(),
+                    reason: Some(why.clone()),
+                    refusal: None,
+                    approver: None,
+                    action: None,
+                    os_user: Some(crate::config::os_identity()),
+                },
+            )?;
             eprintln!("gateway: refused: {why}");
             return Ok(ExitCode::FAILURE);
         }
@@ -341,16 +352,21 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
     };
     match result {
         Ok(approval) => {
-            let event = if grant {
-                "approval.granted"
-            } else {
-                "approval.denied"
+            let verdict = Verdict {
+                approval_id: approval.id.clone(),
+                approver: who.clone(),
+                reason: a.reason.clone(),
+                state: approval.state.as_str().into(),
+                grants: approval.grants(),
+                approvers_required: approval.approvers_required,
             };
-            audit.append(
+            audit.record(
                 &approval.request_id,
-                event,
-                json!({"approval_id": approval.id, "approver": who, "reason": a.reason, "state": approval.state.as_str(),
-                       "grants": approval.grants(), "approvers_required": approval.approvers_required}),
+                if grant {
+                    Event::ApprovalGranted(verdict)
+                } else {
+                    Event::ApprovalDenied(verdict)
+                },
             )?;
             if grant {
                 match approval.state {
@@ -374,10 +390,16 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
             Ok(ExitCode::SUCCESS)
         }
         Err(refusal) => {
-            audit.append(
+            audit.record(
                 &request_id,
-                "approval.refused",
-                json!({"approval_id": a.id, "approver": who, "action": if grant { "approve" } else { "deny" }, "refusal": refusal}),
+                Event::ApprovalRefused {
+                    approval_id: a.id.clone(),
+                    reason: None,
+                    refusal: Some(json!(refusal)),
+                    approver: Some(who.clone()),
+                    action: Some(if grant { "approve" } else { "deny" }.into()),
+                    os_user: None,
+                },
             )?;
             eprintln!("gateway: refused: {refusal}");
             Ok(ExitCode::FAILURE)

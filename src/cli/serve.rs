@@ -8,10 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use rmcp::ServiceExt;
-use serde_json::json;
 
 use super::Cli;
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, Event};
 use crate::mcp::GatewayServer;
 use crate::pipeline::Pipeline;
 use crate::policy::PolicyStore;
@@ -50,31 +49,33 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     let audit = AuditLog::in_home(&home)?;
     match policy.current() {
         Ok(set) => {
-            audit.append(
+            audit.record(
                 "",
-                "policy.loaded",
-                json!({"fingerprint": set.fingerprint, "files": set.files.len()}),
+                Event::PolicyLoaded {
+                    fingerprint: set.fingerprint.clone(),
+                    files: set.files.len(),
+                },
             )?;
         }
         Err(e) => {
             tracing::error!("the policy set does not load; every call will be denied: {e}");
-            audit.append("", "policy.load_failed", json!({"error": e}))?;
+            audit.record("", Event::PolicyLoadFailed { error: e.clone() })?;
         }
     }
     let watch_audit = AuditLog::in_home(&home)?;
     let _watch = policy.watch(DEFAULT_POLL_INTERVAL, move |ev| {
         log_event(ev);
-        let (name, data) = match ev {
-            PolicyEvent::Reloaded { fingerprint, files } => (
-                "policy.reloaded",
-                json!({"fingerprint": fingerprint, "files": files}),
-            ),
-            PolicyEvent::ReloadFailed { error, active } => (
-                "policy.reload_failed",
-                json!({"error": error, "active": active}),
-            ),
+        let event = match ev {
+            PolicyEvent::Reloaded { fingerprint, files } => Event::PolicyReloaded {
+                fingerprint: fingerprint.clone(),
+                files: *files,
+            },
+            PolicyEvent::ReloadFailed { error, active } => Event::PolicyReloadFailed {
+                error: error.clone(),
+                active: active.clone(),
+            },
         };
-        let _ = watch_audit.append("", name, data);
+        let _ = watch_audit.record("", event);
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

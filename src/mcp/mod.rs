@@ -255,10 +255,11 @@ impl ServerHandler for GatewayServer {
             )),
             None => {
                 // The call's future was dropped: its sandbox is killed and removed.
-                let _ = self.pipeline.audit.append(
+                let _ = self.pipeline.audit.record(
                     &request_id,
-                    "tool.result",
-                    json!({"status": "cancelled", "tool": name, "detail": "the client cancelled the call; its sandbox was killed and removed"}),
+                    crate::audit::Event::ToolResult(
+                        json!({"status": "cancelled", "tool": name, "detail": "the client cancelled the call; its sandbox was killed and removed"}),
+                    ),
                 );
                 Err(McpError::internal_error("cancelled", None))
             }

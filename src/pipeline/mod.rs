@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::approvals::ApprovalStore;
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, Event};
 use crate::broker::{Broker, RevokeGuard};
 use crate::canonical::sha256_hex;
 use crate::policy::decision::Violation;
@@ -352,10 +352,9 @@ impl Pipeline {
             Err(Stop::Refused(r)) => Outcome::Refused { reason: r.reason },
             Err(Stop::Failed(e)) => {
                 // The call still ends in the log when the log can take it.
-                let _ = self.audit.append(
+                let _ = self.audit.record(
                     request_id,
-                    "tool.result",
-                    json!({"status": "error", "error": e.to_string()}),
+                    Event::ToolResult(json!({"status": "error", "error": e.to_string()})),
                 );
                 return Err(e);
             }
@@ -378,10 +377,13 @@ impl Pipeline {
     /// Audit `tool.request`: the call as the agent made it, before anything
     /// is decided about it.
     fn audit_request(&self, input: &DecisionInput) -> Result<(), PipelineError> {
-        self.audit.append(
+        self.audit.record(
             &input.request_id,
-            "tool.request",
-            json!({"tool": input.tool, "params": input.params, "principal": input.principal}),
+            Event::ToolRequest {
+                tool: input.tool.clone(),
+                params: input.params.clone(),
+                principal: serde_json::to_value(&input.principal).unwrap_or(Value::Null),
+            },
         )?;
         Ok(())
     }
@@ -425,10 +427,12 @@ impl Pipeline {
         self.audit
             .policy_decision(&input.request_id, &audit_input, &result, &ev.policy)?;
         if let Some(err) = &ev.error {
-            self.audit.append(
+            self.audit.record(
                 &input.request_id,
-                "policy.error",
-                json!({"step": step.as_str(), "error": err}),
+                Event::PolicyError {
+                    step: step.as_str().into(),
+                    error: err.clone(),
+                },
             )?;
         }
         Ok(ev.decision)
@@ -440,10 +444,9 @@ impl Pipeline {
         tool: &str,
         outcome: Outcome,
     ) -> Result<CallResult, PipelineError> {
-        self.audit.append(
+        self.audit.record(
             request_id,
-            "tool.result",
-            serde_json::to_value(&outcome).unwrap_or(Value::Null),
+            Event::ToolResult(serde_json::to_value(&outcome).unwrap_or(Value::Null)),
         )?;
         Ok(CallResult {
             request_id: request_id.to_string(),
@@ -568,19 +571,28 @@ impl Pipeline {
                         &c.lease_id,
                     ));
                     self.live_secrets.add(rid, &c.lease_id, c.secret.clone());
-                    self.audit.append(
+                    self.audit.record(
                         rid,
-                        "credential.issued",
-                        json!({"lease_id": c.lease_id, "mount": scope.mount, "role": scope.role,
-                               "params": scope.params, "ttl_seconds": c.ttl.as_secs(), "credential": c.meta}),
+                        Event::CredentialIssued {
+                            lease_id: c.lease_id.clone(),
+                            mount: scope.mount.clone(),
+                            role: scope.role.clone(),
+                            params: Some(json!(scope.params)),
+                            ttl_seconds: Some(c.ttl.as_secs()),
+                            credential: Some(json!(c.meta)),
+                            after_cancellation: None,
+                        },
                     )?;
                     credential = Some(c.secret.clone());
                 }
                 Err(e) => {
-                    self.audit.append(
+                    self.audit.record(
                         rid,
-                        "credential.refused",
-                        json!({"mount": scope.mount, "role": scope.role, "error": e.to_string()}),
+                        Event::CredentialRefused {
+                            mount: scope.mount.clone(),
+                            role: scope.role.clone(),
+                            error: e.to_string(),
+                        },
                     )?;
                     return Err(Stop::refused(format!(
                         "no credential for this call ({e}); nothing was run"
@@ -601,11 +613,17 @@ impl Pipeline {
             network,
             files_out: call.files_out,
         };
-        self.audit.append(
+        self.audit.record(
             rid,
-            "sandbox.started",
-            json!({"sandbox": name, "backend": self.sandbox.backend(), "limits": limits.0, "deadline_seconds": limits.1.as_secs(),
-                   "egress": decision.sandbox.egress, "credential": req.credential.is_some(), "steps": call.steps}),
+            Event::SandboxStarted {
+                sandbox: name.clone(),
+                backend: self.sandbox.backend().into(),
+                limits: json!(limits.0),
+                deadline_seconds: limits.1.as_secs(),
+                egress: decision.sandbox.egress.clone(),
+                credential: req.credential.is_some(),
+                steps: json!(call.steps),
+            },
         )?;
         progress.say(format!("sandbox {name} started"));
         let mut outcome = self.sandbox.run(req).await;
@@ -632,21 +650,30 @@ impl Pipeline {
             }
         }
         let audited = match &outcome {
-            Ok(r) => self.audit.append(
+            Ok(r) => self.audit.record(
                 rid,
-                "sandbox.completed",
-                json!({"sandbox": name, "exit_code": r.exit_code, "ended": r.ended, "duration_ms": r.duration_ms,
-                       "stdout_truncated": r.stdout.truncated, "stderr_truncated": r.stderr.truncated}),
+                Event::SandboxCompleted {
+                    sandbox: name.clone(),
+                    exit_code: r.exit_code,
+                    ended: json!(r.ended),
+                    duration_ms: r.duration_ms,
+                    stdout_truncated: r.stdout.truncated,
+                    stderr_truncated: r.stderr.truncated,
+                },
             ),
-            Err(crate::sandbox::SandboxError::Output(e)) => self.audit.append(
+            Err(crate::sandbox::SandboxError::Output(e)) => self.audit.record(
                 rid,
-                "sandbox.output_refused",
-                json!({"sandbox": name, "reason": e.to_string()}),
+                Event::SandboxOutputRefused {
+                    sandbox: name.clone(),
+                    reason: e.to_string(),
+                },
             ),
-            Err(e) => self.audit.append(
+            Err(e) => self.audit.record(
                 rid,
-                "sandbox.failed",
-                json!({"sandbox": name, "error": e.to_string()}),
+                Event::SandboxFailed {
+                    sandbox: name.clone(),
+                    error: e.to_string(),
+                },
             ),
         };
         // Revoke as soon as the sandbox has ended, whatever happened in it.

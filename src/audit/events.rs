@@ -1,0 +1,276 @@
+//! Every audit event the gateway writes, in one place: its name (the
+//! `event` field of a line of HOME/audit.jsonl) and its `data`. The gateway
+//! writes events only through [`super::AuditLog::record`]; README.md's
+//! table of events is checked against [`NAMES`] (tests/audit_events.rs).
+//!
+//! `policy.decision` is the one event with OPA's decision-log fields at the
+//! top level ([`super::AuditLog::policy_decision`]), and `audit.recovered`
+//! is written by the log itself when it finds a line cut short.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Every event name, in the order README.md lists them.
+pub const NAMES: &[&str] = &[
+    "tool.request",
+    "policy.decision",
+    "policy.error",
+    "approval.requested",
+    "approval.granted",
+    "approval.denied",
+    "approval.refused",
+    "approval.spent",
+    "credential.issued",
+    "credential.refused",
+    "credential.revoked",
+    "credential.revoke_failed",
+    "credential.revoke_on_abort",
+    "sandbox.started",
+    "sandbox.completed",
+    "sandbox.output_refused",
+    "sandbox.failed",
+    "plan.saved",
+    "state.saved",
+    "state.refused",
+    "tool.result",
+    "policy.loaded",
+    "policy.load_failed",
+    "policy.reloaded",
+    "policy.reload_failed",
+    "audit.recovered",
+];
+
+fn no<T>(v: &Option<T>) -> bool {
+    v.is_none()
+}
+
+/// One event and its data.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", content = "data")]
+pub enum Event {
+    /// A call as the agent made it, before anything is decided.
+    #[serde(rename = "tool.request")]
+    ToolRequest {
+        tool: String,
+        params: Value,
+        principal: Value,
+    },
+    /// The policy failed while deciding (the call is denied).
+    #[serde(rename = "policy.error")]
+    PolicyError { step: String, error: String },
+    /// A pending approval was recorded for a plan.
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested {
+        approval_id: String,
+        plan_sha256: String,
+        /// How many signals the plan carries.
+        signals: Option<usize>,
+        approvers_required: u32,
+        expires_at: String,
+    },
+    /// A person granted an approval (`gateway approve`).
+    #[serde(rename = "approval.granted")]
+    ApprovalGranted(Verdict),
+    /// A person denied an approval (`gateway deny`).
+    #[serde(rename = "approval.denied")]
+    ApprovalDenied(Verdict),
+    /// An approval, or a verdict on one, was refused.
+    #[serde(rename = "approval.refused")]
+    ApprovalRefused {
+        approval_id: String,
+        #[serde(skip_serializing_if = "no")]
+        reason: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        refusal: Option<Value>,
+        #[serde(skip_serializing_if = "no")]
+        approver: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        action: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        os_user: Option<String>,
+    },
+    /// An approval was used, once, for the apply of its plan.
+    #[serde(rename = "approval.spent")]
+    ApprovalSpent {
+        approval_id: String,
+        plan_sha256: String,
+    },
+    /// A credential was minted for a call (never the secret itself).
+    #[serde(rename = "credential.issued")]
+    CredentialIssued {
+        lease_id: String,
+        mount: String,
+        role: String,
+        #[serde(skip_serializing_if = "no")]
+        params: Option<Value>,
+        #[serde(skip_serializing_if = "no")]
+        ttl_seconds: Option<u64>,
+        #[serde(skip_serializing_if = "no")]
+        credential: Option<Value>,
+        /// Issued after the call was cancelled (and revoked at once).
+        #[serde(skip_serializing_if = "no")]
+        after_cancellation: Option<bool>,
+    },
+    /// No credential could be minted; nothing was run.
+    #[serde(rename = "credential.refused")]
+    CredentialRefused {
+        mount: String,
+        role: String,
+        error: String,
+    },
+    #[serde(rename = "credential.revoked")]
+    CredentialRevoked {
+        lease_id: String,
+        #[serde(skip_serializing_if = "no")]
+        attempt: Option<usize>,
+        /// Revoked at start-up, left open by a gateway that stopped.
+        #[serde(skip_serializing_if = "no")]
+        recovered: Option<bool>,
+        #[serde(skip_serializing_if = "no")]
+        reason: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        issued_at: Option<Value>,
+        #[serde(skip_serializing_if = "no")]
+        owner_pid: Option<Value>,
+    },
+    #[serde(rename = "credential.revoke_failed")]
+    CredentialRevokeFailed {
+        lease_id: String,
+        error: String,
+        #[serde(skip_serializing_if = "no")]
+        attempt: Option<usize>,
+        #[serde(skip_serializing_if = "no")]
+        of: Option<usize>,
+        #[serde(skip_serializing_if = "no")]
+        recovered: Option<bool>,
+        #[serde(skip_serializing_if = "no")]
+        expires_at: Option<Value>,
+    },
+    /// The call was dropped while holding a credential: revoked from a task.
+    #[serde(rename = "credential.revoke_on_abort")]
+    CredentialRevokeOnAbort { lease_id: String },
+    #[serde(rename = "sandbox.started")]
+    SandboxStarted {
+        sandbox: String,
+        backend: String,
+        limits: Value,
+        deadline_seconds: u64,
+        egress: Vec<String>,
+        credential: bool,
+        steps: Value,
+    },
+    #[serde(rename = "sandbox.completed")]
+    SandboxCompleted {
+        sandbox: String,
+        exit_code: Option<i32>,
+        ended: Value,
+        duration_ms: u128,
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    },
+    /// A file the sandbox left was not one the gateway reads.
+    #[serde(rename = "sandbox.output_refused")]
+    SandboxOutputRefused { sandbox: String, reason: String },
+    #[serde(rename = "sandbox.failed")]
+    SandboxFailed { sandbox: String, error: String },
+    /// A plan file and its JSON were saved (HOME/plans).
+    #[serde(rename = "plan.saved")]
+    PlanSaved {
+        plan_file: String,
+        sha256: String,
+        json_sha256: String,
+        shown_by: String,
+    },
+    /// A state file an apply left was written back to the module.
+    #[serde(rename = "state.saved")]
+    StateSaved {
+        file: String,
+        sha256: String,
+        serial: u64,
+        lineage: String,
+    },
+    /// A state file an apply left was not written back (kept aside).
+    #[serde(rename = "state.refused")]
+    StateRefused {
+        file: String,
+        sha256: String,
+        reason: String,
+        kept_at: String,
+    },
+    /// How the call ended: the outcome as the agent got it
+    /// (`status` completed | denied | refused | pending_approval), or
+    /// `cancelled` / `error`.
+    #[serde(rename = "tool.result")]
+    ToolResult(Value),
+    #[serde(rename = "policy.loaded")]
+    PolicyLoaded { fingerprint: String, files: usize },
+    #[serde(rename = "policy.load_failed")]
+    PolicyLoadFailed { error: String },
+    #[serde(rename = "policy.reloaded")]
+    PolicyReloaded { fingerprint: String, files: usize },
+    /// A changed policy set did not load; `active` is the set still used.
+    #[serde(rename = "policy.reload_failed")]
+    PolicyReloadFailed {
+        error: String,
+        active: Option<String>,
+    },
+}
+
+/// A person's verdict on an approval.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub approval_id: String,
+    pub approver: String,
+    pub reason: String,
+    pub state: String,
+    pub grants: u32,
+    pub approvers_required: u32,
+}
+
+impl Event {
+    /// The event's name and data, as written.
+    pub fn split(&self) -> (String, Value) {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        let name = v
+            .get("event")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let data = v
+            .as_object_mut()
+            .and_then(|o| o.remove("data"))
+            .unwrap_or(Value::Null);
+        (name, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_event_splits_into_its_name_and_data_and_the_name_is_listed() {
+        let e = Event::ApprovalSpent {
+            approval_id: "ap-1".into(),
+            plan_sha256: "ab".into(),
+        };
+        let (name, data) = e.split();
+        assert_eq!(name, "approval.spent");
+        assert_eq!(data, json!({"approval_id": "ap-1", "plan_sha256": "ab"}));
+        assert!(NAMES.contains(&name.as_str()));
+        let (name, data) = Event::ToolResult(json!({"status": "refused", "reason": "x"})).split();
+        assert_eq!(name, "tool.result");
+        assert_eq!(data["status"], "refused");
+        let (_, data) = Event::CredentialRevoked {
+            lease_id: "l".into(),
+            attempt: Some(1),
+            recovered: None,
+            reason: None,
+            issued_at: None,
+            owner_pid: None,
+        }
+        .split();
+        assert_eq!(data, json!({"lease_id": "l", "attempt": 1}));
+    }
+}
