@@ -26,8 +26,12 @@ settings := cfg.destructive if count(signals.signals) > 0
 
 else := cfg.standard
 
-# Distinct people who approved the approval presented with this call.
-approvers := {a | some a in input.approval.approvers}
+# Distinct people who approved the approval presented with this call; the
+# person who requested the call never counts for it.
+approvers := {a |
+	some a in input.approval.approvers
+	a != object.get(input.approval, "requested_by", "")
+}
 
 # True when no approval is needed, or the presented approval is granted by
 # enough distinct people.

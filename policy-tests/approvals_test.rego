@@ -78,3 +78,10 @@ test_approve_as_is_allowed_by_the_default_configuration if {
 test_approve_as_is_refused_when_the_configuration_forbids_it if {
 	not approvals.approver with input as {"os_user": "alice", "named": "bob"} with data.config.approvals.identity.allow_as as false
 }
+
+test_the_requesters_own_grant_never_counts if {
+	own := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["alice"], "requested_by": "alice"}})
+	not approvals.requirement.satisfied with input as own
+	other := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["alice", "bob"], "requested_by": "alice"}})
+	approvals.requirement.satisfied with input as other
+}

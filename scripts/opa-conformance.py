@@ -191,6 +191,8 @@ def cases(policies, work):
         {"id": "appr-1", "status": "spent", "approvers": ["alice"]},
         {"id": "appr-1", "status": "approved", "approvers": ["alice"]},
         {"id": "appr-1", "status": "approved", "approvers": ["alice", "bob"]},
+        {"id": "appr-1", "status": "approved", "approvers": ["root"], "requested_by": "root"},
+        {"id": "appr-1", "status": "approved", "approvers": ["root", "bob"], "requested_by": "root"},
         {"id": "appr-1", "status": "pending", "approvers": []},
         {"id": "appr-1", "status": "denied", "approvers": []},
     ]

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::{RunnerFuture, ToolRunner};
 use crate::approvals::NewApproval;
+use crate::audit::Event;
 use crate::canonical::sha256_hex;
 use crate::pipeline::{Call, Outcome, Pipeline, Progress, SandboxCall, Step, Stop, Toolset, tail};
 use crate::policy::{Decision, DecisionInput, PlanInput};
@@ -104,6 +105,19 @@ fn failed(what: &str, r: &crate::sandbox::SandboxResult) -> Stop {
         r.ended,
         tail(&r.stderr.text(), 40)
     ))
+}
+
+/// `approval.refused` from the pipeline: with a reason of its own or the
+/// store's refusal.
+fn refused_approval(approval_id: &str, reason: Option<&str>, refusal: Option<Value>) -> Event {
+    Event::ApprovalRefused {
+        approval_id: approval_id.into(),
+        reason: reason.map(str::to_string),
+        refusal,
+        approver: None,
+        action: None,
+        os_user: None,
+    }
 }
 
 /// The call's params without its approval_id: what an approval is bound to.
@@ -266,11 +280,14 @@ impl Pipeline {
         let plan = crate::policy::plan::parse_plan(json_bytes, "the saved plan's JSON")
             .map_err(|e| Stop::refused(e.to_string()))?;
         let saved = self.plans.save(&rid, &bin, json_bytes)?;
-        self.audit.append(
+        self.audit.record(
             &rid,
-            "plan.saved",
-            json!({"plan_file": saved.display().to_string(), "sha256": digest,
-                   "json_sha256": sha256_hex(json_bytes), "shown_by": format!("{rid}-show")}),
+            Event::PlanSaved {
+                plan_file: saved.display().to_string(),
+                sha256: digest.clone(),
+                json_sha256: sha256_hex(json_bytes),
+                shown_by: format!("{rid}-show"),
+            },
         )?;
         progress.say("plan computed");
         Ok(MadePlan {
@@ -360,11 +377,15 @@ impl Pipeline {
             ttl: Duration::from_secs(decision.approval.ttl_seconds),
             reason_required: decision.approval.reason_required,
         })?;
-        self.audit.append(
+        self.audit.record(
             &rid,
-            "approval.requested",
-            json!({"approval_id": a.id, "plan_sha256": made.digest, "signals": signals.as_array().map(Vec::len),
-                   "approvers_required": a.approvers_required, "expires_at": a.expires_at}),
+            Event::ApprovalRequested {
+                approval_id: a.id.clone(),
+                plan_sha256: made.digest.clone(),
+                signals: signals.as_array().map(Vec::len),
+                approvers_required: a.approvers_required,
+                expires_at: a.expires_at.to_string(),
+            },
         )?;
         let approve_command = format!(
             "gateway approve {}{}",
@@ -404,11 +425,8 @@ impl Pipeline {
                 let reason = format!(
                     "the plan file approval {approval_id} is bound to is missing; plan and ask again"
                 );
-                self.audit.append(
-                    &rid,
-                    "approval.refused",
-                    json!({"approval_id": approval_id, "reason": reason}),
-                )?;
+                self.audit
+                    .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
                 drop(stop);
                 return Err(Stop::refused(reason));
             }
@@ -428,6 +446,7 @@ impl Pipeline {
         }
         call.input.approval = Some(json!({
             "id": approval.id, "status": approval.state.as_str(),
+            "requested_by": approval.requested_by,
             "approvers": approval.verdicts.iter().filter(|v| v.verdict == "grant").map(|v| v.approver.clone()).collect::<Vec<_>>(),
         }));
         let decision = self.decide(&call.input, Step::Approval)?;
@@ -444,11 +463,8 @@ impl Pipeline {
                 decision.approval.approvers,
                 approval.state.as_str()
             );
-            self.audit.append(
-                &rid,
-                "approval.refused",
-                json!({"approval_id": approval_id, "reason": reason}),
-            )?;
+            self.audit
+                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
             return Err(Stop::refused(reason));
         }
         let bound = bound_params(&call.input.params);
@@ -456,17 +472,18 @@ impl Pipeline {
             self.approvals()
                 .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid)?;
         if let Err(refusal) = spent {
-            self.audit.append(
+            self.audit.record(
                 &rid,
-                "approval.refused",
-                json!({"approval_id": approval_id, "refusal": refusal}),
+                refused_approval(approval_id, None, Some(json!(refusal))),
             )?;
             return Err(Stop::refused(refusal.to_string()));
         }
-        self.audit.append(
+        self.audit.record(
             &rid,
-            "approval.spent",
-            json!({"approval_id": approval_id, "plan_sha256": digest}),
+            Event::ApprovalSpent {
+                approval_id: approval_id.into(),
+                plan_sha256: digest.clone(),
+            },
         )?;
         self.apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
             .await
@@ -557,10 +574,14 @@ impl Pipeline {
             let facts = match checked {
                 Ok(f) => f,
                 Err(why) => {
-                    self.audit.append(
+                    self.audit.record(
                         rid,
-                        "state.refused",
-                        json!({"file": name, "sha256": sha256_hex(bytes), "reason": why, "kept_at": kept.display().to_string()}),
+                        Event::StateRefused {
+                            file: name.to_string(),
+                            sha256: sha256_hex(bytes),
+                            reason: why.clone(),
+                            kept_at: kept.display().to_string(),
+                        },
                     )?;
                     state_problems.push(format!(
                         "the {name} the apply left is not written back: {why} (kept at {})",
@@ -570,10 +591,14 @@ impl Pipeline {
                 }
             };
             if let Err(e) = module.dir.write_state(name, bytes) {
-                self.audit.append(
+                self.audit.record(
                     rid,
-                    "state.refused",
-                    json!({"file": name, "sha256": sha256_hex(bytes), "reason": e.to_string(), "kept_at": kept.display().to_string()}),
+                    Event::StateRefused {
+                        file: name.to_string(),
+                        sha256: sha256_hex(bytes),
+                        reason: e.to_string(),
+                        kept_at: kept.display().to_string(),
+                    },
                 )?;
                 state_problems.push(format!(
                     "{name} could not be written back: {e} (kept at {})",
@@ -582,10 +607,14 @@ impl Pipeline {
                 continue;
             }
             let _ = std::fs::remove_file(&kept);
-            self.audit.append(
+            self.audit.record(
                 rid,
-                "state.saved",
-                json!({"file": name, "sha256": sha256_hex(bytes), "serial": facts.serial, "lineage": facts.lineage}),
+                Event::StateSaved {
+                    file: name.to_string(),
+                    sha256: sha256_hex(bytes),
+                    serial: facts.serial,
+                    lineage: facts.lineage.clone(),
+                },
             )?;
             if *name == module::STATE_FILES[0] {
                 after = Some(facts);
