@@ -73,6 +73,8 @@ fn bench(c: &mut Criterion) {
         Principal {
             client: "bench".into(),
             os_user: "bench".into(),
+            uid: 1000,
+            groups: vec![],
         },
     );
     let scope = set

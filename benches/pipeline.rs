@@ -56,11 +56,14 @@ fn bench(c: &mut Criterion) {
     let principal = Principal {
         client: "bench".into(),
         os_user: "bench".into(),
+        uid: 1000,
+        groups: vec![],
     };
     let call = |tool: &str, params: serde_json::Value| ToolCall {
         tool: tool.into(),
         params,
         principal: principal.clone(),
+        workspace: None,
     };
 
     let mut g = c.benchmark_group("pipeline");

@@ -56,6 +56,8 @@ fn bench(c: &mut Criterion) {
     let principal = Principal {
         client: "bench".into(),
         os_user: "bench".into(),
+        uid: 1000,
+        groups: vec![],
     };
 
     let request = DecisionInput::new(

@@ -53,7 +53,8 @@ requirement := {
 }
 
 # The identity an approval or denial is recorded under, asked by the
-# `gateway approve` / `gateway deny` CLI with input {"os_user", "named"}.
+# `gateway approve` / `gateway deny` CLI with input {"os_user", "uid",
+# "groups", "named"}: the OS user the kernel named on the daemon's socket.
 # Undefined (refused) when --as is used and the configuration forbids it.
 approver := input.os_user if not input.named
 

@@ -15,16 +15,6 @@ pub fn default_home() -> PathBuf {
     PathBuf::from(".gateway")
 }
 
-/// The real OS user running this process (from the uid, not from the
-/// environment, which the caller controls): the approver's default identity.
-pub fn os_identity() -> String {
-    let uid = nix::unistd::getuid();
-    match nix::unistd::User::from_uid(uid) {
-        Ok(Some(u)) => u.name,
-        _ => format!("uid:{uid}"),
-    }
-}
-
 /// `gateway.toml` (README.md: command line). Every key is optional; a flag or `GATEWAY_*`
 /// environment variable overrides the file, and the file overrides the
 /// defaults, which work on one machine with no file at all.
@@ -35,8 +25,9 @@ pub struct GatewayConfig {
     pub policies: Option<PathBuf>,
     /// State dir: approvals, audit log, saved plans.
     pub home: Option<PathBuf>,
-    /// Where agents' working dirs are resolved (default: the current dir).
-    pub workspace: Option<PathBuf>,
+    /// `gateway daemon`: its socket and the workspaces it serves.
+    #[serde(default)]
+    pub daemon: DaemonConfig,
     /// Endpoint names a decision may allow, with their TCP port on this host.
     #[serde(default)]
     pub endpoints: std::collections::BTreeMap<String, u16>,
@@ -48,6 +39,29 @@ pub struct GatewayConfig {
     pub vault: crate::broker::vault::VaultConfig,
     /// How sandboxes reach the Kubernetes API server with a minted token.
     pub kubernetes: Option<crate::broker::kubeconfig::KubernetesConfig>,
+}
+
+/// Where the daemon's files are when neither its flags nor its
+/// configuration say otherwise.
+pub const DAEMON_CONFIG: &str = "/etc/gateway/gateway.toml";
+pub const DAEMON_POLICIES: &str = "/etc/gateway/policies";
+pub const DAEMON_STATE: &str = "/var/lib/gateway";
+pub const DAEMON_SOCKET: &str = "/run/gateway/gateway.sock";
+pub const DAEMON_GROUP: &str = "gateway";
+
+/// `[daemon]`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// The Unix socket MCP fronts and operator commands connect to
+    /// (default /run/gateway/gateway.sock).
+    pub socket: Option<PathBuf>,
+    /// The group that may connect (default `gateway`); the socket is 0660.
+    pub socket_group: Option<String>,
+    /// When set, a session's workspace must lie below one of these dirs
+    /// (and, always, belong to the connecting user).
+    #[serde(default)]
+    pub workspace_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -142,7 +156,7 @@ mod tests {
     fn config_files_parse_and_refuse_unknown_keys() {
         let dir = tempfile::tempdir().expect("tmp");
         let p = dir.path().join("gateway.toml");
-        std::fs::write(&p, "policies = \"p\"\nworkspace = \"/repo\"\n[endpoints]\nkube-apiserver = 6443\n[sandbox]\nplatform = \"kvm\"\n").expect("write");
+        std::fs::write(&p, "policies = \"p\"\n[daemon]\nworkspace_roots = [\"/home\"]\n[endpoints]\nkube-apiserver = 6443\n[sandbox]\nplatform = \"kvm\"\n").expect("write");
         let c = GatewayConfig::load(&p, true).expect("valid");
         assert_eq!(c.endpoints["kube-apiserver"], 6443);
         assert_eq!(c.sandbox.platform, "kvm");
@@ -179,7 +193,8 @@ mod tests {
         let c = GatewayConfig::load(&example, true).expect("examples/gateway.toml parses");
         assert_eq!(
             c.policies.as_deref(),
-            Some(std::path::Path::new("policies"))
+            Some(std::path::Path::new("/etc/gateway/policies"))
         );
+        assert_eq!(c.daemon.socket_group.as_deref(), Some("gateway"));
     }
 }

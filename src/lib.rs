@@ -9,7 +9,9 @@ pub mod broker;
 pub mod canonical;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod db;
+pub mod identity;
 pub mod mcp;
 pub mod pipeline;
 pub mod policy;
@@ -18,6 +20,7 @@ pub use gateway_runner::protocol;
 pub mod sandbox;
 pub mod secret;
 pub mod tools;
+pub mod trust;
 pub mod verify;
 
 /// An error and its causes on one line, each cause once: an error that

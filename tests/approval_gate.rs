@@ -91,7 +91,10 @@ impl World {
             principal: Principal {
                 client: "test-agent".into(),
                 os_user: "alice".into(),
+                uid: 1000,
+                groups: vec![],
             },
+            workspace: None,
         };
         self.pipeline.call(call).await.expect("call")
     }

@@ -214,7 +214,7 @@ fn of_8_concurrent_approve_processes_exactly_one_approves() {
 #[test]
 fn the_operator_cli_lists_shows_approves_and_refuses() {
     let home = tempfile::tempdir().expect("home");
-    let me = gateway::config::os_identity();
+    let me = gateway::identity::Caller::this_process().user;
     let mut store = ApprovalStore::in_home(home.path()).expect("open");
     let a = store.create(&new_approval(&me, 1, true)).expect("create");
 

@@ -119,6 +119,8 @@ fn principal() -> Principal {
     Principal {
         client: "test".into(),
         os_user: "alice".into(),
+        uid: 1000,
+        groups: vec![],
     }
 }
 
@@ -497,6 +499,7 @@ fn call(ns: &str) -> ToolCall {
         tool: "k8s_get_pod_status".into(),
         params: json!({"namespace": ns}),
         principal: principal(),
+        workspace: None,
     }
 }
 
@@ -649,11 +652,16 @@ async fn with_vault_down_the_call_is_refused_and_nothing_runs() {
 }
 
 /// A `gateway serve` child speaking MCP over stdio (newline-delimited JSON-RPC).
+/// A `gateway daemon` on the world's state and broker, and a `gateway
+/// serve` relaying one MCP session to it. `child` is the daemon (what the
+/// tests kill); the relay ends with it.
 struct Served {
     child: std::process::Child,
+    relay: std::process::Child,
     stdin: std::process::ChildStdin,
     lines: std::sync::mpsc::Receiver<Value>,
     stderr: PathBuf,
+    _workspace: tempfile::TempDir,
 }
 
 impl Served {
@@ -663,12 +671,14 @@ impl Served {
         let token_file = w.dir.path().join("gateway-token");
         std::fs::write(&token_file, &w.gateway_token).expect("token file");
         let config = w.dir.path().join("gateway.toml");
+        let socket = w.dir.path().join(format!("run-{tag}/gateway.sock"));
         std::fs::write(
             &config,
             format!(
-                "policies = {:?}\nworkspace = {:?}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
+                "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
                 common::repo().join("policies"),
-                common::repo(),
+                w.home,
+                socket,
                 w.kube.port,
                 w.bao.addr,
                 token_file,
@@ -676,17 +686,41 @@ impl Served {
             ),
         )
         .expect("config");
-        let stderr = w.dir.path().join(format!("serve-{tag}.log"));
-        let mut child = common::gateway(&w.home)
+        let stderr = w.dir.path().join(format!("daemon-{tag}.log"));
+        let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
             .arg("--config")
             .arg(&config)
-            .arg("serve")
+            .arg("daemon")
+            .env_remove("GATEWAY_HOME")
             .env_remove("VAULT_ADDR")
             .env_remove("VAULT_TOKEN")
             .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("log"))
+            .spawn()
+            .expect("gateway daemon");
+        let up = wait_until(std::time::Duration::from_secs(30), || {
+            socket.exists() || matches!(daemon.try_wait(), Ok(Some(_)))
+        });
+        assert!(
+            up && socket.exists(),
+            "the daemon did not listen: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        let workspace = tempfile::tempdir().expect("workspace");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--workspace")
+            .arg(workspace.path())
+            .env_remove("GATEWAY_HOME")
+            .env_remove("GATEWAY_POLICIES")
+            .env_remove("GATEWAY_CONFIG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("log"))
+            .stderr(Stdio::inherit())
             .spawn()
             .expect("gateway serve");
         let stdin = child.stdin.take().expect("stdin");
@@ -705,10 +739,12 @@ impl Served {
             }
         });
         let mut s = Served {
-            child,
+            child: daemon,
+            relay: child,
             stdin,
             lines,
             stderr,
+            _workspace: workspace,
         };
         s.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "broker-test", "version": "1"}}}));
@@ -743,6 +779,8 @@ impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = self.relay.kill();
+        let _ = self.relay.wait();
     }
 }
 

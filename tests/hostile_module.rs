@@ -207,7 +207,10 @@ fn call(w: &World, tool: &str, params: Value) -> CallResult {
         principal: Principal {
             client: "test".into(),
             os_user: "agent".into(),
+            uid: 1000,
+            groups: vec![],
         },
+        workspace: None,
     }))
     .expect("call")
 }
@@ -877,11 +880,14 @@ fn a_second_call_on_a_busy_module_is_refused_after_the_policys_wait() {
     let principal = Principal {
         client: "test".into(),
         os_user: "agent".into(),
+        uid: 1000,
+        groups: vec![],
     };
     let plan = || ToolCall {
         tool: "terraform_plan".into(),
         params: json!({"working_dir": MODULE}),
         principal: principal.clone(),
+        workspace: None,
     };
     let (first, second) = rt.block_on(async {
         let first = w.pipeline.call(plan());

@@ -639,7 +639,10 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
             principal: gateway::policy::Principal {
                 client: "test".into(),
                 os_user: "alice".into(),
+                uid: 1000,
+                groups: vec![],
             },
+            workspace: None,
         })
         .await
     });

@@ -105,6 +105,8 @@ fn recorded() -> Recorded {
     let principal = Principal {
         client: "test".into(),
         os_user: "alice".into(),
+        uid: 1000,
+        groups: vec![],
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -122,6 +124,7 @@ fn recorded() -> Recorded {
                 tool: tool.into(),
                 params,
                 principal: principal.clone(),
+                workspace: None,
             }))
             .expect("call");
         assert!(

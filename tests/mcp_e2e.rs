@@ -1,9 +1,12 @@
 //! `gateway serve` driven by a real MCP client: the official Python SDK
 //! (PyPI `mcp`, installed into .tools by scripts/install-tools.sh) runs the
-//! scenarios in tests/mcp/scenarios.py against the real binary, real gVisor,
-//! real Terraform, real SQLite and the real audit log.
+//! scenarios in tests/mcp/scenarios.py against the real binary relaying to
+//! a real `gateway daemon`, with real gVisor, real Terraform, real SQLite
+//! and the real audit log.
 
 mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
 
 #[test]
 fn a_real_mcp_client_runs_the_forces_replacement_scenario() {
@@ -12,7 +15,7 @@ fn a_real_mcp_client_runs_the_forces_replacement_scenario() {
         python.is_file(),
         "the MCP client is installed by scripts/install-tools.sh"
     );
-    let home = tempfile::tempdir().expect("home");
+    let d = daemon::Daemon::start(&common::repo().join("policies"), "");
     let workspace = tempfile::tempdir().expect("workspace");
     common::copy_dir(
         &common::repo().join("terraform"),
@@ -21,13 +24,19 @@ fn a_real_mcp_client_runs_the_forces_replacement_scenario() {
     let out = std::process::Command::new(&python)
         .arg(common::repo().join("tests/mcp/scenarios.py"))
         .arg(env!("CARGO_BIN_EXE_gateway"))
-        .arg(home.path())
+        .arg(&d.home)
         .arg(workspace.path())
-        .arg(common::repo().join("policies"))
+        .arg(&d.policies)
+        .arg(&d.socket)
         .output()
         .expect("run the client");
     let text = common::stdout(&out);
-    assert!(out.status.success(), "{text}\n{}", common::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{text}\n{}\n{}",
+        common::stderr(&out),
+        d.log()
+    );
     assert_eq!(
         text.lines().filter(|l| l.starts_with("PASS")).count(),
         14,

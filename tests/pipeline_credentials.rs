@@ -81,7 +81,10 @@ fn plan() -> ToolCall {
         principal: Principal {
             client: "test".into(),
             os_user: "alice".into(),
+            uid: 1000,
+            groups: vec![],
         },
+        workspace: None,
     }
 }
 

@@ -36,6 +36,8 @@ fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
         Principal {
             client: "snapshot".into(),
             os_user: "alice".into(),
+            uid: 1000,
+            groups: vec![],
         },
     );
     input.request_id = "req-snapshot".into();

@@ -19,6 +19,8 @@ fn pod_status(ns: &str) -> DecisionInput {
         Principal {
             client: "test".into(),
             os_user: "alice".into(),
+            uid: 1000,
+            groups: vec![],
         },
     )
 }

@@ -37,6 +37,8 @@ pub const NAMES: &[&str] = &[
     "policy.load_failed",
     "policy.reloaded",
     "policy.reload_failed",
+    "session.opened",
+    "session.refused",
     "audit.recovered",
 ];
 
@@ -214,6 +216,22 @@ pub enum Event {
         error: String,
         active: Option<String>,
     },
+    /// A connection to the daemon's socket was admitted. `caller` is the
+    /// OS user the kernel named (uid, gid, pid, user, groups); `mode` is
+    /// `mcp` (with its workspace) or `control` (with the command).
+    #[serde(rename = "session.opened")]
+    SessionOpened {
+        caller: Value,
+        mode: String,
+        #[serde(skip_serializing_if = "no")]
+        workspace: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        command: Option<Vec<String>>,
+    },
+    /// A connection was refused before anything ran (bad hello, a
+    /// workspace the caller does not own, a command not served).
+    #[serde(rename = "session.refused")]
+    SessionRefused { caller: Value, reason: String },
 }
 
 /// A person's verdict on an approval.

@@ -2,15 +2,15 @@
 //! the operator's side of the approval gate. This process is the only way an
 //! approval is granted: the MCP server has no code path for it.
 
-use std::process::ExitCode;
-
 use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::Cli;
+use super::out::{Out, errln, out, outln};
 use crate::approvals::{Approval, ApprovalStore, State};
 use crate::audit::events::Verdict;
 use crate::audit::{AuditLog, Event, scrub::scrub};
+use crate::identity::Caller;
 use crate::policy::PolicySet;
 use crate::policy::set::LoadOptions;
 
@@ -49,28 +49,36 @@ pub struct VerdictArgs {
     as_name: Option<String>,
 }
 
+impl VerdictArgs {
+    /// Whether the caller asked to be recorded under another name (`--as`).
+    pub fn names_identity(&self) -> bool {
+        self.as_name.is_some()
+    }
+}
+
 fn store(cli: &Cli) -> anyhow::Result<ApprovalStore> {
     let home = cli.home();
     ApprovalStore::in_home(&home)
         .with_context(|| format!("cannot open the approval store under {}", home.display()))
 }
 
-pub fn list(cli: &Cli, a: &ApprovalsArgs) -> anyhow::Result<ExitCode> {
+pub fn list(cli: &Cli, a: &ApprovalsArgs, o: &mut Out) -> anyhow::Result<u8> {
     let store = store(cli)?;
     if let Some(ApprovalsCommand::Show { id, json }) = &a.show {
         let Some(approval) = store.get(id)? else {
-            eprintln!("gateway: no approval with id {id}");
-            return Ok(ExitCode::FAILURE);
+            errln!(o, "gateway: no approval with id {id}");
+            return Ok(1);
         };
         if *json || a.json {
-            println!(
+            outln!(
+                o,
                 "{}",
                 serde_json::to_string_pretty(&scrub(&serde_json::to_value(&approval)?))?
             );
         } else {
-            print!("{}", render_show(&approval));
+            out!(o, "{}", render_show(&approval));
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let approvals = store.list(a.all)?;
     if a.json {
@@ -78,12 +86,12 @@ pub fn list(cli: &Cli, a: &ApprovalsArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|x| serde_json::to_value(x).map(|v| scrub(&v)))
             .collect::<Result<_, _>>()?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        outln!(o, "{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
     }
     if approvals.is_empty() {
-        println!("no {}approvals", if a.all { "" } else { "pending " });
-        return Ok(ExitCode::SUCCESS);
+        outln!(o, "no {}approvals", if a.all { "" } else { "pending " });
+        return Ok(0);
     }
     let now = crate::approvals::now_ms();
     let rows: Vec<[String; 8]> = approvals
@@ -131,11 +139,11 @@ pub fn list(cli: &Cli, a: &ApprovalsArgs) -> anyhow::Result<ExitCode> {
             .trim_end()
             .to_string()
     };
-    println!("{}", line(header.to_vec()));
+    outln!(o, "{}", line(header.to_vec()));
     for r in &rows {
-        println!("{}", line(r.iter().map(String::as_str).collect()));
+        outln!(o, "{}", line(r.iter().map(String::as_str).collect()));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 /// `3d4h`, `12m`, `45s`.
@@ -292,8 +300,11 @@ fn render_show(a: &Approval) -> String {
 
 /// The identity a verdict is recorded under, as the policy decides
 /// (data.gateway.approvals.approver).
-fn approver(cli: &Cli, as_name: Option<&str>) -> anyhow::Result<Result<String, String>> {
-    let os_user = crate::config::os_identity();
+fn approver(
+    cli: &Cli,
+    caller: &Caller,
+    as_name: Option<&str>,
+) -> anyhow::Result<Result<String, String>> {
     let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())
         .with_context(|| {
             format!(
@@ -301,7 +312,7 @@ fn approver(cli: &Cli, as_name: Option<&str>) -> anyhow::Result<Result<String, S
                 cli.policies.display()
             )
         })?;
-    let mut input = json!({"os_user": os_user});
+    let mut input = json!({"os_user": caller.user, "uid": caller.uid, "groups": caller.groups});
     if let Some(n) = as_name {
         input["named"] = n.into();
     }
@@ -322,12 +333,18 @@ fn approver(cli: &Cli, as_name: Option<&str>) -> anyhow::Result<Result<String, S
     }
 }
 
-pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCode> {
+pub fn verdict(
+    cli: &Cli,
+    a: &VerdictArgs,
+    grant: bool,
+    caller: &Caller,
+    o: &mut Out,
+) -> anyhow::Result<u8> {
     let home = cli.home();
     let audit = AuditLog::in_home(&home)?;
     let mut store = store(cli)?;
     let request_id = store.get(&a.id)?.map(|x| x.request_id).unwrap_or_default();
-    let who = match approver(cli, a.as_name.as_deref())? {
+    let who = match approver(cli, caller, a.as_name.as_deref())? {
         Ok(w) => w,
         Err(why) => {
             audit.record(
@@ -338,11 +355,11 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
                     refusal: None,
                     approver: None,
                     action: None,
-                    os_user: Some(crate::config::os_identity()),
+                    os_user: Some(caller.user.clone()),
                 },
             )?;
-            eprintln!("gateway: refused: {why}");
-            return Ok(ExitCode::FAILURE);
+            errln!(o, "gateway: refused: {why}");
+            return Ok(1);
         }
     };
     let result = if grant {
@@ -370,11 +387,16 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
             )?;
             if grant {
                 match approval.state {
-                    State::Approved => println!(
+                    State::Approved => outln!(
+                        o,
                         "approved {} as {who}: the next {} call with approval_id {} may run it, once, until {}",
-                        approval.id, approval.tool, approval.id, approval.expires_at
+                        approval.id,
+                        approval.tool,
+                        approval.id,
+                        approval.expires_at
                     ),
-                    _ => println!(
+                    _ => outln!(
+                        o,
                         "recorded {who}'s approval of {}: {} of {} approvals given",
                         approval.id,
                         approval.grants(),
@@ -382,12 +404,13 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
                     ),
                 }
             } else {
-                println!(
+                outln!(
+                    o,
                     "denied {} as {who}: it can no longer be approved or used",
                     approval.id
                 );
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(0)
         }
         Err(refusal) => {
             audit.record(
@@ -401,8 +424,8 @@ pub fn verdict(cli: &Cli, a: &VerdictArgs, grant: bool) -> anyhow::Result<ExitCo
                     os_user: None,
                 },
             )?;
-            eprintln!("gateway: refused: {refusal}");
-            Ok(ExitCode::FAILURE)
+            errln!(o, "gateway: refused: {refusal}");
+            Ok(1)
         }
     }
 }

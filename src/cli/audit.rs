@@ -3,12 +3,12 @@
 //! `gateway audit head [--file F] [--json]`.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use serde_json::{Map, Value};
 
 use super::Cli;
+use super::out::{Out, outln};
 use crate::audit::{self, verify};
 
 #[derive(Debug, clap::Args)]
@@ -56,6 +56,18 @@ enum AuditCommand {
     },
 }
 
+impl AuditArgs {
+    /// Whether the command names an audit file of its own (`--file`).
+    pub fn names_a_file(&self) -> bool {
+        self.file.is_some()
+            || matches!(
+                &self.verify,
+                Some(AuditCommand::Verify { file: Some(_), .. })
+                    | Some(AuditCommand::Head { file: Some(_), .. })
+            )
+    }
+}
+
 /// `30s`, `15m`, `2h`, `1d` as milliseconds.
 pub fn parse_duration(s: &str) -> anyhow::Result<i64> {
     let s = s.trim();
@@ -81,7 +93,7 @@ fn ts_ms(e: &Map<String, Value>) -> Option<i64> {
         .map(|t| t.timestamp_millis())
 }
 
-pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
+pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
     let log_path = |file: &Option<PathBuf>| {
         file.clone()
             .or_else(|| a.file.clone())
@@ -102,19 +114,21 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
             bail!("{} has no events yet", path.display());
         };
         if *json {
-            println!(
+            outln!(
+                o,
                 "{}",
                 serde_json::json!({"file": path, "head": head, "events": report.verified, "ts": audit::now_ts()})
             );
         } else {
-            println!(
+            outln!(
+                o,
                 "{head}  ({} events in {}, at {})\ncheck later with: gateway audit verify --checkpoint {head}",
                 report.verified,
                 path.display(),
                 audit::now_ts()
             );
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     if let Some(AuditCommand::Verify {
         file,
@@ -126,19 +140,21 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
         let report = verify::verify_file(&path, checkpoints)
             .with_context(|| format!("cannot verify audit log {}", path.display()))?;
         if *json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!(o, "{}", serde_json::to_string_pretty(&report)?);
         } else {
             for w in &report.warnings {
-                println!("warning: {w}");
+                outln!(o, "warning: {w}");
             }
             match &report.first_bad {
-                None => println!(
+                None => outln!(
+                    o,
                     "ok: {} events verified in {}",
                     report.verified,
                     path.display()
                 ),
                 Some((line, why)) => {
-                    println!(
+                    outln!(
+                        o,
                         "FAIL: {}: line {line}: {why} ({} events before it verified)",
                         path.display(),
                         report.verified
@@ -146,11 +162,7 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        return Ok(if report.ok() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
+        return Ok(if report.ok() { 0 } else { 1 });
     }
     let path = a
         .file
@@ -173,19 +185,20 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
         .collect();
     if a.json {
         for e in &events {
-            println!("{}", serde_json::to_string(e)?);
+            outln!(o, "{}", serde_json::to_string(e)?);
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     if events.is_empty() {
-        println!(
+        outln!(
+            o,
             "no audit events{}",
             a.request_id
                 .as_ref()
                 .map(|r| format!(" for {r}"))
                 .unwrap_or_default()
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     // One block per request id, in the order each first appeared.
     let mut order: Vec<String> = Vec::new();
@@ -206,7 +219,8 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
         let list = &by_request[&id];
         let first = list.first().and_then(|e| ts_ms(e)).unwrap_or(0);
         let last = list.last().and_then(|e| ts_ms(e)).unwrap_or(first);
-        println!(
+        outln!(
+            o,
             "{} ({} events, {} ms)",
             if id.is_empty() { "(no request)" } else { &id },
             list.len(),
@@ -216,11 +230,14 @@ pub fn run(cli: &Cli, a: &AuditArgs) -> anyhow::Result<ExitCode> {
             let t = e.get("ts").and_then(Value::as_str).unwrap_or("?");
             let offset = ts_ms(e).map(|x| x - first).unwrap_or(0);
             let name = e.get("event").and_then(Value::as_str).unwrap_or("?");
-            let data = e.get("data").map(|d| d.to_string()).unwrap_or_default();
-            println!("  {t}  +{offset:>6}ms  {name:<22} {data}");
+            let data = e
+                .get("data")
+                .map(|d| super::approvals::shown(&d.to_string()))
+                .unwrap_or_default();
+            outln!(o, "  {t}  +{offset:>6}ms  {name:<22} {data}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 #[cfg(test)]

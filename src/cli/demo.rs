@@ -85,10 +85,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default())?);
     let tools = ToolPaths::discover(&repo);
     let pipeline = Pipeline::new(policy, home.clone(), workspace.clone(), sandbox, tools)?;
-    let agent = Principal {
-        client: "gateway-demo".into(),
-        os_user: crate::config::os_identity(),
-    };
+    let agent = Principal::new("gateway-demo", &crate::identity::Caller::this_process());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -97,6 +94,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             tool: tool.into(),
             params,
             principal: agent.clone(),
+            workspace: None,
         }))
     };
     println!(

@@ -2,7 +2,11 @@
 
 mod approvals;
 mod audit;
+mod control;
+mod daemon;
 mod demo;
+mod install;
+mod out;
 mod policy;
 mod serve;
 mod vault;
@@ -47,8 +51,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// MCP over stdio: the agent's side.
+    /// MCP over stdio, relayed to the daemon: what an MCP client starts.
     Serve(serve::ServeArgs),
+    /// The privileged service that owns policies, state and sandboxes
+    /// (`gateway daemon install` sets it up).
+    Daemon(daemon::DaemonArgs),
+    /// Write an MCP client's config for this user (`gateway client install claude-code`).
+    #[command(subcommand)]
+    Client(install::ClientCommand),
     /// Evaluate, test and check policies.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -108,16 +118,49 @@ pub fn init_tracing() {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let cli = cli.resolve()?;
+    // The commands an unprivileged user runs against the daemon read no
+    // file of the current dir; the daemon reads only its own.
+    let direct = cli.home.is_some() || cli.config.is_some() || cli.policies_arg.is_some();
+    let served_by_daemon = matches!(
+        &cli.command,
+        Command::Approvals(_)
+            | Command::Approve(_)
+            | Command::Deny(_)
+            | Command::Audit(_)
+            | Command::Vault(vault::VaultCommand::Status)
+    );
+    if served_by_daemon && !direct {
+        return control::forward();
+    }
     match &cli.command {
-        Command::Policy(cmd) => policy::run(&cli, cmd),
-        Command::Serve(a) => serve::run(&cli, a),
-        Command::Approvals(a) => approvals::list(&cli, a),
-        Command::Approve(a) => approvals::verdict(&cli, a, true),
-        Command::Deny(a) => approvals::verdict(&cli, a, false),
-        Command::Audit(a) => audit::run(&cli, a),
-        Command::Demo => demo::run(&cli),
-        Command::Verify(a) => verify::run(&cli, a),
-        Command::Vault(c) => vault::run(&cli, c),
+        Command::Serve(a) => return serve::run(&cli, a),
+        Command::Client(c) => return install::client(c),
+        Command::Daemon(a) => return daemon::run(&cli, a),
+        _ => {}
+    }
+    let cli = cli.resolve()?;
+    let me = crate::identity::Caller::this_process();
+    let mut o = out::Out::default();
+    let code = match &cli.command {
+        Command::Policy(cmd) => return policy::run(&cli, cmd),
+        Command::Approvals(a) => approvals::list(&cli, a, &mut o),
+        Command::Approve(a) => approvals::verdict(&cli, a, true, &me, &mut o),
+        Command::Deny(a) => approvals::verdict(&cli, a, false, &me, &mut o),
+        Command::Audit(a) => audit::run(&cli, a, &mut o),
+        Command::Demo => return demo::run(&cli),
+        Command::Verify(a) => return verify::run(&cli, a),
+        Command::Vault(c) => return vault::run(&cli, c),
+        // Run above, before any configuration is read.
+        Command::Serve(_) | Command::Client(_) | Command::Daemon(_) => {
+            return Ok(ExitCode::from(2));
+        }
+    };
+    match code {
+        Ok(code) => Ok(o.print(code)),
+        Err(e) => {
+            // What was gathered before the error is still shown.
+            let _ = o.print(0);
+            Err(e)
+        }
     }
 }

@@ -112,10 +112,7 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
         bail!("the --input document must be a JSON object")
     };
     if a.tool_list {
-        let principal = Principal {
-            client: a.client.clone(),
-            os_user: crate::config::os_identity(),
-        };
+        let principal = Principal::new(a.client.clone(), &crate::identity::Caller::this_process());
         let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())?;
         let list = set.tool_list(&principal)?;
         println!("{}", serde_json::to_string_pretty(&list)?);
@@ -137,14 +134,25 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     if !params.is_object() {
         bail!("params must be a JSON object, e.g. --params '{{\"namespace\": \"demo-app\"}}'");
     }
-    let principal = match base.get("principal") {
-        Some(p) => serde_json::from_value(p.clone())
-            .context("`principal` in --input must be {\"client\", \"os_user\"}")?,
-        None => Principal {
-            client: a.client.clone(),
-            os_user: crate::config::os_identity(),
-        },
-    };
+    // What the --input document does not say about the principal is this
+    // process's user (never a made-up uid).
+    let mut principal = serde_json::to_value(Principal::new(
+        a.client.clone(),
+        &crate::identity::Caller::this_process(),
+    ))?;
+    if let Some(p) = base.get("principal") {
+        let Some(given) = p.as_object() else {
+            bail!(
+                "`principal` in --input must be an object {{\"client\", \"os_user\", \"uid\", \"groups\"}}"
+            );
+        };
+        for (k, v) in given {
+            principal[k] = v.clone();
+        }
+    }
+    let principal: Principal = serde_json::from_value(principal).context(
+        "`principal` in --input must be {\"client\": string, \"os_user\": string, \"uid\": number, \"groups\": [string]}",
+    )?;
     let mut input = DecisionInput::new(tool, params, principal);
     if let Some(serde_json::Value::String(id)) = base.get("request_id") {
         input.request_id = id.clone();

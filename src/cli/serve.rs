@@ -1,149 +1,119 @@
-//! `gateway serve`: MCP over stdio. stdout carries only protocol; logs go to
-//! stderr.
+//! `gateway serve`: what an MCP client starts. It runs as the user, holds
+//! nothing and decides nothing: it tells the daemon which workspace the
+//! session is for, then relays MCP between stdio and the daemon's socket,
+//! byte for byte (protocol versions, progress and cancellation pass
+//! through). When the client closes stdin or goes away, the connection
+//! closes and the daemon cancels the session's calls.
+//!
+//! It takes no option that changes policy, configuration or state: those
+//! belong to the daemon, and `--policies`, `--home` and `--config` (or
+//! their environment variables) make it refuse to start.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::Context;
-use rmcp::ServiceExt;
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::Cli;
-use crate::audit::{AuditLog, Event};
-use crate::mcp::GatewayServer;
-use crate::pipeline::Pipeline;
-use crate::policy::PolicyStore;
-use crate::policy::set::LoadOptions;
-use crate::policy::store::{DEFAULT_POLL_INTERVAL, PolicyEvent, log_event};
-use crate::sandbox::local::{LocalConfig, LocalSandbox};
-use crate::tools::ToolPaths;
+use crate::daemon::wire::{self, Ack, Hello};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Where agents' working_dirs are resolved (the repository) [default: config, else .].
-    #[arg(long, env = "GATEWAY_WORKSPACE")]
+    /// The repository the agent works in: its `working_dir`s resolve here
+    /// (it must be yours) [default: the current dir].
+    #[arg(long)]
     workspace: Option<PathBuf>,
-    /// An endpoint a decision may allow, as NAME=PORT (a TCP port on this
-    /// host), e.g. kube-apiserver=6443. Repeatable.
-    #[arg(long = "endpoint", env = "GATEWAY_ENDPOINTS", value_delimiter = ',')]
-    endpoints: Vec<String>,
+    /// The daemon's socket [default: $GATEWAY_SOCKET, else /run/gateway/gateway.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
 }
 
 pub fn run(cli: &Cli, a: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let home = cli.home();
-    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
-    let mut endpoints: BTreeMap<String, u16> = cli.file.endpoints.clone();
-    for e in &a.endpoints {
-        let (name, port) = e.split_once('=').context("--endpoint takes NAME=PORT")?;
-        endpoints.insert(
-            name.to_string(),
-            port.parse::<u16>()
-                .with_context(|| format!("--endpoint {e}: bad port"))?,
+    if cli.policies_arg.is_some() || cli.home.is_some() || cli.config.is_some() {
+        bail!(
+            "gateway serve takes no --policies, --home or --config (nor GATEWAY_POLICIES, \
+             GATEWAY_HOME, GATEWAY_CONFIG): policies, configuration and state belong to the \
+             daemon (gateway daemon); unset them"
         );
     }
-    let policy = Arc::new(PolicyStore::open(
-        vec![cli.policies.clone()],
-        LoadOptions::default(),
-    ));
-    let audit = AuditLog::in_home(&home)?;
-    match policy.current() {
-        Ok(set) => {
-            audit.record(
-                "",
-                Event::PolicyLoaded {
-                    fingerprint: set.fingerprint.clone(),
-                    files: set.files.len(),
-                },
-            )?;
-        }
-        Err(e) => {
-            tracing::error!("the policy set does not load; every call will be denied: {e}");
-            audit.record("", Event::PolicyLoadFailed { error: e.clone() })?;
-        }
-    }
-    let watch_audit = AuditLog::in_home(&home)?;
-    let _watch = policy.watch(DEFAULT_POLL_INTERVAL, move |ev| {
-        log_event(ev);
-        let event = match ev {
-            PolicyEvent::Reloaded { fingerprint, files } => Event::PolicyReloaded {
-                fingerprint: fingerprint.clone(),
-                files: *files,
-            },
-            PolicyEvent::ReloadFailed { error, active } => Event::PolicyReloadFailed {
-                error: error.clone(),
-                active: active.clone(),
-            },
-        };
-        let _ = watch_audit.record("", event);
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let mut cluster: Option<crate::sandbox::kubernetes::KubernetesSandbox> = None;
-    let sandbox: Arc<dyn crate::sandbox::Sandbox> = match cli.file.sandbox.backend.as_str() {
-        "kubernetes" => {
-            let cfg = cli.file.sandbox.kubernetes.clone();
-            let sb = rt.block_on(async {
-                let client = crate::sandbox::kubernetes::client(&cfg).await?;
-                let sb = crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg);
-                // Jobs a previous run of this instance left are removed first.
-                match sb.reap_leftovers().await {
-                    Ok(r) if !r.is_empty() => {
-                        tracing::warn!(jobs = ?r, "deleted sandbox Jobs a previous gateway left");
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("could not look for leftover sandbox Jobs: {e}"),
-                }
-                Ok::<_, crate::sandbox::SandboxError>(sb)
-            })?;
-            cluster = Some(sb.clone());
-            Arc::new(sb)
-        }
-        _ => Arc::new(LocalSandbox::new(LocalConfig {
-            runsc: cli.file.sandbox.runsc.clone(),
-            platform: cli.file.sandbox.platform.clone(),
-            ..LocalConfig::default()
-        })?),
+    let ws = match &a.workspace {
+        Some(w) => w.clone(),
+        None => std::env::current_dir().context("the current dir")?,
     };
-    let ws = a
-        .workspace
-        .clone()
-        .or_else(|| cli.file.workspace.clone())
-        .unwrap_or_else(|| PathBuf::from("."));
     let workspace =
         std::fs::canonicalize(&ws).with_context(|| format!("workspace {}", ws.display()))?;
-    let mut tools = ToolPaths::discover(&workspace);
-    tools.provider_mirror = cli.file.sandbox.provider_mirror.clone();
-    let broker = super::vault::broker(cli, &home)?;
-    let kubernetes = super::vault::kubernetes_access(cli)?;
-    let mut pipeline = Pipeline::new(policy, home, workspace, sandbox, tools)?;
-    pipeline.endpoints = endpoints;
-    pipeline.kubernetes = kubernetes;
-    pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
-    let pipeline = Arc::new(pipeline);
-    let server = GatewayServer::new(Arc::clone(&pipeline));
-    rt.block_on(async move {
-        if let Some(b) = &broker {
-            // Leases a previous gateway left open are revoked before any
-            // new call, and the gateway's own token is kept alive.
-            b.recover_orphans(&pipeline.audit).await;
-            b.spawn_renewal();
-        }
-        let service = server
-            .serve(rmcp::transport::stdio())
-            .await
-            .context("MCP initialisation")?;
-        let ended = service.waiting().await.context("MCP session");
-        // Shutting down: calls still in flight are abandoned; delete their
-        // Jobs now rather than leave them to the next start.
-        if let Some(sb) = &cluster
-            && let Err(e) = sb.reap_leftovers().await
-        {
-            tracing::warn!("could not delete this gateway's sandbox Jobs at shutdown: {e}");
-        }
-        ended?;
-        anyhow::Ok(())
-    })?;
+    let socket = a.socket.clone().unwrap_or_else(super::control::socket_path);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(relay(&socket, workspace))?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn relay(socket: &std::path::Path, workspace: PathBuf) -> anyhow::Result<()> {
+    let stream = super::control::connect(socket).await?;
+    let (read, mut to_daemon) = stream.into_split();
+    let mut from_daemon = BufReader::new(read);
+    to_daemon
+        .write_all(&wire::line(&Hello::Mcp { workspace }))
+        .await
+        .context("sending the hello to the daemon")?;
+    let ack = wire::read_line(&mut from_daemon, wire::MAX_HELLO)
+        .await
+        .context("reading the daemon's answer")?
+        .context("the daemon closed the connection")?;
+    let ack: Ack = serde_json::from_str(&ack).context("the daemon's answer is not an ack")?;
+    if !ack.ok {
+        bail!(
+            "the daemon refused the session: {}",
+            ack.error.unwrap_or_default()
+        );
+    }
+    let up = async {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = stdin.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            to_daemon.write_all(&buf[..n]).await?;
+        }
+        // The client is done: the daemon sees the end of the stream.
+        to_daemon.shutdown().await?;
+        std::io::Result::Ok(())
+    };
+    let down = async {
+        let mut stdout = tokio::io::stdout();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = from_daemon.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            stdout.write_all(&buf[..n]).await?;
+            stdout.flush().await?;
+        }
+        std::io::Result::Ok(())
+    };
+    tokio::pin!(up);
+    tokio::pin!(down);
+    // The session ends when the daemon closes; an early client EOF just
+    // half-closes, so that replies still in flight are delivered.
+    let mut up_done = false;
+    loop {
+        tokio::select! {
+            r = &mut up, if !up_done => {
+                up_done = true;
+                if let Err(e) = r {
+                    // stdin or the socket broke: nothing more can be relayed.
+                    return Err(anyhow::Error::new(e).context("relaying to the daemon"));
+                }
+            }
+            r = &mut down => {
+                return r.context("relaying from the daemon");
+            }
+        }
+    }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::Cli;
+use super::out::{Out, outln};
 use crate::audit::AuditLog;
 use crate::broker::setup::{SetupOptions, VaultRoles};
 use crate::broker::vault::{VaultAuth, VaultBroker, VaultSettings};
@@ -93,7 +94,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run(cli: &Cli, cmd: &VaultCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         VaultCommand::Setup(a) => setup(cli, a),
-        VaultCommand::Status => status(cli),
+        VaultCommand::Status => {
+            let mut o = Out::default();
+            let code = status(cli, &mut o)?;
+            Ok(o.print(code))
+        }
         VaultCommand::Recover => recover(cli),
     }
 }
@@ -163,18 +168,22 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status(cli: &Cli) -> anyhow::Result<ExitCode> {
+pub fn status(cli: &Cli, o: &mut Out) -> anyhow::Result<u8> {
     let home = cli.home();
     let Some(broker) = broker(cli, &home)? else {
-        println!("no Vault configured: calls that need a credential are refused");
-        return Ok(ExitCode::from(1));
+        outln!(
+            o,
+            "no Vault configured: calls that need a credential are refused"
+        );
+        return Ok(1);
     };
     let checked = runtime()?.block_on(broker.check());
     let ledger = crate::broker::leases::LeaseLedger::in_home(&home)?;
     let open = ledger.open_leases()?;
     let code = match checked {
         Ok((ttl, renewable)) => {
-            println!(
+            outln!(
+                o,
                 "Vault {}: reachable; the gateway's token is valid (ttl {}s, {})",
                 broker.address(),
                 ttl.as_secs(),
@@ -184,16 +193,17 @@ fn status(cli: &Cli) -> anyhow::Result<ExitCode> {
                     "not renewable"
                 }
             );
-            ExitCode::SUCCESS
+            0
         }
         Err(e) => {
-            println!("Vault {}: NOT usable: {e}", broker.address());
-            ExitCode::from(1)
+            outln!(o, "Vault {}: NOT usable: {e}", broker.address());
+            1
         }
     };
-    println!("{} lease(s) not yet revoked", open.len());
+    outln!(o, "{} lease(s) not yet revoked", open.len());
     for l in open {
-        println!(
+        outln!(
+            o,
             "  {}  request {}  issued {}  expires {}{}",
             l.lease_id,
             l.request_id,

@@ -85,10 +85,10 @@ async fn verify_kubernetes(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<Vec<crat
             let input = crate::policy::DecisionInput::new(
                 "k8s_get_pod_status",
                 serde_json::json!({"namespace": a.namespace}),
-                crate::policy::Principal {
-                    client: "gateway-verify".into(),
-                    os_user: crate::config::os_identity(),
-                },
+                crate::policy::Principal::new(
+                    "gateway-verify",
+                    &crate::identity::Caller::this_process(),
+                ),
             );
             let d = store.decide(&input).decision;
             match (d.allow, d.credential) {

@@ -30,15 +30,41 @@ use crate::policy::Principal;
 
 pub struct GatewayServer {
     pipeline: Arc<Pipeline>,
-    os_user: String,
+    /// The OS user on the other end, as the kernel said (the daemon's
+    /// socket peer), or this process's user.
+    caller: crate::identity::Caller,
+    /// Where this session's `working_dir`s are resolved (`None`: the
+    /// pipeline's own).
+    workspace: Option<std::path::PathBuf>,
+    /// Cancelled when the session ends (the client went away): every call
+    /// still running is dropped, which kills its sandbox.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl GatewayServer {
+    /// A session of this process's own user in the pipeline's workspace.
     pub fn new(pipeline: Arc<Pipeline>) -> GatewayServer {
+        GatewayServer::for_caller(pipeline, crate::identity::Caller::this_process(), None)
+    }
+
+    /// A session of `caller` (from the socket's peer credentials) in
+    /// `workspace`.
+    pub fn for_caller(
+        pipeline: Arc<Pipeline>,
+        caller: crate::identity::Caller,
+        workspace: Option<std::path::PathBuf>,
+    ) -> GatewayServer {
         GatewayServer {
             pipeline,
-            os_user: crate::config::os_identity(),
+            caller,
+            workspace,
+            ended: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// A token that ends every call of this session when cancelled.
+    pub fn session_end(&self) -> tokio_util::sync::CancellationToken {
+        self.ended.clone()
     }
 
     fn principal(&self, ctx: &RequestContext<RoleServer>) -> Principal {
@@ -47,10 +73,7 @@ impl GatewayServer {
             .peer_info()
             .map(|i| i.client_info.name.clone())
             .unwrap_or_else(|| "unknown".into());
-        Principal {
-            client,
-            os_user: self.os_user.clone(),
-        }
+        Principal::new(client, &self.caller)
     }
 
     /// The tools this principal may see, as the policy describes them.
@@ -222,6 +245,7 @@ impl ServerHandler for GatewayServer {
             tool: name.clone(),
             params: Value::Object(args),
             principal,
+            workspace: self.workspace.clone(),
         };
         let progress_token = ctx.meta.get_progress_token();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -243,6 +267,7 @@ impl ServerHandler for GatewayServer {
         let result = tokio::select! {
             r = pipeline.call_with(call, &request_id, &progress) => Some(r),
             _ = ctx.ct.cancelled() => None,
+            _ = self.ended.cancelled() => None,
         };
         // Deliver every progress message before the result.
         drop(progress);

@@ -80,6 +80,9 @@ pub struct ToolCall {
     pub tool: String,
     pub params: Value,
     pub principal: Principal,
+    /// The workspace this call's `working_dir` is resolved in (the daemon
+    /// admits it per connection); `None`: the pipeline's own.
+    pub workspace: Option<PathBuf>,
 }
 
 /// Where progress messages go (the MCP server turns them into progress
@@ -260,6 +263,11 @@ impl<E: Into<PipelineError>> From<E> for Stop {
 pub struct Call {
     pub input: DecisionInput,
     pub progress: Progress,
+    /// Where `working_dir` is resolved.
+    pub workspace: PathBuf,
+    /// Who must own that workspace and module (a daemon session's
+    /// caller, unless root); `None` for the pipeline's own workspace.
+    pub workspace_owner: Option<u32>,
 }
 
 impl Call {
@@ -331,9 +339,15 @@ impl Pipeline {
     ) -> Result<CallResult, PipelineError> {
         let mut input = DecisionInput::new(call.tool, call.params, call.principal);
         input.request_id = request_id.to_string();
+        let workspace_owner = match (&call.workspace, input.principal.uid) {
+            (Some(_), uid) if uid != 0 => Some(uid),
+            _ => None,
+        };
         let mut call = Call {
             input,
             progress: progress.clone(),
+            workspace: call.workspace.unwrap_or_else(|| self.workspace.clone()),
+            workspace_owner,
         };
         // The call's credentials leave the redaction list however it ends.
         let _secrets = CallSecrets {

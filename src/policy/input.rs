@@ -7,11 +7,32 @@ use serde::{Deserialize, Serialize};
 
 /// Who is making the call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Principal {
-    /// The MCP client's name (from `initialize`), or `cli`.
+    /// The MCP client's name, as the client said it: a claim, not an
+    /// identity (any process can say any name).
     pub client: String,
-    /// The OS user the gateway runs as.
+    /// The OS user on the other end of the daemon's socket, named from the
+    /// uid the kernel reported (`SO_PEERCRED`); for a direct command, the
+    /// real user of the process.
     pub os_user: String,
+    /// That user's uid.
+    pub uid: u32,
+    /// That user's groups, by name.
+    pub groups: Vec<String>,
+}
+
+impl Principal {
+    /// The principal of `caller` speaking through a client that says its
+    /// name is `client`.
+    pub fn new(client: impl Into<String>, caller: &crate::identity::Caller) -> Principal {
+        Principal {
+            client: client.into(),
+            os_user: caller.user.clone(),
+            uid: caller.uid,
+            groups: caller.groups.clone(),
+        }
+    }
 }
 
 /// The input of one decision.
@@ -82,6 +103,20 @@ impl DecisionInput {
         let mut principal = std::collections::BTreeMap::new();
         principal.insert(s("client"), s(&self.principal.client));
         principal.insert(s("os_user"), s(&self.principal.os_user));
+        principal.insert(
+            s("uid"),
+            regorus::Value::from(u64::from(self.principal.uid)),
+        );
+        principal.insert(
+            s("groups"),
+            regorus::Value::from(
+                self.principal
+                    .groups
+                    .iter()
+                    .map(|g| regorus::Value::from(g.as_str()))
+                    .collect::<Vec<_>>(),
+            ),
+        );
         obj.insert(s("principal"), regorus::Value::from(principal));
         if let Some(plan) = &self.plan {
             obj.insert(s("plan"), plan.rego.clone());
@@ -138,6 +173,8 @@ mod tests {
             Principal {
                 client: "test".into(),
                 os_user: "alice".into(),
+                uid: 1000,
+                groups: vec!["alice".into(), "ops".into()],
             },
         );
         input.plan = Some(PlanInput::new(

@@ -58,4 +58,6 @@ pub enum PolicyError {
     Panic(String),
     #[error("decision does not match the contract: {0}")]
     Contract(String),
+    #[error(transparent)]
+    Untrusted(#[from] crate::trust::TrustError),
 }

@@ -21,6 +21,9 @@ pub struct LoadOptions {
     pub budget: Duration,
     /// Rule the set must compile for (`None`: only parse, as for tests).
     pub entrypoint: Option<String>,
+    /// The daemon's check of the policy dir before every load: a dir that
+    /// someone else can write is refused (the last good set stays).
+    pub trust: Option<crate::trust::Trust>,
 }
 
 impl Default for LoadOptions {
@@ -28,6 +31,7 @@ impl Default for LoadOptions {
         LoadOptions {
             budget: DEFAULT_BUDGET,
             entrypoint: Some(DECISION_RULE.to_string()),
+            trust: None,
         }
     }
 }
@@ -277,6 +281,8 @@ mod tests {
             Principal {
                 client: "test".into(),
                 os_user: "u".into(),
+                uid: 1000,
+                groups: vec![],
             },
         )
     }
@@ -314,6 +320,8 @@ decision := {
             .tool_list(&Principal {
                 client: "c".into(),
                 os_user: "u".into(),
+                uid: 1000,
+                groups: vec![],
             })
             .expect("tool list");
         let names: Vec<&str> = tools.keys().map(String::as_str).collect();
@@ -331,6 +339,8 @@ decision := {
             .tool_list(&Principal {
                 client: "c".into(),
                 os_user: "u".into(),
+                uid: 1000,
+                groups: vec![],
             })
             .expect_err("not an object");
         assert!(err.to_string().contains("must be an object"), "{err}");

@@ -101,10 +101,20 @@ impl PolicyStore {
         }
     }
 
+    /// Every root passes the daemon's trust check (when it makes one).
+    fn check_trust(&self) -> Result<(), PolicyError> {
+        if let Some(t) = &self.opts.trust {
+            for root in &self.roots {
+                t.check_tree("policy dir", root)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reload now if the files changed since the last attempt. Returns what
     /// happened, or `None` when nothing changed.
     pub fn reload(&self) -> Option<PolicyEvent> {
-        let sources = Sources::read(&self.roots);
+        let sources = self.check_trust().and_then(|()| Sources::read(&self.roots));
         // An unreadable directory is fingerprinted by its error, so that it
         // too is reported once rather than at every poll.
         let fingerprint = Some(match &sources {

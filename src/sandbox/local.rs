@@ -222,6 +222,11 @@ impl LocalSandbox {
         Ok(sandbox)
     }
 
+    /// The runsc binary this sandbox runs.
+    pub fn runsc(&self) -> &Path {
+        &self.runsc
+    }
+
     /// Remove every sandbox whose gateway process is gone (killed before
     /// its cleanup ran): the runsc container, the network namespace and
     /// the bundle (which may hold a credential file). Sandboxes of live

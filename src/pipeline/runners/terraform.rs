@@ -40,7 +40,7 @@ impl ToolRunner for Plan {
 
     fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
         Box::pin(async move {
-            let module = p.open_module(&call.input, &first).await?;
+            let module = p.open_module(call, &first).await?;
             let (made, decision) = p.plan_and_decide(call, &first, &module).await?;
             let changes = crate::approvals::plan_summary(&made.plan);
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
@@ -63,7 +63,7 @@ impl ToolRunner for Apply {
         Box::pin(async move {
             // The module is opened and locked before anything else (an
             // approval is not spent on a module another call holds).
-            let module = p.open_module(&call.input, &first).await?;
+            let module = p.open_module(call, &first).await?;
             match call
                 .input
                 .params
@@ -132,22 +132,20 @@ fn bound_params(params: &Value) -> Value {
 impl Pipeline {
     /// Open the call's module once (beneath the workspace, no link
     /// followed) and take its lock: one call at a time per module.
-    async fn open_module(
-        &self,
-        input: &DecisionInput,
-        decision: &Decision,
-    ) -> Result<Module, Stop> {
-        let wd = input
+    async fn open_module(&self, call: &Call, decision: &Decision) -> Result<Module, Stop> {
+        let wd = call
+            .input
             .params
             .get("working_dir")
             .and_then(Value::as_str)
             .ok_or_else(|| Stop::refused("working_dir is missing"))?
             .to_string();
-        let workspace = self.workspace.clone();
+        let workspace = call.workspace.clone();
+        let owner = call.workspace_owner;
         let locks = self.home.join("locks");
         let wait = Duration::from_secs(decision.sandbox.module_wait_seconds);
         tokio::task::spawn_blocking(move || {
-            let dir = ModuleDir::open(&workspace, &wd)?;
+            let dir = ModuleDir::open_owned(&workspace, &wd, owner)?;
             let lock = dir.lock(&locks, wait)?;
             Ok::<_, tools::ToolError>(Module {
                 dir: Arc::new(dir),

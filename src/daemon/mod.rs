@@ -1,0 +1,374 @@
+//! `gateway daemon`: the side of the gateway the agent cannot reach.
+//!
+//! The daemon owns the configuration, the policies, the state (approvals,
+//! audit, leases, plans), the sandboxes and the broker. It listens on a
+//! Unix socket; every connection's identity is the uid, gid and pid the
+//! kernel reports for the peer (`SO_PEERCRED`), looked up into a user name
+//! and groups ([`crate::identity::Caller`]). What the caller sends is only
+//! what it asks for ([`wire::Hello`]):
+//!
+//! - an MCP session in a workspace the caller owns: the connection then
+//!   carries MCP to [`crate::mcp::GatewayServer`], whose principal is that
+//!   caller. The session ending (the client went away) cancels its calls;
+//! - one operator command (`approvals`, `approve`, `deny`, `audit`,
+//!   `vault status`), run by the daemon with the caller's identity as the
+//!   approver, its output sent back.
+//!
+//! The checks that make the deployment safe are in [`crate::trust`]: the
+//! daemon refuses to start when anything it reads could be written by
+//! someone else, and refuses a workspace that would contain any of it.
+
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::Event;
+use crate::identity::Caller;
+use crate::mcp::GatewayServer;
+use crate::pipeline::Pipeline;
+use crate::trust::{self, Trust};
+use wire::{Ack, Hello, Reply};
+
+/// Runs one operator command for a caller (the CLI's own code, handed in
+/// so that the daemon does not depend on the command line).
+pub type ControlHandler = Arc<dyn Fn(&Caller, Vec<String>) -> Reply + Send + Sync>;
+
+/// How long a caller has to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the daemon waits, at shutdown, for sessions to end their calls.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("socket {path} is in use by a running daemon: stop it first (systemctl stop gateway)")]
+    InUse { path: PathBuf },
+    #[error(
+        "the socket's group {0:?} does not exist: create it (groupadd {0}) or set [daemon] socket_group"
+    )]
+    NoGroup(String),
+}
+
+pub struct Daemon {
+    pub pipeline: Arc<Pipeline>,
+    /// Paths a workspace must not contain (config, policies, state, tools).
+    guarded: Vec<(String, PathBuf)>,
+    /// When not empty, a workspace must lie below one of these.
+    workspace_roots: Vec<PathBuf>,
+    control: ControlHandler,
+}
+
+impl Daemon {
+    pub fn new(
+        pipeline: Arc<Pipeline>,
+        guarded: Vec<(String, PathBuf)>,
+        workspace_roots: Vec<PathBuf>,
+        control: ControlHandler,
+    ) -> Daemon {
+        Daemon {
+            pipeline,
+            guarded,
+            workspace_roots,
+            control,
+        }
+    }
+
+    /// Whether `caller` may run MCP sessions in `requested`: an absolute
+    /// directory the caller owns (root may use any), below a configured
+    /// root when there are any, containing none of the daemon's own paths.
+    pub fn admit_workspace(&self, caller: &Caller, requested: &Path) -> Result<PathBuf, String> {
+        use std::os::unix::fs::MetadataExt;
+        if !requested.is_absolute() {
+            return Err(format!(
+                "workspace {} is not an absolute path",
+                requested.display()
+            ));
+        }
+        let real = std::fs::canonicalize(requested)
+            .map_err(|e| format!("workspace {}: {e}", requested.display()))?;
+        let meta =
+            std::fs::metadata(&real).map_err(|e| format!("workspace {}: {e}", real.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("workspace {} is not a directory", real.display()));
+        }
+        if caller.uid != 0 && meta.uid() != caller.uid {
+            return Err(format!(
+                "workspace {} belongs to uid {}, not to {} (uid {}): a workspace must be the caller's own",
+                real.display(),
+                meta.uid(),
+                caller.user,
+                caller.uid
+            ));
+        }
+        if !self.workspace_roots.is_empty()
+            && !self
+                .workspace_roots
+                .iter()
+                .any(|r| std::fs::canonicalize(r).is_ok_and(|r| real.starts_with(r)))
+        {
+            return Err(format!(
+                "workspace {} is not below a workspace root of this daemon ({})",
+                real.display(),
+                self.workspace_roots
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        for (what, path) in &self.guarded {
+            trust::outside_workspace(what, path, &real).map_err(|e| e.to_string())?;
+        }
+        Ok(real)
+    }
+
+    /// Accept connections until `stop` is cancelled, then give the sessions
+    /// still running [`SHUTDOWN_GRACE`] to end their calls.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener, stop: CancellationToken) {
+        let mut sessions = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let me = Arc::clone(&self);
+                        let stop = stop.child_token();
+                        sessions.spawn(async move { me.connection(stream, stop).await });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+                _ = stop.cancelled() => break,
+            }
+        }
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while sessions.join_next().await.is_some() {}
+        })
+        .await;
+    }
+
+    async fn connection(self: Arc<Self>, stream: UnixStream, stop: CancellationToken) {
+        let caller = match stream.peer_cred() {
+            Ok(c) => Caller::from_ids(c.uid(), c.gid(), c.pid()),
+            Err(e) => {
+                tracing::warn!("a connection without peer credentials: {e}");
+                return;
+            }
+        };
+        let who = serde_json::to_value(&caller).unwrap_or_default();
+        let (read, mut write) = stream.into_split();
+        let mut read = BufReader::new(read);
+        let hello =
+            match tokio::time::timeout(HELLO_TIMEOUT, wire::read_line(&mut read, wire::MAX_HELLO))
+                .await
+            {
+                Ok(Ok(Some(line))) => serde_json::from_str::<Hello>(&line)
+                    .map_err(|e| format!("the first line is not a gateway hello: {e}")),
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => Err(format!("reading the hello: {e}")),
+                Err(_) => Err(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
+            };
+        let refuse = |reason: String| {
+            let _ = self.pipeline.audit.record(
+                "",
+                Event::SessionRefused {
+                    caller: who.clone(),
+                    reason: reason.clone(),
+                },
+            );
+            reason
+        };
+        match hello {
+            Err(reason) => {
+                let reason = refuse(reason);
+                let _ = write
+                    .write_all(&wire::line(&Ack {
+                        ok: false,
+                        error: Some(reason),
+                    }))
+                    .await;
+            }
+            Ok(Hello::Control { argv }) => {
+                if let Err(e) = self.pipeline.audit.record(
+                    "",
+                    Event::SessionOpened {
+                        caller: who.clone(),
+                        mode: "control".into(),
+                        workspace: None,
+                        command: Some(argv.clone()),
+                    },
+                ) {
+                    let _ = write
+                        .write_all(&wire::line(&Reply::refused(format!(
+                            "the audit log cannot be written: {e}"
+                        ))))
+                        .await;
+                    return;
+                }
+                let control = Arc::clone(&self.control);
+                let reply = tokio::task::spawn_blocking(move || control(&caller, argv))
+                    .await
+                    .unwrap_or_else(|e| Reply::refused(format!("the command failed: {e}")));
+                let _ = write.write_all(&wire::line(&reply)).await;
+                let _ = write.shutdown().await;
+            }
+            Ok(Hello::Mcp { workspace }) => {
+                let workspace = match self.admit_workspace(&caller, &workspace) {
+                    Ok(w) => w,
+                    Err(reason) => {
+                        let reason = refuse(reason);
+                        let _ = write
+                            .write_all(&wire::line(&Ack {
+                                ok: false,
+                                error: Some(reason),
+                            }))
+                            .await;
+                        return;
+                    }
+                };
+                if let Err(e) = self.pipeline.audit.record(
+                    "",
+                    Event::SessionOpened {
+                        caller: who.clone(),
+                        mode: "mcp".into(),
+                        workspace: Some(workspace.display().to_string()),
+                        command: None,
+                    },
+                ) {
+                    let _ = write
+                        .write_all(&wire::line(&Ack {
+                            ok: false,
+                            error: Some(format!("the audit log cannot be written: {e}")),
+                        }))
+                        .await;
+                    return;
+                }
+                if write
+                    .write_all(&wire::line(&Ack {
+                        ok: true,
+                        error: None,
+                    }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                self.mcp_session(caller, workspace, read, write, stop).await;
+            }
+        }
+    }
+
+    async fn mcp_session(
+        &self,
+        caller: Caller,
+        workspace: PathBuf,
+        read: BufReader<tokio::net::unix::OwnedReadHalf>,
+        write: tokio::net::unix::OwnedWriteHalf,
+        stop: CancellationToken,
+    ) {
+        use rmcp::ServiceExt;
+        let user = caller.user.clone();
+        let server = GatewayServer::for_caller(Arc::clone(&self.pipeline), caller, Some(workspace));
+        let end = server.session_end();
+        match server.serve((read, write)).await {
+            Ok(service) => {
+                let ct = service.cancellation_token();
+                let watch = tokio::spawn(async move {
+                    stop.cancelled().await;
+                    ct.cancel();
+                });
+                let _ = service.waiting().await;
+                watch.abort();
+            }
+            Err(e) => tracing::info!(user, "an MCP session did not start: {e}"),
+        }
+        // The client is gone: every call it still had running is dropped,
+        // which kills its sandbox and revokes its credential.
+        end.cancel();
+    }
+}
+
+/// Bind the daemon's socket: its directory made if missing (0755), a stale
+/// socket left by a daemon that died removed (a live one is refused), the
+/// socket itself group `group` and mode 0660.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, DaemonError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let err = |source| DaemonError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    let gid = match group {
+        Some(name) => Some(
+            nix::unistd::Group::from_name(name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| DaemonError::NoGroup(name.to_string()))?
+                .gid,
+        ),
+        None => None,
+    };
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir).map_err(err)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket: remove it or choose another [daemon] socket",
+            )));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::InUse {
+                path: path.to_path_buf(),
+            });
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    // Bound with a umask that leaves nobody else a window on it; the mode
+    // and group are then set on the path before anyone is told it exists.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener.map_err(err)?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(gid)).map_err(|e| err(e.into()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    Ok(listener)
+}
+
+/// The daemon's own paths as the trust check and the workspace check see
+/// them, each with what it is.
+pub fn check_all(
+    trust: &Trust,
+    paths: &[(String, PathBuf, bool)],
+    workspace_roots: &[PathBuf],
+) -> Result<(), trust::TrustError> {
+    for (what, path, tree) in paths {
+        if *tree {
+            trust.check_tree(what, path)?;
+        } else {
+            trust.check_path(what, path)?;
+        }
+        for root in workspace_roots {
+            trust::outside_workspace(what, path, root)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! Whether the daemon may trust a path: the path and every directory above
+//! it belong to root (or to the daemon's own user) and nobody else can write
+//! them. Whoever can write the policy dir, the configuration, the state or a
+//! binary the daemon runs decides what the daemon does, so an agent with a
+//! shell must own none of them.
+//!
+//! A world-writable directory above the path is accepted only when it is
+//! root's and sticky (`/tmp`): there nobody can rename or replace another
+//! user's entries. Everything else group- or world-writable is refused,
+//! naming the path and the fix.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why a path cannot be trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error("{what} {path} is not safe: {why}; fix: {fix}")]
+    Unsafe {
+        what: String,
+        path: PathBuf,
+        why: String,
+        fix: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} {path} lies inside the workspace {workspace}, which the agent can write")]
+    InsideWorkspace {
+        what: String,
+        path: PathBuf,
+        workspace: PathBuf,
+    },
+}
+
+/// The owners the daemon accepts: root and the daemon's own user.
+#[derive(Debug, Clone)]
+pub struct Trust {
+    owners: Vec<u32>,
+}
+
+impl Trust {
+    /// Root and this process's effective user.
+    pub fn for_this_process() -> Trust {
+        let me = nix::unistd::geteuid().as_raw();
+        let mut owners = vec![0];
+        if me != 0 {
+            owners.push(me);
+        }
+        Trust { owners }
+    }
+
+    /// `path` and every directory above it.
+    pub fn check_path(&self, what: &str, path: &Path) -> Result<(), TrustError> {
+        let real = std::fs::canonicalize(path).map_err(|source| TrustError::Io {
+            what: what.into(),
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.check_entry(what, &real, false)?;
+        for dir in real.ancestors().skip(1) {
+            self.check_entry(what, dir, true)?;
+        }
+        Ok(())
+    }
+
+    /// `root` as [`Trust::check_path`], and everything below it (links
+    /// are not followed: a link's own owner is checked).
+    pub fn check_tree(&self, what: &str, root: &Path) -> Result<(), TrustError> {
+        self.check_path(what, root)?;
+        let real = std::fs::canonicalize(root).map_err(|source| TrustError::Io {
+            what: what.into(),
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let mut stack = vec![real];
+        while let Some(dir) = stack.pop() {
+            if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
+            let io = |source| TrustError::Io {
+                what: what.into(),
+                path: dir.clone(),
+                source,
+            };
+            for entry in std::fs::read_dir(&dir).map_err(io)? {
+                let entry = entry.map_err(io)?;
+                let p = entry.path();
+                self.check_entry(what, &p, false)?;
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_entry(&self, what: &str, p: &Path, above: bool) -> Result<(), TrustError> {
+        let m = std::fs::symlink_metadata(p).map_err(|source| TrustError::Io {
+            what: what.into(),
+            path: p.to_path_buf(),
+            source,
+        })?;
+        let unsafe_ = |why: String, fix: String| TrustError::Unsafe {
+            what: what.into(),
+            path: p.to_path_buf(),
+            why,
+            fix,
+        };
+        if !self.owners.contains(&m.uid()) {
+            return Err(unsafe_(
+                format!("owned by {}", user_name(m.uid())),
+                format!("chown root {}", p.display()),
+            ));
+        }
+        if m.file_type().is_symlink() {
+            // A link's mode bits mean nothing; its owner was checked.
+            return Ok(());
+        }
+        let mode = m.mode();
+        let sticky_root_dir = m.is_dir() && mode & 0o1000 != 0 && m.uid() == 0;
+        if mode & 0o022 != 0 && !(above && sticky_root_dir) {
+            let who = if mode & 0o002 != 0 {
+                "everyone"
+            } else {
+                "its group"
+            };
+            return Err(unsafe_(
+                format!("writable by {who} (mode {:o})", mode & 0o7777),
+                format!("chmod go-w {}", p.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuse `path` when it is `workspace` or lies below it.
+pub fn outside_workspace(what: &str, path: &Path, workspace: &Path) -> Result<(), TrustError> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let ws = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    if real.starts_with(&ws) {
+        return Err(TrustError::InsideWorkspace {
+            what: what.into(),
+            path: real,
+            workspace: ws,
+        });
+    }
+    Ok(())
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("{} (uid {uid})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn only(owner: u32) -> Trust {
+        Trust {
+            owners: vec![owner],
+        }
+    }
+
+    #[test]
+    fn writable_by_others_is_refused_with_the_fix() {
+        let me = nix::unistd::geteuid().as_raw();
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("policies");
+        std::fs::create_dir(&p).expect("dir");
+        std::fs::write(p.join("a.rego"), "package a\n").expect("file");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        only(me).check_tree("policy dir", &p).expect("safe");
+        for (path, mode, who) in [
+            (p.clone(), 0o775, "its group"),
+            (p.join("a.rego"), 0o646, "everyone"),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = only(me)
+                .check_tree("policy dir", &p)
+                .expect_err("unsafe")
+                .to_string();
+            assert!(e.contains(who) && e.contains("chmod go-w"), "{e}");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        // /tmp above the dir is world-writable but root's and sticky.
+        only(me)
+            .check_path("policy dir", &p)
+            .expect("sticky /tmp above");
+    }
+
+    #[test]
+    fn another_owner_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let other = nix::unistd::geteuid().as_raw().wrapping_add(4242);
+        let e = only(other)
+            .check_path("config", dir.path())
+            .expect_err("not ours")
+            .to_string();
+        assert!(e.contains("owned by") && e.contains("chown root"), "{e}");
+    }
+
+    #[test]
+    fn a_path_inside_the_workspace_is_refused() {
+        let ws = tempfile::tempdir().expect("ws");
+        std::fs::create_dir(ws.path().join("policies")).expect("dir");
+        let e = outside_workspace("policy dir", &ws.path().join("policies"), ws.path())
+            .expect_err("inside");
+        assert!(e.to_string().contains("inside the workspace"), "{e}");
+        outside_workspace("policy dir", std::path::Path::new("/etc"), ws.path()).expect("outside");
+    }
+}

@@ -1,0 +1,361 @@
+//! The local deployment: `gateway daemon` as root from a root-owned
+//! temporary configuration, and an unprivileged OS user driving `gateway
+//! serve` with the official MCP Python SDK (real gVisor, real Terraform,
+//! real SQLite). The approval comes from a second OS user over the socket,
+//! whose identity the daemon takes from the kernel (`SO_PEERCRED`).
+
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use std::io::{BufRead, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use daemon::{AGENT, APPROVER, Daemon};
+
+fn python() -> std::path::PathBuf {
+    // A Python every user can run (not the one under root's home).
+    let p = common::repo().join(".tools/venv-user/bin/python");
+    assert!(
+        p.is_file(),
+        "the users' MCP client is installed by scripts/install-tools.sh mcp"
+    );
+    p
+}
+
+fn gateway() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
+}
+
+#[test]
+fn an_unprivileged_user_plans_waits_for_another_users_approval_and_applies() {
+    daemon::os_user(AGENT);
+    let approver_uid = daemon::os_user(APPROVER);
+    let d = Daemon::start(&common::repo().join("policies"), "");
+    let workspace = daemon::owned_dir(AGENT);
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &workspace.path().join("terraform/offline-demo"),
+    );
+    let agent_home = daemon::owned_dir(AGENT);
+    daemon::chown_tree(workspace.path(), AGENT);
+    // Another user's repository, which the agent will try to reach.
+    let victim = tempfile::tempdir().expect("victim");
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &victim.path().join("terraform/offline-demo"),
+    );
+    daemon::chown_tree(victim.path(), APPROVER);
+    std::fs::set_permissions(victim.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut child = daemon::as_user(AGENT, agent_home.path(), &[], &python())
+        .arg(common::repo().join("tests/mcp/daemon_session.py"))
+        .arg("scenarios")
+        .arg(gateway())
+        .arg(&d.socket)
+        .arg(workspace.path())
+        .arg(&d.policies)
+        .arg(victim.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the agent's MCP client");
+    let mut to_agent = child.stdin.take().expect("stdin");
+    let from_agent = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut passed = Vec::new();
+    for line in from_agent.lines().map_while(Result::ok) {
+        if let Some(id) = line.strip_prefix("NEED-APPROVAL ") {
+            // The approver is another OS user; the kernel says so.
+            let approver_home = daemon::owned_dir(APPROVER);
+            let out = daemon::as_user(
+                APPROVER,
+                approver_home.path(),
+                &[("GATEWAY_SOCKET", &d.socket)],
+                &gateway(),
+            )
+            .args(["approve", id, "--reason", "reviewed by the daemon test"])
+            .output()
+            .expect("approve");
+            assert!(
+                out.status.success(),
+                "{}{}",
+                common::stdout(&out),
+                common::stderr(&out)
+            );
+            assert!(
+                common::stdout(&out).contains(&format!("approved {id} as {APPROVER}")),
+                "{}",
+                common::stdout(&out)
+            );
+            writeln!(to_agent, "APPROVED").expect("tell the agent");
+        } else if line == "DISCONNECTED" {
+            // The slow plan's client went away: the daemon records the call
+            // cancelled and removes its sandbox.
+            let started = Instant::now();
+            let cancelled = loop {
+                let c: Vec<_> = d
+                    .events()
+                    .into_iter()
+                    .filter(|e| e["event"] == "tool.result" && e["data"]["status"] == "cancelled")
+                    .collect();
+                if !c.is_empty() || started.elapsed() > Duration::from_secs(30) {
+                    break c;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            assert_eq!(cancelled.len(), 1, "{}", d.log());
+            let rid = cancelled[0]["request_id"]
+                .as_str()
+                .expect("rid")
+                .to_string();
+            let ps = std::process::Command::new("ps")
+                .args(["-eo", "args"])
+                .output()
+                .expect("ps");
+            assert!(
+                !common::stdout(&ps)
+                    .lines()
+                    .any(|l| l.contains("runsc") && l.contains(&rid)),
+                "the cancelled call's sandbox is still running"
+            );
+            writeln!(to_agent, "CANCELLED").expect("tell the agent");
+        } else {
+            println!("{line}");
+            if line.starts_with("PASS") {
+                passed.push(line);
+            }
+        }
+    }
+    let out = child.wait_with_output().expect("agent");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        common::stderr(&out),
+        d.log()
+    );
+    assert_eq!(passed.len(), 8, "{passed:#?}");
+    // The audit names the kernel's users: the agent requested, the approver granted.
+    let events = d.events();
+    let requested = events
+        .iter()
+        .find(|e| e["event"] == "tool.request")
+        .expect("a request");
+    assert_eq!(requested["data"]["principal"]["os_user"], AGENT);
+    let granted = events
+        .iter()
+        .find(|e| e["event"] == "approval.granted")
+        .expect("a grant");
+    assert_eq!(granted["data"]["approver"], APPROVER);
+    let opened = events
+        .iter()
+        .find(|e| e["event"] == "session.opened" && e["data"]["caller"]["uid"] == approver_uid)
+        .expect("the approver's session");
+    assert_eq!(opened["data"]["mode"], "control");
+    let refused: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "session.refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "the two foreign workspaces: {refused:#?}");
+    let verify = common::gateway(&d.home)
+        .args(["audit", "verify"])
+        .output()
+        .expect("verify");
+    assert!(verify.status.success(), "{}", common::stdout(&verify));
+}
+
+/// The daemon refuses to start on a policy dir, config or state that
+/// someone else can write, and on one inside a workspace it serves.
+#[test]
+fn the_daemon_refuses_files_another_user_could_write() {
+    daemon::os_user(AGENT);
+    /// Spoils a fresh layout: (its dir, its config file).
+    type Spoil = Box<dyn Fn(&std::path::Path, &std::path::Path)>;
+    let cases: Vec<(&str, Spoil, &str)> = vec![
+        (
+            "group-writable policy dir",
+            Box::new(|dir, _| {
+                std::fs::set_permissions(
+                    dir.join("policies"),
+                    std::fs::Permissions::from_mode(0o775),
+                )
+                .expect("chmod");
+            }),
+            "policy dir",
+        ),
+        (
+            "world-writable policy file",
+            Box::new(|dir, _| {
+                std::fs::set_permissions(
+                    dir.join("policies/config/tools/data.yaml"),
+                    std::fs::Permissions::from_mode(0o666),
+                )
+                .expect("chmod");
+            }),
+            "writable by everyone",
+        ),
+        (
+            "policy file owned by the agent",
+            Box::new(|dir, _| {
+                daemon::chown_tree(&dir.join("policies/approvals.rego"), AGENT);
+            }),
+            "owned by gw-test-agent",
+        ),
+        (
+            "group-writable config",
+            Box::new(|_, config| {
+                std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o664))
+                    .expect("chmod");
+            }),
+            "configuration",
+        ),
+        (
+            "policy dir inside a workspace root",
+            Box::new(|dir, config| {
+                let mut text = std::fs::read_to_string(config).expect("config");
+                text = text.replace(
+                    "[daemon]\n",
+                    &format!("[daemon]\nworkspace_roots = [{:?}]\n", dir),
+                );
+                std::fs::write(config, text).expect("config");
+            }),
+            "inside the workspace",
+        ),
+    ];
+    for (name, spoil, expect) in cases {
+        let (dir, config) = Daemon::layout(&common::repo().join("policies"), "");
+        spoil(dir.path(), &config);
+        let out = std::process::Command::new(gateway())
+            .arg("--config")
+            .arg(&config)
+            .arg("daemon")
+            .stdin(Stdio::null())
+            .output()
+            .expect("daemon");
+        let err = common::stderr(&out);
+        assert!(!out.status.success(), "{name}: the daemon started");
+        assert!(
+            err.contains("refuses to start") && err.contains(expect),
+            "{name}: {err}"
+        );
+        assert!(
+            err.contains("fix:") || err.contains("inside the workspace"),
+            "{name} names no fix: {err}"
+        );
+        assert!(!dir.path().join("run/gateway.sock").exists(), "{name}");
+    }
+}
+
+/// An edit that makes the policy dir unsafe stops reloads: the last good
+/// set stays, the audit says why, and content written meanwhile is not
+/// loaded.
+#[test]
+fn a_policy_dir_made_unsafe_while_running_is_not_reloaded() {
+    let d = Daemon::start(&common::repo().join("policies"), "");
+    let fingerprint = |d: &Daemon, ev: &str| {
+        d.events()
+            .iter()
+            .filter(|e| e["event"] == ev)
+            .map(|e| e["data"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fingerprint(&d, "policy.loaded").len(), 1, "{}", d.log());
+    let catalog = d.policies.join("config/tools/data.yaml");
+    std::fs::set_permissions(&d.policies, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let text = std::fs::read_to_string(&catalog).expect("catalog");
+    std::fs::write(&catalog, text.replace("tier: high", "tier: low")).expect("edit");
+    let started = Instant::now();
+    let failed = loop {
+        let f = fingerprint(&d, "policy.reload_failed");
+        if !f.is_empty() || started.elapsed() > Duration::from_secs(20) {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(failed.len(), 1, "{}", d.log());
+    let error = failed[0]["error"].as_str().expect("error");
+    assert!(
+        error.contains("writable by everyone") && error.contains("chmod go-w"),
+        "{error}"
+    );
+    assert!(failed[0]["active"].is_string(), "the last good set stays");
+    assert!(fingerprint(&d, "policy.reloaded").is_empty());
+    // Made safe again, the edited content loads.
+    std::fs::set_permissions(&d.policies, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let started = Instant::now();
+    while fingerprint(&d, "policy.reloaded").is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Each config `gateway client install` writes, used as the user.
+#[test]
+fn each_installed_client_config_reaches_the_daemon_as_the_user() {
+    daemon::os_user(AGENT);
+    let d = Daemon::start(&common::repo().join("policies"), "");
+    let workspace = daemon::owned_dir(AGENT);
+    let home = daemon::owned_dir(AGENT);
+    for (client, file) in [
+        ("claude-code", ".claude.json"),
+        ("cursor", ".cursor/mcp.json"),
+        ("vscode", ".config/Code/User/mcp.json"),
+        (
+            "claude-desktop",
+            ".config/Claude/claude_desktop_config.json",
+        ),
+    ] {
+        let mut install = daemon::as_user(AGENT, home.path(), &[], &gateway());
+        install
+            .current_dir(workspace.path())
+            .args(["client", "install", client, "--socket"])
+            .arg(&d.socket);
+        if client == "claude-desktop" {
+            install.arg("--workspace").arg(workspace.path());
+        }
+        let out = install.output().expect("client install");
+        assert!(out.status.success(), "{client}: {}", common::stderr(&out));
+        let written = home.path().join(file);
+        assert!(written.is_file(), "{client}: {}", written.display());
+        let text = std::fs::read_to_string(&written).expect("config");
+        assert!(
+            text.contains(&gateway().display().to_string()) && !text.contains("sudo"),
+            "{text}"
+        );
+        let out = daemon::as_user(AGENT, home.path(), &[], &python())
+            .current_dir(workspace.path())
+            .arg(common::repo().join("tests/mcp/daemon_session.py"))
+            .arg("list-tools")
+            .arg(&written)
+            .arg(client)
+            .arg(workspace.path())
+            .output()
+            .expect("list tools");
+        assert!(
+            out.status.success(),
+            "{client}: {}{}\n{}",
+            common::stdout(&out),
+            common::stderr(&out),
+            d.log()
+        );
+        assert!(common::stdout(&out).starts_with("PASS"), "{client}");
+    }
+    // A second install merges: other servers in the file stay.
+    let claude = home.path().join(".claude.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&claude).expect("read")).expect("json");
+    doc["mcpServers"]["other"] = serde_json::json!({"command": "other"});
+    doc["projects"] = serde_json::json!({"x": 1});
+    std::fs::write(&claude, doc.to_string()).expect("write");
+    let out = daemon::as_user(AGENT, home.path(), &[], &gateway())
+        .args(["client", "install", "claude-code"])
+        .output()
+        .expect("install again");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&claude).expect("read")).expect("json");
+    assert_eq!(doc["mcpServers"]["other"]["command"], "other");
+    assert_eq!(doc["projects"]["x"], 1);
+    assert!(doc["mcpServers"]["gateway"].is_object());
+}

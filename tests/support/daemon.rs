@@ -1,0 +1,184 @@
+//! A real `gateway daemon` for the tests, started as root from a root-owned
+//! temporary configuration, and OS users to play the agent and the approver.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The group the test daemons' sockets belong to, and two users in it.
+pub const GROUP: &str = "gw-test";
+pub const AGENT: &str = "gw-test-agent";
+pub const APPROVER: &str = "gw-test-approver";
+
+/// Make `user` (in [`GROUP`]) exist; returns its uid.
+pub fn os_user(user: &str) -> u32 {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the daemon tests create OS users and start the daemon as root"
+    );
+    if nix::unistd::Group::from_name(GROUP)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        let _ = Command::new("groupadd").arg(GROUP).status();
+    }
+    if nix::unistd::User::from_name(user).ok().flatten().is_none() {
+        let _ = Command::new("useradd")
+            .args(["-M", "-N", "-g", GROUP, "-s", "/usr/sbin/nologin", user])
+            .status();
+    }
+    nix::unistd::User::from_name(user)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("useradd {user} did not make the user"))
+        .uid
+        .as_raw()
+}
+
+/// A dir owned by `user` (mode 0700), for its workspace or home.
+pub fn owned_dir(user: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().expect("dir");
+    chown_tree(d.path(), user);
+    d
+}
+
+pub fn chown_tree(p: &Path, user: &str) {
+    let st = Command::new("chown")
+        .args(["-R", &format!("{user}:{GROUP}")])
+        .arg(p)
+        .status()
+        .expect("chown");
+    assert!(st.success());
+}
+
+/// `program` as `user`, with a clean environment: PATH, HOME and `vars`.
+pub fn as_user(user: &str, home: &Path, vars: &[(&str, &Path)], program: &Path) -> Command {
+    let mut c = Command::new("runuser");
+    c.args([
+        "-u",
+        user,
+        "--",
+        "env",
+        "-i",
+        "PATH=/usr/local/bin:/usr/bin:/bin",
+    ])
+    .arg(format!("HOME={}", home.display()));
+    for (k, v) in vars {
+        c.arg(format!("{k}={}", v.display()));
+    }
+    c.arg(program);
+    c
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub policies: PathBuf,
+    pub home: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Daemon {
+    /// A root-owned dir (0755, so that users reach the socket) holding a
+    /// copy of `policies`, the state dir and a config with `extra` appended.
+    pub fn layout(policies: &Path, extra: &str) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("daemon dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        super::common::copy_dir(policies, &dir.path().join("policies"));
+        let config = dir.path().join("gateway.toml");
+        let text = format!(
+            "policies = {:?}\nhome = {:?}\n{extra}\n[daemon]\nsocket = {:?}\nsocket_group = {GROUP:?}\n",
+            dir.path().join("policies"),
+            dir.path().join("state"),
+            dir.path().join("run/gateway.sock"),
+        );
+        std::fs::write(&config, text).expect("config");
+        (dir, config)
+    }
+
+    /// Start the daemon on a prepared layout and wait for its socket.
+    pub fn start_in(dir: tempfile::TempDir, config: PathBuf) -> Daemon {
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("--config")
+            .arg(&config)
+            .arg("daemon")
+            .current_dir(dir.path())
+            .env_remove("GATEWAY_HOME")
+            .env_remove("GATEWAY_POLICIES")
+            .env_remove("GATEWAY_CONFIG")
+            .env_remove("VAULT_ADDR")
+            .env_remove("VAULT_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("gateway daemon");
+        let mut d = Daemon {
+            policies: dir.path().join("policies"),
+            home: dir.path().join("state"),
+            socket: dir.path().join("run/gateway.sock"),
+            config,
+            log,
+            dir,
+            child,
+        };
+        let started = Instant::now();
+        while !d.socket.exists() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!(
+                    "the daemon exited ({st}): {}",
+                    std::fs::read_to_string(&d.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no socket after 30 s: {}",
+                std::fs::read_to_string(&d.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    pub fn start(policies: &Path, extra: &str) -> Daemon {
+        let (dir, config) = Daemon::layout(policies, extra);
+        Daemon::start_in(dir, config)
+    }
+
+    /// The audit events, parsed.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.home.join("audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
