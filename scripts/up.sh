@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # A real cluster for the kubernetes backend, from nothing: a kind cluster
 # (Calico, gVisor), the cluster assets, an OpenBao for credentials, the
-# runner image, a gateway.toml for it, then `gateway verify --backend
-# kubernetes`. Needs docker, kind, kubectl and internet access (Calico,
-# gVisor, image base layers). Idempotent: each step skips what is done.
+# runner image, the daemon's files for it (root's, outside the repository:
+# the repository is the agents' workspace), then `gateway verify --backend
+# kubernetes`. Needs root, docker, kind, kubectl and internet access
+# (Calico, gVisor, image base layers). Idempotent: each step skips what is
+# done. scripts/demo.sh then starts the daemon and drives it over MCP.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLUSTER="${KIND_CLUSTER:-gateway}"
 IMAGE="${GATEWAY_IMAGE:-gateway-runner:0.1.0}"
 state="$root/.tools/cluster"
+# The daemon's own files: root's, outside the workspace (the daemon refuses
+# anything the agent could write).
+daemon_dir="${GATEWAY_KIND_DIR:-/var/lib/gateway-kind}"
 kubectl="${KUBECTL:-kubectl}"
 say() { printf 'up: %s\n' "$*" >&2; }
 mkdir -p "$state"
@@ -51,12 +56,24 @@ role_id="$(sed -n 's/^approle gateway: role_id //p' "$state/vault-setup.txt")"
 docker build -t "$IMAGE" -f "$root/images/runner/Dockerfile" "$root"
 kind load docker-image --name "$CLUSTER" "$IMAGE"
 
-# The gateway's configuration for this cluster.
+# The daemon's files for this cluster: its binaries, policies, secrets and
+# configuration, all root's and outside the repository.
+install -d -m 0755 "$daemon_dir" "$daemon_dir/bin"
+install -d -m 0700 "$daemon_dir/state"
+install -m 0755 "$root/target/release/gateway" "$root/target/release/gateway-runner" "$daemon_dir/bin/"
+rm -rf "$daemon_dir/policies.new"
+cp -r "$root/policies" "$daemon_dir/policies.new"
+chmod -R go-w "$daemon_dir/policies.new"
+rm -rf "$daemon_dir/policies" && mv "$daemon_dir/policies.new" "$daemon_dir/policies"
+install -m 0600 "$state/approle-secret-id" "$daemon_dir/approle-secret-id"
 "$kubectl" config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' \
-  | base64 -d > "$state/kube-ca.pem"
-cat > "$state/gateway.toml" <<TOML
-policies = "$root/policies"
-workspace = "$root"
+  | base64 -d > "$daemon_dir/kube-ca.pem"
+cat > "$daemon_dir/gateway.toml" <<TOML
+policies = "$daemon_dir/policies"
+home = "$daemon_dir/state"
+[daemon]
+socket = "/run/gateway-kind/gateway.sock"
+socket_group = "${GATEWAY_GROUP:-root}"
 [endpoints]
 kube-apiserver = 6443
 [vault]
@@ -64,9 +81,9 @@ address = "http://127.0.0.1:8200"
 auth = "approle"
 [vault.approle]
 role_id = "$role_id"
-secret_id_file = "$state/approle-secret-id"
+secret_id_file = "$daemon_dir/approle-secret-id"
 [kubernetes]
-ca_file = "$state/kube-ca.pem"
+ca_file = "$daemon_dir/kube-ca.pem"
 [sandbox]
 backend = "kubernetes"
 [sandbox.kubernetes]
@@ -76,5 +93,6 @@ workspace_root = "$root"
 [sandbox.kubernetes.endpoint_addresses]
 kube-apiserver = "$address"
 TOML
-say "wrote $state/gateway.toml"
-"$root/target/release/gateway" --config "$state/gateway.toml" verify --backend kubernetes
+chmod 0644 "$daemon_dir/gateway.toml"
+say "wrote $daemon_dir/gateway.toml"
+"$daemon_dir/bin/gateway" --config "$daemon_dir/gateway.toml" verify --backend kubernetes
