@@ -52,13 +52,33 @@ requirement := {
 	"satisfied": satisfied,
 }
 
-# The identity an approval or denial is recorded under, asked by the
-# `gateway approve` / `gateway deny` CLI with input {"os_user", "uid",
-# "groups", "named"}: the OS user the kernel named on the daemon's socket.
-# Undefined (refused) when --as is used and the configuration forbids it.
-approver := input.os_user if not input.named
+# The identity an approval or denial is recorded under, asked by the CLI
+# with input {"os_user", "uid", "groups", "channel", "named"}: the OS user
+# the kernel named on the daemon's socket (channel "daemon"), or the user of
+# a direct command on a private state dir (channel "direct"). Undefined
+# (refused) when that user may not approve, or --as is used and not allowed.
+approver := input.os_user if {
+	not input.named
+	may_approve
+}
 
 approver := input.named if {
 	input.named
+	input.channel == "direct"
 	cfg.identity.allow_as
+}
+
+# Who may approve and deny calls, and read every user's approvals and the
+# audit log through the daemon: the users and groups the configuration
+# names. Everyone else sees only their own approvals. A direct command
+# works on a state dir its user owns, so it is that user's.
+default may_approve := false
+
+may_approve if input.channel == "direct"
+
+may_approve if input.os_user in cfg.identity.users
+
+may_approve if {
+	some g in input.groups
+	g in cfg.identity.groups
 }

@@ -67,16 +67,30 @@ test_k_of_n_needs_k_distinct_approvers if {
 	approvals.requirement.ttl_seconds == 600 with data.config.approvals as cfg with input as two
 }
 
-test_the_approver_is_the_os_user_by_default if {
-	approvals.approver == "alice" with input as {"os_user": "alice"}
+test_through_the_daemon_the_approver_is_a_configured_approver if {
+	approvals.approver == "carol" with input as {"os_user": "carol", "uid": 1002, "groups": ["carol", "gateway-approvers"], "channel": "daemon"}
+	approvals.approver == "dave" with input as {"os_user": "dave", "uid": 1003, "groups": ["dave"], "channel": "daemon"} with data.config.approvals.identity.users as ["dave"]
 }
 
-test_approve_as_is_allowed_by_the_default_configuration if {
-	approvals.approver == "bob" with input as {"os_user": "alice", "named": "bob"}
+test_through_the_daemon_any_other_user_may_not_approve if {
+	not approvals.approver with input as {"os_user": "alice", "uid": 1001, "groups": ["alice", "gateway"], "channel": "daemon"}
+	not approvals.may_approve with input as {"os_user": "alice", "uid": 1001, "groups": ["alice", "gateway"], "channel": "daemon"}
+}
+
+test_through_the_daemon_as_is_never_accepted if {
+	not approvals.approver with input as {"os_user": "carol", "uid": 1002, "groups": ["gateway-approvers"], "channel": "daemon", "named": "bob"}
+}
+
+test_a_direct_command_is_its_users if {
+	approvals.approver == "alice" with input as {"os_user": "alice", "uid": 1001, "groups": ["alice"], "channel": "direct"}
+}
+
+test_approve_as_is_allowed_directly_by_the_default_configuration if {
+	approvals.approver == "bob" with input as {"os_user": "alice", "channel": "direct", "named": "bob"}
 }
 
 test_approve_as_is_refused_when_the_configuration_forbids_it if {
-	not approvals.approver with input as {"os_user": "alice", "named": "bob"} with data.config.approvals.identity.allow_as as false
+	not approvals.approver with input as {"os_user": "alice", "channel": "direct", "named": "bob"} with data.config.approvals.identity.allow_as as false
 }
 
 test_the_requesters_own_grant_never_counts if {

@@ -8,6 +8,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How a command reached the code that runs it: through the daemon's
+/// socket (the caller is its peer), or directly (the caller is this
+/// process's user, on a state dir it can write).
+pub const VIA_DAEMON: &str = "daemon";
+pub const DIRECT: &str = "direct";
+
 /// An OS user, as the kernel identified it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caller {

@@ -54,8 +54,11 @@ impl Trust {
         Trust { owners }
     }
 
-    /// `path` and every directory above it.
+    /// `path` and every directory above it, and every link on the way to
+    /// it (a link, and the dir it sits in, must be trusted too: otherwise
+    /// whoever can rewrite the link decides what the path names).
     pub fn check_path(&self, what: &str, path: &Path) -> Result<(), TrustError> {
+        self.check_links(what, path, 0)?;
         let real = std::fs::canonicalize(path).map_err(|source| TrustError::Io {
             what: what.into(),
             path: path.to_path_buf(),
@@ -94,6 +97,57 @@ impl Trust {
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     stack.push(p);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_links(&self, what: &str, path: &Path, depth: u8) -> Result<(), TrustError> {
+        use std::path::Component;
+        let io = |p: &Path, source| TrustError::Io {
+            what: what.into(),
+            path: p.to_path_buf(),
+            source,
+        };
+        if depth > 40 {
+            return Err(io(
+                path,
+                std::io::Error::other("too many levels of symbolic links"),
+            ));
+        }
+        let abs = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            std::env::current_dir().map_err(|e| io(path, e))?.join(path)
+        };
+        let comps: Vec<Component> = abs.components().collect();
+        let mut cur = PathBuf::new();
+        for (i, comp) in comps.iter().enumerate() {
+            match comp {
+                // No link has been met on `cur` so far: it is physical, and
+                // `..` is its parent.
+                Component::ParentDir => {
+                    cur.pop();
+                    continue;
+                }
+                Component::CurDir => continue,
+                c => cur.push(c),
+            }
+            let m = std::fs::symlink_metadata(&cur).map_err(|e| io(&cur, e))?;
+            if m.file_type().is_symlink() {
+                self.check_entry(what, &cur, false)?;
+                let parent = cur.parent().unwrap_or(Path::new("/")).to_path_buf();
+                self.check_entry(what, &parent, true)?;
+                let target = std::fs::read_link(&cur).map_err(|e| io(&cur, e))?;
+                let mut next = if target.is_absolute() {
+                    target
+                } else {
+                    parent.join(target)
+                };
+                for rest in &comps[i + 1..] {
+                    next.push(rest);
+                }
+                return self.check_links(what, &next, depth + 1);
             }
         }
         Ok(())
@@ -195,6 +249,34 @@ mod tests {
         only(me)
             .check_path("policy dir", &p)
             .expect("sticky /tmp above");
+    }
+
+    #[test]
+    fn a_link_on_the_path_must_be_trusted_and_sit_in_a_trusted_dir() {
+        let me = nix::unistd::geteuid().as_raw();
+        let dir = tempfile::tempdir().expect("tmp");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).expect("dir");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).expect("dir");
+        std::os::unix::fs::symlink(&real, open.join("link")).expect("link");
+        std::os::unix::fs::symlink(&real, dir.path().join("good")).expect("link");
+        only(me)
+            .check_path("policy dir", &dir.path().join("good"))
+            .expect("a trusted link to a trusted dir");
+        // The link sits in a dir others can write: they could retarget it.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = only(me)
+            .check_path("policy dir", &open.join("link"))
+            .expect_err("a link in a writable dir")
+            .to_string();
+        assert!(e.contains("writable by everyone"), "{e}");
+        // A link owned by someone else.
+        let e = only(me.wrapping_add(4242))
+            .check_links("policy dir", &dir.path().join("good"), 0)
+            .expect_err("not ours")
+            .to_string();
+        assert!(e.contains("owned by"), "{e}");
     }
 
     #[test]

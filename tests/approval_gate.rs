@@ -85,13 +85,17 @@ fn world() -> World {
 impl World {
     /// terraform_apply with `params`, as the agent alice.
     async fn apply(&self, params: Value) -> gateway::pipeline::CallResult {
+        self.apply_as("alice", 1000, params).await
+    }
+
+    async fn apply_as(&self, user: &str, uid: u32, params: Value) -> gateway::pipeline::CallResult {
         let call = ToolCall {
             tool: "terraform_apply".into(),
             params,
             principal: Principal {
                 client: "test-agent".into(),
-                os_user: "alice".into(),
-                uid: 1000,
+                os_user: user.into(),
+                uid,
                 groups: vec![],
             },
             workspace: None,
@@ -160,8 +164,28 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
         .expect("store")
         .expect("bob approves");
 
-    // 3. The approval with other params: refused, nothing run.
+    // 3. Another user presents alice's approval: refused, nothing run,
+    // the approval stays usable.
     let before = w.sandbox.seen().len();
+    let stolen = w
+        .apply_as(
+            "mallory",
+            1001,
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        )
+        .await;
+    let why = refused(&stolen.outcome);
+    assert!(
+        why.contains("requested by alice; only that user's calls"),
+        "{why}"
+    );
+    assert_eq!(
+        w.sandbox.seen().len(),
+        before,
+        "a refused call ran a sandbox"
+    );
+
+    // 3b. The approval with other params: refused, nothing run.
     let r2 = w
         .apply(json!({"working_dir": "terraform/k8s-demo", "approval_id": approval_id}))
         .await;

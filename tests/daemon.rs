@@ -359,3 +359,230 @@ fn each_installed_client_config_reaches_the_daemon_as_the_user() {
     assert_eq!(doc["projects"]["x"], 1);
     assert!(doc["mcpServers"]["gateway"].is_object());
 }
+
+/// `gateway daemon install --root DIR` lays out what a fresh machine gets:
+/// root-owned config and policies nobody else can write, an owner-only
+/// state dir, a unit that starts `gateway daemon`; and a daemon started on
+/// that policy copy takes it.
+#[test]
+fn daemon_install_lays_out_files_the_daemon_accepts() {
+    use std::os::unix::fs::MetadataExt;
+    let root = tempfile::tempdir().expect("root");
+    let out = std::process::Command::new(gateway())
+        .args(["daemon", "install", "--no-start", "--root"])
+        .arg(root.path())
+        .arg("--policies-from")
+        .arg(common::repo().join("policies"))
+        .output()
+        .expect("install");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let at = |p: &str| root.path().join(p);
+    let unit = std::fs::read_to_string(at("etc/systemd/system/gateway.service")).expect("unit");
+    assert!(
+        unit.contains(&format!("ExecStart={} daemon", gateway().display())),
+        "{unit}"
+    );
+    let config = std::fs::read_to_string(at("etc/gateway/gateway.toml")).expect("config");
+    gateway::config::GatewayConfig::load(&at("etc/gateway/gateway.toml"), true)
+        .expect("the installed config parses");
+    assert!(config.contains("socket_group = \"gateway\""), "{config}");
+    for (p, mode) in [
+        ("etc/gateway", 0o755),
+        ("etc/gateway/gateway.toml", 0o644),
+        ("etc/gateway/policies", 0o755),
+        ("etc/gateway/policies/config/tools/data.yaml", 0o644),
+        ("var/lib/gateway", 0o700),
+    ] {
+        let m = std::fs::metadata(at(p)).expect(p);
+        assert_eq!(m.mode() & 0o7777, mode, "{p}");
+        assert_eq!(m.uid(), 0, "{p}");
+    }
+    // A second install keeps what is there.
+    let out = std::process::Command::new(gateway())
+        .args(["daemon", "install", "--no-start", "--root"])
+        .arg(root.path())
+        .arg("--policies-from")
+        .arg(common::repo().join("policies"))
+        .output()
+        .expect("install again");
+    assert!(
+        common::stdout(&out).contains("kept"),
+        "{}",
+        common::stdout(&out)
+    );
+    // The installed policies are a set the daemon loads.
+    let d = Daemon::start(&at("etc/gateway/policies"), "");
+    assert!(
+        d.events().iter().any(|e| e["event"] == "policy.loaded"),
+        "{}",
+        d.log()
+    );
+}
+
+/// One user's approvals are not another's: a user the policy does not
+/// name as an approver cannot approve or deny someone else's call, does not
+/// see it, and cannot spend it once a person approved it.
+#[test]
+fn approvals_do_not_cross_from_one_user_to_another() {
+    daemon::os_user(AGENT);
+    daemon::os_user(APPROVER);
+    let d = Daemon::start(&common::repo().join("policies"), "");
+    let call =
+        |user: &str, home: &std::path::Path, ws: &std::path::Path, tool: &str, args: &str| {
+            let out = daemon::as_user(user, home, &[], &python())
+                .arg(common::repo().join("tests/mcp/daemon_session.py"))
+                .args(["call"])
+                .arg(gateway())
+                .arg(&d.socket)
+                .arg(ws)
+                .args([tool, args])
+                .output()
+                .expect("call");
+            assert!(out.status.success(), "{}{}", common::stderr(&out), d.log());
+            serde_json::from_str::<serde_json::Value>(common::stdout(&out).trim()).expect("json")
+        };
+    // The approver user, as a requester in its own workspace.
+    let victim_ws = daemon::owned_dir(APPROVER);
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &victim_ws.path().join("terraform/offline-demo"),
+    );
+    daemon::chown_tree(victim_ws.path(), APPROVER);
+    let victim_home = daemon::owned_dir(APPROVER);
+    let r = call(
+        APPROVER,
+        victim_home.path(),
+        victim_ws.path(),
+        "terraform_apply",
+        r#"{"working_dir": "terraform/offline-demo"}"#,
+    );
+    let id = r["structured"]["approval_id"]
+        .as_str()
+        .expect("pending")
+        .to_string();
+    let agent_home = daemon::owned_dir(AGENT);
+    let sock = [("GATEWAY_SOCKET", d.socket.as_path())];
+    let as_agent = |args: &[&str]| {
+        daemon::as_user(AGENT, agent_home.path(), &sock, &gateway())
+            .args(args)
+            .output()
+            .expect("gateway")
+    };
+    for verdict in ["approve", "deny"] {
+        let out = as_agent(&[verdict, &id, "--reason", "mine now"]);
+        assert!(!out.status.success(), "the agent could {verdict}");
+        assert!(
+            common::stderr(&out).contains("may not approve or deny"),
+            "{}",
+            common::stderr(&out)
+        );
+    }
+    let out = as_agent(&["approvals", "--all", "--json"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(
+        !common::stdout(&out).contains(&id),
+        "the agent sees another user's call"
+    );
+    let out = as_agent(&["approvals", "show", &id]);
+    assert!(!out.status.success() && common::stderr(&out).contains("no approval"));
+    // A person approves it (directly on the state, as root), and the agent
+    // presents it from its own workspace: refused, and it stays unspent.
+    let out = common::gateway(&d.home)
+        .args([
+            "approve",
+            &id,
+            "--as",
+            "operator",
+            "--reason",
+            "for the approver's call",
+        ])
+        .output()
+        .expect("approve");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let agent_ws = daemon::owned_dir(AGENT);
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &agent_ws.path().join("terraform/offline-demo"),
+    );
+    daemon::chown_tree(agent_ws.path(), AGENT);
+    let r = call(
+        AGENT,
+        agent_home.path(),
+        agent_ws.path(),
+        "terraform_apply",
+        &format!(r#"{{"working_dir": "terraform/offline-demo", "approval_id": "{id}"}}"#),
+    );
+    assert_eq!(r["is_error"], true, "{r}");
+    assert!(
+        r["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("only that user's calls")),
+        "{r}"
+    );
+    assert!(
+        !agent_ws
+            .path()
+            .join("terraform/offline-demo/terraform.tfstate")
+            .exists()
+    );
+    // Its requester can still use it.
+    let r = call(
+        APPROVER,
+        victim_home.path(),
+        victim_ws.path(),
+        "terraform_apply",
+        &format!(r#"{{"working_dir": "terraform/offline-demo", "approval_id": "{id}"}}"#),
+    );
+    assert_eq!(r["is_error"], false, "{r}");
+}
+
+/// A socket dir another user can write, or a configured path reached
+/// through a link the agent owns: the daemon refuses to start.
+#[test]
+fn the_daemon_refuses_a_socket_dir_or_a_linked_path_the_agent_controls() {
+    daemon::os_user(AGENT);
+    // The socket's dir pre-created by the agent.
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), "");
+    std::fs::create_dir(dir.path().join("run")).expect("run");
+    daemon::chown_tree(&dir.path().join("run"), AGENT);
+    let out = std::process::Command::new(gateway())
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .output()
+        .expect("daemon");
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("socket dir") && common::stderr(&out).contains("owned by"),
+        "{}",
+        common::stderr(&out)
+    );
+    // policies = a link the agent owns, to the root-owned dir.
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), "");
+    let agent_dir = daemon::owned_dir(AGENT);
+    let link = agent_dir.path().join("pl");
+    std::os::unix::fs::symlink(dir.path().join("policies"), &link).expect("link");
+    std::os::unix::fs::lchown(&link, Some(daemon::os_user(AGENT)), None).expect("lchown");
+    let text = std::fs::read_to_string(&config).expect("config").replacen(
+        &format!("policies = {:?}", dir.path().join("policies")),
+        &format!("policies = {link:?}"),
+        1,
+    );
+    std::fs::write(&config, text).expect("config");
+    let out = std::process::Command::new(gateway())
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .output()
+        .expect("daemon");
+    assert!(
+        !out.status.success(),
+        "the daemon took a policy dir behind the agent's link"
+    );
+    assert!(
+        common::stderr(&out).contains("policy dir")
+            && common::stderr(&out).contains("gw-test-agent"),
+        "{}",
+        common::stderr(&out)
+    );
+}

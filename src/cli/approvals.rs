@@ -62,10 +62,18 @@ fn store(cli: &Cli) -> anyhow::Result<ApprovalStore> {
         .with_context(|| format!("cannot open the approval store under {}", home.display()))
 }
 
-pub fn list(cli: &Cli, a: &ApprovalsArgs, o: &mut Out) -> anyhow::Result<u8> {
+/// `only_of`: show only the approvals this user requested (a caller the
+/// policy does not let approve sees no one else's calls).
+pub fn list(
+    cli: &Cli,
+    a: &ApprovalsArgs,
+    only_of: Option<&str>,
+    o: &mut Out,
+) -> anyhow::Result<u8> {
     let store = store(cli)?;
+    let visible = |x: &Approval| only_of.is_none_or(|u| x.requested_by == u);
     if let Some(ApprovalsCommand::Show { id, json }) = &a.show {
-        let Some(approval) = store.get(id)? else {
+        let Some(approval) = store.get(id)?.filter(|x| visible(x)) else {
             errln!(o, "gateway: no approval with id {id}");
             return Ok(1);
         };
@@ -80,7 +88,7 @@ pub fn list(cli: &Cli, a: &ApprovalsArgs, o: &mut Out) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
-    let approvals = store.list(a.all)?;
+    let approvals: Vec<Approval> = store.list(a.all)?.into_iter().filter(visible).collect();
     if a.json {
         let v: Vec<Value> = approvals
             .iter()
@@ -303,6 +311,7 @@ fn render_show(a: &Approval) -> String {
 fn approver(
     cli: &Cli,
     caller: &Caller,
+    channel: &str,
     as_name: Option<&str>,
 ) -> anyhow::Result<Result<String, String>> {
     let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())
@@ -312,7 +321,7 @@ fn approver(
                 cli.policies.display()
             )
         })?;
-    let mut input = json!({"os_user": caller.user, "uid": caller.uid, "groups": caller.groups});
+    let mut input = json!({"os_user": caller.user, "uid": caller.uid, "groups": caller.groups, "channel": channel});
     if let Some(n) = as_name {
         input["named"] = n.into();
     }
@@ -328,7 +337,13 @@ fn approver(
             Some(n) => format!(
                 "--as {n} is not allowed by the policy (data.config.approvals.identity): {e}"
             ),
-            None => format!("the policy gave no approver identity: {e}"),
+            None => {
+                tracing::debug!("no approver identity from the policy: {e}");
+                format!(
+                    "{} may not approve or deny calls (data.config.approvals.identity names who may)",
+                    caller.user
+                )
+            }
         })),
     }
 }
@@ -338,13 +353,14 @@ pub fn verdict(
     a: &VerdictArgs,
     grant: bool,
     caller: &Caller,
+    channel: &str,
     o: &mut Out,
 ) -> anyhow::Result<u8> {
     let home = cli.home();
     let audit = AuditLog::in_home(&home)?;
     let mut store = store(cli)?;
     let request_id = store.get(&a.id)?.map(|x| x.request_id).unwrap_or_default();
-    let who = match approver(cli, caller, a.as_name.as_deref())? {
+    let who = match approver(cli, caller, channel, a.as_name.as_deref())? {
         Ok(w) => w,
         Err(why) => {
             audit.record(

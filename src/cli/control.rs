@@ -14,7 +14,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use super::Cli;
 use super::out::Out;
 use crate::daemon::wire::{self, Hello, Reply};
-use crate::identity::Caller;
+use crate::identity::{Caller, VIA_DAEMON};
 
 /// The socket the CLI talks to: `GATEWAY_SOCKET`, else the default.
 pub fn socket_path() -> PathBuf {
@@ -138,19 +138,57 @@ pub fn serve_command(own: &Cli, caller: &Caller, argv: Vec<String>) -> Reply {
     }
 }
 
+/// Whether the policy lets `caller` approve (and so read every user's
+/// approvals and the audit log): `data.gateway.approvals.may_approve`.
+fn may_approve(own: &Cli, caller: &Caller) -> anyhow::Result<bool> {
+    let set = crate::policy::PolicySet::load(
+        std::slice::from_ref(&own.policies),
+        &crate::policy::set::LoadOptions::default(),
+    )
+    .context("the daemon's policy set does not load; refusing")?;
+    let input = serde_json::json!({"os_user": caller.user, "uid": caller.uid,
+        "groups": caller.groups, "channel": VIA_DAEMON});
+    Ok(set
+        .eval_rule(
+            "data.gateway.approvals.may_approve",
+            regorus::Value::from(input),
+        )
+        .is_ok_and(|v| v == serde_json::Value::Bool(true)))
+}
+
 fn run(own: &Cli, caller: &Caller, cmd: ServedCommand, o: &mut Out) -> anyhow::Result<u8> {
+    let operator_only = |what: &str| -> anyhow::Result<()> {
+        if !may_approve(own, caller)? {
+            bail!(
+                "{what} is for approvers, and {} is not one (data.config.approvals.identity)",
+                caller.user
+            );
+        }
+        Ok(())
+    };
     match cmd {
-        ServedCommand::Approvals(a) => super::approvals::list(own, &a, o),
+        ServedCommand::Approvals(a) => {
+            let only_of = (!may_approve(own, caller)?).then_some(caller.user.as_str());
+            super::approvals::list(own, &a, only_of, o)
+        }
         ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_identity() => bail!(
             "--as is not accepted through the daemon: the approver is the OS user the kernel names ({})",
             caller.user
         ),
-        ServedCommand::Approve(a) => super::approvals::verdict(own, &a, true, caller, o),
-        ServedCommand::Deny(a) => super::approvals::verdict(own, &a, false, caller, o),
+        ServedCommand::Approve(a) => {
+            super::approvals::verdict(own, &a, true, caller, VIA_DAEMON, o)
+        }
+        ServedCommand::Deny(a) => super::approvals::verdict(own, &a, false, caller, VIA_DAEMON, o),
         ServedCommand::Audit(a) if a.names_a_file() => {
             bail!("--file is not accepted through the daemon: it reads its own audit log")
         }
-        ServedCommand::Audit(a) => super::audit::run(own, &a, o),
-        ServedCommand::Vault(ServedVault::Status) => super::vault::status(own, o),
+        ServedCommand::Audit(a) => {
+            operator_only("reading the audit log")?;
+            super::audit::run(own, &a, o)
+        }
+        ServedCommand::Vault(ServedVault::Status) => {
+            operator_only("vault status")?;
+            super::vault::status(own, o)
+        }
     }
 }

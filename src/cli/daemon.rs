@@ -209,15 +209,21 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             Arc::new(sb)
         }
         _ => {
-            let sb = LocalSandbox::new(LocalConfig {
-                runsc: file.sandbox.runsc.clone(),
+            // Checked before it is ever run (LocalSandbox::new runs it).
+            let runsc = file
+                .sandbox
+                .runsc
+                .clone()
+                .or_else(|| crate::sandbox::net::which("runsc"))
+                .context("runsc is not installed (scripts/bootstrap.sh installs it) and [sandbox] runsc names none")?;
+            trust
+                .check_path("runsc", &runsc)
+                .context("the daemon refuses to start")?;
+            Arc::new(LocalSandbox::new(LocalConfig {
+                runsc: Some(runsc),
                 platform: file.sandbox.platform.clone(),
                 ..LocalConfig::default()
-            })?;
-            trust
-                .check_path("runsc", sb.runsc())
-                .context("the daemon refuses to start")?;
-            Arc::new(sb)
+            })?)
         }
     };
     // The daemon's own view of the settings (never the caller's).
@@ -255,7 +261,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let daemon = Arc::new(Daemon::new(Arc::clone(&pipeline), guarded, roots, control));
     let socket = p.socket.clone();
     rt.block_on(async move {
-        let listener = crate::daemon::bind(&p.socket, Some(&p.group))?;
+        let listener = crate::daemon::bind(&p.socket, Some(&p.group), &trust)
+            .context("the daemon refuses to start")?;
         if let Some(b) = &broker {
             b.recover_orphans(&pipeline.audit).await;
             b.spawn_renewal();

@@ -20,6 +20,11 @@ pub struct DaemonInstallArgs {
     /// reach the daemon (repeatable).
     #[arg(long = "user", value_name = "NAME")]
     users: Vec<String>,
+    /// Add this user to `gateway-approvers`, the group the default policy
+    /// lets approve (repeatable). Use a person's own account, never the
+    /// account the agent runs as.
+    #[arg(long = "approver", value_name = "NAME")]
+    approvers: Vec<String>,
     /// Install below this directory instead of / (no group, no systemd):
     /// to look at what would be written.
     #[arg(long, value_name = "DIR")]
@@ -75,9 +80,8 @@ RuntimeDirectoryMode=0755
 StateDirectory=gateway
 StateDirectoryMode=0700
 UMask=0077
-NoNewPrivileges=yes
-ProtectHome=read-only
-PrivateTmp=yes
+# No ProtectHome or PrivateTmp: workspaces live in users' homes (state is
+# written back there) and may live in /tmp.
 
 [Install]
 WantedBy=multi-user.target
@@ -100,6 +104,11 @@ platform = \"ptrace\"
 pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
     if a.root.is_none() && !nix::unistd::geteuid().is_root() {
         bail!("gateway daemon install sets up a root service: run it as root (sudo)");
+    }
+    if let Some(u) = a.approvers.iter().find(|u| a.users.contains(u)) {
+        bail!(
+            "{u} is both an agent user (--user) and an approver: an approver must be a person's own account, never the one the agent runs as"
+        );
     }
     let root = a.root.clone().unwrap_or_else(|| PathBuf::from("/"));
     let at = |p: &str| root.join(p.trim_start_matches('/'));

@@ -90,11 +90,11 @@ impl Cli {
 
     /// Load the configuration file and resolve the settings that depend on it.
     pub fn resolve(mut self) -> anyhow::Result<Cli> {
-        let (path, required) = match &self.config {
-            Some(p) => (p.clone(), true),
-            None => (PathBuf::from("gateway.toml"), false),
-        };
-        self.file = crate::config::GatewayConfig::load(&path, required)?;
+        // Only a file named on purpose: a gateway.toml in the current dir
+        // (someone else's repository, perhaps) is never read by itself.
+        if let Some(path) = &self.config {
+            self.file = crate::config::GatewayConfig::load(path, true)?;
+        }
         self.policies = self
             .policies_arg
             .clone()
@@ -139,13 +139,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let cli = cli.resolve()?;
+    use crate::identity::DIRECT;
     let me = crate::identity::Caller::this_process();
     let mut o = out::Out::default();
     let code = match &cli.command {
         Command::Policy(cmd) => return policy::run(&cli, cmd),
-        Command::Approvals(a) => approvals::list(&cli, a, &mut o),
-        Command::Approve(a) => approvals::verdict(&cli, a, true, &me, &mut o),
-        Command::Deny(a) => approvals::verdict(&cli, a, false, &me, &mut o),
+        Command::Approvals(a) => approvals::list(&cli, a, None, &mut o),
+        Command::Approve(a) => approvals::verdict(&cli, a, true, &me, DIRECT, &mut o),
+        Command::Deny(a) => approvals::verdict(&cli, a, false, &me, DIRECT, &mut o),
         Command::Audit(a) => audit::run(&cli, a, &mut o),
         Command::Demo => return demo::run(&cli),
         Command::Verify(a) => return verify::run(&cli, a),

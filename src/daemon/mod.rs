@@ -58,6 +58,8 @@ pub enum DaemonError {
         "the socket's group {0:?} does not exist: create it (groupadd {0}) or set [daemon] socket_group"
     )]
     NoGroup(String),
+    #[error(transparent)]
+    Untrusted(#[from] trust::TrustError),
 }
 
 pub struct Daemon {
@@ -95,21 +97,20 @@ impl Daemon {
                 requested.display()
             ));
         }
-        let real = std::fs::canonicalize(requested)
-            .map_err(|e| format!("workspace {}: {e}", requested.display()))?;
-        let meta =
-            std::fs::metadata(&real).map_err(|e| format!("workspace {}: {e}", real.display()))?;
-        if !meta.is_dir() {
-            return Err(format!("workspace {} is not a directory", real.display()));
-        }
-        if caller.uid != 0 && meta.uid() != caller.uid {
-            return Err(format!(
-                "workspace {} belongs to uid {}, not to {} (uid {}): a workspace must be the caller's own",
-                real.display(),
-                meta.uid(),
+        // One answer for every way a path is not the caller's directory, so
+        // that the refusal says nothing about paths the caller cannot see.
+        let not_yours = || {
+            format!(
+                "workspace {} is not a directory of yours ({}, uid {})",
+                requested.display(),
                 caller.user,
                 caller.uid
-            ));
+            )
+        };
+        let real = std::fs::canonicalize(requested).map_err(|_| not_yours())?;
+        let meta = std::fs::metadata(&real).map_err(|_| not_yours())?;
+        if !meta.is_dir() || (caller.uid != 0 && meta.uid() != caller.uid) {
+            return Err(not_yours());
         }
         if !self.workspace_roots.is_empty()
             && !self
@@ -301,10 +302,13 @@ impl Daemon {
     }
 }
 
-/// Bind the daemon's socket: its directory made if missing (0755), a stale
-/// socket left by a daemon that died removed (a live one is refused), the
-/// socket itself group `group` and mode 0660.
-pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, DaemonError> {
+/// Bind the daemon's socket: its directory made if missing (0755) and
+/// checked like every path the daemon trusts (nobody else may write it, or
+/// they could swap the socket for their own or for a link), a stale socket
+/// left by a daemon that died removed (a live one is refused), the socket
+/// made 0660 by the umask it is created under and given group `group`
+/// without following a link.
+pub fn bind(path: &Path, group: Option<&str>, trust: &Trust) -> Result<UnixListener, DaemonError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let err = |source| DaemonError::Socket {
         path: path.to_path_buf(),
@@ -320,12 +324,20 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, DaemonErro
         ),
         None => None,
     };
-    if let Some(dir) = path.parent()
-        && !dir.exists()
-    {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .ok_or_else(|| {
+            err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the socket must be an absolute path",
+            ))
+        })?;
+    if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(err)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
     }
+    trust.check_path("socket dir", dir)?;
     if let Ok(m) = std::fs::symlink_metadata(path) {
         if !m.file_type().is_socket() {
             return Err(err(std::io::Error::new(
@@ -340,16 +352,13 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, DaemonErro
         }
         std::fs::remove_file(path).map_err(err)?;
     }
-    // Bound with a umask that leaves nobody else a window on it; the mode
-    // and group are then set on the path before anyone is told it exists.
-    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o117));
     let listener = UnixListener::bind(path);
     nix::sys::stat::umask(old);
     let listener = listener.map_err(err)?;
     if let Some(gid) = gid {
-        nix::unistd::chown(path, None, Some(gid)).map_err(|e| err(e.into()))?;
+        std::os::unix::fs::lchown(path, None, Some(gid.as_raw())).map_err(err)?;
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
     Ok(listener)
 }
 

@@ -4,6 +4,7 @@ official MCP Python SDK (PyPI `mcp`). Run by tests/daemon.rs as that user
 
     python daemon_session.py scenarios GATEWAY_BIN SOCKET WORKSPACE DAEMON_POLICIES VICTIM
     python daemon_session.py list-tools CONFIG_FILE CLIENT WORKSPACE
+    python daemon_session.py call GATEWAY_BIN SOCKET WORKSPACE TOOL ARGS_JSON
 
 `scenarios` plays the agent, attacker included: it tries every way a user
 with a shell has to change a decision (flags, environment, a gateway.toml in
@@ -80,13 +81,19 @@ async def scenarios(gateway, socket, workspace, daemon_policies, victim):
     # 2. The user's own approval does not count; the daemon says why.
     r = subprocess.run([gateway, "approve", approval, "--reason", "me"], env=env,
                        capture_output=True, text=True)
-    check(r.returncode != 0 and "cannot approve" in r.stderr, r.stdout + r.stderr)
+    check(r.returncode != 0 and "may not approve" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "approve", approval, "--as", "someone-else", "--reason", "x"], env=env,
                        capture_output=True, text=True)
     check(r.returncode != 0 and "--as is not accepted" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "audit", "--file", "/etc/shadow"], env=env, capture_output=True, text=True)
     check(r.returncode != 0 and "--file is not accepted" in r.stderr, r.stdout + r.stderr)
-    print("PASS the requester cannot approve its own call, nor name another approver, nor read files via the daemon")
+    r = subprocess.run([gateway, "audit"], env=env, capture_output=True, text=True)
+    check(r.returncode != 0 and "is for approvers" in r.stderr, r.stdout + r.stderr)
+    r = subprocess.run([gateway, "approvals", "--all", "--json"], env=env, capture_output=True, text=True)
+    mine = json.loads(r.stdout)
+    check(r.returncode == 0 and mine and all(a["requested_by"] == os.environ.get("USER", a["requested_by"]) for a in mine)
+          and all(a["requested_by"] == mine[0]["requested_by"] for a in mine), r.stdout + r.stderr)
+    print("PASS the requester cannot approve its own call, nor name another approver, nor read files or the audit via the daemon")
 
     # 3. Flags and environment that would change policy, config or state.
     for args, extra, what in [
@@ -189,8 +196,21 @@ async def list_tools(config_file, client, workspace):
     print(f"PASS {client}: the installed config reaches the daemon as this user ({len(tools)} tools)")
 
 
+async def call(gateway, socket, workspace, tool, args):
+    """One call in one session; prints its structuredContent and text."""
+    async def body(s):
+        return await s.call_tool(tool, json.loads(args))
+
+    r = await session(serve_params(gateway, socket, workspace), body)
+    print(json.dumps({"is_error": r.is_error, "structured": r.structured_content,
+                      "text": r.content[0].text if r.content else ""}))
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "call":
+        anyio.run(call, *sys.argv[2:7])
+        return
     if mode == "scenarios":
         anyio.run(scenarios, *sys.argv[2:7])
     elif mode == "list-tools":

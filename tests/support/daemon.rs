@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub const GROUP: &str = "gw-test";
 pub const AGENT: &str = "gw-test-agent";
 pub const APPROVER: &str = "gw-test-approver";
+/// The group the default policy lets approve (data.config.approvals.identity).
+pub const APPROVERS: &str = "gateway-approvers";
 
 /// Make `user` (in [`GROUP`]) exist; returns its uid.
 pub fn os_user(user: &str) -> u32 {
@@ -27,6 +29,18 @@ pub fn os_user(user: &str) -> u32 {
     if nix::unistd::User::from_name(user).ok().flatten().is_none() {
         let _ = Command::new("useradd")
             .args(["-M", "-N", "-g", GROUP, "-s", "/usr/sbin/nologin", user])
+            .status();
+    }
+    if user == APPROVER {
+        if nix::unistd::Group::from_name(APPROVERS)
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            let _ = Command::new("groupadd").arg(APPROVERS).status();
+        }
+        let _ = Command::new("usermod")
+            .args(["-a", "-G", APPROVERS, user])
             .status();
     }
     nix::unistd::User::from_name(user)

@@ -417,6 +417,18 @@ impl Pipeline {
             .approvals()
             .get(approval_id)?
             .ok_or_else(|| Stop::refused(format!("no approval with id {approval_id}")))?;
+        // An approval is bound to the user who asked for it, as it is to
+        // the tool, params and plan: another user cannot spend it (nor
+        // apply someone else's plan in their own workspace).
+        if approval.requested_by != call.input.principal.os_user {
+            let reason = format!(
+                "approval {approval_id} was requested by {}; only that user's calls can use it",
+                approval.requested_by
+            );
+            self.audit
+                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
+            return Err(Stop::refused(reason));
+        }
         let bin = match self.plans.plan_file(&approval.request_id) {
             Ok(b) => b,
             Err(stop) => {
