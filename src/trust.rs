@@ -135,9 +135,13 @@ impl Trust {
             }
             let m = std::fs::symlink_metadata(&cur).map_err(|e| io(&cur, e))?;
             if m.file_type().is_symlink() {
+                // The link, and every dir above it (whoever can write any
+                // of them can replace the link): `cur` is physical so far.
                 self.check_entry(what, &cur, false)?;
                 let parent = cur.parent().unwrap_or(Path::new("/")).to_path_buf();
-                self.check_entry(what, &parent, true)?;
+                for dir in parent.ancestors() {
+                    self.check_entry(what, dir, true)?;
+                }
                 let target = std::fs::read_link(&cur).map_err(|e| io(&cur, e))?;
                 let mut next = if target.is_absolute() {
                     target
@@ -189,6 +193,19 @@ impl Trust {
             ));
         }
         Ok(())
+    }
+}
+
+impl Trust {
+    /// Before creating `path` (and the dirs it needs): the nearest dir that
+    /// exists must be trusted, so that nothing is created through someone
+    /// else's dir or link.
+    pub fn check_creatable(&self, what: &str, path: &Path) -> Result<(), TrustError> {
+        let existing = path
+            .ancestors()
+            .find(|p| !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_ok())
+            .unwrap_or(Path::new("/"));
+        self.check_path(what, existing)
     }
 }
 
@@ -269,6 +286,16 @@ mod tests {
         let e = only(me)
             .check_path("policy dir", &open.join("link"))
             .expect_err("a link in a writable dir")
+            .to_string();
+        assert!(e.contains("writable by everyone"), "{e}");
+        // ... or a dir further up: it could rename the link's dir aside.
+        let deep = open.join("b");
+        std::fs::create_dir(&deep).expect("dir");
+        std::fs::set_permissions(&deep, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::symlink(&real, deep.join("link")).expect("link");
+        let e = only(me)
+            .check_path("policy dir", &deep.join("link"))
+            .expect_err("a link below a writable dir")
             .to_string();
         assert!(e.contains("writable by everyone"), "{e}");
         // A link owned by someone else.

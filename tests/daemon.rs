@@ -586,3 +586,89 @@ fn the_daemon_refuses_a_socket_dir_or_a_linked_path_the_agent_controls() {
         common::stderr(&out)
     );
 }
+
+/// A policy file handed to the agent while the daemon runs: reloads stop,
+/// and the operator commands keep deciding with the last good set, not
+/// with what the agent writes into the file.
+#[test]
+fn operator_commands_decide_with_the_last_trusted_policy_set() {
+    daemon::os_user(AGENT);
+    let d = Daemon::start(&common::repo().join("policies"), "");
+    let rego = d.policies.join("approvals.rego");
+    daemon::chown_tree(&rego, AGENT);
+    let started = Instant::now();
+    while !d
+        .events()
+        .iter()
+        .any(|e| e["event"] == "policy.reload_failed")
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The agent makes everyone an approver.
+    let text = std::fs::read_to_string(&rego).expect("rego");
+    let text = text.replace(
+        "default may_approve := false",
+        "default may_approve := true",
+    );
+    assert!(text.contains("default may_approve := true"));
+    let out = std::process::Command::new("runuser")
+        .args(["-u", AGENT, "--", "tee"])
+        .arg(&rego)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().expect("stdin").write_all(text.as_bytes())?;
+            c.wait()
+        })
+        .expect("the agent edits the file it owns");
+    assert!(out.success());
+    let ws = daemon::owned_dir(AGENT);
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &ws.path().join("terraform/offline-demo"),
+    );
+    daemon::chown_tree(ws.path(), AGENT);
+    let home = daemon::owned_dir(AGENT);
+    let out = daemon::as_user(AGENT, home.path(), &[], &python())
+        .arg(common::repo().join("tests/mcp/daemon_session.py"))
+        .arg("call")
+        .arg(gateway())
+        .arg(&d.socket)
+        .arg(ws.path())
+        .args([
+            "terraform_apply",
+            r#"{"working_dir": "terraform/offline-demo"}"#,
+        ])
+        .output()
+        .expect("call");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let r: serde_json::Value = serde_json::from_str(common::stdout(&out).trim()).expect("json");
+    let id = r["structured"]["approval_id"].as_str().expect("pending");
+    let out = daemon::as_user(
+        AGENT,
+        home.path(),
+        &[("GATEWAY_SOCKET", &d.socket)],
+        &gateway(),
+    )
+    .args(["approve", id, "--reason", "I say so"])
+    .output()
+    .expect("approve");
+    assert!(!out.status.success(), "{}", common::stdout(&out));
+    assert!(
+        common::stderr(&out).contains("may not approve"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = daemon::as_user(
+        AGENT,
+        home.path(),
+        &[("GATEWAY_SOCKET", &d.socket)],
+        &gateway(),
+    )
+    .arg("audit")
+    .output()
+    .expect("audit");
+    assert!(!out.status.success() && common::stderr(&out).contains("is for approvers"));
+}

@@ -306,21 +306,26 @@ fn render_show(a: &Approval) -> String {
     o
 }
 
-/// The identity a verdict is recorded under, as the policy decides
-/// (data.gateway.approvals.approver).
-fn approver(
-    cli: &Cli,
-    caller: &Caller,
-    channel: &str,
-    as_name: Option<&str>,
-) -> anyhow::Result<Result<String, String>> {
-    let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())
-        .with_context(|| {
+/// The policy set a direct command decides with (the daemon passes its own).
+pub fn load_policies(cli: &Cli) -> anyhow::Result<PolicySet> {
+    PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default()).with_context(
+        || {
             format!(
                 "the policy set in {} does not load; refusing",
                 cli.policies.display()
             )
-        })?;
+        },
+    )
+}
+
+/// The identity a verdict is recorded under, as the policy decides
+/// (data.gateway.approvals.approver).
+fn approver(
+    set: &PolicySet,
+    caller: &Caller,
+    channel: &str,
+    as_name: Option<&str>,
+) -> anyhow::Result<Result<String, String>> {
     let mut input = json!({"os_user": caller.user, "uid": caller.uid, "groups": caller.groups, "channel": channel});
     if let Some(n) = as_name {
         input["named"] = n.into();
@@ -354,13 +359,14 @@ pub fn verdict(
     grant: bool,
     caller: &Caller,
     channel: &str,
+    set: &PolicySet,
     o: &mut Out,
 ) -> anyhow::Result<u8> {
     let home = cli.home();
     let audit = AuditLog::in_home(&home)?;
     let mut store = store(cli)?;
     let request_id = store.get(&a.id)?.map(|x| x.request_id).unwrap_or_default();
-    let who = match approver(cli, caller, channel, a.as_name.as_deref())? {
+    let who = match approver(set, caller, channel, a.as_name.as_deref())? {
         Ok(w) => w,
         Err(why) => {
             audit.record(

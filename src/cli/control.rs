@@ -15,6 +15,7 @@ use super::Cli;
 use super::out::Out;
 use crate::daemon::wire::{self, Hello, Reply};
 use crate::identity::{Caller, VIA_DAEMON};
+use crate::policy::PolicySet;
 
 /// The socket the CLI talks to: `GATEWAY_SOCKET`, else the default.
 pub fn socket_path() -> PathBuf {
@@ -99,7 +100,12 @@ enum ServedVault {
 }
 
 /// Run one command for `caller` with the daemon's own settings (`own`).
-pub fn serve_command(own: &Cli, caller: &Caller, argv: Vec<String>) -> Reply {
+pub fn serve_command(
+    own: &Cli,
+    store: &crate::policy::PolicyStore,
+    caller: &Caller,
+    argv: Vec<String>,
+) -> Reply {
     let parsed = match Served::try_parse_from(&argv) {
         Ok(p) => p,
         Err(e) => {
@@ -122,8 +128,12 @@ pub fn serve_command(own: &Cli, caller: &Caller, argv: Vec<String>) -> Reply {
             };
         }
     };
+    let set = match store.current() {
+        Ok(set) => set,
+        Err(e) => return Reply::refused(format!("the daemon has no usable policy set: {e}")),
+    };
     let mut o = Out::default();
-    let result = run(own, caller, parsed.command, &mut o);
+    let result = run(own, &set, caller, parsed.command, &mut o);
     match result {
         Ok(code) => Reply {
             code,
@@ -140,25 +150,25 @@ pub fn serve_command(own: &Cli, caller: &Caller, argv: Vec<String>) -> Reply {
 
 /// Whether the policy lets `caller` approve (and so read every user's
 /// approvals and the audit log): `data.gateway.approvals.may_approve`.
-fn may_approve(own: &Cli, caller: &Caller) -> anyhow::Result<bool> {
-    let set = crate::policy::PolicySet::load(
-        std::slice::from_ref(&own.policies),
-        &crate::policy::set::LoadOptions::default(),
-    )
-    .context("the daemon's policy set does not load; refusing")?;
+fn may_approve(set: &PolicySet, caller: &Caller) -> bool {
     let input = serde_json::json!({"os_user": caller.user, "uid": caller.uid,
         "groups": caller.groups, "channel": VIA_DAEMON});
-    Ok(set
-        .eval_rule(
-            "data.gateway.approvals.may_approve",
-            regorus::Value::from(input),
-        )
-        .is_ok_and(|v| v == serde_json::Value::Bool(true)))
+    set.eval_rule(
+        "data.gateway.approvals.may_approve",
+        regorus::Value::from(input),
+    )
+    .is_ok_and(|v| v == serde_json::Value::Bool(true))
 }
 
-fn run(own: &Cli, caller: &Caller, cmd: ServedCommand, o: &mut Out) -> anyhow::Result<u8> {
+fn run(
+    own: &Cli,
+    set: &PolicySet,
+    caller: &Caller,
+    cmd: ServedCommand,
+    o: &mut Out,
+) -> anyhow::Result<u8> {
     let operator_only = |what: &str| -> anyhow::Result<()> {
-        if !may_approve(own, caller)? {
+        if !may_approve(set, caller) {
             bail!(
                 "{what} is for approvers, and {} is not one (data.config.approvals.identity)",
                 caller.user
@@ -168,7 +178,7 @@ fn run(own: &Cli, caller: &Caller, cmd: ServedCommand, o: &mut Out) -> anyhow::R
     };
     match cmd {
         ServedCommand::Approvals(a) => {
-            let only_of = (!may_approve(own, caller)?).then_some(caller.user.as_str());
+            let only_of = (!may_approve(set, caller)).then_some(caller.user.as_str());
             super::approvals::list(own, &a, only_of, o)
         }
         ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_identity() => bail!(
@@ -176,9 +186,11 @@ fn run(own: &Cli, caller: &Caller, cmd: ServedCommand, o: &mut Out) -> anyhow::R
             caller.user
         ),
         ServedCommand::Approve(a) => {
-            super::approvals::verdict(own, &a, true, caller, VIA_DAEMON, o)
+            super::approvals::verdict(own, &a, true, caller, VIA_DAEMON, set, o)
         }
-        ServedCommand::Deny(a) => super::approvals::verdict(own, &a, false, caller, VIA_DAEMON, o),
+        ServedCommand::Deny(a) => {
+            super::approvals::verdict(own, &a, false, caller, VIA_DAEMON, set, o)
+        }
         ServedCommand::Audit(a) if a.names_a_file() => {
             bail!("--file is not accepted through the daemon: it reads its own audit log")
         }

@@ -104,6 +104,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let trust = Trust::for_this_process();
     // The state dir: made owner-only when missing, then checked like the rest.
     if !p.home.exists() {
+        trust
+            .check_creatable("state dir", &p.home)
+            .context("the daemon refuses to start")?;
         std::fs::create_dir_all(&p.home)
             .with_context(|| format!("cannot create the state dir {}", p.home.display()))?;
         use std::os::unix::fs::PermissionsExt;
@@ -256,8 +259,12 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         .collect();
     guarded.push(("socket".into(), p.socket.clone()));
     let own = Arc::new(own);
+    // Operator commands decide with the set the pipeline uses: the last
+    // one that loaded and passed the trust check, never the files as they
+    // are now.
+    let store = Arc::clone(&pipeline.policy);
     let control: crate::daemon::ControlHandler =
-        Arc::new(move |caller, argv| super::control::serve_command(&own, caller, argv));
+        Arc::new(move |caller, argv| super::control::serve_command(&own, &store, caller, argv));
     let daemon = Arc::new(Daemon::new(Arc::clone(&pipeline), guarded, roots, control));
     let socket = p.socket.clone();
     rt.block_on(async move {

@@ -33,7 +33,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "GATEWAY_HOME")]
     pub home: Option<PathBuf>,
 
-    /// The configuration file [default: ./gateway.toml when it exists].
+    /// The configuration file (only this one is read; a gateway.toml in the
+    /// current dir is not).
     #[arg(long, global = true, env = "GATEWAY_CONFIG")]
     pub config: Option<PathBuf>,
 
@@ -145,8 +146,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let code = match &cli.command {
         Command::Policy(cmd) => return policy::run(&cli, cmd),
         Command::Approvals(a) => approvals::list(&cli, a, None, &mut o),
-        Command::Approve(a) => approvals::verdict(&cli, a, true, &me, DIRECT, &mut o),
-        Command::Deny(a) => approvals::verdict(&cli, a, false, &me, DIRECT, &mut o),
+        Command::Approve(a) | Command::Deny(a) => {
+            let grant = matches!(&cli.command, Command::Approve(_));
+            match approvals::load_policies(&cli) {
+                Ok(set) => approvals::verdict(&cli, a, grant, &me, DIRECT, &set, &mut o),
+                Err(e) => Err(e),
+            }
+        }
         Command::Audit(a) => audit::run(&cli, a, &mut o),
         Command::Demo => return demo::run(&cli),
         Command::Verify(a) => return verify::run(&cli, a),

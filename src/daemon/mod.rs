@@ -334,6 +334,7 @@ pub fn bind(path: &Path, group: Option<&str>, trust: &Trust) -> Result<UnixListe
             ))
         })?;
     if !dir.exists() {
+        trust.check_creatable("socket dir", dir)?;
         std::fs::create_dir_all(dir).map_err(err)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
     }
