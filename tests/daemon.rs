@@ -672,3 +672,75 @@ fn operator_commands_decide_with_the_last_trusted_policy_set() {
     .expect("audit");
     assert!(!out.status.success() && common::stderr(&out).contains("is for approvers"));
 }
+
+/// Connections are capped per user by policy data: one user cannot starve
+/// the daemon (nor the approver's `gateway approvals`) by holding sessions.
+#[test]
+fn a_user_cannot_hold_more_connections_than_the_policy_allows() {
+    use std::io::BufRead as _;
+    let policies =
+        common::policies_with(&[("config/sessions/data.yaml", "per_user: 16", "per_user: 2")]);
+    let d = Daemon::start(policies.path(), "");
+    let ws = tempfile::tempdir().expect("ws");
+    let hello = |s: &mut std::os::unix::net::UnixStream| -> serde_json::Value {
+        writeln!(
+            s,
+            "{}",
+            serde_json::json!({"gateway": "mcp", "workspace": ws.path()})
+        )
+        .expect("hello");
+        let mut line = String::new();
+        std::io::BufReader::new(s.try_clone().expect("clone"))
+            .read_line(&mut line)
+            .expect("ack");
+        serde_json::from_str(&line).expect("json ack")
+    };
+    let mut first = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    assert_eq!(hello(&mut first)["ok"], true);
+    let mut second = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    assert_eq!(hello(&mut second)["ok"], true);
+    let mut third = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    let ack = hello(&mut third);
+    assert_eq!(ack["ok"], false, "{ack}");
+    assert!(
+        ack["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already holds 2 connection(s)")),
+        "{ack}"
+    );
+    // An operator command of the same user is refused the same way, in its
+    // own reply shape.
+    let out = std::process::Command::new(gateway())
+        .arg("approvals")
+        .env("GATEWAY_SOCKET", &d.socket)
+        .env_remove("GATEWAY_HOME")
+        .output()
+        .expect("approvals");
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("already holds 2"),
+        "{}",
+        common::stderr(&out)
+    );
+    // One closes: the next is admitted.
+    drop(first);
+    let started = Instant::now();
+    loop {
+        let mut again = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+        if hello(&mut again)["ok"] == true {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never admitted again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        d.events()
+            .iter()
+            .filter(|e| e["event"] == "session.refused")
+            .count()
+            >= 2
+    );
+}

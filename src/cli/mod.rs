@@ -24,12 +24,15 @@ use clap::{Parser, Subcommand};
     about = "Policy-gated, sandboxed infrastructure actions for AI coding agents"
 )]
 pub struct Cli {
-    /// Directory of the Rego policies and their data files [default: ./policies].
+    /// Directory of the Rego policies and their data files [default:
+    /// ./policies; for the daemon, its config's, else /etc/gateway/policies].
     #[arg(long = "policies", global = true, env = "GATEWAY_POLICIES")]
     pub policies_arg: Option<PathBuf>,
 
-    /// Where approvals, the audit log and saved plans live
-    /// [default: $XDG_STATE_HOME/gateway or ~/.local/state/gateway].
+    /// Where approvals, the audit log and saved plans live [default:
+    /// $XDG_STATE_HOME/gateway or ~/.local/state/gateway; for the daemon, its
+    /// config's, else /var/lib/gateway]. Given to approvals|approve|deny|audit,
+    /// they work on this dir directly instead of asking the daemon.
     #[arg(long, global = true, env = "GATEWAY_HOME")]
     pub home: Option<PathBuf>,
 

@@ -69,6 +69,26 @@ pub struct Daemon {
     /// When not empty, a workspace must lie below one of these.
     workspace_roots: Vec<PathBuf>,
     control: ControlHandler,
+    /// Connections admitted and still open, by uid.
+    open: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+/// One admitted connection, counted until it is dropped.
+struct Admitted<'a> {
+    daemon: &'a Daemon,
+    uid: u32,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut open = self.daemon.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
 }
 
 impl Daemon {
@@ -83,7 +103,44 @@ impl Daemon {
             guarded,
             workspace_roots,
             control,
+            open: Default::default(),
         }
+    }
+
+    /// Admit one more connection of `caller` when the policy says so
+    /// (`data.gateway.sessions`), counting it until the guard drops.
+    fn admit(&self, caller: &Caller) -> Result<Admitted<'_>, String> {
+        let set = self
+            .pipeline
+            .policy
+            .current()
+            .map_err(|e| format!("the daemon has no usable policy set: {e}"))?;
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let user = open.get(&caller.uid).copied().unwrap_or(0);
+        let total: usize = open.values().sum();
+        let input = serde_json::json!({"os_user": caller.user, "uid": caller.uid,
+            "groups": caller.groups, "open": {"user": user, "total": total}});
+        let admitted = set
+            .eval_rule(
+                "data.gateway.sessions.admit",
+                regorus::Value::from(input.clone()),
+            )
+            .is_ok_and(|v| v == serde_json::Value::Bool(true));
+        if !admitted {
+            let reason = set
+                .eval_rule("data.gateway.sessions.reason", regorus::Value::from(input))
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| {
+                    "the policy does not admit this connection (data.gateway.sessions)".into()
+                });
+            return Err(reason);
+        }
+        *open.entry(caller.uid).or_insert(0) += 1;
+        Ok(Admitted {
+            daemon: self,
+            uid: caller.uid,
+        })
     }
 
     /// Whether `caller` may run MCP sessions in `requested`: an absolute
@@ -191,6 +248,29 @@ impl Daemon {
                 },
             );
             reason
+        };
+        // Counted from here until the connection ends, whatever it is for.
+        let admitted = match &hello {
+            Ok(_) => self
+                .admit(&caller)
+                .map_err(|r| (r, hello.as_ref().ok().cloned())),
+            Err(_) => Err((String::new(), None)),
+        };
+        let _admitted = match admitted {
+            Ok(a) => Some(a),
+            Err((reason, Some(h))) => {
+                let reason = refuse(reason);
+                let line = match h {
+                    Hello::Control { .. } => wire::line(&Reply::refused(&reason)),
+                    Hello::Mcp { .. } => wire::line(&Ack {
+                        ok: false,
+                        error: Some(reason),
+                    }),
+                };
+                let _ = write.write_all(&line).await;
+                return;
+            }
+            Err((_, None)) => None,
         };
         match hello {
             Err(reason) => {
