@@ -123,15 +123,21 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
             .context("no policies/ found beside the binary: pass --policies-from DIR")?,
     };
     if a.root.is_none() {
-        if nix::unistd::Group::from_name("gateway")
-            .ok()
-            .flatten()
-            .is_none()
-        {
-            run("groupadd", &["--system", "gateway"])?;
+        for group in ["gateway", "gateway-approvers"] {
+            if nix::unistd::Group::from_name(group)
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                run("groupadd", &["--system", group])?;
+            }
         }
-        for u in &a.users {
+        // Approvers reach the socket too; only they are in gateway-approvers.
+        for u in a.users.iter().chain(&a.approvers) {
             run("usermod", &["-a", "-G", "gateway", u])?;
+        }
+        for u in &a.approvers {
+            run("usermod", &["-a", "-G", "gateway-approvers", u])?;
         }
     }
     for (dir, mode) in [("/etc/gateway", 0o755), ("/var/lib/gateway", 0o700)] {
