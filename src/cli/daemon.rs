@@ -229,7 +229,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             })?)
         }
     };
-    // The daemon's own view of the settings (never the caller's).
+    // The daemon's own view of the settings (never the caller's), in the
+    // shape the operator commands take; they read its paths and file, never
+    // its `command` (each command arrives parsed on its own).
     let own = Cli {
         policies_arg: Some(p.policies.clone()),
         home: Some(p.home.clone()),
