@@ -795,6 +795,54 @@ fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// SIGTERM while a call holds its credential: the daemon cancels the
+/// session, and revokes the lease before it exits (not at the next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_stopped_mid_call_revokes_the_lease_before_it_exits() {
+    let w = world().await;
+    w.kube.set_pods(
+        "demo-app",
+        vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
+    );
+    w.kube
+        .with(|s| s.pods_delay = std::time::Duration::from_secs(15));
+    let mut served = tokio::task::block_in_place(|| Served::start(&w, "stopped"));
+    served.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
+    let asked = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(60), || {
+            w.kube.with(|s| {
+                s.seen
+                    .iter()
+                    .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
+            })
+        })
+    });
+    assert!(asked, "kubectl reached the API server: {}", served.log());
+    assert_eq!(w.kube.with(|s| s.live("serviceaccounts").len()), 1);
+    let st = Command::new("kill")
+        .args(["-TERM", &served.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let exited = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(30), || {
+            matches!(served.child.try_wait(), Ok(Some(_)))
+        })
+    });
+    assert!(exited, "the daemon did not stop: {}", served.log());
+    // Gone when the daemon is: no next start needed.
+    assert!(
+        w.kube.with(|s| s.live("serviceaccounts").is_empty()),
+        "the credential outlived the daemon: {}",
+        served.log()
+    );
+    let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+    assert!(ledger.open_leases().expect("open").is_empty());
+    let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert!(log.contains("\"credential.revoked\""), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
     let w = world().await;

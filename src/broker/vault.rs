@@ -560,8 +560,61 @@ impl VaultBroker {
             }
             Err(_) => return (0, 0),
         };
+        let (done, left) = self
+            .revoke_records(
+                audit,
+                orphans,
+                "left open by a gateway that stopped before revoking it",
+            )
+            .await;
+        if done + left > 0 {
+            tracing::warn!(
+                revoked = done,
+                still_open = left,
+                "revoked leases a previous gateway left open"
+            );
+        }
+        (done, left)
+    }
+
+    /// At shutdown: revoke every lease this process still holds (calls
+    /// cancelled as the daemon stops, whose own revocation was started in
+    /// the background and would die with the runtime). Returns (revoked,
+    /// still open); what is left stays in the ledger for the next start.
+    pub async fn revoke_own(&self, audit: &AuditLog) -> (usize, usize) {
+        let me = crate::process::Owner::current();
+        let own = match self.ledger.lock().map(|l| l.open_leases()) {
+            Ok(Ok(o)) => o
+                .into_iter()
+                .filter(|l| l.owner_pid == me.pid && l.owner_start == me.start)
+                .collect(),
+            Ok(Err(e)) => {
+                tracing::error!("reading the lease ledger: {e}");
+                return (0, 0);
+            }
+            Err(_) => return (0, 0),
+        };
+        self.revoke_records(audit, own, "the gateway stopped while its call held it")
+            .await
+    }
+
+    async fn revoke_records(
+        &self,
+        audit: &AuditLog,
+        leases: Vec<crate::broker::leases::LeaseRecord>,
+        reason: &str,
+    ) -> (usize, usize) {
         let (mut done, mut left) = (0, 0);
-        for lease in orphans {
+        for lease in leases {
+            if self
+                .ledger
+                .lock()
+                .ok()
+                .and_then(|l| l.is_revoked(&lease.lease_id).ok().flatten())
+                == Some(true)
+            {
+                continue;
+            }
             match self.revoke_lease(&lease.lease_id).await {
                 Ok(()) => {
                     done += 1;
@@ -571,9 +624,7 @@ impl VaultBroker {
                             lease_id: lease.lease_id.clone(),
                             attempt: None,
                             recovered: Some(true),
-                            reason: Some(
-                                "left open by a gateway that stopped before revoking it".into(),
-                            ),
+                            reason: Some(reason.into()),
                             issued_at: Some(json!(lease.issued_at)),
                             owner_pid: Some(json!(lease.owner_pid)),
                         },
@@ -594,13 +645,6 @@ impl VaultBroker {
                     );
                 }
             }
-        }
-        if done + left > 0 {
-            tracing::warn!(
-                revoked = done,
-                still_open = left,
-                "revoked leases a previous gateway left open"
-            );
         }
         (done, left)
     }

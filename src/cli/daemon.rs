@@ -300,6 +300,18 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             signals.cancel();
         });
         Arc::clone(&daemon).serve(listener, stop).await;
+        // Calls cancelled by the stop started their revocations in the
+        // background; they are finished here, before the runtime goes.
+        if let Some(b) = &broker {
+            let (done, left) = b.revoke_own(&pipeline.audit).await;
+            if left > 0 {
+                tracing::error!(
+                    revoked = done,
+                    still_open = left,
+                    "leases left open at shutdown stay in the ledger; the next start revokes them"
+                );
+            }
+        }
         if let Some(sb) = &cluster
             && let Err(e) = sb.reap_leftovers().await
         {
