@@ -9,7 +9,6 @@ mod common;
 mod daemon;
 
 use std::io::{BufRead, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -48,7 +47,7 @@ fn an_unprivileged_user_plans_waits_for_another_users_approval_and_applies() {
         &victim.path().join("terraform/offline-demo"),
     );
     daemon::chown_tree(victim.path(), APPROVER);
-    std::fs::set_permissions(victim.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    daemon::chmod(victim.path(), 0o755);
     let mut child = daemon::as_user(AGENT, agent_home.path(), &[], &python())
         .arg(common::repo().join("tests/mcp/daemon_session.py"))
         .arg("scenarios")
@@ -176,22 +175,14 @@ fn the_daemon_refuses_files_another_user_could_write() {
         (
             "group-writable policy dir",
             Box::new(|dir, _| {
-                std::fs::set_permissions(
-                    dir.join("policies"),
-                    std::fs::Permissions::from_mode(0o775),
-                )
-                .expect("chmod");
+                daemon::chmod(dir.join("policies"), 0o775);
             }),
             "policy dir",
         ),
         (
             "world-writable policy file",
             Box::new(|dir, _| {
-                std::fs::set_permissions(
-                    dir.join("policies/config/tools/data.yaml"),
-                    std::fs::Permissions::from_mode(0o666),
-                )
-                .expect("chmod");
+                daemon::chmod(dir.join("policies/config/tools/data.yaml"), 0o666);
             }),
             "writable by everyone",
         ),
@@ -205,8 +196,7 @@ fn the_daemon_refuses_files_another_user_could_write() {
         (
             "group-writable config",
             Box::new(|_, config| {
-                std::fs::set_permissions(config, std::fs::Permissions::from_mode(0o664))
-                    .expect("chmod");
+                daemon::chmod(config, 0o664);
             }),
             "configuration",
         ),
@@ -262,7 +252,7 @@ fn a_policy_dir_made_unsafe_while_running_is_not_reloaded() {
     };
     assert_eq!(fingerprint(&d, "policy.loaded").len(), 1, "{}", d.log());
     let catalog = d.policies.join("config/tools/data.yaml");
-    std::fs::set_permissions(&d.policies, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    daemon::chmod(&d.policies, 0o777);
     let text = std::fs::read_to_string(&catalog).expect("catalog");
     std::fs::write(&catalog, text.replace("tier: high", "tier: low")).expect("edit");
     let started = Instant::now();
@@ -282,7 +272,7 @@ fn a_policy_dir_made_unsafe_while_running_is_not_reloaded() {
     assert!(failed[0]["active"].is_string(), "the last good set stays");
     assert!(fingerprint(&d, "policy.reloaded").is_empty());
     // Made safe again, the edited content loads.
-    std::fs::set_permissions(&d.policies, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    daemon::chmod(&d.policies, 0o755);
     let started = Instant::now();
     while fingerprint(&d, "policy.reloaded").is_empty() {
         assert!(started.elapsed() < Duration::from_secs(20), "{}", d.log());

@@ -71,32 +71,12 @@ async fn relay(socket: &std::path::Path, workspace: PathBuf) -> anyhow::Result<(
         );
     }
     let up = async {
-        let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = stdin.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            to_daemon.write_all(&buf[..n]).await?;
-        }
+        pump(&mut tokio::io::stdin(), &mut to_daemon).await?;
         // The client is done: the daemon sees the end of the stream.
-        to_daemon.shutdown().await?;
-        std::io::Result::Ok(())
+        to_daemon.shutdown().await
     };
-    let down = async {
-        let mut stdout = tokio::io::stdout();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = from_daemon.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            stdout.write_all(&buf[..n]).await?;
-            stdout.flush().await?;
-        }
-        std::io::Result::Ok(())
-    };
+    let mut stdout = tokio::io::stdout();
+    let down = pump(&mut from_daemon, &mut stdout);
     tokio::pin!(up);
     tokio::pin!(down);
     // The session ends when the daemon closes; an early client EOF just
@@ -115,5 +95,23 @@ async fn relay(socket: &std::path::Path, workspace: PathBuf) -> anyhow::Result<(
                 return r.context("relaying from the daemon");
             }
         }
+    }
+}
+
+/// Copy until the end of `from`, flushing after every read (MCP messages
+/// must not wait in a buffer).
+async fn pump<R, W>(from: &mut R, to: &mut W) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n]).await?;
+        to.flush().await?;
     }
 }

@@ -226,7 +226,6 @@ impl Daemon {
                 return;
             }
         };
-        let who = serde_json::to_value(&caller).unwrap_or_default();
         let (read, mut write) = stream.into_split();
         let mut read = BufReader::new(read);
         let hello =
@@ -239,66 +238,36 @@ impl Daemon {
                 Ok(Err(e)) => Err(format!("reading the hello: {e}")),
                 Err(_) => Err(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())),
             };
-        let refuse = |reason: String| {
-            let _ = self.pipeline.audit.record(
-                "",
-                Event::SessionRefused {
-                    caller: who.clone(),
-                    reason: reason.clone(),
-                },
-            );
-            reason
+        // Every refusal goes one way: audited, then said in the shape the
+        // caller reads (a control reply, else an MCP ack).
+        let opened = match &hello {
+            Ok(h) => self.open(&caller, h).map_err(|r| (r, h.is_control())),
+            Err(reason) => Err((reason.clone(), false)),
         };
-        // Counted from here until the connection ends, whatever it is for.
-        let admitted = match &hello {
-            Ok(_) => self
-                .admit(&caller)
-                .map_err(|r| (r, hello.as_ref().ok().cloned())),
-            Err(_) => Err((String::new(), None)),
-        };
-        let _admitted = match admitted {
-            Ok(a) => Some(a),
-            Err((reason, Some(h))) => {
-                let reason = refuse(reason);
-                let line = match h {
-                    Hello::Control { .. } => wire::line(&Reply::refused(&reason)),
-                    Hello::Mcp { .. } => wire::line(&Ack {
+        let (_admitted, workspace) = match opened {
+            Ok(o) => o,
+            Err((reason, control)) => {
+                let _ = self.pipeline.audit.record(
+                    "",
+                    Event::SessionRefused {
+                        caller: serde_json::to_value(&caller).unwrap_or_default(),
+                        reason: reason.clone(),
+                    },
+                );
+                let line = if control {
+                    wire::line(&Reply::refused(&reason))
+                } else {
+                    wire::line(&Ack {
                         ok: false,
                         error: Some(reason),
-                    }),
+                    })
                 };
                 let _ = write.write_all(&line).await;
                 return;
             }
-            Err((_, None)) => None,
         };
-        match hello {
-            Err(reason) => {
-                let reason = refuse(reason);
-                let _ = write
-                    .write_all(&wire::line(&Ack {
-                        ok: false,
-                        error: Some(reason),
-                    }))
-                    .await;
-            }
-            Ok(Hello::Control { argv }) => {
-                if let Err(e) = self.pipeline.audit.record(
-                    "",
-                    Event::SessionOpened {
-                        caller: who.clone(),
-                        mode: "control".into(),
-                        workspace: None,
-                        command: Some(argv.clone()),
-                    },
-                ) {
-                    let _ = write
-                        .write_all(&wire::line(&Reply::refused(format!(
-                            "the audit log cannot be written: {e}"
-                        ))))
-                        .await;
-                    return;
-                }
+        match (hello, workspace) {
+            (Ok(Hello::Control { argv }), _) => {
                 let control = Arc::clone(&self.control);
                 let reply = tokio::task::spawn_blocking(move || control(&caller, argv))
                     .await
@@ -306,50 +275,50 @@ impl Daemon {
                 let _ = write.write_all(&wire::line(&reply)).await;
                 let _ = write.shutdown().await;
             }
-            Ok(Hello::Mcp { workspace }) => {
-                let workspace = match self.admit_workspace(&caller, &workspace) {
-                    Ok(w) => w,
-                    Err(reason) => {
-                        let reason = refuse(reason);
-                        let _ = write
-                            .write_all(&wire::line(&Ack {
-                                ok: false,
-                                error: Some(reason),
-                            }))
-                            .await;
-                        return;
-                    }
-                };
-                if let Err(e) = self.pipeline.audit.record(
-                    "",
-                    Event::SessionOpened {
-                        caller: who.clone(),
-                        mode: "mcp".into(),
-                        workspace: Some(workspace.display().to_string()),
-                        command: None,
-                    },
-                ) {
-                    let _ = write
-                        .write_all(&wire::line(&Ack {
-                            ok: false,
-                            error: Some(format!("the audit log cannot be written: {e}")),
-                        }))
-                        .await;
-                    return;
+            (Ok(Hello::Mcp { .. }), Some(workspace)) => {
+                let ack = wire::line(&Ack {
+                    ok: true,
+                    error: None,
+                });
+                if write.write_all(&ack).await.is_ok() {
+                    self.mcp_session(caller, workspace, read, write, stop).await;
                 }
-                if write
-                    .write_all(&wire::line(&Ack {
-                        ok: true,
-                        error: None,
-                    }))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                self.mcp_session(caller, workspace, read, write, stop).await;
             }
+            // `open` admits an MCP session only with its workspace.
+            _ => {}
         }
+    }
+
+    /// Admit a connection: counted against the caller's limit, its
+    /// workspace admitted (MCP), `session.opened` written. Returns the
+    /// count's guard and the admitted workspace, or why not.
+    fn open(
+        &self,
+        caller: &Caller,
+        hello: &Hello,
+    ) -> Result<(Admitted<'_>, Option<PathBuf>), String> {
+        let admitted = self.admit(caller)?;
+        let workspace = match hello {
+            Hello::Mcp { workspace } => Some(self.admit_workspace(caller, workspace)?),
+            Hello::Control { .. } => None,
+        };
+        let (mode, command) = match hello {
+            Hello::Mcp { .. } => ("mcp", None),
+            Hello::Control { argv } => ("control", Some(argv.clone())),
+        };
+        self.pipeline
+            .audit
+            .record(
+                "",
+                Event::SessionOpened {
+                    caller: serde_json::to_value(caller).unwrap_or_default(),
+                    mode: mode.into(),
+                    workspace: workspace.as_ref().map(|w| w.display().to_string()),
+                    command,
+                },
+            )
+            .map_err(|e| format!("the audit log cannot be written: {e}"))?;
+        Ok((admitted, workspace))
     }
 
     async fn mcp_session(

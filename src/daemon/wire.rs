@@ -29,6 +29,13 @@ pub enum Hello {
     Control { argv: Vec<String> },
 }
 
+impl Hello {
+    /// Whether the caller waits for a control [`Reply`] (else an [`Ack`]).
+    pub fn is_control(&self) -> bool {
+        matches!(self, Hello::Control { .. })
+    }
+}
+
 /// The daemon's answer to an `mcp` hello.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Ack {

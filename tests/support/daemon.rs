@@ -58,6 +58,12 @@ pub fn owned_dir(user: &str) -> tempfile::TempDir {
     d
 }
 
+pub fn chmod(p: impl AsRef<Path>, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p.as_ref(), std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {:o} {}: {e}", mode, p.as_ref().display()));
+}
+
 pub fn chown_tree(p: &Path, user: &str) {
     let st = Command::new("chown")
         .args(["-R", &format!("{user}:{GROUP}")])
