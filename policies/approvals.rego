@@ -82,3 +82,14 @@ may_approve if {
 	some g in input.groups
 	g in cfg.identity.groups
 }
+
+# Which operator command a caller may run through the daemon (input as for
+# `approver`, plus "command": "approvals", "audit" or "vault status"):
+# approvers may run every one; anyone in the socket's group may run those
+# listed in `anyone` (with `approvals`, a caller who is not an approver sees
+# only their own).
+default may_run := false
+
+may_run if may_approve
+
+may_run if input.command in cfg.identity.anyone

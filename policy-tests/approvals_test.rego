@@ -99,3 +99,13 @@ test_the_requesters_own_grant_never_counts if {
 	other := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["alice", "bob"], "requested_by": "alice"}})
 	approvals.requirement.satisfied with input as other
 }
+
+test_operator_commands_are_for_approvers_unless_listed_for_anyone if {
+	approver := {"os_user": "carol", "uid": 1002, "groups": ["gateway-approvers"], "channel": "daemon"}
+	other := {"os_user": "alice", "uid": 1001, "groups": ["alice"], "channel": "daemon"}
+	approvals.may_run with input as object.union(approver, {"command": "audit"})
+	approvals.may_run with input as object.union(other, {"command": "approvals"})
+	not approvals.may_run with input as object.union(other, {"command": "audit"})
+	not approvals.may_run with input as object.union(other, {"command": "vault status"})
+	approvals.may_run with input as object.union(other, {"command": "audit"}) with data.config.approvals.identity.anyone as ["approvals", "audit"]
+}

@@ -148,13 +148,14 @@ pub fn serve_command(
     }
 }
 
-/// Whether the policy lets `caller` approve (and so read every user's
-/// approvals and the audit log): `data.gateway.approvals.may_approve`.
-fn may_approve(set: &PolicySet, caller: &Caller) -> bool {
+/// Ask `data.gateway.approvals.RULE` about `caller` (and `command`):
+/// `may_approve` (approve, and see every user's approvals) or `may_run`
+/// (run this operator command). Anything but `true` is no.
+fn allowed(set: &PolicySet, rule: &str, caller: &Caller, command: &str) -> bool {
     let input = serde_json::json!({"os_user": caller.user, "uid": caller.uid,
-        "groups": caller.groups, "channel": VIA_DAEMON});
+        "groups": caller.groups, "channel": VIA_DAEMON, "command": command});
     set.eval_rule(
-        "data.gateway.approvals.may_approve",
+        &format!("data.gateway.approvals.{rule}"),
         regorus::Value::from(input),
     )
     .is_ok_and(|v| v == serde_json::Value::Bool(true))
@@ -167,10 +168,11 @@ fn run(
     cmd: ServedCommand,
     o: &mut Out,
 ) -> anyhow::Result<u8> {
-    let operator_only = |what: &str| -> anyhow::Result<()> {
-        if !may_approve(set, caller) {
+    // Who may run which command is the policy's (data.gateway.approvals.may_run).
+    let may_run = |command: &str| -> anyhow::Result<()> {
+        if !allowed(set, "may_run", caller, command) {
             bail!(
-                "{what} is for approvers, and {} is not one (data.config.approvals.identity)",
+                "{command} is for approvers, and {} is not one (data.config.approvals.identity)",
                 caller.user
             );
         }
@@ -178,7 +180,9 @@ fn run(
     };
     match cmd {
         ServedCommand::Approvals(a) => {
-            let only_of = (!may_approve(set, caller)).then_some(caller.user.as_str());
+            may_run("approvals")?;
+            let only_of =
+                (!allowed(set, "may_approve", caller, "approvals")).then_some(caller.user.as_str());
             super::approvals::list(own, &a, only_of, o)
         }
         ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_identity() => bail!(
@@ -195,11 +199,11 @@ fn run(
             bail!("--file is not accepted through the daemon: it reads its own audit log")
         }
         ServedCommand::Audit(a) => {
-            operator_only("reading the audit log")?;
+            may_run("audit")?;
             super::audit::run(own, &a, o)
         }
         ServedCommand::Vault(ServedVault::Status) => {
-            operator_only("vault status")?;
+            may_run("vault status")?;
             super::vault::status(own, o)
         }
     }
