@@ -4,8 +4,9 @@
 //! table of events is checked against [`NAMES`] (tests/audit_events.rs).
 //!
 //! `policy.decision` is the one event with OPA's decision-log fields at the
-//! top level ([`super::AuditLog::policy_decision`]), and `audit.recovered`
-//! is written by the log itself when it finds a line cut short.
+//! top level ([`super::AuditLog::policy_decision`]); `audit.recovered` and
+//! `audit.head_lost` are written by the log itself, when it finds its last
+//! line cut short or its head file gone.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -40,6 +41,7 @@ pub const NAMES: &[&str] = &[
     "session.opened",
     "session.refused",
     "audit.recovered",
+    "audit.head_lost",
 ];
 
 fn no<T>(v: &Option<T>) -> bool {

@@ -2,8 +2,13 @@
 //! hash-chained and scrubbed of secrets.
 //!
 //! Every event has `ts`, `request_id`, `event`, `data`, `prev` (the `hash`
-//! of the previous line; 64 zeros for the first) and `hash` (SHA-256 of the
-//! canonical JSON of the event without `hash`). Policy decisions also carry
+//! of the previous line; 64 zeros for the first) and `hash`. A line is the
+//! canonical JSON of the event without `hash` (keys sorted, no whitespace)
+//! with `,"hash":"…"` put before its closing brace, and `hash` is SHA-256
+//! of exactly those canonical bytes: the hash covers the bytes a reader
+//! reads, and `audit verify` refuses a line that is not byte for byte what
+//! the writer writes (a duplicated key, reordered keys, other spacing).
+//! Policy decisions also carry
 //! OPA decision-log fields (`decision_id`, `path`, `input`, `result`,
 //! `timestamp`) at the top level so existing decision-log tooling reads them.
 //!
@@ -139,13 +144,36 @@ struct Tail {
 pub struct AuditLog {
     path: PathBuf,
     tail: Mutex<Tail>,
+    /// The largest line written ([`AuditLog::set_max_event_bytes`]).
+    max_event_bytes: std::sync::atomic::AtomicUsize,
 }
 
-/// The hash of an event: SHA-256 over its canonical JSON without `hash`.
+/// The cap on one audit line until the policy sets one
+/// (`data.config.limits.event_bytes`).
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
+
+/// The smallest cap accepted: room for the fixed fields and a few digests.
+const MIN_EVENT_BYTES: usize = 4096;
+
+/// How much of a value an event keeps when the value is replaced by its digest.
+const PREFIX_CHARS: usize = 200;
+
+/// The hash of an event: SHA-256 over its canonical JSON without `hash`
+/// (the bytes of its line before `,"hash"`, with the closing brace).
 pub fn event_hash(event: &Map<String, Value>) -> String {
     let mut without = event.clone();
     without.remove("hash");
     sha256_hex(canonical_json(&Value::Object(without)).as_bytes())
+}
+
+/// The line of an event (without `hash`) and its hash: the canonical JSON,
+/// then `,"hash":"…"}` and a newline.
+pub fn event_line(without_hash: &Map<String, Value>) -> (String, String) {
+    let body = canonical_json(&Value::Object(without_hash.clone()));
+    let hash = sha256_hex(body.as_bytes());
+    let open = body.strip_suffix('}').unwrap_or(&body);
+    let sep = if open.len() > 1 { "," } else { "" };
+    (format!("{open}{sep}\"hash\":\"{hash}\"}}\n"), hash)
 }
 
 pub fn now_ts() -> String {
@@ -167,7 +195,19 @@ impl AuditLog {
         Ok(AuditLog {
             path,
             tail: Mutex::new(Tail::default()),
+            max_event_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_EVENT_BYTES),
         })
+    }
+
+    /// Cap every line written from now on at `bytes` (at least 4 KiB): a
+    /// larger event keeps its small values, and each large one is replaced
+    /// by `{"omitted": {"sha256", "bytes", "prefix"}}` (the digest of its
+    /// canonical JSON, its size, its first characters).
+    pub fn set_max_event_bytes(&self, bytes: usize) {
+        self.max_event_bytes.store(
+            bytes.max(MIN_EVENT_BYTES),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// The audit log under a gateway home directory.
@@ -221,25 +261,30 @@ impl AuditLog {
                 // recovery so `audit verify` can tell it from tampering.
                 file.write_all(b"\n").map_err(io)?;
                 let data = serde_json::json!({"truncated_sha256": sha256_hex(&cut), "truncated_bytes": cut.len()});
-                let line = build_line(
-                    tail.last_hash.as_deref(),
-                    "",
-                    "audit.recovered",
-                    data,
-                    Map::new(),
-                );
-                file.write_all(line.1.as_bytes()).map_err(io)?;
-                tail.last_hash = Some(
-                    line.0
-                        .get("hash")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                );
+                own_line(&mut file, &mut tail, "audit.recovered", data).map_err(io)?;
             }
         }
-        let (event_obj, line) =
-            build_line(tail.last_hash.as_deref(), request_id, event, data, extra);
+        // A log with lines and no head: someone removed the head (perhaps
+        // after cutting the end of the log). Writing a new head silently
+        // would make the cut invisible; the log says so instead, and
+        // `audit verify` fails on it unless told `--no-head`.
+        if len > 0
+            && matches!(std::fs::symlink_metadata(head_path(&self.path)), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        {
+            let data = serde_json::json!({"log_bytes": len, "last_hash": tail.last_hash});
+            own_line(&mut file, &mut tail, "audit.head_lost", data).map_err(io)?;
+        }
+        let cap = self
+            .max_event_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let (event_obj, line) = build_capped_line(
+            tail.last_hash.as_deref(),
+            request_id,
+            event,
+            data,
+            extra,
+            cap,
+        );
         file.write_all(line.as_bytes()).map_err(io)?;
         file.sync_data().map_err(io)?;
         tail.len = file.metadata().map_err(io)?.len();
@@ -316,11 +361,151 @@ fn build_line(
         }
     }
     obj.insert("prev".into(), prev.unwrap_or(GENESIS).into());
-    let hash = event_hash(&obj);
+    let (line, hash) = event_line(&obj);
     obj.insert("hash".into(), hash.into());
-    let mut line = serde_json::to_string(&Value::Object(obj.clone())).unwrap_or_default();
-    line.push('\n');
     (obj, line)
+}
+
+/// [`build_line`] for an event whose line may be at most `cap` bytes: the
+/// largest values of `data` and of the extra fields are replaced by their
+/// digests ([`omitted`]), biggest first, until it fits.
+fn build_capped_line(
+    prev: Option<&str>,
+    request_id: &str,
+    event: &str,
+    data: Value,
+    extra: Map<String, Value>,
+    cap: usize,
+) -> (Map<String, Value>, String) {
+    let (obj, line) = build_line(prev, request_id, event, data, extra);
+    if line.len() <= cap {
+        return (obj, line);
+    }
+    // Work on the scrubbed values (the digest is of what would have been written).
+    let mut data = obj.get("data").cloned().unwrap_or(Value::Null);
+    let mut extra: Map<String, Value> = obj
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "ts" | "request_id" | "event" | "data" | "prev" | "hash"
+            )
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let budget = cap.saturating_sub(1024);
+    // Long strings first, anywhere; then the largest subtrees, one at a time.
+    shorten_strings(&mut data, budget / 16);
+    for v in extra.values_mut() {
+        shorten_strings(v, budget / 16);
+    }
+    loop {
+        let size = serde_json::to_string(&data).map_or(0, |s| s.len())
+            + extra
+                .values()
+                .map(|v| serde_json::to_string(v).map_or(0, |s| s.len()))
+                .sum::<usize>();
+        if size <= budget {
+            break;
+        }
+        let mut roots: Vec<&mut Value> = vec![&mut data];
+        roots.extend(extra.values_mut());
+        if !omit_largest(roots) {
+            break;
+        }
+    }
+    build_line(prev, request_id, event, data, extra)
+}
+
+/// `{"omitted": {"sha256", "bytes", "prefix"}}` for a value too large to keep.
+fn omitted(v: &Value) -> Value {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        other => canonical_json(other),
+    };
+    let canonical = canonical_json(v);
+    serde_json::json!({"omitted": {
+        "sha256": sha256_hex(canonical.as_bytes()),
+        "bytes": canonical.len(),
+        "prefix": text.chars().take(PREFIX_CHARS).collect::<String>(),
+    }})
+}
+
+fn is_omitted(v: &Value) -> bool {
+    v.as_object()
+        .is_some_and(|m| m.len() == 1 && m.contains_key("omitted"))
+}
+
+/// Replace every string longer than `max` bytes under `v` by its digest.
+fn shorten_strings(v: &mut Value, max: usize) {
+    match v {
+        Value::String(s) if s.len() > max => *v = omitted(v),
+        Value::Array(a) => a.iter_mut().for_each(|x| shorten_strings(x, max)),
+        Value::Object(m) if !is_omitted(&Value::Object(m.clone())) => {
+            m.values_mut().for_each(|x| shorten_strings(x, max))
+        }
+        _ => {}
+    }
+}
+
+/// Replace the largest not-yet-omitted child value under `roots` (or a
+/// root itself, when it has no children left) by its digest. False when
+/// nothing is left to replace.
+fn omit_largest(roots: Vec<&mut Value>) -> bool {
+    fn size(v: &Value) -> usize {
+        serde_json::to_string(v).map_or(0, |s| s.len())
+    }
+    fn largest_child(v: &mut Value) -> Option<&mut Value> {
+        let children: Vec<&mut Value> = match v {
+            Value::Array(a) => a.iter_mut().collect(),
+            Value::Object(m) => m.values_mut().collect(),
+            _ => return None,
+        };
+        children
+            .into_iter()
+            .filter(|c| !is_omitted(c) && size(c) > 256)
+            .max_by_key(|c| size(c))
+    }
+    let Some(root) = roots
+        .into_iter()
+        .filter(|r| !is_omitted(r))
+        .max_by_key(|r| size(r))
+    else {
+        return false;
+    };
+    // Descend while one child holds most of the size, so a big value deep
+    // inside is cut without losing its small siblings.
+    let mut at = root;
+    loop {
+        let total = size(at);
+        let child_size = largest_child(at).map(|c| size(c));
+        match child_size {
+            Some(cs) if cs * 2 >= total => {
+                at = match largest_child(at) {
+                    Some(c) => c,
+                    None => return false,
+                };
+            }
+            Some(_) => {
+                if let Some(c) = largest_child(at) {
+                    *c = omitted(c);
+                }
+                return true;
+            }
+            None => {
+                *at = omitted(at);
+                return true;
+            }
+        }
+    }
+}
+
+/// Append an event the log writes about itself (no request id).
+fn own_line(file: &mut File, tail: &mut Tail, event: &str, data: Value) -> std::io::Result<()> {
+    let (obj, line) = build_line(tail.last_hash.as_deref(), "", event, data, Map::new());
+    file.write_all(line.as_bytes())?;
+    tail.last_hash = obj.get("hash").and_then(Value::as_str).map(str::to_string);
+    Ok(())
 }
 
 /// The hash at the end of the chain: the last complete line's `hash`.
@@ -448,9 +633,13 @@ mod tests {
         assert_eq!(e["input"]["params"]["password"], "<redacted>");
         assert_eq!(e["data"]["allow"], false);
         assert!(
-            crate::audit::verify::verify_file(log.path(), &[])
-                .expect("read")
-                .ok()
+            crate::audit::verify::verify_file(
+                log.path(),
+                &[],
+                crate::audit::verify::HeadRule::Required
+            )
+            .expect("read")
+            .ok()
         );
     }
 
@@ -485,5 +674,56 @@ mod tests {
         assert_eq!(events[1]["event"], "audit.recovered");
         assert_eq!(events[1]["prev"], a["hash"]);
         assert_eq!(b["prev"], events[1]["hash"]);
+    }
+
+    #[test]
+    fn a_large_event_keeps_its_small_values_and_digests_the_large_ones() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = AuditLog::open(dir.path().join("a.jsonl")).expect("open");
+        log.set_max_event_bytes(8192);
+        let big = "A".repeat(3 << 20);
+        let many: Vec<u32> = (0..50_000).collect();
+        let e = log
+            .append(
+                "req-big",
+                "tool.request",
+                json!({"tool": "terraform_plan", "params": {"working_dir": "m", "blob": big, "list": many}}),
+            )
+            .expect("append");
+        let text = std::fs::read_to_string(log.path()).expect("read");
+        assert!(text.len() <= 8192, "{} bytes", text.len());
+        assert_eq!(e["data"]["tool"], "terraform_plan");
+        assert_eq!(e["data"]["params"]["working_dir"], "m");
+        let blob = &e["data"]["params"]["blob"]["omitted"];
+        assert_eq!(blob["bytes"], big.len() + 2);
+        assert_eq!(
+            blob["sha256"],
+            sha256_hex(canonical_json(&Value::String(big.clone())).as_bytes())
+        );
+        assert_eq!(blob["prefix"], "A".repeat(PREFIX_CHARS));
+        assert!(
+            e["data"]["params"]["list"]["omitted"]["sha256"].is_string(),
+            "{e:?}"
+        );
+        // Still one verifiable line of the chain; small events untouched.
+        let small = log
+            .append("req-small", "tool.result", json!({"ok": true}))
+            .expect("append");
+        assert_eq!(small["data"], json!({"ok": true}));
+        assert!(
+            crate::audit::verify::verify_file(
+                log.path(),
+                &[],
+                crate::audit::verify::HeadRule::Required
+            )
+            .expect("read")
+            .ok()
+        );
+        // Many small values are cut as a whole.
+        let wide: Map<String, Value> = (0..5000).map(|i| (format!("k{i}"), json!(i))).collect();
+        log.append("req-wide", "tool.request", Value::Object(wide))
+            .expect("append");
+        let last = std::fs::read_to_string(log.path()).expect("read");
+        assert!(last.lines().all(|l| l.len() <= 8192));
     }
 }

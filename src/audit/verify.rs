@@ -7,6 +7,15 @@
 //! reported but does not fail the lines before it; a cut line that a later
 //! writer ended and recorded with an `audit.recovered` event is accepted.
 //!
+//! A line must be byte for byte what the writer writes: canonical JSON of
+//! the event without `hash`, then `,"hash":"…"}`, the hash being SHA-256
+//! of those canonical bytes. A duplicated key (which readers resolve in
+//! different ways), reordered keys or other spacing is refused. Lines of
+//! the earlier format (the hash over the parsed event, keys in the order
+//! written) are accepted at the start of a log, before the first line of
+//! this format, when they are exactly as that writer wrote them and free
+//! of duplicate keys; the report warns about them.
+//!
 //! Removal from the end leaves a well-formed chain, so the log is also
 //! checked against its head (the sidecar the writer updates after every
 //! append, see [`super::Head`]): the head's event must be on the chain and
@@ -36,6 +45,9 @@ pub struct Report {
     /// Each verified event's hash and the byte offset where its line ends.
     #[serde(skip)]
     ends: Vec<(String, u64)>,
+    /// The first `audit.head_lost` line, if any.
+    #[serde(skip)]
+    head_lost_at: Option<usize>,
 }
 
 impl Report {
@@ -44,9 +56,23 @@ impl Report {
     }
 }
 
-/// Verify the log at `path` against its chain, its recorded head (when the
-/// sidecar exists; its absence is a warning) and the given checkpoints.
-pub fn verify_file(path: &Path, checkpoints: &[String]) -> Result<Report, super::AuditError> {
+/// Whether a log without a head file (or whose writer found its head
+/// gone, `audit.head_lost`) fails or only warns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadRule {
+    /// A log with events must have its head (the default).
+    Required,
+    /// `--no-head`: a missing or lost head is a warning.
+    Optional,
+}
+
+/// Verify the log at `path` against its chain, its recorded head and the
+/// given checkpoints.
+pub fn verify_file(
+    path: &Path,
+    checkpoints: &[String],
+    head_rule: HeadRule,
+) -> Result<Report, super::AuditError> {
     // The head first, then the log: a writer updates the head only after its
     // line is in the log, so a head read first never points past the log
     // read after it, even while the server keeps writing (no lock needed).
@@ -56,11 +82,33 @@ pub fn verify_file(path: &Path, checkpoints: &[String]) -> Result<Report, super:
         source,
     })?;
     let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
-    if head.is_none() && report.verified > 0 {
-        report.warnings.push(format!(
-            "no head file {}: events removed from the end of the log could not be detected",
+    if report.ok() && head.is_none() && report.verified > 0 {
+        let why = format!(
+            "no head file {}: events removed from the end of the log cannot be detected",
             super::head_path(path).display()
-        ));
+        );
+        match head_rule {
+            HeadRule::Required => {
+                report.first_bad = Some((
+                    report.ends.len() + 1,
+                    format!("{why} (pass --no-head to check the chain alone)"),
+                ))
+            }
+            HeadRule::Optional => report.warnings.push(why),
+        }
+    }
+    if report.ok()
+        && let Some(line) = report.head_lost_at
+    {
+        let why = format!(
+            "line {line}: the writer found the head file missing; events may have been removed from the end of the log before that line"
+        );
+        match head_rule {
+            HeadRule::Required => {
+                report.first_bad = Some((line, format!("{why} (pass --no-head to accept it)")))
+            }
+            HeadRule::Optional => report.warnings.push(why),
+        }
     }
     Ok(report)
 }
@@ -142,18 +190,27 @@ fn verify_chain(bytes: &[u8]) -> Report {
         first_bad: None,
         warnings: vec![],
         ends: vec![],
+        head_lost_at: None,
     };
     let mut end: u64 = 0;
     let mut prev = GENESIS.to_string();
     let mut pending_cut: Option<(usize, String)> = None;
+    let mut current_format_seen = false;
+    let mut legacy_lines = 0usize;
     for (i, raw) in lines.iter().enumerate() {
         let n = i + 1;
         end += raw.len() as u64 + 1;
-        let parsed = serde_json::from_slice::<Map<String, Value>>(raw).ok();
-        let Some(event) = parsed.filter(|e| e.get("hash").and_then(Value::as_str).is_some()) else {
-            // Only acceptable if the next line records the recovery.
-            pending_cut = Some((n, sha256_hex(raw)));
-            continue;
+        let event = match parse_line(raw) {
+            Line::Event(e) => e,
+            Line::Refused(why) => {
+                report.first_bad = Some((n, why));
+                return report;
+            }
+            Line::NotAnEvent => {
+                // Only acceptable if the next line records the recovery.
+                pending_cut = Some((n, sha256_hex(raw)));
+                continue;
+            }
         };
         if let Some((cut_line, cut_hash)) = pending_cut.take() {
             let recovered = event.get("event").and_then(Value::as_str) == Some("audit.recovered")
@@ -178,6 +235,24 @@ fn verify_chain(bytes: &[u8]) -> Report {
         if event_hash(&event) != hash {
             report.first_bad = Some((n, "hash does not match the line's content (edited)".into()));
             return report;
+        }
+        let (written, _) = super::event_line(&without_hash(&event));
+        if written.as_bytes()[..written.len() - 1] == **raw {
+            current_format_seen = true;
+        } else if !current_format_seen && legacy_bytes(&event) == **raw {
+            legacy_lines += 1;
+        } else {
+            report.first_bad = Some((
+                n,
+                "the line is not byte for byte what the writer writes (keys reordered, spacing or escapes changed): edited"
+                    .into(),
+            ));
+            return report;
+        }
+        if event.get("event").and_then(Value::as_str) == Some("audit.head_lost")
+            && report.head_lost_at.is_none()
+        {
+            report.head_lost_at = Some(n);
         }
         let claimed_prev = event
             .get("prev")
@@ -204,6 +279,11 @@ fn verify_chain(bytes: &[u8]) -> Report {
         report.first_bad = Some((cut_line, "not an audit event (edited or inserted)".into()));
         return report;
     }
+    if legacy_lines > 0 {
+        report.warnings.push(format!(
+            "the first {legacy_lines} line(s) are in the earlier line format (hash over the parsed event); they verify, and no duplicate key is in them"
+        ));
+    }
     if let Some(cut) = cut_last {
         report.warnings.push(format!(
             "line {}: cut short ({} bytes, no newline): a crash while writing? not verified",
@@ -212,6 +292,126 @@ fn verify_chain(bytes: &[u8]) -> Report {
         ));
     }
     report
+}
+
+/// What one line of the log is.
+enum Line {
+    Event(Map<String, Value>),
+    /// JSON with a `hash`, but not acceptable whatever follows.
+    Refused(String),
+    /// Not an event at all (a line cut by a crash, or garbage).
+    NotAnEvent,
+}
+
+fn parse_line(raw: &[u8]) -> Line {
+    match strict::object(raw) {
+        Ok(event) if event.get("hash").and_then(Value::as_str).is_some() => Line::Event(event),
+        Ok(_) => Line::NotAnEvent,
+        Err(strict::Error::Duplicate(key)) => Line::Refused(format!(
+            "duplicate key {key:?}: readers would disagree on its value (edited)"
+        )),
+        Err(strict::Error::Json) => Line::NotAnEvent,
+    }
+}
+
+fn without_hash(event: &Map<String, Value>) -> Map<String, Value> {
+    let mut m = event.clone();
+    m.remove("hash");
+    m
+}
+
+/// A line as the earlier writer wrote it: the event in the order of its keys.
+fn legacy_bytes(event: &Map<String, Value>) -> Vec<u8> {
+    serde_json::to_vec(event).unwrap_or_default()
+}
+
+/// JSON parsing that refuses an object with a key twice (serde_json keeps
+/// the last value, other readers the first).
+mod strict {
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    pub enum Error {
+        Duplicate(String),
+        Json,
+    }
+
+    struct Strict(Value);
+
+    const DUPLICATE: &str = "\u{0}duplicate key\u{0}";
+
+    impl<'de> Deserialize<'de> for Strict {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+            d.deserialize_any(StrictVisitor).map(Strict)
+        }
+    }
+
+    struct StrictVisitor;
+
+    impl<'de> Visitor<'de> for StrictVisitor {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_string()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(Strict(v)) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let Strict(v) = map.next_value()?;
+                if out.contains_key(&key) {
+                    return Err(de::Error::custom(format!("{DUPLICATE}{key}")));
+                }
+                out.insert(key, v);
+            }
+            Ok(Value::Object(out))
+        }
+    }
+
+    /// `raw` as a JSON object; a key twice anywhere in it is an error.
+    pub fn object(raw: &[u8]) -> Result<Map<String, Value>, Error> {
+        match serde_json::from_slice::<Strict>(raw) {
+            Ok(Strict(Value::Object(m))) => Ok(m),
+            Ok(_) => Err(Error::Json),
+            Err(e) => {
+                let msg = e.to_string();
+                match msg.split_once(DUPLICATE) {
+                    Some((_, rest)) => {
+                        // serde_json appends " at line L column C".
+                        let key = rest.rsplit_once(" at line ").map_or(rest, |(k, _)| k);
+                        Err(Error::Duplicate(key.to_string()))
+                    }
+                    None => Err(Error::Json),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -249,7 +449,7 @@ mod tests {
     #[test]
     fn a_clean_log_verifies() {
         let (_d, path, _) = log_of(5);
-        let r = verify_file(&path, &[]).expect("read");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("read");
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.verified, 5);
         assert!(verify_bytes(b"").ok());
@@ -289,9 +489,9 @@ mod tests {
         let prev =
             serde_json::from_str::<Map<String, Value>>(&lines[1]).expect("json")["hash"].clone();
         forged.insert("prev".into(), prev);
-        let h = event_hash(&forged);
-        forged.insert("hash".into(), h.into());
-        lines.insert(2, serde_json::to_string(&forged).expect("json"));
+        forged.remove("hash");
+        let (line, _) = crate::audit::event_line(&forged);
+        lines.insert(2, line.trim_end().to_string());
         assert_eq!(verify_bytes(&join(&lines)).first_bad.map(|b| b.0), Some(4));
         let (_d, _p, mut lines) = log_of(3);
         lines.insert(1, "garbage".into());
@@ -311,7 +511,7 @@ mod tests {
         let last: Map<String, Value> = serde_json::from_str(&lines[3]).expect("json");
         assert_eq!(Some(head.hash.as_str()), last["hash"].as_str());
         assert_eq!(head.bytes, std::fs::metadata(&path).expect("stat").len());
-        let r = verify_file(&path, &[]).expect("verify");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
         assert!(r.ok() && r.warnings.is_empty(), "{r:?}");
         assert_eq!(r.head, Some(head.hash));
     }
@@ -323,7 +523,7 @@ mod tests {
         std::fs::write(&path, join(&lines[..3])).expect("cut");
         assert!(verify_bytes(&std::fs::read(&path).expect("read")).ok());
         // ...the head can.
-        let r = verify_file(&path, &[]).expect("verify");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
         let (line, why) = r.first_bad.expect("caught");
         assert_eq!(line, 4);
         assert!(why.contains("events were removed from the end"), "{why}");
@@ -363,12 +563,18 @@ mod tests {
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.verified, 4);
         std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
-        let r = verify_file(&path, &[]).expect("verify");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        let (_, why) = r.first_bad.expect("a missing head fails");
+        assert!(
+            why.contains("no head file") && why.contains("--no-head"),
+            "{why}"
+        );
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
         assert!(r.ok(), "{r:?}");
         assert!(r.warnings[0].contains("no head file"), "{:?}", r.warnings);
         // A damaged head is an error, not a pass.
         std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
-        let e = verify_file(&path, &[]).expect_err("damaged head");
+        let e = verify_file(&path, &[], HeadRule::Required).expect_err("damaged head");
         assert!(e.to_string().contains("unreadable"), "{e}");
     }
 
@@ -389,7 +595,7 @@ mod tests {
         };
         let mut checked = 0;
         while !done.load(std::sync::atomic::Ordering::Relaxed) {
-            let r = verify_file(&path, &[]).expect("verify");
+            let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
             assert!(r.ok(), "a concurrent append made verify fail: {r:?}");
             checked += 1;
         }
@@ -405,9 +611,9 @@ mod tests {
         let (_d, path, lines) = log_of(4);
         let second: Map<String, Value> = serde_json::from_str(&lines[1]).expect("json");
         let cp = second["hash"].as_str().expect("hash").to_ascii_uppercase();
-        let r = verify_file(&path, std::slice::from_ref(&cp)).expect("verify");
+        let r = verify_file(&path, std::slice::from_ref(&cp), HeadRule::Required).expect("verify");
         assert!(r.ok(), "{r:?}");
-        let r = verify_file(&path, &["ab".repeat(32)]).expect("verify");
+        let r = verify_file(&path, &["ab".repeat(32)], HeadRule::Required).expect("verify");
         let (_, why) = r.first_bad.expect("unknown checkpoint");
         assert!(why.contains("is not on the chain"), "{why}");
         // A log rebuilt from scratch (new chain, new head) fails the checkpoint.
@@ -416,7 +622,7 @@ mod tests {
         let log = AuditLog::open(&path).expect("open");
         log.append("req-0", "tool.request", json!({}))
             .expect("append");
-        let r = verify_file(&path, &[cp]).expect("verify");
+        let r = verify_file(&path, &[cp], HeadRule::Required).expect("verify");
         assert!(!r.ok(), "{r:?}");
     }
 
@@ -432,6 +638,113 @@ mod tests {
             r.warnings[0].contains("line 4: cut short"),
             "{:?}",
             r.warnings
+        );
+    }
+
+    #[test]
+    fn a_duplicated_key_is_refused_even_with_a_matching_hash() {
+        let (_d, _p, mut lines) = log_of(3);
+        // A reader keeping the first `event` sees "approval.granted"; the
+        // hash (over the parsed event, which keeps the last) still matches.
+        lines[1] = lines[1].replacen("{", "{\"event\":\"approval.granted\",", 1);
+        let parsed: Map<String, Value> = serde_json::from_str(&lines[1]).expect("json");
+        assert_eq!(event_hash(&parsed), parsed["hash"].as_str().expect("hash"));
+        let (line, why) = verify_bytes(&join(&lines)).first_bad.expect("refused");
+        assert_eq!(line, 2);
+        assert!(why.contains("duplicate key \"event\""), "{why}");
+        // Nested too.
+        let (_d, _p, mut lines) = log_of(3);
+        lines[2] = lines[2].replacen("\"data\":{", "\"data\":{\"tool\":\"x\",", 1);
+        let (line, why) = verify_bytes(&join(&lines)).first_bad.expect("refused");
+        assert_eq!(
+            (line, why.contains("duplicate key \"tool\"")),
+            (3, true),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_line_not_byte_for_byte_as_written_is_refused() {
+        for edit in [
+            |l: &str| l.replacen(":", ": ", 1), // spacing
+            |l: &str| l.replacen("\"tool\":\"t\"", "\"tool\":\"\\u0074\"", 1), // escapes
+            |l: &str| format!("{l} "),          // trailing space
+        ] {
+            let (_d, _p, mut lines) = log_of(3);
+            lines[1] = edit(&lines[1]);
+            let r = verify_bytes(&join(&lines));
+            let (line, why) = r.first_bad.expect("refused");
+            assert_eq!(line, 2, "{why}");
+            assert!(why.contains("byte for byte"), "{why}");
+        }
+        // Keys reordered (parsed, the same event).
+        let (_d, _p, mut lines) = log_of(3);
+        let m: Map<String, Value> = serde_json::from_str(&lines[1]).expect("json");
+        let mut rev = Map::new();
+        for (k, v) in m.iter().rev() {
+            rev.insert(k.clone(), v.clone());
+        }
+        lines[1] = serde_json::to_string(&rev).expect("json");
+        let (line, _) = verify_bytes(&join(&lines)).first_bad.expect("refused");
+        assert_eq!(line, 2);
+    }
+
+    #[test]
+    fn lines_of_the_earlier_format_verify_only_before_the_current_one() {
+        // The earlier writer: keys in insertion order, hash over the parsed event.
+        fn legacy(prev: &str, i: usize) -> (String, String) {
+            let mut m = Map::new();
+            m.insert("ts".into(), "2026-11-01T00:00:00.000Z".into());
+            m.insert("request_id".into(), format!("r{i}").into());
+            m.insert("event".into(), "tool.request".into());
+            m.insert("data".into(), json!({"tool": "t", "i": i}));
+            m.insert("prev".into(), prev.into());
+            let h = event_hash(&m);
+            m.insert("hash".into(), h.clone().into());
+            (serde_json::to_string(&m).expect("json"), h)
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let (a, ha) = legacy(GENESIS, 0);
+        let (b, hb) = legacy(&ha, 1);
+        std::fs::write(&path, format!("{a}\n{b}\n")).expect("write");
+        let log = AuditLog::open(&path).expect("open");
+        let c = log.append("r2", "tool.result", json!({})).expect("append");
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.verified, 4, "2 legacy, head_lost, 1 current: {r:?}");
+        assert!(
+            r.warnings.iter().any(|w| w.contains("earlier line format")),
+            "{r:?}"
+        );
+        // An earlier-format line after a current one is refused.
+        let (d, _) = legacy(c["hash"].as_str().expect("hash"), 3);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes.extend_from_slice(format!("{d}\n").as_bytes());
+        let (line, why) = verify_bytes(&bytes).first_bad.expect("refused");
+        assert_eq!(line, 5, "{why}");
+        let _ = hb;
+    }
+
+    #[test]
+    fn a_head_removed_after_a_cut_is_not_silently_replaced() {
+        let (_d, path, lines) = log_of(5);
+        std::fs::write(&path, join(&lines[..3])).expect("cut");
+        std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
+        // The next writer writes a head again, but says it found none.
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let events = crate::audit::read_events(&path).expect("read");
+        assert_eq!(events[3]["event"], "audit.head_lost");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        let (line, why) = r.first_bad.expect("fails");
+        assert_eq!(line, 4);
+        assert!(why.contains("head file missing"), "{why}");
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+        assert!(
+            r.ok() && r.warnings.iter().any(|w| w.contains("head file missing")),
+            "{r:?}"
         );
     }
 }

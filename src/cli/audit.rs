@@ -45,6 +45,11 @@ enum AuditCommand {
         /// it must still be on the chain (repeatable).
         #[arg(long = "checkpoint", value_name = "HASH")]
         checkpoints: Vec<String>,
+        /// Accept a log whose head file is missing (or whose writer found
+        /// it missing): only the chain is checked, so events removed from
+        /// the end go unnoticed.
+        #[arg(long)]
+        no_head: bool,
     },
     /// Print the chain's current head (last event's hash, event count), to
     /// record outside this machine and check later with `verify --checkpoint`.
@@ -101,7 +106,7 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
     };
     if let Some(AuditCommand::Head { file, json }) = &a.verify {
         let path = log_path(file);
-        let report = verify::verify_file(&path, &[])
+        let report = verify::verify_file(&path, &[], verify::HeadRule::Required)
             .with_context(|| format!("cannot read audit log {}", path.display()))?;
         if !report.ok() {
             let (line, why) = report.first_bad.unwrap_or_default();
@@ -134,10 +139,16 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         file,
         json,
         checkpoints,
+        no_head,
     }) = &a.verify
     {
         let path = log_path(file);
-        let report = verify::verify_file(&path, checkpoints)
+        let rule = if *no_head {
+            verify::HeadRule::Optional
+        } else {
+            verify::HeadRule::Required
+        };
+        let report = verify::verify_file(&path, checkpoints, rule)
             .with_context(|| format!("cannot verify audit log {}", path.display()))?;
         if *json {
             outln!(o, "{}", serde_json::to_string_pretty(&report)?);

@@ -19,7 +19,7 @@ const LABEL_LINE: &str = "  labels = \"app=web\"";
 const EDITED_LINE: &str = "  labels = \"app=web,tier=frontend\"";
 
 fn say(step: &str, text: &str) {
-    println!("\n== {step}\n{text}");
+    super::out::print_safe(&format!("\n== {step}\n{text}\n"));
 }
 
 fn show(r: &crate::pipeline::CallResult) -> String {
@@ -204,7 +204,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         "reuse refused",
     )?;
 
-    let verify = crate::audit::verify::verify_file(pipeline.audit.path(), &[])?;
+    let verify = crate::audit::verify::verify_file(
+        pipeline.audit.path(),
+        &[],
+        crate::audit::verify::HeadRule::Required,
+    )?;
     say(
         "7. audit trail",
         &format!(
