@@ -11,7 +11,10 @@ fn main() -> ExitCode {
     match gateway::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gateway: {}", gateway::error_chain(e.as_ref()));
+            gateway::cli::out::eprint_safe(&format!(
+                "gateway: {}\n",
+                gateway::error_chain(e.as_ref())
+            ));
             ExitCode::from(2)
         }
     }

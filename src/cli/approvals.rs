@@ -165,30 +165,11 @@ fn human(ms: i64) -> String {
     }
 }
 
-/// An untrusted string as the terminal should show it: secrets scrubbed,
-/// and every control or format character (C0, DEL, C1, bidi overrides,
-/// zero-width marks) escaped, so that no text from a module, a sandbox or
-/// an MCP client can move the cursor, erase a line or reorder what the
-/// approver reads.
+/// An untrusted string as one field on the terminal: secrets scrubbed and
+/// every control or format character escaped, newlines included
+/// ([`super::out::escaped`]).
 pub fn shown(s: &str) -> String {
-    let s = crate::audit::scrub::scrub_str(s);
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        let format_char = matches!(c as u32,
-            0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064
-            | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB);
-        if c.is_control() || format_char {
-            match c {
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    super::out::escaped(&crate::audit::scrub::scrub_str(s), true)
 }
 
 fn render_show(a: &Approval) -> String {

@@ -6,7 +6,7 @@ mod control;
 mod daemon;
 mod demo;
 mod install;
-mod out;
+pub mod out;
 mod policy;
 mod serve;
 mod vault;

@@ -163,7 +163,7 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
         .block_on(crate::broker::setup::setup(&admin, &roles, &opts))
         .with_context(|| format!("setting up Vault at {}", admin.address))?;
     for line in report {
-        println!("{line}");
+        super::out::print_safe(&format!("{line}\n"));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -42,17 +42,23 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {
-        println!("gateway verify: {title}");
+        // Details quote what the cluster or the sandbox answered.
+        let mut text = format!("gateway verify: {title}\n");
         for c in &checks {
-            println!(
-                "{}  {}\n      {}",
+            text.push_str(&format!(
+                "{}  {}\n      {}\n",
                 if c.pass { "PASS" } else { "FAIL" },
                 c.name,
                 c.detail
-            );
+            ));
         }
         let passed = checks.iter().filter(|c| c.pass).count();
-        println!("{} passed, {} failed", passed, checks.len() - passed);
+        text.push_str(&format!(
+            "{} passed, {} failed\n",
+            passed,
+            checks.len() - passed
+        ));
+        super::out::print_safe(&text);
     }
     Ok(if ok {
         ExitCode::SUCCESS
