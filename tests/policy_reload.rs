@@ -260,7 +260,7 @@ fn requests_never_see_half_a_policy_set() {
         std::fs::write(
             d.join("decision.rego"),
             format!(
-                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [], \"violations\": [], \"runner\": null,\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"max_processes\": 64, \"file_bytes\": 1048576, \"output_bytes\": 65536, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
+                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [], \"violations\": [], \"runner\": null,\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"max_processes\": 64, \"file_bytes\": 1048576, \"output_bytes\": 65536, \"plan_json_bytes\": 1048576, \"disk_bytes\": 1048576, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
             ),
         )
         .expect("write");
@@ -338,5 +338,50 @@ fn a_vanished_policy_dir_keeps_the_last_good_set_and_is_reported_once() {
     assert!(
         f.store.decide(&pod_status("demo-app")).decision.allow,
         "last good set still decides"
+    );
+}
+
+/// A data file caught half written is never loaded: the watcher takes a
+/// change only once two polls in a row saw the same content. (Before, each
+/// poll loaded whatever it found, and a YAML file cut at a line end parses:
+/// here, the half file would have lowered the destructive approvers.)
+#[test]
+fn a_file_caught_half_written_is_not_loaded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policies = dir.path().join("policies");
+    common::copy_dir(&common::repo().join("policies"), &policies);
+    let data = policies.join("config/approvals/data.yaml");
+    let full = std::fs::read_to_string(&data).expect("read").replace(
+        "destructive:\n  approvers: 1\n",
+        "destructive:\n  approvers: 2\n",
+    );
+    let store = PolicyStore::open(vec![policies.clone()], LoadOptions::default());
+    let before = store.current().expect("loaded").fingerprint.clone();
+    assert_eq!(store.poll(), None, "nothing changed yet");
+    // The editor has written the first part: `standard` and the start of
+    // `destructive` (a well-formed YAML file on its own).
+    let cut = full.find("  approvers: 2").expect("the edit");
+    std::fs::write(&data, &full[..cut]).expect("write half");
+    assert_eq!(store.poll(), None, "a change seen once is not loaded");
+    assert_eq!(store.current().expect("loaded").fingerprint, before);
+    // The rest arrives before the next poll.
+    std::fs::write(&data, &full).expect("write all");
+    assert_eq!(store.poll(), None, "changed again: still settling");
+    assert_eq!(store.current().expect("loaded").fingerprint, before);
+    match store.poll() {
+        Some(PolicyEvent::Reloaded { .. }) => {}
+        other => panic!("the settled file should load: {other:?}"),
+    }
+    let after = store.current().expect("loaded");
+    assert_ne!(after.fingerprint, before);
+    assert_eq!(store.poll(), None, "and only once");
+    // A file that changes at every poll is never taken.
+    for i in 0..5 {
+        std::fs::write(&data, format!("{full}\n# edit {i}\n")).expect("write");
+        assert_eq!(store.poll(), None, "poll {i}");
+    }
+    assert_eq!(
+        store.current().expect("loaded").fingerprint,
+        after.fingerprint
     );
 }

@@ -4,7 +4,10 @@
 //! is swapped atomically: a request takes the `Arc` once and decides with
 //! that whole set, whatever happens to the files meanwhile. A watcher thread
 //! polls the policy directory (content fingerprint, every 250 ms by default)
-//! and reloads when anything changed: an edited, added or removed file. A
+//! and reloads when anything changed: an edited, added or removed file —
+//! but only once the changed content has been the same at two polls in a
+//! row, so that a file caught half written by an editor or a copy is never
+//! loaded (it parses as often as not: YAML cut at a line end is YAML). A
 //! broken edit never replaces a good set; it is reported through the event
 //! callback (stderr and audit `policy.reload_failed`). If no good set was
 //! ever loaded, every decision is a deny whose reason is the load error.
@@ -38,7 +41,8 @@ enum Active {
 }
 
 /// How often the watcher looks at the policy files by default: edits take
-/// effect within this interval plus the (millisecond) reload.
+/// effect within two of these intervals (the change, then the same content
+/// again) plus the (millisecond) reload.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 pub struct PolicyStore {
@@ -48,6 +52,9 @@ pub struct PolicyStore {
     /// Fingerprint of the files last attempted (good or broken), so a broken
     /// edit is reported once, not at every poll.
     last_seen: RwLock<Option<String>>,
+    /// A changed fingerprint seen at the last poll, not loaded yet: the
+    /// change is taken when the next poll sees the same.
+    settling: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for PolicyStore {
@@ -67,6 +74,7 @@ impl PolicyStore {
             opts,
             active: RwLock::new(Arc::new(Active::Broken("policy set not loaded yet".into()))),
             last_seen: RwLock::new(None),
+            settling: std::sync::Mutex::new(None),
         };
         store.reload();
         store
@@ -114,6 +122,16 @@ impl PolicyStore {
     /// Reload now if the files changed since the last attempt. Returns what
     /// happened, or `None` when nothing changed.
     pub fn reload(&self) -> Option<PolicyEvent> {
+        self.load_if_changed(false)
+    }
+
+    /// What the watcher does at each poll: like [`PolicyStore::reload`], but a
+    /// change is taken only when the previous poll saw the same content.
+    pub fn poll(&self) -> Option<PolicyEvent> {
+        self.load_if_changed(true)
+    }
+
+    fn load_if_changed(&self, settle: bool) -> Option<PolicyEvent> {
         let sources = self.check_trust().and_then(|()| Sources::read(&self.roots));
         // An unreadable directory is fingerprinted by its error, so that it
         // too is reported once rather than at every poll.
@@ -123,9 +141,17 @@ impl PolicyStore {
         });
         {
             let seen = self.last_seen.read().map(|s| s.clone()).unwrap_or(None);
+            let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
             if seen == fingerprint {
+                *settling = None;
                 return None;
             }
+            if settle && *settling != fingerprint {
+                // Changed since the last poll: wait for it to stay put.
+                *settling = fingerprint;
+                return None;
+            }
+            *settling = None;
         }
         if let Ok(mut seen) = self.last_seen.write() {
             *seen = fingerprint;
@@ -187,7 +213,7 @@ impl PolicyStore {
                         std::thread::sleep(Duration::from_millis(20).min(interval));
                     }
                     let Some(store) = weak.upgrade() else { break };
-                    if let Some(ev) = store.reload() {
+                    if let Some(ev) = store.poll() {
                         on_event(&ev);
                     }
                 }
