@@ -24,5 +24,7 @@ limits := {
 	"max_processes": merged.max_processes,
 	"file_bytes": merged.file_bytes,
 	"output_bytes": merged.output_bytes,
+	"plan_json_bytes": merged.plan_json_bytes,
+	"disk_bytes": merged.disk_bytes,
 	"egress": scope.egress,
 }

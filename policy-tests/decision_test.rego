@@ -88,7 +88,7 @@ test_every_field_of_the_contract_is_present if {
 	d := decide("nope", {})
 	object.keys(d) == {"allow", "deny_reasons", "violations", "runner", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
 	object.keys(d.approval) == {"required", "approvers", "ttl_seconds", "reason_required", "satisfied"}
-	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "max_processes", "file_bytes", "output_bytes", "egress"}
+	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "max_processes", "file_bytes", "output_bytes", "plan_json_bytes", "disk_bytes", "egress"}
 }
 
 test_deny_reasons_are_sorted_and_all_reported if {

@@ -132,6 +132,9 @@ impl Sandbox for Hostile {
     fn scratch_dir(&self) -> PathBuf {
         self.inner.scratch_dir()
     }
+    fn scratch_needs_quota(&self) -> bool {
+        self.inner.scratch_needs_quota()
+    }
 }
 
 struct World {
@@ -1008,5 +1011,68 @@ fn data_dropped_over_the_approval_rules_does_not_waive_the_gate() {
     assert!(
         !w.module.join("terraform.tfstate").exists(),
         "nothing applied"
+    );
+}
+
+/// Attack: code running during plan writes as much as it can into its
+/// working dir, to fill the host's disk. The working dir is a filesystem of
+/// the policy's `disk_bytes` (here 64 MiB): writes past it fail, whatever
+/// the number of files (each file alone is also capped by `file_bytes`).
+/// Without the quota this wrote 400 MiB onto the host's disk.
+#[test]
+fn code_running_during_plan_cannot_write_past_its_disk_quota() {
+    let w = world_with(
+        false,
+        &[("  disk_bytes: 1073741824\n", "  disk_bytes: 67108864\n")],
+    );
+    w.sandbox.on(
+        Phase::Plan,
+        "for i in 1 2 3 4; do /bin/busybox dd if=/dev/zero of=/work/fill$i bs=1048576 count=100 2>/dev/null; done; echo \"wrote-kib $(/bin/busybox du -sk /work | /bin/busybox cut -f1)\" >&2; exit 3",
+    );
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    let reason = refusal(&r);
+    let kib: u64 = reason
+        .rsplit("wrote-kib ")
+        .next()
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the script's report is in the refusal: {reason}"));
+    assert!(
+        kib <= 64 * 1024,
+        "the sandbox wrote {kib} KiB into a 64 MiB working dir"
+    );
+    assert!(kib > 32 * 1024, "it did write up to the quota: {kib} KiB");
+    // Nothing is left mounted or on disk afterwards.
+    let scratch = w.sandbox.scratch_dir();
+    let left: Vec<_> = std::fs::read_dir(&scratch)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "working dirs left: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(&scratch.display().to_string()),
+        "a scratch tmpfs is still mounted"
+    );
+}
+
+/// A plan whose JSON is larger than the policy's `plan_json_bytes` is
+/// refused before the gateway parses it (a 40 MiB plan JSON once took the
+/// gateway to ~300 MB): here the cap is 2 KiB, below the demo's plan.
+#[test]
+fn a_plan_json_over_the_policys_cap_is_refused_unparsed() {
+    let w = world_with(
+        false,
+        &[("  plan_json_bytes: 16777216\n", "  plan_json_bytes: 2048\n")],
+    );
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    let reason = refusal(&r);
+    assert!(
+        reason.contains("over the policy's cap of 2048 bytes"),
+        "{reason}"
+    );
+    let events = events(&w.home, &r.request_id);
+    assert!(
+        !events.iter().any(|e| e["event"] == "plan.saved"),
+        "no plan was saved"
     );
 }

@@ -197,7 +197,7 @@ fn snapshot(name: &str, v: &Value) {
     settings.add_filter(r"req-[0-9a-f]{32}", "req-[id]");
     // Each sandbox's working dir is a fresh copy of the module.
     settings.add_filter(
-        r"\.gateway-scratch/work-[A-Za-z0-9]{6}",
+        r"\.gateway-scratch/work-[0-9]+-[0-9]+-[A-Za-z0-9]{6}",
         ".gateway-scratch/work-[copy]",
     );
     settings.bind(|| insta::assert_json_snapshot!(name, v));

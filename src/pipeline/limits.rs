@@ -61,6 +61,7 @@ pub fn from_decision(s: &SandboxLimits) -> Result<(Limits, Duration), String> {
         file_out_bytes: s.file_out_bytes,
         max_processes: s.max_processes,
         file_bytes: s.file_bytes,
+        disk_bytes: s.disk_bytes,
         output_bytes: usize::try_from(s.output_bytes)
             .map_err(|_| format!("sandbox.output_bytes {} is too large", s.output_bytes))?,
     };

@@ -2,7 +2,8 @@
 //! server and `gateway demo`. [`Pipeline::call_with`] runs the stages in
 //! order:
 //!
-//! audit `tool.request` -> policy decision -> the tool's runner (chosen by
+//! admission (may it start now: size, calls running, rate) -> audit
+//! `tool.request` -> policy decision -> the tool's runner (chosen by
 //! the catalog's `runner` key, [`runners`]): for Terraform, plan and decide
 //! again with the plan, the approval gate; then credential -> sandbox ->
 //! revoke -> audit `tool.result` -> result.
@@ -15,6 +16,7 @@
 //! request id threads through every event, the sandbox's name and the
 //! approval.
 
+pub mod admission;
 pub mod limits;
 pub mod plans;
 pub mod runners;
@@ -121,6 +123,8 @@ pub struct Pipeline {
     pub kubernetes: Option<KubernetesAccess>,
     /// Credentials of the calls in flight (for redaction).
     live_secrets: LiveSecrets,
+    /// The calls running and recently started, for admission.
+    admission: admission::Admission,
 }
 
 /// The API server as sandboxes see it: by endpoint name, with its CA.
@@ -319,6 +323,7 @@ impl Pipeline {
             endpoints: BTreeMap::new(),
             kubernetes: None,
             live_secrets: LiveSecrets::default(),
+            admission: admission::Admission::default(),
         })
     }
 
@@ -378,7 +383,10 @@ impl Pipeline {
 
     /// The stages of a call, in order.
     async fn stages(&self, call: &mut Call) -> Result<Outcome, Stop> {
+        let admitted = self.admit(&call.input);
         self.audit_request(&call.input)?;
+        // Counted as running until the call ends, however it ends.
+        let _running = admitted.map_err(Stop::refused)?;
         let decision = self.decide(&call.input, Step::Request)?;
         call.progress.say(format!(
             "policy allowed {} (tier {})",
@@ -386,6 +394,26 @@ impl Pipeline {
         ));
         let runner = runners::for_decision(&decision)?;
         runner.run(self, call, decision).await
+    }
+
+    /// Admission: whether the call may start now (`data.gateway.calls`).
+    /// Also applies the policy's cap on audit lines before the call's
+    /// first event is written. With no usable policy set there is nothing
+    /// to admit by: the decision that follows denies the call, saying why.
+    fn admit(&self, input: &DecisionInput) -> Result<Option<admission::Admitted<'_>>, String> {
+        let Ok(set) = self.policy.current() else {
+            return Ok(None);
+        };
+        let (cap, admitted) = self.admission.admit(&set, input);
+        if let Some(cap) = cap {
+            self.audit.set_max_event_bytes(cap);
+        }
+        admitted.map(Some)
+    }
+
+    /// Calls running now (admitted and not ended).
+    pub fn running_calls(&self) -> usize {
+        self.admission.running()
     }
 
     /// Audit `tool.request`: the call as the agent made it, before anything
@@ -729,16 +757,15 @@ impl Pipeline {
     }
 
     /// A new, empty working dir for one sandbox, where the backend can
-    /// mount it from; removed when dropped.
-    pub(crate) fn scratch(&self) -> Result<tempfile::TempDir, String> {
+    /// mount it from, of at most `disk_bytes` where the backend needs the
+    /// gateway to enforce that; removed when dropped.
+    pub(crate) fn scratch(&self, disk_bytes: u64) -> Result<crate::sandbox::Scratch, String> {
         let root = self.sandbox.scratch_dir();
         let group = self.sandbox.scratch_group_writable();
         crate::sandbox::beneath::private_dir(&root, if group { 0o770 } else { 0o700 }, group)
             .map_err(|e| format!("the sandboxes' scratch dir: {e}"))?;
-        tempfile::Builder::new()
-            .prefix("work-")
-            .tempdir_in(&root)
-            .map_err(|e| format!("making a working dir under {}: {e}", root.display()))
+        let quota = self.sandbox.scratch_needs_quota().then_some(disk_bytes);
+        crate::sandbox::Scratch::new(&root, quota)
     }
 
     /// The approval store (one connection, shared by the calls).

@@ -93,6 +93,10 @@ pub struct SandboxLimits {
     pub file_bytes: u64,
     /// Cap of the captured stdout, and of stderr.
     pub output_bytes: u64,
+    /// Cap of the plan JSON read back and parsed (bounds the memory a plan takes).
+    pub plan_json_bytes: u64,
+    /// What a sandbox may write in all: the size of its working dir.
+    pub disk_bytes: u64,
     pub egress: Vec<String>,
 }
 
@@ -195,6 +199,8 @@ impl Decision {
             ("max_processes", self.sandbox.max_processes),
             ("file_bytes", self.sandbox.file_bytes),
             ("output_bytes", self.sandbox.output_bytes),
+            ("plan_json_bytes", self.sandbox.plan_json_bytes),
+            ("disk_bytes", self.sandbox.disk_bytes),
         ] {
             if v == 0 {
                 return bad(format!("sandbox.{name} must be at least 1"));
@@ -242,6 +248,8 @@ impl Decision {
                 max_processes: 1,
                 file_bytes: 1,
                 output_bytes: 1,
+                plan_json_bytes: 1,
+                disk_bytes: 1,
                 egress: vec![],
             },
             signals: vec![],
@@ -302,7 +310,7 @@ mod tests {
             "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true},
             "credential": {"kind": "pod_reader", "type": "kubernetes", "mount": "kubernetes", "role": "pod-reader", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
             "sandbox": {"cpu": "500m", "memory": "512Mi", "deadline_seconds": 120, "module_copy_bytes": 1024, "module_copy_files": 10,
-                        "file_out_bytes": 1024, "module_wait_seconds": 5, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "egress": ["kube-apiserver"]},
+                        "file_out_bytes": 1024, "module_wait_seconds": 5, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "plan_json_bytes": 1048576, "disk_bytes": 1048576, "egress": ["kube-apiserver"]},
             "signals": [{"address": "a.b", "kind": "delete", "actions": ["delete"], "reason": null, "paths": [], "message": "a.b will be destroyed"}],
             "approval": {"required": false, "approvers": 1, "ttl_seconds": 1800, "reason_required": false, "satisfied": true}
         })

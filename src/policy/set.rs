@@ -292,7 +292,7 @@ decision := {
   "allow": true, "deny_reasons": [], "violations": [], "runner": null, "tier": data.cfg.tier,
   "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false},
   "credential": null,
-  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "module_copy_bytes": 1048576, "module_copy_files": 100, "file_out_bytes": 1048576, "module_wait_seconds": 1, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "egress": []},
+  "sandbox": {"cpu": "1", "memory": "1Gi", "deadline_seconds": 10, "module_copy_bytes": 1048576, "module_copy_files": 100, "file_out_bytes": 1048576, "module_wait_seconds": 1, "max_processes": 64, "file_bytes": 1048576, "output_bytes": 65536, "plan_json_bytes": 1048576, "disk_bytes": 1048576, "egress": []},
   "signals": [],
   "approval": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true},
 }

@@ -280,6 +280,9 @@ impl LocalSandbox {
             let _ = std::fs::remove_dir_all(&dir);
             reaped.push(name);
         }
+        for dir in super::reap_scratch(&self.scratch_dir()) {
+            reaped.push(dir.display().to_string());
+        }
         reaped
     }
 
@@ -740,6 +743,10 @@ impl Sandbox for LocalSandbox {
 
     fn scratch_dir(&self) -> PathBuf {
         self.root.join("scratch")
+    }
+
+    fn scratch_needs_quota(&self) -> bool {
+        true
     }
 }
 

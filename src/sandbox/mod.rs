@@ -12,7 +12,7 @@ pub mod local;
 pub mod net;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -79,6 +79,9 @@ pub struct Limits {
     pub output_bytes: usize,
     /// Cap of each file read back from the working dir (`files_out`).
     pub file_out_bytes: u64,
+    /// What the sandbox may write in all (the size of its working dir and
+    /// of its scratch storage).
+    pub disk_bytes: u64,
 }
 
 impl Default for Limits {
@@ -91,6 +94,7 @@ impl Default for Limits {
             file_bytes: 256 << 20,
             output_bytes: 1 << 20,
             file_out_bytes: 64 << 20,
+            disk_bytes: 1 << 30,
         }
     }
 }
@@ -311,6 +315,110 @@ pub trait Sandbox: Send + Sync {
     fn scratch_group_writable(&self) -> bool {
         false
     }
+
+    /// Whether each working dir must be a filesystem of its own, of the
+    /// decision's `disk_bytes` (the local backend: the sandbox writes
+    /// straight into it). Backends that limit storage themselves
+    /// (Kubernetes' ephemeral-storage) say false.
+    fn scratch_needs_quota(&self) -> bool {
+        false
+    }
+}
+
+/// The prefix of a working dir's name: `work-<pid>-<start>-`, the process
+/// that made it, so that one left by a killed gateway can be found.
+pub fn scratch_prefix() -> String {
+    let o = crate::process::Owner::current();
+    format!("work-{}-{}-", o.pid, o.start)
+}
+
+/// A sandbox's working dir: a new empty dir, mounted as a tmpfs of its own
+/// size when the backend needs a quota; unmounted and removed when dropped.
+#[derive(Debug)]
+pub struct Scratch {
+    dir: Option<tempfile::TempDir>,
+    mounted: bool,
+}
+
+impl Scratch {
+    /// A new working dir under `root`; with `quota`, a tmpfs of `quota`
+    /// bytes (mode 0700, nosuid, nodev) is mounted on it, and a failure to
+    /// mount is an error (the sandbox would otherwise write without limit).
+    pub fn new(root: &Path, quota: Option<u64>) -> Result<Scratch, String> {
+        let dir = tempfile::Builder::new()
+            .prefix(&scratch_prefix())
+            .tempdir_in(root)
+            .map_err(|e| format!("making a working dir under {}: {e}", root.display()))?;
+        let mut s = Scratch {
+            dir: Some(dir),
+            mounted: false,
+        };
+        if let Some(bytes) = quota {
+            use nix::mount::{MsFlags, mount};
+            mount(
+                Some("gateway-scratch"),
+                s.path(),
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(format!("size={bytes},mode=0700").as_str()),
+            )
+            .map_err(|e| {
+                format!(
+                    "cannot give the sandbox a working dir of {bytes} bytes (a tmpfs on {}): {e}; nothing was run",
+                    s.path().display()
+                )
+            })?;
+            s.mounted = true;
+        }
+        Ok(s)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new(""), |d| d.path())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = nix::mount::umount2(self.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        // The TempDir removes the (now empty) mount point.
+        self.dir.take();
+    }
+}
+
+/// Unmount and remove the working dirs under `root` that a gateway process
+/// no longer running left (killed before its [`Scratch`] dropped).
+/// Returns the dirs removed.
+pub fn reap_scratch(root: &Path) -> Vec<PathBuf> {
+    let mut reaped = Vec::new();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return reaped;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("work-") else {
+            continue;
+        };
+        let mut parts = rest.splitn(3, '-');
+        let owner = match (
+            parts.next().and_then(|p| p.parse().ok()),
+            parts.next().and_then(|s| s.parse().ok()),
+        ) {
+            (Some(pid), Some(start)) => crate::process::Owner { pid, start },
+            _ => continue,
+        };
+        if owner.alive() {
+            continue;
+        }
+        let path = entry.path();
+        let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+        if std::fs::remove_dir_all(&path).is_ok() {
+            reaped.push(path);
+        }
+    }
+    reaped
 }
 
 /// A name usable as a runsc container id, a netns and interface suffix.

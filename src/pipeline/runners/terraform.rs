@@ -162,8 +162,10 @@ impl Pipeline {
         &self,
         module: &Module,
         decision: &Decision,
-    ) -> Result<tempfile::TempDir, Stop> {
-        let work = self.scratch().map_err(Stop::refused)?;
+    ) -> Result<crate::sandbox::Scratch, Stop> {
+        let work = self
+            .scratch(decision.sandbox.disk_bytes)
+            .map_err(Stop::refused)?;
         let dest = work.path().to_path_buf();
         let dir = Arc::clone(&module.dir);
         let caps = CopyCaps {
@@ -236,7 +238,9 @@ impl Pipeline {
             Some(Ok(p)) => p,
             Some(Err(e)) => return Err(Stop::refused(format!("the plan's lock file: {e}"))),
         };
-        let show_dir = self.scratch().map_err(Stop::refused)?;
+        let show_dir = self
+            .scratch(decision.sandbox.disk_bytes)
+            .map_err(Stop::refused)?;
         let show_config = tools::show_config(&providers);
         if let (Some(cfg), Some(lock)) = (&show_config, r.files_out.get(tools::LOCK_FILE)) {
             let written = std::fs::write(show_dir.path().join(tools::SHOW_CONFIG), cfg)
@@ -245,11 +249,18 @@ impl Pipeline {
                 return Err(Stop::refused(format!("preparing the show sandbox: {e}")));
             }
         }
+        // The plan JSON is parsed and handed to the policy: its memory
+        // grows with it, so it is read under the policy's plan_json_bytes.
+        let mut show_decision = decision.clone();
+        show_decision.sandbox.file_out_bytes = decision
+            .sandbox
+            .file_out_bytes
+            .min(decision.sandbox.plan_json_bytes);
         let shown = self
             .run_sandbox(
                 progress,
                 &rid,
-                decision,
+                &show_decision,
                 SandboxCall {
                     suffix: "show",
                     tool: Toolset::Terraform,

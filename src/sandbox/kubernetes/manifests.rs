@@ -325,9 +325,16 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         };
         Quantity(q)
     };
+    // ephemeral-storage bounds what the sandbox writes outside its volumes
+    // (and its /tmp emptyDir, which also has a sizeLimit): the kubelet
+    // evicts a pod over it.
     let resources = BTreeMap::from([
         ("cpu".to_string(), quantity(true)),
         ("memory".to_string(), quantity(false)),
+        (
+            "ephemeral-storage".to_string(),
+            Quantity(req.limits.disk_bytes.to_string()),
+        ),
     ]);
     let uid = i64::from(SANDBOX_UID);
     let container = Container {

@@ -1,0 +1,42 @@
+# Whether a call may start now: the size of its arguments, the calls its OS
+# user (the principal as the kernel names it: a client's name proves
+# nothing) and everyone together have running, and the calls its user
+# started in the last minute. Limits are in config/calls/data.yaml.
+#
+# Asked for every tools/call after `tool.request` is audited and before
+# anything is decided about it, with input
+#   {"tool", "client", "os_user", "uid", "groups", "params_bytes",
+#    "running": {"user", "total"}, "last_minute": {"user"}}
+# where the counts do not include this call. A call not admitted is refused
+# with the reasons (its `tool.result` says so); nothing of it runs.
+package gateway.calls
+
+cfg := data.config.calls
+
+# A per-user exception, else the default.
+limit(name) := n if {
+	n := cfg.users[input.os_user][name]
+} else := cfg[name]
+
+reasons contains msg if {
+	input.params_bytes > cfg.params_bytes
+	msg := sprintf("the call's arguments are %d bytes, more than the %d allowed (data.config.calls.params_bytes)", [input.params_bytes, cfg.params_bytes])
+}
+
+reasons contains msg if {
+	input.running.user >= limit("running_per_user")
+	msg := sprintf("%s already has %d call(s) running, the most allowed at once (data.config.calls.running_per_user); wait for one to finish", [input.os_user, input.running.user])
+}
+
+reasons contains msg if {
+	input.running.total >= cfg.running_total
+	msg := sprintf("the gateway already runs %d calls, the most allowed at once (data.config.calls.running_total); try again shortly", [input.running.total])
+}
+
+reasons contains msg if {
+	input.last_minute.user >= limit("per_minute_per_user")
+	msg := sprintf("%s started %d calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute", [input.os_user, input.last_minute.user])
+}
+
+# The gateway reads this one value (and caps every audit line at event_bytes).
+verdict := {"admit": count(reasons) == 0, "reasons": sort(reasons), "event_bytes": cfg.event_bytes}

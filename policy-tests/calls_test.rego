@@ -1,0 +1,44 @@
+package gateway_test.calls
+
+import data.gateway.calls
+
+call(bytes, user, total, minute) := {
+	"tool": "k8s_get_pod_status", "client": "test", "os_user": "alice", "uid": 1001, "groups": ["alice"],
+	"params_bytes": bytes, "running": {"user": user, "total": total}, "last_minute": {"user": minute},
+}
+
+test_a_small_call_below_every_limit_is_admitted if {
+	calls.verdict == {"admit": true, "reasons": [], "event_bytes": 65536} with input as call(100, 0, 0, 0)
+	calls.verdict.admit with input as call(262144, 3, 7, 59)
+}
+
+test_large_arguments_are_refused_with_their_size if {
+	calls.verdict.reasons == ["the call's arguments are 262145 bytes, more than the 262144 allowed (data.config.calls.params_bytes)"] with input as call(262145, 0, 0, 0)
+	not calls.verdict.admit with input as call(262145, 0, 0, 0)
+}
+
+test_a_user_at_their_running_limit_waits if {
+	calls.verdict.reasons == ["alice already has 4 call(s) running, the most allowed at once (data.config.calls.running_per_user); wait for one to finish"] with input as call(10, 4, 4, 4)
+	not calls.verdict.admit with input as call(10, 4, 4, 4)
+}
+
+test_the_gateway_at_its_total_refuses_everyone if {
+	calls.verdict.reasons == ["the gateway already runs 8 calls, the most allowed at once (data.config.calls.running_total); try again shortly"] with input as call(10, 0, 8, 0)
+	not calls.verdict.admit with input as call(10, 0, 8, 0)
+}
+
+test_a_user_over_the_rate_is_refused if {
+	calls.verdict.reasons == ["alice started 60 calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute"] with input as call(10, 0, 0, 60)
+	not calls.verdict.admit with input as call(10, 0, 0, 60)
+}
+
+test_every_reason_is_given_at_once if {
+	count(calls.verdict.reasons) == 4 with input as call(300000, 4, 8, 60)
+}
+
+test_a_named_user_has_their_own_limits if {
+	users := {"alice": {"running_per_user": 6, "per_minute_per_user": 600}}
+	calls.verdict.admit with input as call(10, 5, 5, 500) with data.config.calls.users as users
+	not calls.verdict.admit with input as call(10, 6, 6, 0) with data.config.calls.users as users
+	not calls.verdict.admit with input as call(10, 1, 1, 600) with data.config.calls.users as users
+}

@@ -1,0 +1,227 @@
+//! Admission, the first stage of a call: may it start now? The policy
+//! (`data.gateway.calls.verdict`, policies/calls.rego) decides from the
+//! size of the call's arguments and from what this module counts: the calls
+//! each OS user and everyone together have running, and the calls each
+//! user started in the last minute. An admitted call is counted as running
+//! until its [`Admitted`] guard drops (however the call ends, cancellation
+//! included).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::policy::PolicySet;
+use crate::policy::input::DecisionInput;
+
+/// The window of `per_minute_per_user`.
+const WINDOW: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Default)]
+struct Counts {
+    running: BTreeMap<u32, usize>,
+    total: usize,
+    started: BTreeMap<u32, VecDeque<Instant>>,
+}
+
+/// The running and recent calls, by OS user id.
+#[derive(Debug, Default)]
+pub struct Admission {
+    counts: Mutex<Counts>,
+}
+
+/// What the policy says of one call.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Verdict {
+    admit: bool,
+    reasons: Vec<String>,
+    /// The cap on one audit line (the gateway applies it to the log).
+    event_bytes: usize,
+}
+
+/// An admitted call: counted as running until dropped.
+#[derive(Debug)]
+pub struct Admitted<'a> {
+    admission: &'a Admission,
+    uid: u32,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut c = self
+            .admission
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.running.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.running.remove(&self.uid);
+            }
+        }
+        c.total = c.total.saturating_sub(1);
+    }
+}
+
+/// Counts bytes written (the size of the arguments without a copy).
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len();
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Admission {
+    /// Admit `input`'s call under `set`, or say why not. A policy that
+    /// errors, or a verdict of the wrong shape, refuses the call. Also
+    /// returns the audit line cap the policy sets, when it answered.
+    pub fn admit<'a>(
+        &'a self,
+        set: &PolicySet,
+        input: &DecisionInput,
+    ) -> (Option<usize>, Result<Admitted<'a>, String>) {
+        let mut size = ByteCount(0);
+        let _ = serde_json::to_writer(&mut size, &input.params);
+        let uid = input.principal.uid;
+        let now = Instant::now();
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = c.started.entry(uid).or_default();
+        while recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= WINDOW)
+        {
+            recent.pop_front();
+        }
+        let last_minute = recent.len();
+        let query = json!({
+            "tool": input.tool,
+            "client": input.principal.client,
+            "os_user": input.principal.os_user,
+            "uid": uid,
+            "groups": input.principal.groups,
+            "params_bytes": size.0,
+            "running": {"user": c.running.get(&uid).copied().unwrap_or(0), "total": c.total},
+            "last_minute": {"user": last_minute},
+        });
+        let verdict = set
+            .eval_rule("data.gateway.calls.verdict", regorus::Value::from(query))
+            .map_err(|e| format!("the call could not be admitted: the policy failed ({e})"))
+            .and_then(|v| {
+                serde_json::from_value::<Verdict>(v).map_err(|e| {
+                    format!(
+                        "the call could not be admitted: data.gateway.calls.verdict is not {{admit, reasons, event_bytes}} ({e})"
+                    )
+                })
+            });
+        let verdict = match verdict {
+            Ok(v) => v,
+            Err(e) => return (None, Err(e)),
+        };
+        let cap = Some(verdict.event_bytes);
+        if !verdict.admit {
+            let why = if verdict.reasons.is_empty() {
+                "the policy does not admit this call now (data.gateway.calls)".to_string()
+            } else {
+                verdict.reasons.join("; ")
+            };
+            return (cap, Err(why));
+        }
+        // Forget users with nothing in the window, so the map stays small.
+        c.started.retain(|_, q| !q.is_empty());
+        c.started.entry(uid).or_default().push_back(now);
+        *c.running.entry(uid).or_insert(0) += 1;
+        c.total += 1;
+        (
+            cap,
+            Ok(Admitted {
+                admission: self,
+                uid,
+            }),
+        )
+    }
+
+    /// Calls running now, in all.
+    pub fn running(&self) -> usize {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Principal;
+    use crate::policy::set::LoadOptions;
+
+    fn set() -> PolicySet {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        PolicySet::load(&[root], &LoadOptions::default()).expect("policies load")
+    }
+
+    fn input(uid: u32, params: serde_json::Value) -> DecisionInput {
+        DecisionInput::new(
+            "k8s_get_pod_status",
+            params,
+            Principal {
+                client: "test".into(),
+                os_user: format!("user{uid}"),
+                uid,
+                groups: vec![],
+            },
+        )
+    }
+
+    #[test]
+    fn running_calls_are_counted_until_they_end() {
+        let set = set();
+        let a = Admission::default();
+        let small = json!({"namespace": "demo-app"});
+        let held: Vec<_> = (0..4)
+            .map(|_| a.admit(&set, &input(1, small.clone())).1.expect("admitted"))
+            .collect();
+        let e = a
+            .admit(&set, &input(1, small.clone()))
+            .1
+            .expect_err("fifth");
+        assert!(e.contains("user1 already has 4 call(s) running"), "{e}");
+        // Another user still gets in, up to the total.
+        let other: Vec<_> = (0..4)
+            .map(|_| a.admit(&set, &input(2, small.clone())).1.expect("admitted"))
+            .collect();
+        let e = a
+            .admit(&set, &input(3, small.clone()))
+            .1
+            .expect_err("total");
+        assert!(e.contains("already runs 8 calls"), "{e}");
+        assert_eq!(a.running(), 8);
+        drop(held);
+        drop(other);
+        assert_eq!(a.running(), 0);
+        let (cap, ok) = a.admit(&set, &input(3, small));
+        assert!(ok.is_ok());
+        assert_eq!(cap, Some(65536));
+    }
+
+    #[test]
+    fn large_arguments_and_fast_callers_are_refused() {
+        let set = set();
+        let a = Admission::default();
+        let big = json!({"namespace": "x".repeat(300_000)});
+        let e = a.admit(&set, &input(1, big)).1.expect_err("big");
+        assert!(e.contains("300016 bytes, more than the 262144"), "{e}");
+        for _ in 0..60 {
+            drop(a.admit(&set, &input(5, json!({}))).1.expect("admitted"));
+        }
+        let e = a.admit(&set, &input(5, json!({}))).1.expect_err("61st");
+        assert!(e.contains("started 60 calls in the last minute"), "{e}");
+        // Refused calls are not counted.
+        assert_eq!(a.running(), 0);
+    }
+}
