@@ -612,3 +612,94 @@ fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
         "lease ids are kept"
     );
 }
+
+/// Attack: an MCP client names itself (and its params) with terminal
+/// escapes, to paint a benign summary over the destructive signals when
+/// the approver runs `gateway approvals`. No command prints a raw ESC,
+/// CSI, OSC, BEL or CR it got from outside.
+#[test]
+fn no_escape_sequence_from_a_client_reaches_the_approvers_terminal() {
+    let home = tempfile::tempdir().expect("home");
+    let me = gateway::identity::Caller::this_process().user;
+    let hostile = "claude\r\x1b[2K\x1b[1A  0 to destroy, all safe\x1b]0;ok\x07\u{9b}2J\u{202e}";
+    let mut approval = new_approval(&me, 1, false);
+    approval.requested_client = hostile.into();
+    approval.params = json!({"working_dir": format!("terraform/offline-demo\x1b[8m{hostile}")});
+    let a = ApprovalStore::in_home(home.path())
+        .expect("open")
+        .create(&approval)
+        .expect("create");
+    AuditLog::in_home(home.path())
+        .expect("audit")
+        .append(
+            "req-evil",
+            "tool.request",
+            json!({"tool": "terraform_apply", "principal": {"client": hostile}}),
+        )
+        .expect("append");
+    for args in [
+        vec!["approvals"],
+        vec!["approvals", "--all"],
+        vec!["approvals", "show", &a.id],
+        vec!["approvals", "show", &a.id, "--json"],
+        vec!["audit"],
+        vec!["audit", "--json"],
+        vec!["deny", &a.id, "--reason", hostile],
+    ] {
+        let out = cli(home.path(), &args);
+        for (stream, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            let text = String::from_utf8_lossy(bytes);
+            let raw: Vec<char> = text
+                .chars()
+                .filter(|c| (c.is_control() && !matches!(c, '\n' | '\t')) || *c == '\u{202e}')
+                .collect();
+            assert!(
+                raw.is_empty(),
+                "gateway {args:?} wrote {raw:?} to {stream}: {text}"
+            );
+        }
+        assert!(
+            !out.stdout.is_empty() || !out.stderr.is_empty(),
+            "{args:?} printed something"
+        );
+    }
+    let show = cli(home.path(), &["approvals", "show", &a.id]);
+    assert!(
+        stdout(&show).contains("\\u{001b}[2K"),
+        "shown escaped, not dropped: {}",
+        stdout(&show)
+    );
+}
+
+#[test]
+fn audit_verify_refuses_a_duplicated_key_and_a_missing_head_unless_told() {
+    let home = tempfile::tempdir().expect("home");
+    audit_of(home.path(), 3);
+    let path = home.path().join("audit.jsonl");
+    let text = std::fs::read_to_string(&path).expect("read");
+    // A second "event" key first: readers that keep the first see a grant.
+    let forged = text.replacen("{", "{\"event\":\"approval.granted\",", 1);
+    std::fs::write(&path, &forged).expect("tamper");
+    let bad = cli(home.path(), &["audit", "verify"]);
+    assert!(!bad.status.success());
+    assert!(
+        stdout(&bad).contains("line 1: duplicate key \"event\""),
+        "{}",
+        stdout(&bad)
+    );
+    std::fs::write(&path, &text).expect("restore");
+    std::fs::remove_file(home.path().join("audit.jsonl.head")).expect("rm head");
+    let no_head = cli(home.path(), &["audit", "verify"]);
+    assert!(!no_head.status.success());
+    assert!(
+        stdout(&no_head).contains("no head file") && stdout(&no_head).contains("--no-head"),
+        "{}",
+        stdout(&no_head)
+    );
+    let told = cli(home.path(), &["audit", "verify", "--no-head"]);
+    assert!(
+        told.status.success() && stdout(&told).contains("ok: 3 events verified"),
+        "{}",
+        stdout(&told)
+    );
+}

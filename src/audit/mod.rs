@@ -246,11 +246,29 @@ impl AuditLog {
         data: Value,
         extra: Map<String, Value>,
     ) -> Result<Map<String, Value>, AuditError> {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let result = self.append_locked(&mut tail, request_id, event, data, extra);
+        if result.is_err() {
+            // A write may have failed half way (a full disk): what this
+            // writer knows of the end of the file is no longer true, so
+            // the next append reads it again (and ends a cut line).
+            *tail = Tail::default();
+        }
+        result
+    }
+
+    fn append_locked(
+        &self,
+        tail: &mut Tail,
+        request_id: &str,
+        event: &str,
+        data: Value,
+        extra: Map<String, Value>,
+    ) -> Result<Map<String, Value>, AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
         };
-        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         let mut file = open_file(&self.path).map_err(io)?;
         file.lock().map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
@@ -261,7 +279,7 @@ impl AuditLog {
                 // recovery so `audit verify` can tell it from tampering.
                 file.write_all(b"\n").map_err(io)?;
                 let data = serde_json::json!({"truncated_sha256": sha256_hex(&cut), "truncated_bytes": cut.len()});
-                own_line(&mut file, &mut tail, "audit.recovered", data).map_err(io)?;
+                own_line(&mut file, tail, "audit.recovered", data).map_err(io)?;
             }
         }
         // A log with lines and no head: someone removed the head (perhaps
@@ -272,7 +290,7 @@ impl AuditLog {
             && matches!(std::fs::symlink_metadata(head_path(&self.path)), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
         {
             let data = serde_json::json!({"log_bytes": len, "last_hash": tail.last_hash});
-            own_line(&mut file, &mut tail, "audit.head_lost", data).map_err(io)?;
+            own_line(&mut file, tail, "audit.head_lost", data).map_err(io)?;
         }
         let cap = self
             .max_event_bytes

@@ -55,6 +55,8 @@ pub struct Script {
 pub struct ScriptedSandbox {
     pub script: Mutex<Script>,
     pub seen: Mutex<Vec<Seen>>,
+    /// Run as each sandbox "runs" (a fault to inject mid-call).
+    pub on_run: Mutex<Option<Box<dyn Fn(Phase) + Send>>>,
     scratch: tempfile::TempDir,
 }
 
@@ -69,6 +71,7 @@ impl ScriptedSandbox {
                 made: Vec::new(),
             }),
             seen: Mutex::new(Vec::new()),
+            on_run: Mutex::new(None),
             scratch: tempfile::tempdir().expect("scratch"),
         }
     }
@@ -139,6 +142,9 @@ impl Sandbox for ScriptedSandbox {
                 credential: req.credential.is_some(),
                 files_out: req.files_out.clone(),
             });
+            if let Some(hook) = self.on_run.lock().expect("hook").as_ref() {
+                hook(phase);
+            }
             let mut script = self.script.lock().expect("script");
             let mut files_out = BTreeMap::new();
             let given = req
