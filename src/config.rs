@@ -62,6 +62,11 @@ pub struct DaemonConfig {
     /// (and, always, belong to the connecting user).
     #[serde(default)]
     pub workspace_roots: Vec<PathBuf>,
+    /// At SIGTERM/SIGINT, how long the daemon waits for the calls it
+    /// cancels to end and for their credentials to be revoked, in all
+    /// (default 10). What is not revoked by then stays in the lease
+    /// ledger, and the next start revokes it.
+    pub shutdown_grace_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

@@ -658,7 +658,7 @@ async fn with_vault_down_the_call_is_refused_and_nothing_runs() {
 struct Served {
     child: std::process::Child,
     relay: std::process::Child,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<Value>,
     stderr: PathBuf,
     _workspace: tempfile::TempDir,
@@ -666,6 +666,11 @@ struct Served {
 
 impl Served {
     fn start(w: &World, tag: &str) -> Served {
+        Served::start_with(w, tag, "")
+    }
+
+    /// With extra `[daemon]` settings.
+    fn start_with(w: &World, tag: &str, daemon_extra: &str) -> Served {
         use std::io::BufRead;
         use std::process::Stdio;
         let token_file = w.dir.path().join("gateway-token");
@@ -675,7 +680,7 @@ impl Served {
         std::fs::write(
             &config,
             format!(
-                "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
+                "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n{daemon_extra}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
                 common::repo().join("policies"),
                 w.home,
                 socket,
@@ -741,7 +746,7 @@ impl Served {
         let mut s = Served {
             child: daemon,
             relay: child,
-            stdin,
+            stdin: Some(stdin),
             lines,
             stderr,
             _workspace: workspace,
@@ -755,8 +760,9 @@ impl Served {
 
     fn send(&mut self, v: Value) {
         use std::io::Write;
-        writeln!(self.stdin, "{v}").expect("write");
-        self.stdin.flush().expect("flush");
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{v}").expect("write");
+        stdin.flush().expect("flush");
     }
 
     fn reply(&mut self, id: u64) -> Value {
@@ -795,52 +801,159 @@ fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
-/// SIGTERM while a call holds its credential: the daemon cancels the
-/// session, and revokes the lease before it exits (not at the next start).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daemon_stopped_mid_call_revokes_the_lease_before_it_exits() {
-    let w = world().await;
+/// A daemon with one pod-status call in flight, holding its credential
+/// (kubectl has reached the API server, which answers after 15 s).
+fn call_in_flight(w: &World, tag: &str, daemon_extra: &str) -> Served {
     w.kube.set_pods(
         "demo-app",
         vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
     );
     w.kube
         .with(|s| s.pods_delay = std::time::Duration::from_secs(15));
-    let mut served = tokio::task::block_in_place(|| Served::start(&w, "stopped"));
+    let seen_before = w.kube.with(|s| s.seen.len());
+    let mut served = Served::start_with(w, tag, daemon_extra);
     served.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
-    let asked = tokio::task::block_in_place(|| {
-        wait_until(std::time::Duration::from_secs(60), || {
-            w.kube.with(|s| {
-                s.seen
-                    .iter()
-                    .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
-            })
+    let asked = wait_until(std::time::Duration::from_secs(60), || {
+        w.kube.with(|s| {
+            s.seen[seen_before..]
+                .iter()
+                .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
         })
     });
     assert!(asked, "kubectl reached the API server: {}", served.log());
     assert_eq!(w.kube.with(|s| s.live("serviceaccounts").len()), 1);
+    served
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
     let st = Command::new("kill")
-        .args(["-TERM", &served.child.id().to_string()])
+        .args([sig, &child.id().to_string()])
         .status()
         .expect("kill");
     assert!(st.success());
+}
+
+/// SIGTERM or SIGINT while a call holds its credential: the daemon cancels
+/// the session, and revokes the lease before it exits (not at the next
+/// start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_stopped_mid_call_revokes_the_lease_before_it_exits() {
+    let w = world().await;
+    for (n, sig) in ["-TERM", "-INT"].into_iter().enumerate() {
+        let mut served =
+            tokio::task::block_in_place(|| call_in_flight(&w, &format!("stopped{n}"), ""));
+        signal(&served.child, sig);
+        let exited = tokio::task::block_in_place(|| {
+            wait_until(std::time::Duration::from_secs(30), || {
+                matches!(served.child.try_wait(), Ok(Some(_)))
+            })
+        });
+        assert!(exited, "{sig}: the daemon did not stop: {}", served.log());
+        // Gone when the daemon is: no next start needed.
+        assert!(
+            w.kube.with(|s| s.live("serviceaccounts").is_empty()),
+            "{sig}: the credential outlived the daemon: {}",
+            served.log()
+        );
+        let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+        assert!(ledger.open_leases().expect("open").is_empty(), "{sig}");
+    }
+    let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert_eq!(log.matches("\"credential.revoked\"").count(), 2, "{log}");
+}
+
+/// The client goes away mid-call (EOF on `gateway serve`'s stdin), or
+/// cancels the call: the daemon, still running, drops the call at once
+/// (long before the API server would answer), kills its sandbox and
+/// revokes its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_or_cancels_mid_call_has_its_lease_revoked_at_once() {
+    let w = world().await;
+    for way in ["eof", "cancel"] {
+        let mut served = tokio::task::block_in_place(|| call_in_flight(&w, way, ""));
+        let started = std::time::Instant::now();
+        match way {
+            "eof" => drop(served.stdin.take()),
+            _ => served.send(
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 1, "reason": "the user pressed Esc"}}),
+            ),
+        }
+        let revoked = tokio::task::block_in_place(|| {
+            wait_until(std::time::Duration::from_secs(10), || {
+                w.kube.with(|s| s.live("serviceaccounts").is_empty())
+            })
+        });
+        assert!(
+            revoked,
+            "{way}: the lease outlived the call: {}",
+            served.log()
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(12),
+            "{way}: revoked only when the call would have ended anyway"
+        );
+        assert!(
+            matches!(served.child.try_wait(), Ok(None)),
+            "{way}: the daemon keeps running"
+        );
+        let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
+        let settled = tokio::task::block_in_place(|| {
+            wait_until(std::time::Duration::from_secs(10), || {
+                ledger.open_leases().is_ok_and(|o| o.is_empty())
+            })
+        });
+        assert!(settled, "{way}: the ledger marks it revoked");
+    }
+    let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert_eq!(
+        log.matches("\"credential.revoke_on_abort\"").count(),
+        2,
+        "{log}"
+    );
+    assert_eq!(log.matches("\"credential.revoked\"").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("\"cancelled\"").count(),
+        2,
+        "both calls ended as cancelled: {log}"
+    );
+}
+
+/// Vault is gone when the daemon is stopped: it does not hang on the
+/// revocation. It exits within its shutdown grace (3 s here), and the lease
+/// it could not revoke stays in the ledger with an event saying the next
+/// start revokes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_stopped_while_vault_is_gone_exits_within_its_grace() {
+    let mut w = world().await;
+    let mut served =
+        tokio::task::block_in_place(|| call_in_flight(&w, "novault", "shutdown_grace_seconds = 3"));
+    tokio::task::block_in_place(|| w.bao.stop());
+    let started = std::time::Instant::now();
+    signal(&served.child, "-TERM");
     let exited = tokio::task::block_in_place(|| {
         wait_until(std::time::Duration::from_secs(30), || {
             matches!(served.child.try_wait(), Ok(Some(_)))
         })
     });
     assert!(exited, "the daemon did not stop: {}", served.log());
-    // Gone when the daemon is: no next start needed.
     assert!(
-        w.kube.with(|s| s.live("serviceaccounts").is_empty()),
-        "the credential outlived the daemon: {}",
-        served.log()
+        started.elapsed() < std::time::Duration::from_secs(8),
+        "took {:?} with a 3 s grace",
+        started.elapsed()
     );
     let ledger = gateway::broker::leases::LeaseLedger::in_home(&w.home).expect("ledger");
-    assert!(ledger.open_leases().expect("open").is_empty());
+    assert_eq!(
+        ledger.open_leases().expect("open").len(),
+        1,
+        "left for the next start"
+    );
     let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
-    assert!(log.contains("\"credential.revoked\""), "{log}");
+    assert!(
+        log.contains("\"credential.revoke_failed\"") && log.contains("the next start revokes it"),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,6 +208,39 @@ impl RevokeGuard {
     }
 }
 
+/// Revocations of dropped calls' credentials still running in the
+/// background, so that a stopping daemon can wait for them
+/// ([`abort_revocations_done`]) before it revokes what is left itself.
+static ABORT_REVOCATIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ABORT_REVOCATIONS_DONE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+struct AbortRevocation;
+
+impl AbortRevocation {
+    fn start() -> AbortRevocation {
+        ABORT_REVOCATIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        AbortRevocation
+    }
+}
+
+impl Drop for AbortRevocation {
+    fn drop(&mut self) {
+        ABORT_REVOCATIONS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        ABORT_REVOCATIONS_DONE.notify_waiters();
+    }
+}
+
+/// Wait until no dropped call's revocation is running in the background.
+pub async fn abort_revocations_done() {
+    loop {
+        let notified = ABORT_REVOCATIONS_DONE.notified();
+        if ABORT_REVOCATIONS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        notified.await;
+    }
+}
+
 impl Drop for RevokeGuard {
     fn drop(&mut self) {
         let Some(lease) = self.lease_id.take() else {
@@ -220,6 +253,7 @@ impl Drop for RevokeGuard {
         );
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
+                let pending = AbortRevocation::start();
                 handle.spawn(async move {
                     let _ = audit.record(
                         &rid,
@@ -228,6 +262,7 @@ impl Drop for RevokeGuard {
                         },
                     );
                     revoke_with_retries(broker.as_ref(), &audit, &rid, &lease).await;
+                    drop(pending);
                 });
             }
             Err(_) => {

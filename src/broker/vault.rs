@@ -598,6 +598,47 @@ impl VaultBroker {
             .await
     }
 
+    /// [`VaultBroker::revoke_own`], given until `deadline`. Each lease not
+    /// revoked by then gets a `credential.revoke_failed` saying that it
+    /// stays in the ledger for the next start.
+    pub async fn revoke_own_by(
+        &self,
+        audit: &AuditLog,
+        deadline: tokio::time::Instant,
+    ) -> (usize, usize) {
+        // The dropped calls' own revocations first (each retries and marks
+        // the ledger), then whatever they did not get to.
+        let own = async {
+            crate::broker::abort_revocations_done().await;
+            self.revoke_own(audit).await
+        };
+        if let Ok(counts) = tokio::time::timeout_at(deadline, own).await {
+            return counts;
+        }
+        let me = crate::process::Owner::current();
+        let left: Vec<_> = match self.ledger.lock().map(|l| l.open_leases()) {
+            Ok(Ok(o)) => o
+                .into_iter()
+                .filter(|l| l.owner_pid == me.pid && l.owner_start == me.start)
+                .collect(),
+            _ => Vec::new(),
+        };
+        for lease in &left {
+            let _ = audit.record(
+                &lease.request_id,
+                Event::CredentialRevokeFailed {
+                    lease_id: lease.lease_id.clone(),
+                    error: "not revoked within the daemon's shutdown grace; it stays in the lease ledger and the next start revokes it".into(),
+                    attempt: None,
+                    of: None,
+                    recovered: None,
+                    expires_at: None,
+                },
+            );
+        }
+        (0, left.len())
+    }
+
     async fn revoke_records(
         &self,
         audit: &AuditLog,
@@ -636,7 +677,9 @@ impl VaultBroker {
                         &lease.request_id,
                         Event::CredentialRevokeFailed {
                             lease_id: lease.lease_id.clone(),
-                            error: e.to_string(),
+                            error: format!(
+                                "{e}; it stays in the lease ledger and the next start revokes it"
+                            ),
                             attempt: None,
                             of: None,
                             recovered: Some(true),

@@ -148,6 +148,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         checked.push(("provider mirror".into(), m.clone(), true));
     }
     let roots = file.daemon.workspace_roots.clone();
+    let grace = file.daemon.shutdown_grace_seconds.map_or(
+        crate::daemon::SHUTDOWN_GRACE,
+        std::time::Duration::from_secs,
+    );
     crate::daemon::check_all(&trust, &checked, &roots).context("the daemon refuses to start")?;
 
     let policy = Arc::new(PolicyStore::open(
@@ -299,11 +303,14 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             }
             signals.cancel();
         });
-        Arc::clone(&daemon).serve(listener, stop).await;
+        // One grace for everything the stop waits on: the cancelled calls
+        // ending, then their credentials' revocation.
+        let stopped = Arc::clone(&daemon).serve(listener, stop, grace).await;
+        let deadline = stopped + grace;
         // Calls cancelled by the stop started their revocations in the
         // background; they are finished here, before the runtime goes.
         if let Some(b) = &broker {
-            let (done, left) = b.revoke_own(&pipeline.audit).await;
+            let (done, left) = b.revoke_own_by(&pipeline.audit, deadline).await;
             if left > 0 {
                 tracing::error!(
                     revoked = done,

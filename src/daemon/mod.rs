@@ -42,7 +42,7 @@ pub type ControlHandler = Arc<dyn Fn(&Caller, Vec<String>) -> Reply + Send + Syn
 /// How long a caller has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the daemon waits, at shutdown, for sessions to end their calls.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -192,8 +192,14 @@ impl Daemon {
     }
 
     /// Accept connections until `stop` is cancelled, then give the sessions
-    /// still running [`SHUTDOWN_GRACE`] to end their calls.
-    pub async fn serve(self: Arc<Self>, listener: UnixListener, stop: CancellationToken) {
+    /// still running up to `grace` to end their calls. Returns when the
+    /// stop came.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: UnixListener,
+        stop: CancellationToken,
+        grace: Duration,
+    ) -> tokio::time::Instant {
         let mut sessions = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
@@ -212,10 +218,12 @@ impl Daemon {
                 _ = stop.cancelled() => break,
             }
         }
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        let stopped = tokio::time::Instant::now();
+        let _ = tokio::time::timeout(grace, async {
             while sessions.join_next().await.is_some() {}
         })
         .await;
+        stopped
     }
 
     async fn connection(self: Arc<Self>, stream: UnixStream, stop: CancellationToken) {
@@ -333,6 +341,14 @@ impl Daemon {
         let user = caller.user.clone();
         let server = GatewayServer::for_caller(Arc::clone(&self.pipeline), caller, Some(workspace));
         let end = server.session_end();
+        // The client's end of the stream (EOF on `gateway serve`'s stdin, or
+        // the connection gone) ends its calls at once: they are dropped, their
+        // sandboxes killed and their credentials revoked, rather than left to
+        // run for nobody.
+        let read = EndOfInput {
+            inner: read,
+            end: end.clone(),
+        };
         match server.serve((read, write)).await {
             Ok(service) => {
                 let ct = service.cancellation_token();
@@ -348,6 +364,33 @@ impl Daemon {
         // The client is gone: every call it still had running is dropped,
         // which kills its sandbox and revokes its credential.
         end.cancel();
+    }
+}
+
+/// A session's input: cancels `end` when the client's stream ends or breaks.
+struct EndOfInput<R> {
+    inner: R,
+    end: CancellationToken,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EndOfInput<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            std::task::Poll::Ready(Ok(()))
+                if buf.filled().len() == before && buf.remaining() > 0 =>
+            {
+                self.end.cancel();
+            }
+            std::task::Poll::Ready(Err(_)) => self.end.cancel(),
+            _ => {}
+        }
+        polled
     }
 }
 
