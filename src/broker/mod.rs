@@ -73,14 +73,17 @@ pub trait Broker: Send + Sync {
 /// Issue for request `request_id` in a task of its own. If the call is
 /// cancelled while the broker is minting (the caller's future dropped), the
 /// credential that still arrives is audited and revoked at once, instead of
-/// living, unused, until its TTL: nobody else holds its lease id.
+/// living, unused, until its TTL: nobody else holds its lease id. That
+/// holds too when the credential was already sent and the caller is
+/// dropped before taking it: the value in the channel revokes itself
+/// ([`Unclaimed`]).
 pub async fn issue_for_call(
     broker: &Arc<dyn Broker>,
     audit: &Arc<AuditLog>,
     request_id: &str,
     scope: &CredentialScope,
 ) -> Result<IssuedCredential, BrokerError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<Unclaimed, BrokerError>>();
     let (b, a, rid, sc) = (
         Arc::clone(broker),
         Arc::clone(audit),
@@ -88,8 +91,50 @@ pub async fn issue_for_call(
         scope.clone(),
     );
     tokio::spawn(async move {
-        let issued = b.issue(&rid, &sc).await;
-        if let Err(Ok(orphan)) = tx.send(issued) {
+        let issued = b.issue(&rid, &sc).await.map(|c| Unclaimed {
+            credential: Some(c),
+            broker: b,
+            audit: a,
+            request_id: rid,
+            scope: sc,
+        });
+        // Not received (the caller is gone): dropped here, it revokes itself.
+        let _ = tx.send(issued);
+    });
+    match rx.await {
+        Ok(Ok(mut unclaimed)) => unclaimed.credential.take().ok_or_else(|| {
+            BrokerError::Unreachable("the credential request ended without an answer".into())
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(BrokerError::Unreachable(
+            "the credential request ended without an answer".into(),
+        )),
+    }
+}
+
+/// A credential minted for a call that has not taken it yet. Dropped
+/// untaken (the call was cancelled while it was minted, or just after),
+/// it is audited and revoked from a task.
+struct Unclaimed {
+    credential: Option<IssuedCredential>,
+    broker: Arc<dyn Broker>,
+    audit: Arc<AuditLog>,
+    request_id: String,
+    scope: CredentialScope,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(orphan) = self.credential.take() else {
+            return;
+        };
+        let (b, a, rid, sc) = (
+            Arc::clone(&self.broker),
+            Arc::clone(&self.audit),
+            self.request_id.clone(),
+            self.scope.clone(),
+        );
+        let record = move || {
             let _ = a.record(
                 &rid,
                 Event::CredentialIssued {
@@ -102,14 +147,23 @@ pub async fn issue_for_call(
                     after_cancellation: Some(true),
                 },
             );
-            revoke_with_retries(b.as_ref(), &a, &rid, &orphan.lease_id).await;
+            (a, rid, orphan.lease_id.clone())
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let pending = AbortRevocation::start();
+                handle.spawn(async move {
+                    let (a, rid, lease) = record();
+                    revoke_with_retries(b.as_ref(), &a, &rid, &lease).await;
+                    drop(pending);
+                });
+            }
+            Err(_) => {
+                // No runtime left: the lease is in the ledger for the next start.
+                let _ = record();
+            }
         }
-    });
-    rx.await.unwrap_or_else(|_| {
-        Err(BrokerError::Unreachable(
-            "the credential request ended without an answer".into(),
-        ))
-    })
+    }
 }
 
 /// Delays between revoke attempts.
@@ -196,15 +250,18 @@ impl RevokeGuard {
         }
     }
 
-    /// Revoke now (the normal path); true when the lease is revoked.
+    /// Revoke now (the normal path); true when the lease is revoked. The
+    /// guard keeps the lease until the revocation has returned: a call
+    /// dropped in the middle of it (cancelled, its client gone) still
+    /// hands the lease to the background revocation of [`Drop`].
     pub async fn revoke(mut self) -> bool {
-        match self.lease_id.take() {
-            Some(lease) => {
-                revoke_with_retries(self.broker.as_ref(), &self.audit, &self.request_id, &lease)
-                    .await
-            }
-            None => true,
-        }
+        let Some(lease) = self.lease_id.clone() else {
+            return true;
+        };
+        let done =
+            revoke_with_retries(self.broker.as_ref(), &self.audit, &self.request_id, &lease).await;
+        self.lease_id = None;
+        done
     }
 }
 
@@ -281,5 +338,151 @@ impl Drop for RevokeGuard {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Revokes after a pause, counting what it revoked.
+    #[derive(Default)]
+    struct Slow {
+        revoked: Mutex<Vec<String>>,
+    }
+
+    impl Broker for Slow {
+        fn issue<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a CredentialScope,
+        ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+            Box::pin(async { Err(BrokerError::Unreachable("not in this test".into())) })
+        }
+        fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                self.revoked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(lease_id.into());
+                Ok(())
+            })
+        }
+    }
+
+    /// Issues at once, recording what it issued and revoked.
+    #[derive(Default)]
+    struct Quick {
+        issued: Mutex<Vec<String>>,
+        revoked: Mutex<Vec<String>>,
+    }
+
+    impl Broker for Quick {
+        fn issue<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a CredentialScope,
+        ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+            Box::pin(async move {
+                let lease = "lease-quick".to_string();
+                self.issued
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(lease.clone());
+                Ok(IssuedCredential {
+                    lease_id: lease,
+                    secret: crate::sandbox::SecretFile::new(b"token".to_vec()),
+                    ttl: std::time::Duration::from_secs(60),
+                    meta: CredentialMeta::Opaque,
+                })
+            })
+        }
+        fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
+            Box::pin(async move {
+                self.revoked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(lease_id.into());
+                Ok(())
+            })
+        }
+    }
+
+    /// The credential was minted and handed over, but the call was dropped
+    /// before it took it (a cancel that lands just then): it is revoked.
+    /// Before, it was dropped with the channel, its lease left open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_credential_sent_to_a_call_dropped_before_taking_it_is_revoked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let audit = Arc::new(AuditLog::in_home(dir.path()).expect("audit"));
+        let quick = Arc::new(Quick::default());
+        let broker: Arc<dyn Broker> = quick.clone();
+        let scope = CredentialScope {
+            kind: "pod_reader".into(),
+            credential_type: "kubernetes".into(),
+            mount: "kubernetes".into(),
+            role: "r".into(),
+            params: Default::default(),
+        };
+        let call = issue_for_call(&broker, &audit, "req-q", &scope);
+        let mut call = Box::pin(call);
+        // Polled once: the minting task starts; then never again.
+        std::future::poll_fn(|cx| {
+            let _ = call.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let minted = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while quick
+                .issued
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(minted.is_ok(), "the broker minted");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(call);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), abort_revocations_done())
+            .await
+            .expect("the revocation ends");
+        assert_eq!(
+            *quick.revoked.lock().unwrap_or_else(|p| p.into_inner()),
+            vec!["lease-quick".to_string()]
+        );
+        let log = std::fs::read_to_string(audit.path()).expect("audit");
+        assert!(log.contains("\"after_cancellation\":true"), "{log}");
+    }
+
+    /// A call dropped while its credential is being revoked (a cancel that
+    /// arrives just then) still has the lease revoked: before, the guard
+    /// had already given the lease up, and the lease stayed open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_dropped_mid_revocation_still_revokes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let audit = Arc::new(AuditLog::in_home(dir.path()).expect("audit"));
+        let slow = Arc::new(Slow::default());
+        let broker: Arc<dyn Broker> = slow.clone();
+        let guard = RevokeGuard::new(broker, Arc::clone(&audit), "req-1", "lease-1");
+        let call = tokio::spawn(guard.revoke());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        call.abort();
+        let _ = call.await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), abort_revocations_done())
+            .await
+            .expect("the background revocation ends");
+        assert_eq!(
+            *slow.revoked.lock().unwrap_or_else(|p| p.into_inner()),
+            vec!["lease-1".to_string()]
+        );
+        let log = std::fs::read_to_string(audit.path()).expect("audit");
+        assert!(log.contains("credential.revoke_on_abort"), "{log}");
+        assert!(log.contains("\"credential.revoked\""), "{log}");
     }
 }

@@ -70,6 +70,35 @@ fn cgroup_path(name: &str) -> PathBuf {
     PathBuf::from(format!("/gateway/{name}"))
 }
 
+/// Remove what is left of the sandbox's cgroup, in every controller (v1)
+/// or the unified tree (v2). `runsc delete` removes it when it knows the
+/// container; a `runsc run` killed half way through creating it (the call
+/// cancelled at that moment) leaves the cgroup made and no container to
+/// delete. Any process still in it is killed first.
+fn remove_cgroup(name: &str) {
+    let rel = cgroup_path(name);
+    let rel = rel.strip_prefix("/").unwrap_or(&rel);
+    let mut dirs = vec![Path::new("/sys/fs/cgroup").join(rel)];
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        dirs.extend(controllers.flatten().map(|c| c.path().join(rel)));
+    }
+    for dir in dirs.iter().filter(|d| d.is_dir()) {
+        for _ in 0..20 {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
 /// CPU nanoseconds the sandbox's cgroup has used (cgroup v1 cpuacct, or v2 cpu.stat).
 fn cgroup_cpu_ns(name: &str) -> Option<u64> {
     let rel = cgroup_path(name);
@@ -779,6 +808,7 @@ impl Cleanup {
         if self.started {
             self.kill();
             self.runsc(&["delete", "--force", &self.name]);
+            remove_cgroup(&self.name);
             self.started = false;
         }
         if let Some(mut ns) = self.netns.take() {

@@ -52,11 +52,14 @@ pub struct Script {
     pub made: Vec<Vec<u8>>,
 }
 
+/// Something to do as a sandbox "runs" (a fault injected mid-call).
+pub type OnRun = Box<dyn Fn(Phase) + Send>;
+
 pub struct ScriptedSandbox {
     pub script: Mutex<Script>,
     pub seen: Mutex<Vec<Seen>>,
     /// Run as each sandbox "runs" (a fault to inject mid-call).
-    pub on_run: Mutex<Option<Box<dyn Fn(Phase) + Send>>>,
+    pub on_run: Mutex<Option<OnRun>>,
     scratch: tempfile::TempDir,
 }
 
