@@ -1,10 +1,11 @@
 # Whether a call may start now: the size of its arguments, the calls its OS
 # user (the principal as the kernel names it: a client's name proves
 # nothing) and everyone together have running, and the calls its user
-# started in the last minute. Limits are in config/calls/data.yaml.
+# made in the last minute (admitted or not: a refused call costs audit lines
+# too). Limits are in config/calls/data.yaml.
 #
-# Asked for every tools/call after `tool.request` is audited and before
-# anything is decided about it, with input
+# Asked for every tools/call before anything is decided about it (a refusal
+# is recorded after the call's `tool.request`), with input
 #   {"tool", "client", "os_user", "uid", "groups", "params_bytes",
 #    "running": {"user", "total"}, "last_minute": {"user"}}
 # where the counts do not include this call. A call not admitted is refused
@@ -35,8 +36,13 @@ reasons contains msg if {
 
 reasons contains msg if {
 	input.last_minute.user >= limit("per_minute_per_user")
-	msg := sprintf("%s started %d calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute", [input.os_user, input.last_minute.user])
+	msg := sprintf("%s made %d calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute", [input.os_user, input.last_minute.user])
 }
 
 # The gateway reads this one value (and caps every audit line at event_bytes).
-verdict := {"admit": count(reasons) == 0, "reasons": sort(reasons), "event_bytes": cfg.event_bytes}
+verdict := {
+	"admit": count(reasons) == 0,
+	"reasons": sort(reasons),
+	"event_bytes": cfg.event_bytes,
+	"plan_retention_seconds": cfg.plan_retention_seconds,
+}

@@ -8,7 +8,7 @@ call(bytes, user, total, minute) := {
 }
 
 test_a_small_call_below_every_limit_is_admitted if {
-	calls.verdict == {"admit": true, "reasons": [], "event_bytes": 65536} with input as call(100, 0, 0, 0)
+	calls.verdict == {"admit": true, "reasons": [], "event_bytes": 65536, "plan_retention_seconds": 86400} with input as call(100, 0, 0, 0)
 	calls.verdict.admit with input as call(262144, 3, 7, 59)
 }
 
@@ -28,7 +28,7 @@ test_the_gateway_at_its_total_refuses_everyone if {
 }
 
 test_a_user_over_the_rate_is_refused if {
-	calls.verdict.reasons == ["alice started 60 calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute"] with input as call(10, 0, 0, 60)
+	calls.verdict.reasons == ["alice made 60 calls in the last minute, the most allowed (data.config.calls.per_minute_per_user); try again in a minute"] with input as call(10, 0, 0, 60)
 	not calls.verdict.admit with input as call(10, 0, 0, 60)
 }
 
@@ -41,4 +41,10 @@ test_a_named_user_has_their_own_limits if {
 	calls.verdict.admit with input as call(10, 5, 5, 500) with data.config.calls.users as users
 	not calls.verdict.admit with input as call(10, 6, 6, 0) with data.config.calls.users as users
 	not calls.verdict.admit with input as call(10, 1, 1, 600) with data.config.calls.users as users
+}
+
+test_saved_plans_outlive_every_approval if {
+	every kind in ["standard", "destructive"] {
+		data.config.calls.plan_retention_seconds > data.config.approvals[kind].ttl_seconds
+	}
 }

@@ -203,6 +203,12 @@ impl AuditLog {
     /// larger event keeps its small values, and each large one is replaced
     /// by `{"omitted": {"sha256", "bytes", "prefix"}}` (the digest of its
     /// canonical JSON, its size, its first characters).
+    /// The cap on one line now.
+    pub fn max_event_bytes(&self) -> usize {
+        self.max_event_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn set_max_event_bytes(&self, bytes: usize) {
         self.max_event_bytes.store(
             bytes.max(MIN_EVENT_BYTES),
@@ -272,25 +278,52 @@ impl AuditLog {
         let mut file = open_file(&self.path).map_err(io)?;
         file.lock().map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
-        if len != tail.len || tail.last_hash.is_none() {
+        // What the last writer recorded as the end of the log; a head this
+        // writer did not leave means someone else wrote (another process,
+        // or someone cutting the log), so everything is checked again.
+        let head = read_head_now(&self.path);
+        let ours = matches!(&head, HeadNow::Found(h)
+            if Some(&h.hash) == tail.last_hash.as_ref() && h.bytes == tail.len);
+        if len != tail.len || tail.last_hash.is_none() || !ours {
             *tail = read_tail(&mut file, len).map_err(io)?;
             if let Some(cut) = tail_is_cut(&mut file, len).map_err(io)? {
-                // A crash cut the last line short: end it, and record the
-                // recovery so `audit verify` can tell it from tampering.
-                file.write_all(b"\n").map_err(io)?;
-                let data = serde_json::json!({"truncated_sha256": sha256_hex(&cut), "truncated_bytes": cut.len()});
-                own_line(&mut file, tail, "audit.recovered", data).map_err(io)?;
+                if let Some(hash) = complete_line(&cut, tail.last_hash.as_deref()) {
+                    // Whole but for its newline (a short write): it is the
+                    // last event, as `audit verify` reads it too.
+                    file.write_all(b"\n").map_err(io)?;
+                    tail.last_hash = Some(hash);
+                } else {
+                    // A crash cut the last line short: end it, and record
+                    // the recovery (in the same write) so `audit verify`
+                    // can tell it from tampering.
+                    let data = serde_json::json!({"truncated_sha256": sha256_hex(&cut), "truncated_bytes": cut.len()});
+                    let (obj, line) = build_line(
+                        tail.last_hash.as_deref(),
+                        "",
+                        "audit.recovered",
+                        data,
+                        Map::new(),
+                    );
+                    file.write_all(format!("\n{line}").as_bytes()).map_err(io)?;
+                    tail.last_hash = obj.get("hash").and_then(Value::as_str).map(str::to_string);
+                }
             }
-        }
-        // A log with lines and no head: someone removed the head (perhaps
-        // after cutting the end of the log). Writing a new head silently
-        // would make the cut invisible; the log says so instead, and
-        // `audit verify` fails on it unless told `--no-head`.
-        if len > 0
-            && matches!(std::fs::symlink_metadata(head_path(&self.path)), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-        {
-            let data = serde_json::json!({"log_bytes": len, "last_hash": tail.last_hash});
-            own_line(&mut file, tail, "audit.head_lost", data).map_err(io)?;
+            // A head that is missing, damaged, or not on this file (the end
+            // of the log cut or rewritten, the log removed): writing a new
+            // head silently would make that invisible. The log says so
+            // instead, and `audit verify` fails on it unless told
+            // `--no-head`.
+            let found = match &head {
+                HeadNow::Missing if len == 0 => None,
+                HeadNow::Missing => Some(Value::String("missing".into())),
+                HeadNow::Damaged(why) => Some(serde_json::json!({"damaged": why})),
+                HeadNow::Found(h) if head_is_on(&mut file, h, len).map_err(io)? => None,
+                HeadNow::Found(h) => Some(serde_json::json!({"hash": h.hash, "bytes": h.bytes})),
+            };
+            if let Some(found) = found {
+                let data = serde_json::json!({"log_bytes": len, "last_hash": tail.last_hash, "head": found});
+                own_line(&mut file, tail, "audit.head_lost", data).map_err(io)?;
+            }
         }
         let cap = self
             .max_event_bytes
@@ -386,7 +419,9 @@ fn build_line(
 
 /// [`build_line`] for an event whose line may be at most `cap` bytes: the
 /// largest values of `data` and of the extra fields are replaced by their
-/// digests ([`omitted`]), biggest first, until it fits.
+/// digests ([`omitted`]), biggest first, until it fits ([`fit`]). The work
+/// is linear in the event's size (each value is measured a bounded number
+/// of times), so an oversized event cannot hold the log's lock for long.
 fn build_capped_line(
     prev: Option<&str>,
     request_id: &str,
@@ -399,123 +434,159 @@ fn build_capped_line(
     if line.len() <= cap {
         return (obj, line);
     }
-    // Work on the scrubbed values (the digest is of what would have been written).
-    let mut data = obj.get("data").cloned().unwrap_or(Value::Null);
-    let mut extra: Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| {
-            !matches!(
-                k.as_str(),
-                "ts" | "request_id" | "event" | "data" | "prev" | "hash"
-            )
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
+    // Work on the scrubbed values (the digest is of what would have been
+    // written), as one object: data and the extra fields together.
+    let mut fields: Map<String, Value> = obj
+        .into_iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "ts" | "request_id" | "event" | "prev" | "hash"))
         .collect();
-    let budget = cap.saturating_sub(1024);
-    // Long strings first, anywhere; then the largest subtrees, one at a time.
-    shorten_strings(&mut data, budget / 16);
-    for v in extra.values_mut() {
-        shorten_strings(v, budget / 16);
+    let mut all = Value::Object(std::mem::take(&mut fields));
+    fit(&mut all, cap.saturating_sub(1024), 0);
+    let Value::Object(mut all) = all else {
+        return build_line(prev, request_id, event, Value::Null, Map::new());
+    };
+    let data = all.remove("data").unwrap_or(Value::Null);
+    build_line(prev, request_id, event, data, all)
+}
+
+/// Serialized size of `v`.
+fn json_len(v: &Value) -> usize {
+    serde_json::to_string(v).map_or(0, |s| s.len())
+}
+
+/// How deep [`fit`] descends before it digests a value whole.
+const FIT_DEPTH: usize = 4;
+
+/// Shrink `v` to at most `budget` bytes of JSON: its largest children are
+/// fitted (a container holding most of the excess, up to [`FIT_DEPTH`]
+/// levels down) or replaced by their digests, biggest first; a value with
+/// no child worth cutting (none over 1 KiB) is digested whole.
+fn fit(v: &mut Value, budget: usize, depth: usize) {
+    let mut total = json_len(v);
+    if total <= budget {
+        return;
     }
-    loop {
-        let size = serde_json::to_string(&data).map_or(0, |s| s.len())
-            + extra
-                .values()
-                .map(|v| serde_json::to_string(v).map_or(0, |s| s.len()))
-                .sum::<usize>();
-        if size <= budget {
+    let mut children: Vec<(usize, &mut Value)> = match v {
+        Value::Object(m) if depth < FIT_DEPTH && !is_omitted_map(m) => {
+            m.values_mut().map(|c| (json_len(c), c)).collect()
+        }
+        Value::Array(a) if depth < FIT_DEPTH => a.iter_mut().map(|c| (json_len(c), c)).collect(),
+        _ => Vec::new(),
+    };
+    children.sort_by_key(|(size, _)| std::cmp::Reverse(*size));
+    let mut digested_whole = true;
+    for (size, child) in children {
+        if total <= budget || size <= 1024 {
             break;
         }
-        let mut roots: Vec<&mut Value> = vec![&mut data];
-        roots.extend(extra.values_mut());
-        if !omit_largest(roots) {
-            break;
+        digested_whole = false;
+        let excess = total - budget;
+        if matches!(child, Value::Object(_) | Value::Array(_)) && size > excess + 1024 {
+            fit(child, size - excess, depth + 1);
+        } else {
+            *child = omitted(child);
         }
+        total = total - size + json_len(child);
     }
-    build_line(prev, request_id, event, data, extra)
+    if total > budget || digested_whole {
+        *v = omitted(v);
+    }
 }
 
 /// `{"omitted": {"sha256", "bytes", "prefix"}}` for a value too large to keep.
 fn omitted(v: &Value) -> Value {
-    let text = match v {
-        Value::String(s) => s.clone(),
-        other => canonical_json(other),
-    };
     let canonical = canonical_json(v);
+    let prefix: String = match v {
+        Value::String(s) => s.chars().take(PREFIX_CHARS).collect(),
+        _ => canonical.chars().take(PREFIX_CHARS).collect(),
+    };
     serde_json::json!({"omitted": {
         "sha256": sha256_hex(canonical.as_bytes()),
         "bytes": canonical.len(),
-        "prefix": text.chars().take(PREFIX_CHARS).collect::<String>(),
+        "prefix": prefix,
     }})
 }
 
-fn is_omitted(v: &Value) -> bool {
-    v.as_object()
-        .is_some_and(|m| m.len() == 1 && m.contains_key("omitted"))
+fn is_omitted_map(m: &Map<String, Value>) -> bool {
+    m.len() == 1 && m.contains_key("omitted")
 }
 
-/// Replace every string longer than `max` bytes under `v` by its digest.
-fn shorten_strings(v: &mut Value, max: usize) {
-    match v {
-        Value::String(s) if s.len() > max => *v = omitted(v),
-        Value::Array(a) => a.iter_mut().for_each(|x| shorten_strings(x, max)),
-        Value::Object(m) if !is_omitted(&Value::Object(m.clone())) => {
-            m.values_mut().for_each(|x| shorten_strings(x, max))
-        }
-        _ => {}
+/// `value` as an event keeps it: whole when its JSON is at most
+/// `max_bytes`, else as its digest (for a value known to be too large
+/// before the event is built, such as a refused call's arguments).
+pub fn kept(value: &Value, max_bytes: usize) -> Value {
+    if json_len(value) <= max_bytes {
+        return value.clone();
     }
-}
-
-/// Replace the largest not-yet-omitted child value under `roots` (or a
-/// root itself, when it has no children left) by its digest. False when
-/// nothing is left to replace.
-fn omit_largest(roots: Vec<&mut Value>) -> bool {
-    fn size(v: &Value) -> usize {
-        serde_json::to_string(v).map_or(0, |s| s.len())
-    }
-    fn largest_child(v: &mut Value) -> Option<&mut Value> {
-        let children: Vec<&mut Value> = match v {
-            Value::Array(a) => a.iter_mut().collect(),
-            Value::Object(m) => m.values_mut().collect(),
-            _ => return None,
-        };
-        children
-            .into_iter()
-            .filter(|c| !is_omitted(c) && size(c) > 256)
-            .max_by_key(|c| size(c))
-    }
-    let Some(root) = roots
-        .into_iter()
-        .filter(|r| !is_omitted(r))
-        .max_by_key(|r| size(r))
-    else {
-        return false;
-    };
-    // Descend while one child holds most of the size, so a big value deep
-    // inside is cut without losing its small siblings.
-    let mut at = root;
-    loop {
-        let total = size(at);
-        let child_size = largest_child(at).map(|c| size(c));
-        match child_size {
-            Some(cs) if cs * 2 >= total => {
-                at = match largest_child(at) {
-                    Some(c) => c,
-                    None => return false,
+    // An object keeps its small fields (the working dir, the namespace).
+    if let Value::Object(m) = value {
+        let some: Map<String, Value> = m
+            .iter()
+            .map(|(k, v)| {
+                let v = if json_len(v) <= 1024 {
+                    v.clone()
+                } else {
+                    omitted(v)
                 };
-            }
-            Some(_) => {
-                if let Some(c) = largest_child(at) {
-                    *c = omitted(c);
-                }
-                return true;
-            }
-            None => {
-                *at = omitted(at);
-                return true;
-            }
+                (k.clone(), v)
+            })
+            .collect();
+        let some = Value::Object(some);
+        if json_len(&some) <= max_bytes {
+            return some;
         }
     }
+    omitted(value)
+}
+
+/// The head file as a writer finds it.
+enum HeadNow {
+    Missing,
+    Damaged(String),
+    Found(Head),
+}
+
+fn read_head_now(log: &Path) -> HeadNow {
+    match read_head(log) {
+        Ok(Some(h)) => HeadNow::Found(h),
+        Ok(None) => HeadNow::Missing,
+        Err(e) => HeadNow::Damaged(e.to_string()),
+    }
+}
+
+/// Whether the log (`len` bytes) holds `head`'s event as the line ending at
+/// `head.bytes`.
+fn head_is_on(file: &mut File, head: &Head, len: u64) -> std::io::Result<bool> {
+    if head.bytes == 0 || head.bytes > len {
+        return Ok(false);
+    }
+    let Some(nl) = last_newline_before(file, head.bytes)? else {
+        return Ok(false);
+    };
+    if nl + 1 != head.bytes {
+        return Ok(false);
+    }
+    let Some(line) = last_complete_line(file, head.bytes)? else {
+        return Ok(false);
+    };
+    Ok(serde_json::from_slice::<Map<String, Value>>(&line)
+        .ok()
+        .and_then(|m| m.get("hash").and_then(Value::as_str).map(str::to_string))
+        .is_some_and(|h| h == head.hash))
+}
+
+/// The hash of `bytes` when they are a whole event line of the current
+/// format chained to `prev` (only the newline missing).
+fn complete_line(bytes: &[u8], prev: Option<&str>) -> Option<String> {
+    let event: Map<String, Value> = serde_json::from_slice(bytes).ok()?;
+    let hash = event.get("hash").and_then(Value::as_str)?.to_string();
+    if event.get("prev").and_then(Value::as_str) != Some(prev.unwrap_or(GENESIS)) {
+        return None;
+    }
+    let mut without = event.clone();
+    without.remove("hash");
+    let (line, h) = event_line(&without);
+    (h == hash && line.as_bytes()[..line.len() - 1] == *bytes).then_some(hash)
 }
 
 /// Append an event the log writes about itself (no request id).

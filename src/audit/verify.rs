@@ -101,7 +101,7 @@ pub fn verify_file(
         && let Some(line) = report.head_lost_at
     {
         let why = format!(
-            "line {line}: the writer found the head file missing; events may have been removed from the end of the log before that line"
+            "line {line}: the writer found the head file missing, damaged or not matching the log; events may have been removed from the end of the log before that line"
         );
         match head_rule {
             HeadRule::Required => {
@@ -207,7 +207,13 @@ fn verify_chain(bytes: &[u8]) -> Report {
                 return report;
             }
             Line::NotAnEvent => {
-                // Only acceptable if the next line records the recovery.
+                // Only acceptable if the next line records the recovery;
+                // a second one before it is not a crash's doing.
+                if let Some((cut_line, _)) = pending_cut {
+                    report.first_bad =
+                        Some((cut_line, "not an audit event (edited or inserted)".into()));
+                    return report;
+                }
                 pending_cut = Some((n, sha256_hex(raw)));
                 continue;
             }
@@ -746,5 +752,100 @@ mod tests {
             r.ok() && r.warnings.iter().any(|w| w.contains("head file missing")),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn a_cut_end_with_its_head_kept_is_not_healed_by_the_next_writer() {
+        let (_d, path, lines) = log_of(5);
+        // Cut at a line boundary; the head (5 events) stays.
+        std::fs::write(&path, join(&lines[..3])).expect("cut");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let events = crate::audit::read_events(&path).expect("read");
+        assert_eq!(events[3]["event"], "audit.head_lost", "{events:?}");
+        assert!(
+            events[3]["data"]["head"]["bytes"].is_u64(),
+            "{:?}",
+            events[3]
+        );
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert_eq!(r.first_bad.map(|b| b.0), Some(4), "{:?}", r.warnings);
+        // The log removed, its head kept: the same.
+        let (_d, path, _) = log_of(3);
+        std::fs::remove_file(&path).expect("rm");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let events = crate::audit::read_events(&path).expect("read");
+        assert_eq!(events[0]["event"], "audit.head_lost");
+        assert!(
+            !verify_file(&path, &[], HeadRule::Required)
+                .expect("verify")
+                .ok()
+        );
+        // A damaged head too.
+        let (_d, path, _) = log_of(2);
+        std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let events = crate::audit::read_events(&path).expect("read");
+        assert!(
+            events[2]["data"]["head"]["damaged"].is_string(),
+            "{:?}",
+            events[2]
+        );
+        // Writers taking turns (another process appending) raise nothing.
+        let (_d, path, _) = log_of(2);
+        let one = AuditLog::open(&path).expect("open");
+        let two = AuditLog::open(&path).expect("open");
+        for i in 0..4 {
+            let w = if i % 2 == 0 { &one } else { &two };
+            w.append("req-t", "tool.request", json!({"i": i}))
+                .expect("append");
+        }
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.ok() && r.head_lost_at.is_none(), "{r:?}");
+    }
+
+    #[test]
+    fn lines_inserted_before_a_recovered_cut_are_refused() {
+        let (_d, path, _) = log_of(2);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes.extend_from_slice(b"{\"event\":\"approval.granted\",\"hash\":5}\n");
+        bytes.extend_from_slice(b"{\"ts\":\"2026");
+        std::fs::write(&path, &bytes).expect("write");
+        // The next writer ends the cut line and records its recovery.
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+        let (line, why) = r.first_bad.expect("refused");
+        assert_eq!(line, 3, "{why}");
+        assert!(why.contains("not an audit event"), "{why}");
+    }
+
+    #[test]
+    fn a_last_line_whole_but_for_its_newline_is_ended_not_recovered() {
+        let (_d, path, lines) = log_of(3);
+        let bytes = std::fs::read(&path).expect("read");
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).expect("drop the newline");
+        // The short write failed the append, so the head is the one before.
+        let second: Map<String, Value> = serde_json::from_str(&lines[1]).expect("json");
+        let behind = crate::audit::Head {
+            hash: second["hash"].as_str().expect("hash").into(),
+            bytes: (lines[0].len() + lines[1].len() + 2) as u64,
+        };
+        crate::audit::write_head(&path, &behind).expect("head");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("req-n", "tool.request", json!({}))
+            .expect("append");
+        let events = crate::audit::read_events(&path).expect("read");
+        let names: Vec<_> = events.iter().map(|e| e["event"].clone()).collect();
+        assert!(!names.contains(&json!("audit.recovered")), "{names:?}");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.ok() && r.warnings.is_empty(), "{r:?}");
+        assert_eq!(r.verified, 4);
     }
 }

@@ -90,7 +90,11 @@ pub async fn issue_for_call(
         request_id.to_string(),
         scope.clone(),
     );
+    // Counted like a revocation, so that a stopping daemon waits (within
+    // its grace) for a credential being minted to arrive and be revoked.
+    let pending = AbortRevocation::start();
     tokio::spawn(async move {
+        let _pending = pending;
         let issued = b.issue(&rid, &sc).await.map(|c| Unclaimed {
             credential: Some(c),
             broker: b,

@@ -185,6 +185,16 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         .map(parse_duration)
         .transpose()?
         .map(|d| crate::approvals::now_ms() - d);
+    // What is listed is what the file says; say when it does not verify.
+    if let Ok(report) = verify::verify_file(&path, &[], verify::HeadRule::Optional)
+        && let Some((line, why)) = &report.first_bad
+    {
+        super::out::errln!(
+            o,
+            "warning: {} does not verify from line {line} ({why}); events from there on cannot be trusted (gateway audit verify)",
+            path.display()
+        );
+    }
     let events: Vec<Map<String, Value>> = audit::read_events(&path)?
         .into_iter()
         .filter(|e| {

@@ -306,7 +306,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         // One grace for everything the stop waits on: the cancelled calls
         // ending, then their credentials' revocation.
         let stopped = Arc::clone(&daemon).serve(listener, stop, grace).await;
-        let deadline = stopped + grace;
+        let deadline = stopped
+            .checked_add(grace)
+            .unwrap_or_else(|| stopped + crate::daemon::SHUTDOWN_GRACE);
         // Calls cancelled by the stop started their revocations in the
         // background; they are finished here, before the runtime goes.
         if let Some(b) = &broker {

@@ -115,7 +115,7 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
         let principal = Principal::new(a.client.clone(), &crate::identity::Caller::this_process());
         let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())?;
         let list = set.tool_list(&principal)?;
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&list)?));
         return Ok(ExitCode::SUCCESS);
     }
     let tool = match (&a.tool, base.get("tool")) {
@@ -202,14 +202,15 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if let Some(e) = &evaluation.error {
-        eprintln!("gateway: policy failed closed: {e}");
+        super::out::eprint_safe(&format!("gateway: policy failed closed: {e}\n"));
     }
     let out = if a.show_input {
         serde_json::json!({"input": input.to_json(), "decision": evaluation.decision})
     } else {
         serde_json::to_value(&evaluation.decision)?
     };
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    // The input may hold a module's plan: printed terminal-safe.
+    super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&out)?));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -237,8 +238,10 @@ fn test(cli: &Cli, a: &TestArgs) -> anyhow::Result<ExitCode> {
     };
     let report = testing::run(&paths, &opts)?;
     match a.format {
-        Format::Text => print!("{}", testing::render_text(&report, a.verbose)),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Text => super::out::print_safe(&testing::render_text(&report, a.verbose)),
+        Format::Json => {
+            super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&report)?))
+        }
     }
     let mut ok = report.success();
     if let (Some(threshold), Some(c)) = (a.threshold, &report.coverage)
@@ -274,7 +277,7 @@ fn check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("gateway: policy check failed: {e}");
+            super::out::eprint_safe(&format!("gateway: policy check failed: {e}\n"));
             Ok(ExitCode::FAILURE)
         }
     }

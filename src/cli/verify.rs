@@ -40,7 +40,7 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
     };
     let ok = checks.iter().all(|c| c.pass);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&checks)?);
+        super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&checks)?));
     } else {
         // Details quote what the cluster or the sandbox answered.
         let mut text = format!("gateway verify: {title}\n");
@@ -49,7 +49,8 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
                 "{}  {}\n      {}\n",
                 if c.pass { "PASS" } else { "FAIL" },
                 c.name,
-                c.detail
+                // One line: a detail quoting the cluster cannot forge a PASS.
+                super::out::escaped(&c.detail, true)
             ));
         }
         let passed = checks.iter().filter(|c| c.pass).count();

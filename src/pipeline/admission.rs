@@ -40,6 +40,15 @@ struct Verdict {
     reasons: Vec<String>,
     /// The cap on one audit line (the gateway applies it to the log).
     event_bytes: usize,
+    /// How long saved plans are kept.
+    plan_retention_seconds: u64,
+}
+
+/// What the policy sets for the gateway as a whole, as the last verdict said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub event_bytes: usize,
+    pub plan_retention: Duration,
 }
 
 /// An admitted call: counted as running until dropped.
@@ -82,12 +91,14 @@ impl std::io::Write for ByteCount {
 impl Admission {
     /// Admit `input`'s call under `set`, or say why not. A policy that
     /// errors, or a verdict of the wrong shape, refuses the call. Also
-    /// returns the audit line cap the policy sets, when it answered.
+    /// returns the settings the policy gives, when it answered. Every call
+    /// asked about counts towards its user's rate, admitted or not (a
+    /// refused call costs audit lines too).
     pub fn admit<'a>(
         &'a self,
         set: &PolicySet,
         input: &DecisionInput,
-    ) -> (Option<usize>, Result<Admitted<'a>, String>) {
+    ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
         let mut size = ByteCount(0);
         let _ = serde_json::to_writer(&mut size, &input.params);
         let uid = input.principal.uid;
@@ -117,7 +128,7 @@ impl Admission {
             .and_then(|v| {
                 serde_json::from_value::<Verdict>(v).map_err(|e| {
                     format!(
-                        "the call could not be admitted: data.gateway.calls.verdict is not {{admit, reasons, event_bytes}} ({e})"
+                        "the call could not be admitted: data.gateway.calls.verdict is not {{admit, reasons, event_bytes, plan_retention_seconds}} ({e})"
                     )
                 })
             });
@@ -125,7 +136,13 @@ impl Admission {
             Ok(v) => v,
             Err(e) => return (None, Err(e)),
         };
-        let cap = Some(verdict.event_bytes);
+        let cap = Some(Settings {
+            event_bytes: verdict.event_bytes,
+            plan_retention: Duration::from_secs(verdict.plan_retention_seconds),
+        });
+        // Forget users with nothing in the window, so the map stays small.
+        c.started.retain(|_, q| !q.is_empty());
+        c.started.entry(uid).or_default().push_back(now);
         if !verdict.admit {
             let why = if verdict.reasons.is_empty() {
                 "the policy does not admit this call now (data.gateway.calls)".to_string()
@@ -134,9 +151,6 @@ impl Admission {
             };
             return (cap, Err(why));
         }
-        // Forget users with nothing in the window, so the map stays small.
-        c.started.retain(|_, q| !q.is_empty());
-        c.started.entry(uid).or_default().push_back(now);
         *c.running.entry(uid).or_insert(0) += 1;
         c.total += 1;
         (
@@ -206,7 +220,7 @@ mod tests {
         assert_eq!(a.running(), 0);
         let (cap, ok) = a.admit(&set, &input(3, small));
         assert!(ok.is_ok());
-        assert_eq!(cap, Some(65536));
+        assert_eq!(cap.map(|c| c.event_bytes), Some(65536));
     }
 
     #[test]
@@ -220,8 +234,10 @@ mod tests {
             drop(a.admit(&set, &input(5, json!({}))).1.expect("admitted"));
         }
         let e = a.admit(&set, &input(5, json!({}))).1.expect_err("61st");
-        assert!(e.contains("started 60 calls in the last minute"), "{e}");
-        // Refused calls are not counted.
+        assert!(e.contains("made 60 calls in the last minute"), "{e}");
+        // Refused calls do not count as running, but towards the rate.
         assert_eq!(a.running(), 0);
+        let e = a.admit(&set, &input(5, json!({}))).1.expect_err("still");
+        assert!(e.contains("made 61 calls in the last minute"), "{e}");
     }
 }

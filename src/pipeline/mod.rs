@@ -125,6 +125,8 @@ pub struct Pipeline {
     live_secrets: LiveSecrets,
     /// The calls running and recently started, for admission.
     admission: admission::Admission,
+    /// How long saved plans are kept, in seconds (from the policy).
+    plan_retention_seconds: std::sync::atomic::AtomicU64,
 }
 
 /// The API server as sandboxes see it: by endpoint name, with its CA.
@@ -324,6 +326,7 @@ impl Pipeline {
             kubernetes: None,
             live_secrets: LiveSecrets::default(),
             admission: admission::Admission::default(),
+            plan_retention_seconds: std::sync::atomic::AtomicU64::new(86_400),
         })
     }
 
@@ -404,11 +407,23 @@ impl Pipeline {
         let Ok(set) = self.policy.current() else {
             return Ok(None);
         };
-        let (cap, admitted) = self.admission.admit(&set, input);
-        if let Some(cap) = cap {
-            self.audit.set_max_event_bytes(cap);
+        let (settings, admitted) = self.admission.admit(&set, input);
+        if let Some(s) = settings {
+            self.audit.set_max_event_bytes(s.event_bytes);
+            self.plan_retention_seconds.store(
+                s.plan_retention.as_secs(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         admitted.map(Some)
+    }
+
+    /// How long saved plans are kept (the policy's `plan_retention_seconds`).
+    pub(crate) fn plan_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.plan_retention_seconds
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Calls running now (admitted and not ended).
@@ -419,11 +434,14 @@ impl Pipeline {
     /// Audit `tool.request`: the call as the agent made it, before anything
     /// is decided about it.
     fn audit_request(&self, input: &DecisionInput) -> Result<(), PipelineError> {
+        // Arguments too large for the line are kept as their digest at
+        // once (no walk through a hostile value under the log's lock).
+        let params = crate::audit::kept(&input.params, self.audit.max_event_bytes() / 2);
         self.audit.record(
             &input.request_id,
             Event::ToolRequest {
                 tool: input.tool.clone(),
-                params: input.params.clone(),
+                params,
                 principal: serde_json::to_value(&input.principal).unwrap_or(Value::Null),
             },
         )?;

@@ -48,6 +48,36 @@ impl PlanStore {
         Ok(saved)
     }
 
+    /// Remove the saved plans (file and JSON) older than `retention`;
+    /// returns how many files went. Anything that is not a plan of ours
+    /// is left alone.
+    pub fn prune(&self, retention: std::time::Duration) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((id, ext)) = name.rsplit_once('.') else {
+                continue;
+            };
+            if !matches!(ext, "tfplan" | "json") || check_id(id).is_err() {
+                continue;
+            }
+            let old = e
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > retention);
+            if old && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// The plan file saved by request `request_id`.
     pub fn plan_file(&self, request_id: &str) -> Result<Vec<u8>, Stop> {
         check_id(request_id)?;
@@ -102,4 +132,24 @@ fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     f.read_to_end(&mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_removes_only_old_plans_of_ours() {
+        let home = tempfile::tempdir().expect("home");
+        let store = PlanStore::in_home(home.path()).expect("store");
+        let id = format!("req-{}", "a".repeat(32));
+        store.save(&id, b"plan", b"{}").expect("save");
+        std::fs::write(store.dir.join("notes.txt"), "mine").expect("write");
+        assert_eq!(store.prune(std::time::Duration::from_secs(3600)), 0);
+        assert!(store.plan_file(&id).is_ok());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(store.prune(std::time::Duration::from_millis(1)), 2);
+        assert!(store.plan_file(&id).is_err());
+        assert!(store.dir.join("notes.txt").exists());
+    }
 }

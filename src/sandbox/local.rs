@@ -719,12 +719,24 @@ impl LocalSandbox {
         };
         let code = status.code();
         let memory_hit = status.code() != Some(0) && memory_hit.load(Ordering::Relaxed);
+        // A working dir with no room left when the tool failed: it hit its
+        // disk_bytes (the tool's own error says "no space left on device").
+        let disk_full = status.code() != Some(0)
+            && req.workdir.as_ref().is_some_and(|w| {
+                nix::sys::statvfs::statvfs(w.as_path())
+                    .is_ok_and(|v| v.blocks_available() == 0 && v.blocks() > 0)
+            });
         let (exit_code, ended) = if let Some(why) = killed_for {
             (None, why)
         } else if memory_hit {
             (
                 status.code().filter(|c| *c < 128),
                 Ended::Limit("memory".into()),
+            )
+        } else if disk_full {
+            (
+                status.code().filter(|c| *c < 128),
+                Ended::Limit("disk (the working dir is full)".into()),
             )
         } else {
             match code {

@@ -360,7 +360,10 @@ impl Scratch {
                 s.path(),
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some(format!("size={bytes},mode=0700").as_str()),
+                // Inodes too: a million empty files take kernel memory
+                // that `size` does not count (one per 16 KiB of quota,
+                // at least 4096).
+                Some(format!("size={bytes},nr_inodes={},mode=0700", (bytes / 16384).max(4096)).as_str()),
             )
             .map_err(|e| {
                 format!(
@@ -503,5 +506,40 @@ mod tests {
             String::from_utf8_lossy(&c.bytes),
             "key <redacted> secret <redacted>"
         );
+    }
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::*;
+
+    fn mounted(path: &Path) -> bool {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap_or("")))
+    }
+
+    /// Needs root (to mount), as the local backend does; CI runs as root.
+    #[test]
+    fn a_quota_scratch_is_a_tmpfs_of_its_size_and_goes_when_dropped() {
+        let root = tempfile::tempdir().expect("root");
+        let s = Scratch::new(root.path(), Some(1 << 20)).expect("mounted (needs root)");
+        let path = s.path().to_path_buf();
+        assert!(mounted(&path));
+        let v = nix::sys::statvfs::statvfs(path.as_path()).expect("statvfs");
+        assert_eq!(v.blocks() * v.fragment_size(), 1 << 20);
+        let big = std::fs::write(path.join("fill"), vec![0u8; 2 << 20]);
+        assert!(big.is_err(), "2 MiB do not fit in 1 MiB");
+        drop(s);
+        assert!(!mounted(&path) && !path.exists());
+        // A dir left by a gateway that is gone (pid 1's start time differs)
+        // is unmounted and removed by the reaper; ours are left alone.
+        let ours = Scratch::new(root.path(), Some(1 << 20)).expect("mounted");
+        let stale = root.path().join("work-1-1-abcdef");
+        std::fs::create_dir(&stale).expect("mkdir");
+        let reaped = reap_scratch(root.path());
+        assert_eq!(reaped, vec![stale.clone()]);
+        assert!(ours.path().exists() && mounted(ours.path()));
     }
 }

@@ -289,6 +289,9 @@ impl Pipeline {
         let plan = crate::policy::plan::parse_plan(json_bytes, "the saved plan's JSON")
             .map_err(|e| Stop::refused(e.to_string()))?;
         let saved = self.plans.save(&rid, &bin, json_bytes)?;
+        // Plans older than the policy keeps them go (an approval cannot
+        // outlive its plan; the policy keeps retention above approval TTLs).
+        self.plans.prune(self.plan_retention());
         self.audit.record(
             &rid,
             Event::PlanSaved {
