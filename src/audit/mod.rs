@@ -815,4 +815,31 @@ mod tests {
         let last = std::fs::read_to_string(log.path()).expect("read");
         assert!(last.lines().all(|l| l.len() <= 8192));
     }
+
+    #[test]
+    fn an_event_of_many_mid_sized_strings_deep_inside_is_cut_to_fit() {
+        // The shape that made the first cut quadratic: tens of thousands
+        // of strings just over the digest's size, under nested objects.
+        let mut v = json!(
+            (0..20_000)
+                .map(|i| format!("{i:0>300}"))
+                .collect::<Vec<_>>()
+        );
+        for depth in 0..50 {
+            v = json!({format!("k{depth}"): v, "small": depth});
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = AuditLog::open(dir.path().join("a.jsonl")).expect("open");
+        log.set_max_event_bytes(8192);
+        let started = std::time::Instant::now();
+        log.append("req-deep", "tool.request", json!({"params": v}))
+            .expect("append");
+        eprintln!(
+            "cut a {} byte event in {:?}",
+            20_000 * 303,
+            started.elapsed()
+        );
+        let text = std::fs::read_to_string(log.path()).expect("read");
+        assert!(text.len() <= 8192, "{}", text.len());
+    }
 }
