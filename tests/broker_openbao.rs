@@ -1760,7 +1760,7 @@ async fn two_hundred_calls_with_cancellations_and_disconnects_leave_nothing_behi
                 .filter(|l| !l.trim().is_empty())
                 .map(|l| format!("sandbox {l}")),
         );
-        for dir in ["bundles", "scratch"] {
+        for dir in ["bundles", "scratch", "state"] {
             if let Ok(d) = std::fs::read_dir(root.join(dir)) {
                 left.extend(d.flatten().map(|e| format!("{dir} {}", e.path().display())));
             }
@@ -1812,7 +1812,7 @@ async fn two_hundred_calls_with_cancellations_and_disconnects_leave_nothing_behi
         report.first_bad
     );
     println!(
-        "stress: {CALLS} calls from {CLIENTS} clients in {:.1} s: {tally:?}; {issued} credentials issued, {revoked} revocations, 0 leases left (OpenBao, ledger, ServiceAccounts); 0 sandboxes, netns, cgroups, working dirs left; audit verified ({} events); daemon peak RSS {} MiB",
+        "stress: {CALLS} calls from {CLIENTS} clients in {:.1} s: {tally:?}; {issued} credentials issued, {revoked} revocations, 0 leases left (OpenBao, ledger, ServiceAccounts); 0 sandboxes, runsc state files, netns, cgroups, working dirs left; audit verified ({} events); daemon peak RSS {} MiB",
         ran_for.as_secs_f64(),
         report.verified,
         peak / 1024

@@ -99,6 +99,20 @@ fn remove_cgroup(name: &str) {
     }
 }
 
+/// Remove runsc's files for container `name` left in its state dir: a
+/// `runsc run` killed while it created the container leaves its lock file
+/// (`<name>_sandbox:<name>.lock`) that `runsc delete` does not know of.
+fn remove_state_files(state: &Path, name: &str) {
+    let prefix = format!("{name}_");
+    if let Ok(entries) = std::fs::read_dir(state) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
 /// CPU nanoseconds the sandbox's cgroup has used (cgroup v1 cpuacct, or v2 cpu.stat).
 fn cgroup_cpu_ns(name: &str) -> Option<u64> {
     let rel = cgroup_path(name);
@@ -821,6 +835,7 @@ impl Cleanup {
             self.kill();
             self.runsc(&["delete", "--force", &self.name]);
             remove_cgroup(&self.name);
+            remove_state_files(&self.state, &self.name);
             self.started = false;
         }
         if let Some(mut ns) = self.netns.take() {
