@@ -120,15 +120,25 @@ fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
         record.resize(HEAD_RECORD - 1, b' ');
         record.push(b'\n');
     }
+    let path = head_path(log);
+    let created = std::fs::symlink_metadata(&path).is_err();
     let f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .open(head_path(log))?;
+        .open(&path)?;
     f.write_all_at(&record, 0)?;
     if f.metadata()?.len() != record.len() as u64 {
         f.set_len(record.len() as u64)?;
+    }
+    if created {
+        // A head that a power loss took back would read as lost: the new
+        // file and its name are made durable once.
+        f.sync_all()?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
     }
     Ok(())
 }
@@ -281,7 +291,7 @@ impl AuditLog {
         // What the last writer recorded as the end of the log; a head this
         // writer did not leave means someone else wrote (another process,
         // or someone cutting the log), so everything is checked again.
-        let head = read_head_now(&self.path);
+        let head = read_head_now(&self.path)?;
         let ours = matches!(&head, HeadNow::Found(h)
             if Some(&h.hash) == tail.last_hash.as_ref() && h.bytes == tail.len);
         if len != tail.len || tail.last_hash.is_none() || !ours {
@@ -315,6 +325,9 @@ impl AuditLog {
             // `--no-head`.
             let found = match &head {
                 HeadNow::Missing if len == 0 => None,
+                // The first writer stopped between its first line and
+                // creating the head: nothing can have been cut yet.
+                HeadNow::Missing if only_first_line(&mut file, len).map_err(io)? => None,
                 HeadNow::Missing => Some(Value::String("missing".into())),
                 HeadNow::Damaged(why) => Some(serde_json::json!({"damaged": why})),
                 HeadNow::Found(h) if head_is_on(&mut file, h, len).map_err(io)? => None,
@@ -518,6 +531,8 @@ pub fn kept(value: &Value, max_bytes: usize) -> Value {
     if json_len(value) <= max_bytes {
         return value.clone();
     }
+    // Scrubbed first: a digest's prefix and hash are of what may be written.
+    let value = &scrub::scrub(value);
     // An object keeps its small fields (the working dir, the namespace).
     if let Value::Object(m) = value {
         let some: Map<String, Value> = m
@@ -546,12 +561,29 @@ enum HeadNow {
     Found(Head),
 }
 
-fn read_head_now(log: &Path) -> HeadNow {
+/// A head that cannot be read for a reason of the machine's (no file
+/// descriptor left, an I/O error) fails the append instead: only a head
+/// that reads but does not parse is damaged.
+fn read_head_now(log: &Path) -> Result<HeadNow, AuditError> {
     match read_head(log) {
-        Ok(Some(h)) => HeadNow::Found(h),
-        Ok(None) => HeadNow::Missing,
-        Err(e) => HeadNow::Damaged(e.to_string()),
+        Ok(Some(h)) => Ok(HeadNow::Found(h)),
+        Ok(None) => Ok(HeadNow::Missing),
+        Err(e @ AuditError::BadHead { .. }) => Ok(HeadNow::Damaged(e.to_string())),
+        Err(e) => Err(e),
     }
+}
+
+/// Whether the log (`len` bytes) is one complete line, the chain's first.
+fn only_first_line(file: &mut File, len: u64) -> std::io::Result<bool> {
+    if len == 0 || last_newline_before(file, len - 1)?.is_some() {
+        return Ok(false);
+    }
+    let Some(line) = last_complete_line(file, len)? else {
+        return Ok(false);
+    };
+    Ok(serde_json::from_slice::<Map<String, Value>>(&line)
+        .ok()
+        .is_some_and(|m| m.get("prev").and_then(Value::as_str) == Some(GENESIS)))
 }
 
 /// Whether the log (`len` bytes) holds `head`'s event as the line ending at
@@ -841,5 +873,30 @@ mod tests {
         );
         let text = std::fs::read_to_string(log.path()).expect("read");
         assert!(text.len() <= 8192, "{}", text.len());
+    }
+
+    #[test]
+    fn a_digested_value_never_carries_a_secret_in_its_prefix() {
+        let params = json!({"vars": {"a_password": "hunter2", "token": "hvs.CAESIPlantedSecretTokenValue0123456789", "big": "x".repeat(40_000)}});
+        let kept = kept(&params, 32 * 1024);
+        let text = kept.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("hvs.CAES"),
+            "{text}"
+        );
+        assert!(kept["vars"]["omitted"]["prefix"].is_string(), "{text}");
+    }
+
+    #[test]
+    fn a_first_writer_stopped_before_its_head_leaves_no_head_lost() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        std::fs::remove_file(head_path(&path)).expect("as if never written");
+        let again = AuditLog::open(&path).expect("open");
+        again.append("r", "y", json!({})).expect("append");
+        let events = read_events(&path).expect("read");
+        assert_eq!(events.len(), 2, "{events:?}");
     }
 }

@@ -19,6 +19,10 @@ use crate::policy::input::DecisionInput;
 /// The window of `per_minute_per_user`.
 const WINDOW: Duration = Duration::from_secs(60);
 
+/// The most calls counted per user in the window (memory stays bounded
+/// however fast a caller tries).
+const MAX_COUNTED: usize = 10_000;
+
 #[derive(Debug, Default)]
 struct Counts {
     running: BTreeMap<u32, usize>,
@@ -142,7 +146,11 @@ impl Admission {
         });
         // Forget users with nothing in the window, so the map stays small.
         c.started.retain(|_, q| !q.is_empty());
-        c.started.entry(uid).or_default().push_back(now);
+        // Bounded: a caller past any sane rate stays past it.
+        let recent = c.started.entry(uid).or_default();
+        if recent.len() < MAX_COUNTED {
+            recent.push_back(now);
+        }
         if !verdict.admit {
             let why = if verdict.reasons.is_empty() {
                 "the policy does not admit this call now (data.gateway.calls)".to_string()

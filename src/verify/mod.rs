@@ -368,14 +368,15 @@ async fn limits(sb: &LocalSandbox) -> Check {
     }
     // This check's own sandboxes only: the state dir is shared with any
     // gateway running calls on this host meanwhile.
-    let ours = "verify-";
     let mine = format!("-{}", std::process::id());
     let left = std::fs::read_dir(sb.state_dir())
         .map(|d| {
             d.flatten()
                 .filter(|e| {
                     let n = e.file_name().to_string_lossy().into_owned();
-                    n.starts_with(ours) && n.contains(&mine)
+                    // `verify-<probe>-<pid>`, then `_…` for runsc's own files.
+                    let id = n.split('_').next().unwrap_or_default();
+                    id.starts_with("verify-") && id.ends_with(&mine)
                 })
                 .count()
         })
