@@ -657,9 +657,8 @@ async fn with_vault_down_the_call_is_refused_and_nothing_runs() {
 /// tests kill); the relay ends with it.
 struct Served {
     child: std::process::Child,
-    relay: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    lines: std::sync::mpsc::Receiver<Value>,
+    /// The MCP session the relay holds (dropped after the daemon).
+    client: Client,
     stderr: PathBuf,
     socket: PathBuf,
     _workspace: tempfile::TempDir,
@@ -677,7 +676,6 @@ impl Served {
 
     /// With extra `[daemon]` settings and the policies in `policies`.
     fn start_on(w: &World, tag: &str, daemon_extra: &str, policies: &Path) -> Served {
-        use std::io::BufRead;
         use std::process::Stdio;
         let token_file = w.dir.path().join("gateway-token");
         std::fs::write(&token_file, &w.gateway_token).expect("token file");
@@ -720,67 +718,18 @@ impl Served {
             std::fs::read_to_string(&stderr).unwrap_or_default()
         );
         let workspace = tempfile::tempdir().expect("workspace");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--workspace")
-            .arg(workspace.path())
-            .env_remove("GATEWAY_HOME")
-            .env_remove("GATEWAY_POLICIES")
-            .env_remove("GATEWAY_CONFIG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("gateway serve");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && tx.send(v).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let mut s = Served {
+        let client = Client::connect(&socket, workspace.path(), "broker-test");
+        Served {
             child: daemon,
-            relay: child,
-            stdin: Some(stdin),
-            lines,
+            client,
             stderr,
             socket: socket.clone(),
             _workspace: workspace,
-        };
-        s.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "broker-test", "version": "1"}}}));
-        s.reply(0);
-        s.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        s
+        }
     }
 
     fn send(&mut self, v: Value) {
-        use std::io::Write;
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{v}").expect("write");
-        stdin.flush().expect("flush");
-    }
-
-    fn reply(&mut self, id: u64) -> Value {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let v = self.lines.recv_timeout(left).expect("a reply in time");
-            if v["id"] == json!(id) {
-                return v;
-            }
-        }
+        self.client.send(v);
     }
 
     fn log(&self) -> String {
@@ -792,8 +741,6 @@ impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = self.relay.kill();
-        let _ = self.relay.wait();
     }
 }
 
@@ -881,7 +828,7 @@ async fn a_client_that_goes_away_or_cancels_mid_call_has_its_lease_revoked_at_on
         let mut served = tokio::task::block_in_place(|| call_in_flight(&w, way, ""));
         let started = std::time::Instant::now();
         match way {
-            "eof" => drop(served.stdin.take()),
+            "eof" => drop(served.client.stdin.take()),
             _ => served.send(
                 json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                 "params": {"requestId": 1, "reason": "the user pressed Esc"}}),
@@ -1048,7 +995,12 @@ async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
     // And it serves: a full call works, through MCP, and its token leaks nowhere.
     second.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
-    let reply = tokio::task::block_in_place(|| second.reply(2));
+    let reply = tokio::task::block_in_place(|| {
+        second
+            .client
+            .reply(2, std::time::Duration::from_secs(120))
+            .expect("a reply in time")
+    });
     assert_eq!(reply["result"]["isError"], false, "{reply}");
     assert_eq!(
         reply["result"]["structuredContent"]["result"]["pods"][0]["name"], "web-0",
@@ -1729,17 +1681,41 @@ async fn two_hundred_calls_with_cancellations_and_disconnects_leave_nothing_behi
                 .join("\n")
         );
     }
+    // OpenBao lists no lease under the role (an empty listing is exit 2
+    // with `{}`; anything else, a refusal included, is a failure here)...
     let in_vault = w.bao.bao(&[
         "list",
         "-format=json",
         "sys/leases/lookup/kubernetes/creds/gateway-pod-reader-demo-app/",
     ]);
-    let listed: Vec<String> = serde_json::from_slice(&in_vault.stdout).unwrap_or_default();
+    let listing = String::from_utf8_lossy(&in_vault.stdout).trim().to_string();
+    if in_vault.status.success() {
+        let listed: Vec<String> = serde_json::from_str(&listing).expect("a lease list");
+        panic!("OpenBao still holds {} lease(s): {listed:?}", listed.len());
+    }
     assert!(
-        listed.is_empty(),
-        "OpenBao still holds {} lease(s): {listed:?}",
-        listed.len()
+        in_vault.status.code() == Some(2) && listing == "{}" && in_vault.stderr.is_empty(),
+        "listing OpenBao's leases failed: {listing} {}",
+        String::from_utf8_lossy(&in_vault.stderr)
     );
+    // ...and knows none of the leases the audit says were issued.
+    let leases: Vec<String> = gateway::audit::read_events(&w.home.join("audit.jsonl"))
+        .expect("audit")
+        .into_iter()
+        .filter(|e| e["event"] == "credential.issued")
+        .filter_map(|e| e["data"]["lease_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(leases.len(), issued);
+    for lease in &leases {
+        let lookup = w.bao.bao(&["lease", "lookup", lease]);
+        assert!(
+            !lookup.status.success()
+                && String::from_utf8_lossy(&lookup.stderr).contains("invalid lease"),
+            "OpenBao still knows {lease}: {}{}",
+            common::stdout(&lookup),
+            common::stderr(&lookup)
+        );
+    }
     let peak = peak_rss_kib(daemon_pid);
     // Nothing of any sandbox is left, once the sandboxes of the calls
     // dropped last have been torn down (runsc removes a killed sandbox's
