@@ -376,7 +376,7 @@ mod tests {
         }
     }
 
-    /// Issues at once, recording what it issued and revoked.
+    /// Issues after a pause, recording what it issued and revoked.
     #[derive(Default)]
     struct Quick {
         issued: Mutex<Vec<String>>,
@@ -390,6 +390,10 @@ mod tests {
             _: &'a CredentialScope,
         ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
             Box::pin(async move {
+                // Long enough that the caller's first poll cannot already
+                // find the credential (it would take it, and the test would
+                // drop an ordinary result).
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 let lease = "lease-quick".to_string();
                 self.issued
                     .lock()
