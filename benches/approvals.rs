@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gateway::approvals::{ApprovalStore, NewApproval};
+use gateway::approvals::{ApprovalStore, Approver, NewApproval};
 use gateway::audit::AuditLog;
 use serde_json::json;
 
@@ -31,13 +31,19 @@ fn bench(c: &mut Criterion) {
         ttl: Duration::from_secs(1800),
         reason_required: false,
     };
+    let bob = Approver {
+        name: "bob".into(),
+        kind: "os_user",
+        os_user: "bob".into(),
+        signed: None,
+    };
     let mut g = c.benchmark_group("approvals");
     g.throughput(Throughput::Elements(1));
     g.bench_function("create_grant_spend", |b| {
         b.iter(|| {
-            let a = store.create(&new).expect("create");
+            let (a, _) = store.create(&new).expect("create");
             store
-                .grant(&a.id, "bob", "ok")
+                .grant(&a.id, &bob, "ok")
                 .expect("db")
                 .expect("granted");
             store

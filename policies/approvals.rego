@@ -26,11 +26,16 @@ settings := cfg.destructive if count(signals.signals) > 0
 
 else := cfg.standard
 
-# Distinct people who approved the approval presented with this call; the
-# person who requested the call never counts for it.
-approvers := {a |
-	some a in input.approval.approvers
-	a != object.get(input.approval, "requested_by", "")
+# Distinct identities that approved the approval presented with this call,
+# as the gateway proved them again for this decision (SSH signatures
+# re-checked against today's allowed signers, OS users' groups looked up
+# again): the requester never counts, and neither does an identity the
+# policy no longer admits for this call.
+approvers := {a.name |
+	some a in object.get(input.approval, "identities", [])
+	a.name != object.get(input.approval, "requested_by", "")
+	admitted(a)
+	in_scope(a, call_facts(input.tool, input.params, signals.signals))
 }
 
 # True when no approval is needed, or the presented approval is granted by
@@ -52,26 +57,124 @@ requirement := {
 	"satisfied": satisfied,
 }
 
-# The identity an approval or denial is recorded under, asked by the CLI
-# with input {"os_user", "uid", "groups", "channel", "named"}: the OS user
-# the kernel named on the daemon's socket (channel "daemon"), or the user of
-# a direct command on a private state dir (channel "direct"). Undefined
-# (refused) when that user may not approve, or --as is used and not allowed.
-approver := input.os_user if {
-	not input.named
-	may_approve
+# --- Who may give a verdict on which call ----------------------------------
+#
+# An approver is an identity the gateway proved, never a name anyone gave:
+#   {"name", "kind": "ssh_key", "os_user", "key": {"fingerprint", "type",
+#    "principals", "user_presence"}}   a signature by a key of the allowed
+#                                      signers below; name = its principal
+#   {"name", "kind": "os_user", "os_user", "groups"}
+#                                      the OS user the kernel named
+# The keys whose signatures identify approvers (git's allowed_signers
+# format). The gateway checks signatures against exactly this text.
+allowed_signers := object.get(data.config, ["approvers", "allowed_signers"], "")
+
+# Which identities count at all.
+admitted(id) if {
+	id.kind == "ssh_key"
+	cfg.identity.keys
 }
 
-approver := input.named if {
-	input.named
-	input.channel == "direct"
-	cfg.identity.allow_as
+admitted(id) if {
+	id.kind == "os_user"
+	id.name in cfg.identity.users
 }
 
-# Who may approve and deny calls, and read every user's approvals and the
-# audit log through the daemon: the users and groups the configuration
-# names. Everyone else sees only their own approvals. A direct command
-# works on a state dir its user owns, so it is that user's.
+admitted(id) if {
+	id.kind == "os_user"
+	some g in id.groups
+	g in cfg.identity.groups
+}
+
+# What an approver's scope is matched against.
+call_facts(tool, params, sigs) := {
+	"tool": tool,
+	"tier": object.get(data.config.tools, [tool, "tier"], "unknown"),
+	"module": object.get(params, "working_dir", ""),
+	"namespace": object.get(params, "namespace", object.get(data.config.scopes.modules, [object.get(params, "working_dir", ""), "namespace"], "")),
+	"signal_kinds": {s.kind | some s in sigs},
+}
+
+# An identity without a scope may approve every call; one with a scope only
+# calls it covers (each list it gives must hold the call's value; every
+# signal kind of the call must be in its signal_kinds).
+in_scope(id, _) if not cfg.identity.scopes[id.name]
+
+in_scope(id, call) if {
+	s := cfg.identity.scopes[id.name]
+	every field, key in {"tools": "tool", "tiers": "tier", "namespaces": "namespace", "modules": "module"} {
+		call[key] in object.get(s, field, [call[key]])
+	}
+	every k in call.signal_kinds {
+		k in object.get(s, "signal_kinds", [k])
+	}
+}
+
+# A verdict on a stored approval, asked by `gateway approve` / `gateway deny`
+# with input {"verdict": "grant"|"deny", "approver": identity, "approval":
+# {"id", "tool", "params", "requested_by", "signals", "verdicts": [{"approver",
+# "verdict"}]}}. Allowed when no rule below refuses it.
+verdict_call := call_facts(input.approval.tool, input.approval.params, input.approval.signals)
+
+verdict_refusals contains msg if {
+	not admitted(input.approver)
+	not own_withdrawal
+	msg := sprintf("%s (%s) is not an approver: %s", [object.get(input.approver, "name", "?"), object.get(input.approver, "kind", "?"), object.get(not_admitted_hint, object.get(input.approver, "kind", ""), "an identity nobody proved never counts")])
+}
+
+not_admitted_hint := {
+	"ssh_key": "signed approvals are off (data.config.approvals.identity.keys)",
+	"os_user": "the user is not in data.config.approvals.identity users or groups; sign with an allowed key (gateway approve --key)",
+}
+
+verdict_refusals contains msg if {
+	input.verdict == "grant"
+	input.approver.name == input.approval.requested_by
+	msg := sprintf("%s requested this call and cannot approve it (an approval needs someone the requester cannot act as)", [input.approver.name])
+}
+
+verdict_refusals contains msg if {
+	input.verdict == "grant"
+	some v in input.approval.verdicts
+	v.verdict == "grant"
+	v.approver == input.approver.name
+	msg := sprintf("%s already approved %s; it needs approvals from other people", [input.approver.name, input.approval.id])
+}
+
+verdict_refusals contains msg if {
+	admitted(input.approver)
+	not in_scope(input.approver, verdict_call)
+	msg := sprintf("%s may not decide on this call (%s, tier %s, namespace %q, module %q): outside its scope in data.config.approvals.identity.scopes", [input.approver.name, verdict_call.tool, verdict_call.tier, verdict_call.namespace, verdict_call.module])
+}
+
+# The requester may always deny (withdraw) its own call.
+own_withdrawal if {
+	input.verdict == "deny"
+	input.approver.name == input.approval.requested_by
+}
+
+# Allowed only with no refusal and an identity that is admitted (or the
+# requester withdrawing): a refusal whose message failed to build cannot
+# turn into an allow.
+default verdict_allowed := false
+
+verdict_allowed if {
+	count(verdict_refusals) == 0
+	admitted(input.approver)
+}
+
+verdict_allowed if {
+	count(verdict_refusals) == 0
+	own_withdrawal
+}
+
+verdict := {"allow": verdict_allowed, "reasons": sort(verdict_refusals)}
+
+# Who may read every user's approvals and the audit log through the daemon
+# (input {"os_user", "uid", "groups", "channel", "command"}): the OS users
+# and groups the configuration names. Everyone else sees only their own
+# approvals. A direct command works on a state dir its user owns, so it is
+# that user's.
 default may_approve := false
 
 may_approve if input.channel == "direct"
@@ -84,12 +187,18 @@ may_approve if {
 }
 
 # Which operator command a caller may run through the daemon (input as for
-# `approver`, plus "command": "approvals", "audit" or "vault status"):
-# approvers may run every one; anyone in the socket's group may run those
-# listed in `anyone` (with `approvals`, a caller who is not an approver sees
-# only their own).
+# `may_approve`, plus "command": "approvals", "audit" or "vault status"):
+# the users and groups above may run every one; anyone in the socket's
+# group may run those listed in `anyone` (with `approvals`, a caller who is
+# not one of them sees only their own).
 default may_run := false
 
 may_run if may_approve
 
 may_run if input.command in cfg.identity.anyone
+
+# Who is told when an approval is requested (data.config.approvals.notifiers):
+# a list of {"webhook": URL} (a JSON body with a Slack-compatible "text") and
+# {"command": [ARGV...]} (the same JSON on stdin). A notifier that fails is
+# audited and never holds up the call.
+notifiers := object.get(cfg, "notifiers", [])

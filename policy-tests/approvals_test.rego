@@ -48,56 +48,102 @@ test_signals_on_a_low_tier_tool_that_changes_things_need_approval if {
 	not r2.required
 }
 
+key(name) := {"name": name, "kind": "ssh_key", "os_user": "alice", "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": [name]}}
+
+user(name, groups) := {"name": name, "kind": "os_user", "os_user": name, "groups": groups}
+
+presented(status, ids) := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": status, "requested_by": "u", "identities": ids}})
+
 test_an_approved_approval_satisfies_the_requirement if {
-	inp := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["bob"]}})
-	approvals.requirement.satisfied with input as inp
+	approvals.requirement.satisfied with input as presented("approved", [key("bob")])
+	approvals.requirement.satisfied with input as presented("approved", [user("carol", ["carol", "gateway-approvers"])])
 }
 
 test_a_pending_approval_does_not_satisfy if {
-	inp := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "pending", "approvers": []}})
-	not approvals.requirement.satisfied with input as inp
+	not approvals.requirement.satisfied with input as presented("pending", [])
 }
 
-test_k_of_n_needs_k_distinct_approvers if {
+test_k_of_n_needs_k_distinct_identities if {
 	cfg := object.union(data.config.approvals, {"standard": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
-	twice := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "bob"]}})
-	not approvals.requirement.satisfied with data.config.approvals as cfg with input as twice
-	two := object.union(apply, {"approval": {"id": "a1", "status": "approved", "approvers": ["bob", "carol"]}})
-	approvals.requirement.satisfied with data.config.approvals as cfg with input as two
-	approvals.requirement.ttl_seconds == 600 with data.config.approvals as cfg with input as two
+	not approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [key("bob"), key("bob")])
+	not approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [key("bob"), user("bob", ["gateway-approvers"])])
+	approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [key("bob"), key("carol")])
+	approvals.requirement.ttl_seconds == 600 with data.config.approvals as cfg with input as presented("approved", [key("bob"), key("carol")])
 }
 
-test_through_the_daemon_the_approver_is_a_configured_approver if {
-	approvals.approver == "carol" with input as {"os_user": "carol", "uid": 1002, "groups": ["carol", "gateway-approvers"], "channel": "daemon"}
-	approvals.approver == "dave" with input as {"os_user": "dave", "uid": 1003, "groups": ["dave"], "channel": "daemon"} with data.config.approvals.identity.users as ["dave"]
-}
-
-test_through_the_daemon_any_other_user_may_not_approve if {
-	not approvals.approver with input as {"os_user": "alice", "uid": 1001, "groups": ["alice", "gateway"], "channel": "daemon"}
-	not approvals.may_approve with input as {"os_user": "alice", "uid": 1001, "groups": ["alice", "gateway"], "channel": "daemon"}
-}
-
-test_through_the_daemon_as_is_never_accepted if {
-	not approvals.approver with input as {"os_user": "carol", "uid": 1002, "groups": ["gateway-approvers"], "channel": "daemon", "named": "bob"}
-}
-
-test_a_direct_command_is_its_users if {
-	approvals.approver == "alice" with input as {"os_user": "alice", "uid": 1001, "groups": ["alice"], "channel": "direct"}
-}
-
-test_approve_as_is_allowed_directly_by_the_default_configuration if {
-	approvals.approver == "bob" with input as {"os_user": "alice", "channel": "direct", "named": "bob"}
-}
-
-test_approve_as_is_refused_when_the_configuration_forbids_it if {
-	not approvals.approver with input as {"os_user": "alice", "channel": "direct", "named": "bob"} with data.config.approvals.identity.allow_as as false
+test_unproven_and_unadmitted_identities_never_count if {
+	not approvals.requirement.satisfied with input as presented("approved", [{"name": "bob", "kind": "legacy"}])
+	not approvals.requirement.satisfied with input as presented("approved", [user("dave", ["dave"])])
+	not approvals.requirement.satisfied with input as presented("approved", [key("bob")]) with data.config.approvals.identity.keys as false
+	approvals.requirement.satisfied with input as presented("approved", [user("dave", ["dave"])]) with data.config.approvals.identity.users as ["dave"]
 }
 
 test_the_requesters_own_grant_never_counts if {
-	own := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["alice"], "requested_by": "alice"}})
-	not approvals.requirement.satisfied with input as own
-	other := object.union(apply, {"plan": create_plan, "approval": {"id": "a1", "status": "approved", "approvers": ["alice", "bob"], "requested_by": "alice"}})
-	approvals.requirement.satisfied with input as other
+	not approvals.requirement.satisfied with input as presented("approved", [key("u")])
+	not approvals.requirement.satisfied with input as presented("approved", [user("u", ["gateway-approvers"])])
+	approvals.requirement.satisfied with input as presented("approved", [key("u"), key("bob")])
+}
+
+test_a_scope_limits_what_an_identity_approves if {
+	only_k8s := {"bob": {"tools": ["k8s_get_pod_status"]}}
+	not approvals.requirement.satisfied with input as presented("approved", [key("bob")]) with data.config.approvals.identity.scopes as only_k8s
+	offline := {"bob": {"modules": ["terraform/offline-demo"], "tiers": ["high"]}}
+	approvals.requirement.satisfied with input as presented("approved", [key("bob")]) with data.config.approvals.identity.scopes as offline
+	no_deletes := {"bob": {"signal_kinds": ["replace"]}}
+	approvals.requirement.satisfied with input as presented("approved", [key("bob")]) with data.config.approvals.identity.scopes as no_deletes
+	deleting := object.union(presented("approved", [key("bob")]), {"plan": delete_plan})
+	not approvals.requirement.satisfied with input as deleting with data.config.approvals.identity.scopes as no_deletes
+}
+
+stored := {"id": "a1", "tool": "terraform_apply", "params": {"working_dir": "terraform/k8s-demo"}, "requested_by": "alice", "signals": [{"kind": "delete"}], "verdicts": []}
+
+judged(verdict, who, approval) := r if {
+	r := approvals.verdict with input as {"verdict": verdict, "approver": who, "approval": approval}
+}
+
+test_an_allowed_key_may_approve if {
+	judged("grant", key("bob"), stored) == {"allow": true, "reasons": []}
+}
+
+test_the_requester_cannot_approve_its_own_call_by_any_identity if {
+	r := judged("grant", key("alice"), stored)
+	not r.allow
+	contains(r.reasons[0], "alice requested this call and cannot approve it")
+	not judged("grant", user("alice", ["gateway-approvers"]), stored).allow
+}
+
+test_the_requester_may_withdraw_its_own_call if {
+	judged("deny", user("alice", ["alice"]), stored).allow
+	not judged("deny", user("eve", ["eve"]), stored).allow
+}
+
+test_one_identity_approves_once if {
+	again := object.union(stored, {"verdicts": [{"approver": "bob", "verdict": "grant"}]})
+	r := judged("grant", key("bob"), again)
+	r.reasons == ["bob already approved a1; it needs approvals from other people"]
+	judged("grant", key("carol"), again).allow
+}
+
+test_only_admitted_identities_decide if {
+	r := judged("grant", user("dave", ["dave"]), stored)
+	contains(r.reasons[0], "dave (os_user) is not an approver")
+	judged("grant", user("carol", ["carol", "gateway-approvers"]), stored).allow
+	not judged("grant", key("bob"), stored).allow with data.config.approvals.identity.keys as false
+	not judged("grant", {"name": "bob", "kind": "legacy"}, stored).allow
+}
+
+test_a_scope_limits_verdicts_by_namespace_and_signal_kind if {
+	judged("grant", key("bob"), stored).allow with data.config.approvals.identity.scopes as {"bob": {"namespaces": ["demo-app"]}}
+	r := judged("grant", key("bob"), stored) with data.config.approvals.identity.scopes as {"bob": {"namespaces": ["prod"]}}
+	contains(r.reasons[0], "outside its scope")
+	not judged("grant", key("bob"), stored).allow with data.config.approvals.identity.scopes as {"bob": {"signal_kinds": ["replace"]}}
+}
+
+test_who_may_read_everything_is_the_configured_users_and_groups if {
+	approvals.may_approve with input as {"os_user": "carol", "uid": 1002, "groups": ["carol", "gateway-approvers"], "channel": "daemon"}
+	approvals.may_approve with input as {"os_user": "dave", "uid": 1003, "groups": ["dave"], "channel": "daemon"} with data.config.approvals.identity.users as ["dave"]
+	not approvals.may_approve with input as {"os_user": "alice", "uid": 1001, "groups": ["alice", "gateway"], "channel": "daemon"}
+	approvals.may_approve with input as {"os_user": "alice", "uid": 1001, "groups": ["alice"], "channel": "direct"}
 }
 
 test_operator_commands_are_for_approvers_unless_listed_for_anyone if {
@@ -108,4 +154,11 @@ test_operator_commands_are_for_approvers_unless_listed_for_anyone if {
 	not approvals.may_run with input as object.union(other, {"command": "audit"})
 	not approvals.may_run with input as object.union(other, {"command": "vault status"})
 	approvals.may_run with input as object.union(other, {"command": "audit"}) with data.config.approvals.identity.anyone as ["approvals", "audit"]
+}
+
+test_signers_and_notifiers_come_from_data if {
+	approvals.allowed_signers == "" with data.config.approvers as {}
+	approvals.allowed_signers == "bob ssh-ed25519 AAAA" with data.config.approvers.allowed_signers as "bob ssh-ed25519 AAAA"
+	approvals.notifiers == []
+	approvals.notifiers == [{"webhook": "http://x"}] with data.config.approvals.notifiers as [{"webhook": "http://x"}]
 }

@@ -17,7 +17,6 @@ mod scripted_sandbox;
 
 use std::sync::Arc;
 
-use gateway::approvals::ApprovalStore;
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{PolicyStore, Principal};
@@ -34,12 +33,28 @@ const STATE_AFTER: &str = r#"{"version": 4, "terraform_version": "1.15.5", "seri
 struct World {
     _dirs: Vec<tempfile::TempDir>,
     home: std::path::PathBuf,
+    policies: std::path::PathBuf,
+    keys: std::path::PathBuf,
     module: std::path::PathBuf,
     sandbox: Arc<ScriptedSandbox>,
     pipeline: Pipeline,
 }
 
 fn world() -> World {
+    world_with(&[])
+}
+
+/// A world whose policies name bob and carol's keys as allowed signers
+/// (and `edits` to them).
+fn world_with(edits: &[(&str, &str, &str)]) -> World {
+    let keys = tempfile::tempdir().expect("keys");
+    let bob = common::ssh_key(keys.path(), "bob");
+    let carol = common::ssh_key(keys.path(), "carol");
+    let alice = common::ssh_key(keys.path(), "alice");
+    let policies = common::policies_with_signers(
+        &[("bob", &bob), ("carol", &carol), ("alice", &alice)],
+        edits,
+    );
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
     let module = workspace.path().join(MODULE);
@@ -62,7 +77,7 @@ fn world() -> World {
         STATE_AFTER.as_bytes().to_vec(),
     ));
     let store = Arc::new(PolicyStore::open(
-        vec![common::repo().join("policies")],
+        vec![policies.path().to_path_buf()],
         LoadOptions::default(),
     ));
     let pipeline = Pipeline::new(
@@ -75,14 +90,46 @@ fn world() -> World {
     .expect("pipeline");
     World {
         home: home.path().to_path_buf(),
+        policies: policies.path().to_path_buf(),
+        keys: keys.path().to_path_buf(),
         module,
         sandbox,
         pipeline,
-        _dirs: vec![home, workspace],
+        _dirs: vec![home, workspace, policies, keys],
     }
 }
 
 impl World {
+    /// `gateway approve|deny ID` by the real binary, signed with `key`'s
+    /// SSH key (`None`: unsigned, as this OS user).
+    fn verdict(
+        &self,
+        verb: &str,
+        id: &str,
+        key: Option<&str>,
+        reason: &str,
+    ) -> std::process::Output {
+        let mut cmd = common::gateway(&self.home);
+        cmd.arg("--policies")
+            .arg(&self.policies)
+            .args([verb, id, "--reason", reason]);
+        match key {
+            Some(k) => cmd.arg("--key").arg(self.keys.join(k)),
+            None => cmd.arg("--no-sign"),
+        };
+        cmd.output().expect("gateway approve")
+    }
+
+    fn approve(&self, id: &str, key: &str, reason: &str) {
+        let out = self.verdict("approve", id, Some(key), reason);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            common::stdout(&out),
+            common::stderr(&out)
+        );
+    }
+
     /// terraform_apply with `params`, as the agent alice.
     async fn apply(&self, params: Value) -> gateway::pipeline::CallResult {
         self.apply_as("alice", 1000, params).await
@@ -150,19 +197,16 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
         .join(format!("{}.tfplan", r.request_id));
     let approved_bytes = std::fs::read(&saved).expect("the saved plan file");
 
-    // 2. Someone else approves it (the requester may not).
-    let mut store = ApprovalStore::in_home(&w.home).expect("store");
-    let own = store
-        .grant(approval_id, "alice", "looks fine")
-        .expect("store");
+    // 2. Someone else approves it, by signing with their key (the
+    // requester may not, even with a key of its own in the list).
+    let own = w.verdict("approve", approval_id, Some("alice"), "looks fine");
     assert!(
-        own.is_err(),
-        "the requester approved their own call: {own:?}"
+        !own.status.success()
+            && common::stderr(&own).contains("alice requested this call and cannot approve it"),
+        "the requester approved their own call: {}",
+        common::stderr(&own)
     );
-    store
-        .grant(approval_id, "bob", "replacing web is intended")
-        .expect("store")
-        .expect("bob approves");
+    w.approve(approval_id, "bob", "replacing web is intended");
 
     // 3. Another user presents alice's approval: refused, nothing run,
     // the approval stays usable.
@@ -260,11 +304,8 @@ async fn a_denied_approval_applies_nothing() {
     let Outcome::PendingApproval { approval_id, .. } = &r.outcome else {
         panic!("expected a pending approval, got {:?}", r.outcome);
     };
-    let mut store = ApprovalStore::in_home(&w.home).expect("store");
-    store
-        .deny(approval_id, "bob", "not today")
-        .expect("store")
-        .expect("bob denies");
+    let out = w.verdict("deny", approval_id, Some("bob"), "not today");
+    assert!(out.status.success(), "{}", common::stderr(&out));
     let r2 = w
         .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
         .await;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::{gateway, stderr, stdout};
-use gateway::approvals::{ApprovalStore, NewApproval, Refusal};
+use gateway::approvals::{ApprovalStore, Approver, NewApproval, Refusal};
 use gateway::audit::AuditLog;
 use serde_json::{Value, json};
 
@@ -53,13 +53,63 @@ fn spend(store: &mut ApprovalStore, id: &str) -> Result<(), Refusal> {
         .map(|_| ())
 }
 
+fn os_user(name: &str) -> Approver {
+    Approver {
+        name: name.into(),
+        kind: "os_user",
+        os_user: name.into(),
+        signed: None,
+    }
+}
+
+/// Approvers' keys (made by ssh-keygen) and policies that list them.
+struct Keys {
+    dir: tempfile::TempDir,
+    policies: tempfile::TempDir,
+}
+
+fn keys(names: &[&str]) -> Keys {
+    let dir = tempfile::tempdir().expect("keys");
+    let made: Vec<(String, std::path::PathBuf)> = names
+        .iter()
+        .map(|n| (n.to_string(), common::ssh_key(dir.path(), n)))
+        .collect();
+    let signers: Vec<(&str, &Path)> = made
+        .iter()
+        .map(|(n, k)| (n.as_str(), k.as_path()))
+        .collect();
+    let policies = common::policies_with_signers(&signers, &[]);
+    Keys { dir, policies }
+}
+
+impl Keys {
+    /// `gateway --policies P VERB ID --key NAME ARGS...` (signed by NAME).
+    fn signed(
+        &self,
+        home: &Path,
+        verb: &str,
+        id: &str,
+        name: &str,
+        args: &[&str],
+    ) -> std::process::Output {
+        gateway(home)
+            .arg("--policies")
+            .arg(self.policies.path())
+            .args([verb, id, "--key"])
+            .arg(self.dir.path().join(name))
+            .args(args)
+            .output()
+            .expect("run")
+    }
+}
+
 fn approved(home: &Path) -> String {
     let mut store = ApprovalStore::in_home(home).expect("open");
-    let a = store
+    let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
     store
-        .grant(&a.id, "bob", "ok")
+        .grant(&a.id, &os_user("bob"), "ok")
         .expect("db")
         .expect("granted");
     a.id
@@ -179,20 +229,18 @@ fn of_8_concurrent_spender_processes_exactly_one_succeeds() {
 fn of_8_concurrent_approve_processes_exactly_one_approves() {
     let home = tempfile::tempdir().expect("home");
     let mut store = ApprovalStore::in_home(home.path()).expect("open");
-    let a = store
+    let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
+    let names: Vec<String> = (0..8).map(|i| format!("approver{i}")).collect();
+    let k = keys(&names.iter().map(String::as_str).collect::<Vec<_>>());
     let children: Vec<_> = (0..8)
         .map(|i| {
             gateway(home.path())
-                .args([
-                    "approve",
-                    &a.id,
-                    "--as",
-                    &format!("approver{i}"),
-                    "--reason",
-                    "race",
-                ])
+                .arg("--policies")
+                .arg(k.policies.path())
+                .args(["approve", &a.id, "--reason", "race", "--key"])
+                .arg(k.dir.path().join(format!("approver{i}")))
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -216,7 +264,8 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
     let home = tempfile::tempdir().expect("home");
     let me = gateway::identity::Caller::this_process().user;
     let mut store = ApprovalStore::in_home(home.path()).expect("open");
-    let a = store.create(&new_approval(&me, 1, true)).expect("create");
+    let (a, _) = store.create(&new_approval(&me, 1, true)).expect("create");
+    let k = keys(&["bob"]);
 
     let list = gateway(home.path())
         .args(["approvals"])
@@ -251,7 +300,7 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
 
     // The requester cannot approve their own call.
     let own = gateway(home.path())
-        .args(["approve", &a.id, "--reason", "mine"])
+        .args(["approve", &a.id, "--reason", "mine", "--no-sign"])
         .output()
         .expect("run");
     assert!(!own.status.success());
@@ -261,10 +310,7 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
         stderr(&own)
     );
     // The reason is required for this approval.
-    let no_reason = gateway(home.path())
-        .args(["approve", &a.id, "--as", "bob"])
-        .output()
-        .expect("run");
+    let no_reason = k.signed(home.path(), "approve", &a.id, "bob", &[]);
     assert!(!no_reason.status.success());
     assert!(
         stderr(&no_reason).contains("requires a reason"),
@@ -272,26 +318,22 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
         stderr(&no_reason)
     );
     // Bob approves.
-    let ok = gateway(home.path())
-        .args([
-            "approve",
-            &a.id,
-            "--as",
-            "bob",
-            "--reason",
-            "replacement expected",
-        ])
-        .output()
-        .expect("run");
+    let ok = k.signed(
+        home.path(),
+        "approve",
+        &a.id,
+        "bob",
+        &["--reason", "replacement expected"],
+    );
     assert!(ok.status.success(), "{}", stderr(&ok));
     assert!(
-        stdout(&ok).contains(&format!("approved {} as bob", a.id)),
+        stdout(&ok).contains(&format!("approved {} as bob (key SHA256:", a.id)),
         "{}",
         stdout(&ok)
     );
     // Unknown ids.
     let unknown = gateway(home.path())
-        .args(["approve", "ap-0000", "--as", "bob"])
+        .args(["approve", "ap-0000", "--no-sign"])
         .output()
         .expect("run");
     assert!(!unknown.status.success());
@@ -304,6 +346,7 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
     let v: Value = serde_json::from_slice(&json.stdout).expect("json");
     assert_eq!(v[0]["state"], "approved");
     assert_eq!(v[0]["verdicts"][0]["approver"], "bob");
+    assert_eq!(v[0]["verdicts"][0]["kind"], "ssh_key");
 
     // The audit trail has every verdict and refusal, chained.
     let trail = gateway(home.path())
@@ -330,18 +373,13 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
 fn deny_ends_an_approval() {
     let home = tempfile::tempdir().expect("home");
     let mut store = ApprovalStore::in_home(home.path()).expect("open");
-    let a = store
+    let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
-    let d = gateway(home.path())
-        .args(["deny", &a.id, "--as", "bob", "--reason", "not now"])
-        .output()
-        .expect("run");
+    let k = keys(&["bob", "carol"]);
+    let d = k.signed(home.path(), "deny", &a.id, "bob", &["--reason", "not now"]);
     assert!(d.status.success(), "{}", stderr(&d));
-    let again = gateway(home.path())
-        .args(["approve", &a.id, "--as", "carol"])
-        .output()
-        .expect("run");
+    let again = k.signed(home.path(), "approve", &a.id, "carol", &[]);
     assert!(!again.status.success());
     assert!(stderr(&again).contains("was denied"));
     assert_eq!(
@@ -360,34 +398,19 @@ fn deny_ends_an_approval() {
 }
 
 #[test]
-fn approve_as_is_refused_when_the_policy_forbids_it() {
+fn a_name_given_on_the_command_line_is_no_identity_as_is_gone() {
     let home = tempfile::tempdir().expect("home");
-    let dir = tempfile::tempdir().expect("tmp");
-    let policies = dir.path().join("policies");
-    common::copy_dir(&common::repo().join("policies"), &policies);
-    let cfg = policies.join("config/approvals/data.yaml");
-    let text = std::fs::read_to_string(&cfg)
-        .expect("read")
-        .replace("allow_as: true", "allow_as: false");
-    std::fs::write(&cfg, text).expect("write");
     let mut store = ApprovalStore::in_home(home.path()).expect("open");
-    let a = store
+    let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
     let out = gateway(home.path())
-        .args([
-            "--policies",
-            &policies.display().to_string(),
-            "approve",
-            &a.id,
-            "--as",
-            "bob",
-        ])
+        .args(["approve", &a.id, "--as", "bob"])
         .output()
         .expect("run");
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("--as bob is not allowed by the policy"),
+        stderr(&out).contains("unexpected argument '--as'"),
         "{}",
         stderr(&out)
     );
@@ -406,9 +429,11 @@ fn readers_are_not_blocked_while_the_server_writes() {
         let audit = AuditLog::in_home(&writer_home).expect("audit");
         let mut n = 0;
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            let a = store
-                .create(&new_approval("alice", 1, false))
-                .expect("create while readers read");
+            // Another working dir each time: a new plan of the same call
+            // would supersede the older ones.
+            let mut new = new_approval("alice", 1, false);
+            new.params = json!({"working_dir": format!("terraform/m{n}")});
+            let (a, _) = store.create(&new).expect("create while readers read");
             audit
                 .append(
                     &a.request_id,
@@ -434,7 +459,7 @@ fn readers_are_not_blocked_while_the_server_writes() {
         assert!(verify.status.success(), "{}", stdout(&verify));
         // The CLI writes too (a refusal event) while the server writes.
         let refused = gateway(home.path())
-            .args(["approve", "ap-missing", "--as", "bob"])
+            .args(["approve", "ap-missing", "--no-sign"])
             .output()
             .expect("run");
         assert!(
@@ -565,7 +590,7 @@ fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
     n.params = json!({"working_dir": format!("terraform/{VAULT_TOKEN}")});
     n.signals = json!([{"kind": "replace", "message": format!("token {JWT} in a message"), "address": "x"}]);
     n.plan_summary = json!([{"address": format!("x.{JWT}"), "actions": ["delete"], "reason": null, "paths": []}]);
-    let a = store.create(&n).expect("create");
+    let (a, _) = store.create(&n).expect("create");
     let audit = AuditLog::in_home(home.path()).expect("audit");
     audit
         .append(
@@ -584,8 +609,7 @@ fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
         vec![
             "approve",
             a.id.as_str(),
-            "--as",
-            "bob",
+            "--no-sign",
             "--reason",
             VAULT_TOKEN,
         ],
@@ -625,7 +649,7 @@ fn no_escape_sequence_from_a_client_reaches_the_approvers_terminal() {
     let mut approval = new_approval(&me, 1, false);
     approval.requested_client = hostile.into();
     approval.params = json!({"working_dir": format!("terraform/offline-demo\x1b[8m{hostile}")});
-    let a = ApprovalStore::in_home(home.path())
+    let (a, _) = ApprovalStore::in_home(home.path())
         .expect("open")
         .create(&approval)
         .expect("create");

@@ -416,7 +416,10 @@ fn daemon_install_lays_out_files_the_daemon_accepts() {
 fn approvals_do_not_cross_from_one_user_to_another() {
     daemon::os_user(AGENT);
     daemon::os_user(APPROVER);
-    let d = Daemon::start(&common::repo().join("policies"), "");
+    let keys = tempfile::tempdir().expect("keys");
+    let operator_key = common::ssh_key(keys.path(), "operator");
+    let policies = common::policies_with_signers(&[("operator", &operator_key)], &[]);
+    let d = Daemon::start(policies.path(), "");
     let call =
         |user: &str, home: &std::path::Path, ws: &std::path::Path, tool: &str, args: &str| {
             let out = daemon::as_user(user, home, &[], &python())
@@ -462,7 +465,7 @@ fn approvals_do_not_cross_from_one_user_to_another() {
         let out = as_agent(&[verdict, &id, "--reason", "mine now"]);
         assert!(!out.status.success(), "the agent could {verdict}");
         assert!(
-            common::stderr(&out).contains("may not approve or deny"),
+            common::stderr(&out).contains("is not an approver"),
             "{}",
             common::stderr(&out)
         );
@@ -478,14 +481,16 @@ fn approvals_do_not_cross_from_one_user_to_another() {
     // A person approves it (directly on the state, as root), and the agent
     // presents it from its own workspace: refused, and it stays unspent.
     let out = common::gateway(&d.home)
+        .arg("--policies")
+        .arg(&d.policies)
         .args([
             "approve",
             &id,
-            "--as",
-            "operator",
             "--reason",
             "for the approver's call",
+            "--key",
         ])
+        .arg(&operator_key)
         .output()
         .expect("approve");
     assert!(out.status.success(), "{}", common::stderr(&out));

@@ -140,6 +140,7 @@ impl Sandbox for Hostile {
 struct World {
     _dirs: Vec<tempfile::TempDir>,
     policies: PathBuf,
+    operator_key: PathBuf,
     home: PathBuf,
     workspace: PathBuf,
     module: PathBuf,
@@ -159,7 +160,10 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
         .iter()
         .map(|(old, new)| ("config/sandbox/data.yaml", *old, *new))
         .collect();
-    let policies = common::policies_with(&edits);
+    // The operator approves by signing with a key the policies list.
+    let keys = tempfile::tempdir().expect("keys");
+    let operator_key = common::ssh_key(keys.path(), "operator");
+    let policies = common::policies_with_signers(&[("operator", &operator_key)], &edits);
     if with_credential {
         fake_broker::give_the_offline_module_a_credential(policies.path());
     }
@@ -187,10 +191,11 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
     }
     World {
         policies: policies.path().to_path_buf(),
+        operator_key,
         home: home.path().to_path_buf(),
         workspace: workspace.path().to_path_buf(),
         module,
-        _dirs: vec![policies, home, workspace],
+        _dirs: vec![policies, home, workspace, keys],
         pipeline,
         sandbox,
     }
@@ -218,12 +223,22 @@ fn call(w: &World, tool: &str, params: Value) -> CallResult {
     .expect("call")
 }
 
+/// The operator approves with the real `gateway approve`, signing with
+/// their key.
 fn approve(w: &World, id: &str) {
-    let mut store = ApprovalStore::in_home(&w.home).expect("store");
-    store
-        .grant(id, "operator", "checked")
-        .expect("grant")
-        .expect("granted");
+    let out = common::gateway(&w.home)
+        .arg("--policies")
+        .arg(&w.policies)
+        .args(["approve", id, "--reason", "checked", "--key"])
+        .arg(&w.operator_key)
+        .output()
+        .expect("gateway approve");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
 }
 
 fn pending_id(r: &CallResult) -> String {

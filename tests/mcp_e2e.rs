@@ -15,7 +15,12 @@ fn a_real_mcp_client_runs_the_forces_replacement_scenario() {
         python.is_file(),
         "the MCP client is installed by scripts/install-tools.sh"
     );
-    let d = daemon::Daemon::start(&common::repo().join("policies"), "");
+    // The operator approves by signing with an SSH key the policy lists
+    // (`gateway approve` finds it in GATEWAY_APPROVER_KEY).
+    let keys = tempfile::tempdir().expect("keys");
+    let operator_key = common::ssh_key(keys.path(), "mcp-test-operator");
+    let policies = common::policies_with_signers(&[("mcp-test-operator", &operator_key)], &[]);
+    let d = daemon::Daemon::start(policies.path(), "");
     let workspace = tempfile::tempdir().expect("workspace");
     common::copy_dir(
         &common::repo().join("terraform"),
@@ -28,6 +33,7 @@ fn a_real_mcp_client_runs_the_forces_replacement_scenario() {
         .arg(workspace.path())
         .arg(&d.policies)
         .arg(&d.socket)
+        .env("GATEWAY_APPROVER_KEY", &operator_key)
         .output()
         .expect("run the client");
     let text = common::stdout(&out);

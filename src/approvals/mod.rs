@@ -13,6 +13,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod proof;
+pub mod signature;
+
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,7 +23,7 @@ use serde_json::Value;
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -53,6 +56,57 @@ const MIGRATIONS: &[&str] = &[
         UNIQUE (approval_id, approver, verdict)
     );
     CREATE INDEX approvals_state ON approvals(state, expires_at_ms);
+    "#,
+    // 2: a re-plan supersedes older approvals (a new state, so the table is
+    // rebuilt: SQLite cannot change a CHECK); a verdict records how its
+    // approver was identified (the OS user the kernel named, or an SSH
+    // signature with its statement and key). Verdicts of version 1 were
+    // recorded under names nobody proved (`--as`): they are kept as
+    // `legacy` and no policy counts them.
+    r#"
+    CREATE TABLE approvals_v2 (
+        id                 TEXT PRIMARY KEY,
+        tool               TEXT NOT NULL,
+        params_json        TEXT NOT NULL,
+        params_sha256      TEXT NOT NULL,
+        plan_sha256        TEXT,
+        plan_summary_json  TEXT NOT NULL,
+        signals_json       TEXT NOT NULL,
+        request_id         TEXT NOT NULL,
+        requested_by       TEXT NOT NULL,
+        requested_client   TEXT NOT NULL,
+        created_at_ms      INTEGER NOT NULL,
+        expires_at_ms      INTEGER NOT NULL,
+        approvers_required INTEGER NOT NULL CHECK (approvers_required >= 1),
+        reason_required    INTEGER NOT NULL,
+        state              TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'spent', 'superseded')),
+        spent_at_ms        INTEGER,
+        spent_request_id   TEXT,
+        superseded_by      TEXT
+    );
+    INSERT INTO approvals_v2 SELECT *, NULL FROM approvals;
+    CREATE TABLE verdicts_v2 (
+        approval_id     TEXT NOT NULL REFERENCES approvals_v2(id),
+        approver        TEXT NOT NULL,
+        verdict         TEXT NOT NULL CHECK (verdict IN ('grant', 'deny')),
+        reason          TEXT NOT NULL,
+        at_ms           INTEGER NOT NULL,
+        kind            TEXT NOT NULL CHECK (kind IN ('os_user', 'ssh_key', 'legacy')),
+        os_user         TEXT NOT NULL,
+        key_fingerprint TEXT,
+        public_key      TEXT,
+        statement       TEXT,
+        signature       TEXT,
+        UNIQUE (approval_id, approver, verdict)
+    );
+    INSERT INTO verdicts_v2 (approval_id, approver, verdict, reason, at_ms, kind, os_user)
+        SELECT approval_id, approver, verdict, reason, at_ms, 'legacy', '' FROM verdicts;
+    DROP TABLE verdicts;
+    DROP TABLE approvals;
+    ALTER TABLE approvals_v2 RENAME TO approvals;
+    ALTER TABLE verdicts_v2 RENAME TO verdicts;
+    CREATE INDEX approvals_state ON approvals(state, expires_at_ms);
+    CREATE INDEX approvals_call ON approvals(params_sha256, state);
     "#,
 ];
 
@@ -102,8 +156,10 @@ pub enum Refusal {
         bound: String,
         asked: String,
     },
-    #[error("{approver} requested this call and cannot approve it")]
-    SelfApproval { approver: String },
+    #[error(
+        "approval {id} was superseded by {by}: the call was planned again; approve the newer plan"
+    )]
+    Superseded { id: String, by: String },
     #[error("{approver} already approved {id}; it needs approvals from other people")]
     DuplicateApprover { id: String, approver: String },
     #[error("approval {id} requires a reason (--reason)")]
@@ -117,6 +173,7 @@ pub enum State {
     Approved,
     Denied,
     Spent,
+    Superseded,
     Expired,
 }
 
@@ -127,6 +184,7 @@ impl State {
             "approved" => State::Approved,
             "denied" => State::Denied,
             "spent" => State::Spent,
+            "superseded" => State::Superseded,
             _ => return None,
         })
     }
@@ -137,6 +195,7 @@ impl State {
             State::Approved => "approved",
             State::Denied => "denied",
             State::Spent => "spent",
+            State::Superseded => "superseded",
             State::Expired => "expired",
         }
     }
@@ -162,12 +221,40 @@ pub struct NewApproval {
     pub reason_required: bool,
 }
 
+/// A verdict as recorded: who gave it, and how they were identified.
 #[derive(Debug, Clone, Serialize)]
 pub struct Verdict {
+    /// The identity the verdict counts for (an SSH principal, or an OS user).
     pub approver: String,
     pub verdict: String,
     pub reason: String,
     pub at: String,
+    /// `ssh_key` (a signature checked against the allowed signers),
+    /// `os_user` (the user the kernel named), or `legacy` (a name given
+    /// before identities were proven; never counted).
+    pub kind: String,
+    /// The OS user who submitted it, as the kernel named them.
+    pub os_user: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_fingerprint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// The signed statement and its signature, kept so anyone can re-check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statement: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+/// Who gives a verdict, as proven (never as claimed): the identity it is
+/// recorded under, and for a signed one the signer and what was signed.
+#[derive(Debug, Clone)]
+pub struct Approver {
+    pub name: String,
+    /// `ssh_key` or `os_user`.
+    pub kind: &'static str,
+    pub os_user: String,
+    pub signed: Option<(signature::Signer, signature::Signed)>,
 }
 
 /// An approval as read (with its effective state: expiry is applied).
@@ -191,6 +278,9 @@ pub struct Approval {
     pub verdicts: Vec<Verdict>,
     pub spent_at: Option<String>,
     pub spent_request_id: Option<String>,
+    /// The newer approval of the same call that replaced this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
     #[serde(skip)]
     pub created_at_ms: i64,
     #[serde(skip)]
@@ -198,6 +288,26 @@ pub struct Approval {
 }
 
 impl Approval {
+    /// The statement an approver signs to give `verdict` with `reason`,
+    /// valid until `expires_at_ms` (never past the approval's own expiry).
+    pub fn statement(
+        &self,
+        verdict: &str,
+        reason: &str,
+        expires_at_ms: i64,
+    ) -> signature::Statement {
+        signature::Statement {
+            kind: signature::STATEMENT_TYPE.into(),
+            approval_id: self.id.clone(),
+            tool: self.tool.clone(),
+            params_sha256: self.params_sha256.clone(),
+            plan_sha256: self.plan_sha256.clone(),
+            verdict: verdict.into(),
+            reason: reason.into(),
+            expires_at: ms_to_rfc3339(expires_at_ms.min(self.expires_at_ms)),
+        }
+    }
+
     /// Distinct people who granted it.
     pub fn grants(&self) -> u32 {
         self.verdicts
@@ -282,40 +392,74 @@ impl ApprovalStore {
         tx.commit().map_err(db)
     }
 
-    /// Record a pending approval; returns it.
-    pub fn create(&mut self, new: &NewApproval) -> Result<Approval, ApprovalError> {
+    /// Record a pending approval, and in the same transaction supersede
+    /// every live (pending or approved, unexpired) approval of the same
+    /// tool and params: their plans are older. Returns the new approval and
+    /// the ids it superseded.
+    pub fn create(&mut self, new: &NewApproval) -> Result<(Approval, Vec<String>), ApprovalError> {
         let id = new_id()?;
         let now = now_ms();
         let ttl_ms = i64::try_from(new.ttl.as_millis()).unwrap_or(i64::MAX);
         let params = crate::canonical::canonical_json(&new.params);
-        self.conn
-            .execute(
-                "INSERT INTO approvals (id, tool, params_json, params_sha256, plan_sha256, plan_summary_json,
-                    signals_json, request_id, requested_by, requested_client, created_at_ms, expires_at_ms,
-                    approvers_required, reason_required, state)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'pending')",
-                params![
-                    id,
-                    new.tool,
-                    params,
-                    crate::canonical::call_digest(&new.tool, &new.params),
-                    new.plan_sha256,
-                    new.plan_summary.to_string(),
-                    new.signals.to_string(),
-                    new.request_id,
-                    new.requested_by,
-                    new.requested_client,
-                    now,
-                    now.saturating_add(ttl_ms),
-                    new.approvers_required.max(1),
-                    new.reason_required,
-                ],
+        let digest = crate::canonical::call_digest(&new.tool, &new.params);
+        let path = self.path.clone();
+        let db = |source| ApprovalError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let superseded: Vec<String> = {
+            let mut stmt = tx
+                .prepare(
+                    "SELECT id FROM approvals WHERE params_sha256 = ?1 AND state IN ('pending', 'approved')
+                     AND expires_at_ms > ?2 ORDER BY created_at_ms, id",
+                )
+                .map_err(db)?;
+            let rows = stmt
+                .query_map(params![digest, now], |r| r.get(0))
+                .map_err(db)?;
+            rows.collect::<Result<_, _>>().map_err(db)?
+        };
+        tx.execute(
+            "INSERT INTO approvals (id, tool, params_json, params_sha256, plan_sha256, plan_summary_json,
+                signals_json, request_id, requested_by, requested_client, created_at_ms, expires_at_ms,
+                approvers_required, reason_required, state)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'pending')",
+            params![
+                id,
+                new.tool,
+                params,
+                digest,
+                new.plan_sha256,
+                new.plan_summary.to_string(),
+                new.signals.to_string(),
+                new.request_id,
+                new.requested_by,
+                new.requested_client,
+                now,
+                now.saturating_add(ttl_ms),
+                new.approvers_required.max(1),
+                new.reason_required,
+            ],
+        )
+        .map_err(db)?;
+        for old in &superseded {
+            tx.execute(
+                "UPDATE approvals SET state = 'superseded', superseded_by = ?2
+                 WHERE id = ?1 AND state IN ('pending', 'approved')",
+                params![old, id],
             )
-            .map_err(self.db())?;
-        self.get(&id)?.ok_or_else(|| ApprovalError::Corrupt {
+            .map_err(db)?;
+        }
+        tx.commit().map_err(db)?;
+        let created = self.get(&id)?.ok_or_else(|| ApprovalError::Corrupt {
             id,
             message: "vanished after insert".into(),
-        })
+        })?;
+        Ok((created, superseded))
     }
 
     /// One approval with its effective state, or `None`.
@@ -351,11 +495,12 @@ impl ApprovalStore {
     }
 
     /// A person grants the approval. Becomes `approved` once enough distinct
-    /// people granted it.
+    /// identities granted it. Whether this approver may is the policy's
+    /// (asked before); the store checks the approval's own state and binding.
     pub fn grant(
         &mut self,
         id: &str,
-        approver: &str,
+        approver: &Approver,
         reason: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
         self.decide(id, approver, reason, "grant")
@@ -365,7 +510,7 @@ impl ApprovalStore {
     pub fn deny(
         &mut self,
         id: &str,
-        approver: &str,
+        approver: &Approver,
         reason: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
         self.decide(id, approver, reason, "deny")
@@ -374,7 +519,7 @@ impl ApprovalStore {
     fn decide(
         &mut self,
         id: &str,
-        approver: &str,
+        approver: &Approver,
         reason: &str,
         verdict: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
@@ -435,7 +580,9 @@ impl ApprovalStore {
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
         self.change(id, |tx, approval, now, db| {
             let refusal = match approval.state {
-                State::Expired | State::Denied | State::Spent => ended(approval),
+                State::Expired | State::Denied | State::Spent | State::Superseded => {
+                    ended(approval)
+                }
                 State::Pending => Some(Refusal::NotApproved {
                     id: id.into(),
                     given: approval.grants(),
@@ -481,13 +628,13 @@ fn decide_in(
     approval: &Approval,
     now: i64,
     db: &dyn Fn(rusqlite::Error) -> ApprovalError,
-    approver: &str,
+    approver: &Approver,
     reason: &str,
     verdict: &str,
 ) -> Result<Option<Refusal>, ApprovalError> {
     let id = approval.id.as_str();
     let refusal = match approval.state {
-        State::Expired | State::Denied | State::Spent => ended(approval),
+        State::Expired | State::Denied | State::Spent | State::Superseded => ended(approval),
         State::Approved => Some(Refusal::AlreadyDecided {
             id: id.into(),
             state: "approved".into(),
@@ -495,31 +642,44 @@ fn decide_in(
         State::Pending => None,
     }
     .or_else(|| {
-        (verdict == "grant" && approver == approval.requested_by).then(|| Refusal::SelfApproval {
-            approver: approver.into(),
-        })
-    })
-    .or_else(|| {
         (approval.reason_required && reason.trim().is_empty())
             .then(|| Refusal::ReasonRequired { id: id.into() })
     })
     .or_else(|| {
-        (verdict == "grant"
-            && approval
-                .verdicts
-                .iter()
-                .any(|v| v.verdict == "grant" && v.approver == approver))
-        .then(|| Refusal::DuplicateApprover {
-            id: id.into(),
-            approver: approver.into(),
-        })
+        // One identity counts once (the policy refuses a second grant too;
+        // this holds when two grants race).
+        approval
+            .verdicts
+            .iter()
+            .any(|v| v.verdict == verdict && v.approver == approver.name)
+            .then(|| Refusal::DuplicateApprover {
+                id: id.into(),
+                approver: approver.name.clone(),
+            })
     });
     if refusal.is_some() {
         return Ok(refusal);
     }
+    let (signer, signed) = match &approver.signed {
+        Some((signer, signed)) => (Some(signer), Some(signed)),
+        None => (None, None),
+    };
     tx.execute(
-        "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![id, approver, verdict, reason, now],
+        "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms, kind, os_user, key_fingerprint,
+            public_key, statement, signature) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![
+            id,
+            approver.name,
+            verdict,
+            reason,
+            now,
+            approver.kind,
+            approver.os_user,
+            signer.map(|s| s.fingerprint.clone()),
+            signer.map(|s| s.public_key.clone()),
+            signed.map(|s| s.statement.clone()),
+            signed.map(|s| s.signature.clone()),
+        ],
     )
     .map_err(db)?;
     let grants: i64 = tx
@@ -567,6 +727,10 @@ fn ended(a: &Approval) -> Option<Refusal> {
         }),
         State::Denied => Some(Refusal::Denied { id: a.id.clone() }),
         State::Spent => Some(Refusal::AlreadySpent { id: a.id.clone() }),
+        State::Superseded => Some(Refusal::Superseded {
+            id: a.id.clone(),
+            by: a.superseded_by.clone().unwrap_or_default(),
+        }),
         State::Pending | State::Approved => None,
     }
 }
@@ -597,7 +761,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         .query_row(
             "SELECT id, tool, params_json, params_sha256, plan_sha256, plan_summary_json, signals_json, request_id,
                     requested_by, requested_client, created_at_ms, expires_at_ms, approvers_required,
-                    reason_required, state, spent_at_ms, spent_request_id
+                    reason_required, state, spent_at_ms, spent_request_id, superseded_by
              FROM approvals WHERE id = ?1",
             [id],
             |r| {
@@ -606,7 +770,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
                     (r.get::<_, Option<String>>(4)?, r.get::<_, String>(5)?, r.get::<_, String>(6)?, r.get::<_, String>(7)?),
                     (r.get::<_, String>(8)?, r.get::<_, String>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?),
                     (r.get::<_, i64>(12)?, r.get::<_, bool>(13)?, r.get::<_, String>(14)?),
-                    (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<String>>(16)?),
+                    (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<String>>(16)?, r.get::<_, Option<String>>(17)?),
                 ))
             },
         )
@@ -616,7 +780,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         (plan_sha256, summary, signals, request_id),
         (by, client, created, expires),
         (required, reason_required, state),
-        (spent_at, spent_req),
+        (spent_at, spent_req, superseded_by),
     )) = row
     else {
         return Ok(None);
@@ -630,7 +794,8 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         stored
     };
     let mut stmt = conn.prepare(
-        "SELECT approver, verdict, reason, at_ms FROM verdicts WHERE approval_id = ?1 ORDER BY at_ms, rowid",
+        "SELECT approver, verdict, reason, at_ms, kind, os_user, key_fingerprint, public_key, statement, signature
+         FROM verdicts WHERE approval_id = ?1 ORDER BY at_ms, rowid",
     )?;
     let verdicts = stmt
         .query_map([&id], |r| {
@@ -639,6 +804,12 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
                 verdict: r.get(1)?,
                 reason: r.get(2)?,
                 at: ms_to_rfc3339(r.get(3)?),
+                kind: r.get(4)?,
+                os_user: r.get(5)?,
+                key_fingerprint: r.get(6)?,
+                public_key: r.get(7)?,
+                statement: r.get(8)?,
+                signature: r.get(9)?,
             })
         })?
         .collect::<Result<Vec<_>, _>>()?;
@@ -661,6 +832,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         verdicts,
         spent_at: spent_at.map(ms_to_rfc3339),
         spent_request_id: spent_req,
+        superseded_by,
         created_at_ms: created,
         expires_at_ms: expires,
     }))
@@ -716,6 +888,15 @@ mod tests {
         }
     }
 
+    fn who(name: &str) -> Approver {
+        Approver {
+            name: name.into(),
+            kind: "os_user",
+            os_user: name.into(),
+            signed: None,
+        }
+    }
+
     fn store() -> (tempfile::TempDir, ApprovalStore) {
         let dir = tempfile::tempdir().expect("tmp");
         let s = ApprovalStore::in_home(dir.path()).expect("open");
@@ -738,7 +919,7 @@ mod tests {
     #[test]
     fn create_grant_spend_then_refuse_reuse() {
         let (_d, mut s) = store();
-        let a = s.create(&new(1, MIN30)).expect("create");
+        let (a, _) = s.create(&new(1, MIN30)).expect("create");
         assert_eq!(a.state, State::Pending);
         assert!(
             a.id.starts_with("ap-") && a.id.len() == 43,
@@ -754,7 +935,7 @@ mod tests {
             })
         );
         let g = s
-            .grant(&a.id, "bob", "looks right")
+            .grant(&a.id, &who("bob"), "looks right")
             .expect("db")
             .expect("granted");
         assert_eq!(g.state, State::Approved);
@@ -766,7 +947,7 @@ mod tests {
             Err(Refusal::AlreadySpent { id: a.id.clone() })
         );
         assert_eq!(
-            s.grant(&a.id, "carol", "").expect("db").map(|_| ()),
+            s.grant(&a.id, &who("carol"), "").expect("db").map(|_| ()),
             Err(Refusal::AlreadySpent { id: a.id.clone() })
         );
     }
@@ -774,8 +955,10 @@ mod tests {
     #[test]
     fn params_plan_and_tool_are_bound() {
         let (_d, mut s) = store();
-        let a = s.create(&new(1, MIN30)).expect("create");
-        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        let (a, _) = s.create(&new(1, MIN30)).expect("create");
+        s.grant(&a.id, &who("bob"), "")
+            .expect("db")
+            .expect("granted");
         let other_params = s
             .spend(
                 &a.id,
@@ -832,20 +1015,22 @@ mod tests {
     #[test]
     fn expiry_is_checked_at_read_grant_and_spend() {
         let (_d, mut s) = store();
-        let a = s
+        let (a, _) = s
             .create(&new(1, Duration::from_millis(300)))
             .expect("create");
-        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        s.grant(&a.id, &who("bob"), "")
+            .expect("db")
+            .expect("granted");
         std::thread::sleep(Duration::from_millis(400));
         assert_eq!(
             s.get(&a.id).expect("db").map(|x| x.state),
             Some(State::Expired)
         );
         assert!(matches!(spend(&mut s, &a.id), Err(Refusal::Expired { .. })));
-        let b = s.create(&new(1, Duration::from_millis(1))).expect("create");
+        let (b, _) = s.create(&new(1, Duration::from_millis(1))).expect("create");
         std::thread::sleep(Duration::from_millis(20));
         assert!(matches!(
-            s.grant(&b.id, "bob", "").expect("db"),
+            s.grant(&b.id, &who("bob"), "").expect("db"),
             Err(Refusal::Expired { .. })
         ));
         assert!(
@@ -858,15 +1043,17 @@ mod tests {
     #[test]
     fn a_denial_ends_it() {
         let (_d, mut s) = store();
-        let a = s.create(&new(2, MIN30)).expect("create");
-        s.grant(&a.id, "bob", "").expect("db").expect("granted");
+        let (a, _) = s.create(&new(2, MIN30)).expect("create");
+        s.grant(&a.id, &who("bob"), "")
+            .expect("db")
+            .expect("granted");
         let d = s
-            .deny(&a.id, "carol", "not during the freeze")
+            .deny(&a.id, &who("carol"), "not during the freeze")
             .expect("db")
             .expect("denied");
         assert_eq!(d.state, State::Denied);
         assert_eq!(
-            s.grant(&a.id, "dave", "").expect("db").map(|_| ()),
+            s.grant(&a.id, &who("dave"), "").expect("db").map(|_| ()),
             Err(Refusal::Denied { id: a.id.clone() })
         );
         assert_eq!(
@@ -876,19 +1063,16 @@ mod tests {
     }
 
     #[test]
-    fn the_requester_cannot_approve_and_one_person_counts_once() {
+    fn one_identity_counts_once() {
         let (_d, mut s) = store();
-        let a = s.create(&new(2, MIN30)).expect("create");
-        assert_eq!(
-            s.grant(&a.id, "alice", "mine").expect("db").map(|_| ()),
-            Err(Refusal::SelfApproval {
-                approver: "alice".into()
-            })
-        );
-        let one = s.grant(&a.id, "bob", "").expect("db").expect("recorded");
+        let (a, _) = s.create(&new(2, MIN30)).expect("create");
+        let one = s
+            .grant(&a.id, &who("bob"), "")
+            .expect("db")
+            .expect("recorded");
         assert_eq!((one.state, one.grants()), (State::Pending, 1));
         assert!(matches!(
-            s.grant(&a.id, "bob", "again").expect("db"),
+            s.grant(&a.id, &who("bob"), "again").expect("db"),
             Err(Refusal::DuplicateApprover { .. })
         ));
         assert!(matches!(
@@ -899,9 +1083,88 @@ mod tests {
                 ..
             })
         ));
-        let two = s.grant(&a.id, "carol", "").expect("db").expect("approved");
+        let two = s
+            .grant(&a.id, &who("carol"), "")
+            .expect("db")
+            .expect("approved");
         assert_eq!((two.state, two.grants()), (State::Approved, 2));
         assert!(spend(&mut s, &a.id).is_ok());
+    }
+
+    #[test]
+    fn a_new_plan_of_the_same_call_supersedes_older_live_approvals() {
+        let (_d, mut s) = store();
+        let (first, none) = s.create(&new(1, MIN30)).expect("create");
+        assert!(none.is_empty());
+        let (approved, _) = s.create(&new(1, MIN30)).expect("create");
+        assert_eq!(
+            s.get(&first.id)
+                .expect("db")
+                .map(|a| (a.state, a.superseded_by)),
+            Some((State::Superseded, Some(approved.id.clone())))
+        );
+        s.grant(&approved.id, &who("bob"), "ok")
+            .expect("db")
+            .expect("granted");
+        let mut other = new(1, MIN30);
+        other.params = json!({"working_dir": "terraform/k8s-demo"});
+        let (unrelated, none) = s.create(&other).expect("create");
+        assert!(none.is_empty(), "other params supersede nothing");
+        let (newest, gone) = s.create(&new(1, MIN30)).expect("create");
+        assert_eq!(
+            gone,
+            vec![approved.id.clone()],
+            "an approved, unspent one goes too"
+        );
+        assert_eq!(
+            spend(&mut s, &approved.id).map(|_| ()),
+            Err(Refusal::Superseded {
+                id: approved.id.clone(),
+                by: newest.id.clone()
+            })
+        );
+        assert!(matches!(
+            s.grant(&first.id, &who("bob"), "").expect("db"),
+            Err(Refusal::Superseded { .. })
+        ));
+        assert_eq!(
+            s.get(&unrelated.id).expect("db").map(|a| a.state),
+            Some(State::Pending)
+        );
+        assert_eq!(s.list(false).expect("list").len(), 2);
+    }
+
+    #[test]
+    fn a_version_1_database_is_migrated_and_its_unproven_verdicts_are_legacy() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(FILE_NAME);
+        {
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(MIGRATIONS[0]).expect("v1");
+            conn.pragma_update(None, "user_version", 1).expect("v");
+            conn.execute_batch(
+                "INSERT INTO approvals VALUES ('ap-old', 'terraform_apply', '{}', 'd', NULL, '[]', '[]', 'r', 'alice', 'c',
+                   0, 9999999999999, 1, 0, 'approved', NULL, NULL);
+                 INSERT INTO verdicts VALUES ('ap-old', 'someone', 'grant', '', 1);",
+            )
+            .expect("rows");
+        }
+        let mut s = ApprovalStore::open(&path).expect("migrate");
+        let a = s.get("ap-old").expect("db").expect("kept");
+        assert_eq!(a.state, State::Approved);
+        assert_eq!(a.verdicts[0].kind, "legacy");
+        // The new state is accepted by the rebuilt table.
+        let mut n = new(1, MIN30);
+        n.params = json!({});
+        n.tool = "terraform_apply".into();
+        s.conn
+            .execute(
+                "UPDATE approvals SET params_sha256 = ?1",
+                [crate::canonical::call_digest("terraform_apply", &json!({}))],
+            )
+            .expect("digest");
+        let (_, gone) = s.create(&n).expect("create");
+        assert_eq!(gone, vec!["ap-old".to_string()]);
     }
 
     #[test]
@@ -909,13 +1172,13 @@ mod tests {
         let (_d, mut s) = store();
         let mut n = new(1, MIN30);
         n.reason_required = true;
-        let a = s.create(&n).expect("create");
+        let (a, _) = s.create(&n).expect("create");
         assert_eq!(
-            s.grant(&a.id, "bob", "  ").expect("db").map(|_| ()),
+            s.grant(&a.id, &who("bob"), "  ").expect("db").map(|_| ()),
             Err(Refusal::ReasonRequired { id: a.id.clone() })
         );
         assert!(
-            s.grant(&a.id, "bob", "checked the plan")
+            s.grant(&a.id, &who("bob"), "checked the plan")
                 .expect("db")
                 .is_ok()
         );
@@ -931,7 +1194,7 @@ mod tests {
             })
         );
         assert_eq!(
-            s.grant("ap-nope", "bob", "").expect("db").map(|_| ()),
+            s.grant("ap-nope", &who("bob"), "").expect("db").map(|_| ()),
             Err(Refusal::UnknownId {
                 id: "ap-nope".into()
             })

@@ -21,6 +21,9 @@ pub const NAMES: &[&str] = &[
     "approval.denied",
     "approval.refused",
     "approval.spent",
+    "approval.superseded",
+    "approval.notified",
+    "approval.notify_failed",
     "credential.issued",
     "credential.refused",
     "credential.revoked",
@@ -92,6 +95,26 @@ pub enum Event {
         action: Option<String>,
         #[serde(skip_serializing_if = "no")]
         os_user: Option<String>,
+    },
+    /// A newer plan of the same call replaced a pending or approved
+    /// approval: it can no longer be granted or spent.
+    #[serde(rename = "approval.superseded")]
+    ApprovalSuperseded {
+        approval_id: String,
+        superseded_by: String,
+    },
+    /// A notifier was told of a requested approval.
+    #[serde(rename = "approval.notified")]
+    ApprovalNotified {
+        approval_id: String,
+        notifier: String,
+    },
+    /// A notifier failed (the call went on regardless).
+    #[serde(rename = "approval.notify_failed")]
+    ApprovalNotifyFailed {
+        approval_id: String,
+        notifier: String,
+        error: String,
     },
     /// An approval was used, once, for the apply of its plan.
     #[serde(rename = "approval.spent")]
@@ -240,11 +263,26 @@ pub enum Event {
 #[derive(Debug, Clone, Serialize)]
 pub struct Verdict {
     pub approval_id: String,
+    /// The proven identity the verdict counts for.
     pub approver: String,
+    /// `ssh_key` or `os_user`: how it was proven.
+    pub kind: String,
+    /// Who submitted it, as the kernel named them.
+    pub os_user: String,
     pub reason: String,
     pub state: String,
     pub grants: u32,
     pub approvers_required: u32,
+    /// For a signed verdict: the key, the statement and the signature, so
+    /// that `gateway audit verify` (or ssh-keygen -Y verify) re-checks it.
+    #[serde(skip_serializing_if = "no")]
+    pub key_fingerprint: Option<String>,
+    #[serde(skip_serializing_if = "no")]
+    pub public_key: Option<String>,
+    #[serde(skip_serializing_if = "no")]
+    pub statement: Option<String>,
+    #[serde(skip_serializing_if = "no")]
+    pub signature: Option<String>,
 }
 
 impl Event {

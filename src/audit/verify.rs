@@ -42,6 +42,9 @@ pub struct Report {
     pub first_bad: Option<(usize, String)>,
     /// Things reported that do not fail the log (a crash-cut line, no head).
     pub warnings: Vec<String>,
+    /// Signed verdicts (`approval.granted` / `approval.denied`) whose SSH
+    /// signature was checked again.
+    pub signatures_verified: usize,
     /// Each verified event's hash and the byte offset where its line ends.
     #[serde(skip)]
     ends: Vec<(String, u64)>,
@@ -189,6 +192,7 @@ fn verify_chain(bytes: &[u8]) -> Report {
         head: None,
         first_bad: None,
         warnings: vec![],
+        signatures_verified: 0,
         ends: vec![],
         head_lost_at: None,
     };
@@ -276,6 +280,14 @@ fn verify_chain(bytes: &[u8]) -> Report {
             report.first_bad = Some((n, why));
             return report;
         }
+        match signed_verdict(&event) {
+            Ok(true) => report.signatures_verified += 1,
+            Ok(false) => {}
+            Err(why) => {
+                report.first_bad = Some((n, why));
+                return report;
+            }
+        }
         prev = hash.to_string();
         report.verified += 1;
         report.head = Some(prev.clone());
@@ -298,6 +310,64 @@ fn verify_chain(bytes: &[u8]) -> Report {
         ));
     }
     report
+}
+
+/// Check a signed verdict's signature again, with the key the event
+/// recorded: the statement must be for this approval and verdict, and the
+/// signature over it must verify by that key, whose fingerprint must be the
+/// one recorded. `Ok(false)`: the event is not a signed verdict.
+fn signed_verdict(event: &Map<String, Value>) -> Result<bool, String> {
+    use crate::approvals::signature::{Statement, verify_with_key};
+    let name = event
+        .get("event")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let verdict = match name {
+        "approval.granted" => "grant",
+        "approval.denied" => "deny",
+        _ => return Ok(false),
+    };
+    let data = event.get("data").cloned().unwrap_or(Value::Null);
+    let field = |k: &str| data.get(k).and_then(Value::as_str);
+    if field("kind") != Some("ssh_key") {
+        if field("statement").is_some() || field("signature").is_some() {
+            return Err(
+                "a verdict carries a signature but is not recorded as signed (edited)".into(),
+            );
+        }
+        return Ok(false);
+    }
+    let (Some(statement), Some(signature), Some(key), Some(fp)) = (
+        field("statement"),
+        field("signature"),
+        field("public_key"),
+        field("key_fingerprint"),
+    ) else {
+        return Err("a signed verdict without its statement, signature, key or fingerprint".into());
+    };
+    let st =
+        Statement::parse(statement.as_bytes()).map_err(|e| format!("approval signature: {e}"))?;
+    if Some(st.approval_id.as_str()) != field("approval_id") || st.verdict != verdict {
+        return Err(format!(
+            "approval signature: the statement is for {} {}, the event for {} {}",
+            st.verdict,
+            st.approval_id,
+            verdict,
+            field("approval_id").unwrap_or("?")
+        ));
+    }
+    if Some(st.reason.as_str()) != field("reason") {
+        return Err(
+            "approval signature: the recorded reason is not the signed one (edited)".into(),
+        );
+    }
+    match verify_with_key(key, statement.as_bytes(), signature) {
+        Ok(actual) if actual == fp => Ok(true),
+        Ok(actual) => Err(format!(
+            "approval signature: made by key {actual}, recorded as {fp} (edited)"
+        )),
+        Err(e) => Err(format!("approval signature does not verify: {e}")),
+    }
 }
 
 /// What one line of the log is.

@@ -2,12 +2,14 @@
 //! the operator's side of the approval gate. This process is the only way an
 //! approval is granted: the MCP server has no code path for it.
 
+use std::path::PathBuf;
+
 use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::Cli;
 use super::out::{Out, errln, out, outln};
-use crate::approvals::{Approval, ApprovalStore, State};
+use crate::approvals::{Approval, ApprovalStore, Approver, State, proof};
 use crate::audit::events::Verdict;
 use crate::audit::{AuditLog, Event, scrub::scrub};
 use crate::identity::Caller;
@@ -26,6 +28,17 @@ pub struct ApprovalsArgs {
     all: bool,
 }
 
+impl ApprovalsArgs {
+    /// `approvals watch`: a loop the CLI runs itself (the daemon answers
+    /// one command per connection).
+    pub fn watch_interval(&self) -> Option<u64> {
+        match &self.show {
+            Some(ApprovalsCommand::Watch { interval }) => Some((*interval).max(1)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum ApprovalsCommand {
     /// Everything needed to decide: the call, each planned change, the signals.
@@ -34,25 +47,166 @@ enum ApprovalsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The statement an approver signs (canonical JSON and a newline), for
+    /// signing elsewhere: `ssh-keygen -Y sign -n gateway-approval -f KEY
+    /// FILE`, then `gateway approve ID --signature FILE.sig`.
+    Statement {
+        id: String,
+        /// `grant` (approve) or `deny`.
+        #[arg(long, default_value = "grant", value_parser = ["grant", "deny"])]
+        verdict: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// How long the signed statement may be submitted, in seconds
+        /// (never past the approval's own expiry).
+        #[arg(long, default_value_t = 600)]
+        valid_for: u64,
+    },
+    /// Follow approval requests as they come, until interrupted.
+    Watch {
+        /// Seconds between looks.
+        #[arg(long, default_value_t = 2)]
+        interval: u64,
+    },
 }
 
-#[derive(Debug, clap::Args)]
+/// `gateway approve|deny ID`. The verdict is signed with the approver's SSH
+/// key unless `--no-sign`; the key's principal in the policy's allowed
+/// signers is then the approver. Without a signature the approver is the
+/// OS user the kernel names, which counts only when the policy admits that
+/// user and it is not the requester.
+#[derive(Debug, Clone, clap::Args)]
 pub struct VerdictArgs {
     /// The approval id (from `gateway approvals`).
     id: String,
-    /// Why (required when the policy says so for this approval).
+    /// Why (required when the policy says so for this approval). Signed.
     #[arg(long, default_value = "")]
     reason: String,
-    /// Record the verdict under this identity instead of the OS user
-    /// (only when the policy allows it: data.config.approvals.identity).
-    #[arg(long = "as", value_name = "NAME")]
-    as_name: Option<String>,
+    /// The SSH key to sign with: a private key file, or a public key whose
+    /// private half is in the ssh-agent [default: $GATEWAY_APPROVER_KEY,
+    /// else the first of ~/.ssh/id_ed25519_sk, id_ecdsa_sk, id_ed25519,
+    /// id_ecdsa].
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Submit a signature made elsewhere: the output of `ssh-keygen -Y sign
+    /// -n gateway-approval` over `gateway approvals statement ID`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["key", "no_sign"])]
+    signature: Option<PathBuf>,
+    /// The statement that --signature signed [default: its path without .sig].
+    #[arg(long, value_name = "FILE", requires = "signature")]
+    statement: Option<PathBuf>,
+    /// Do not sign: the approver is the OS user alone.
+    #[arg(long, conflicts_with = "key")]
+    no_sign: bool,
+    /// How long the signed statement may be submitted, in seconds.
+    #[arg(long, default_value_t = 600)]
+    valid_for: u64,
+    /// The signed statement, as the CLI hands it to the daemon.
+    #[arg(long, hide = true)]
+    signed_statement: Option<String>,
+    /// Its signature, as the CLI hands it to the daemon.
+    #[arg(long, hide = true)]
+    ssh_signature: Option<String>,
 }
 
 impl VerdictArgs {
-    /// Whether the caller asked to be recorded under another name (`--as`).
-    pub fn names_identity(&self) -> bool {
-        self.as_name.is_some()
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether it names files for the daemon to read (only the CLI reads
+    /// the caller's files; the daemon gets their contents).
+    pub fn names_files(&self) -> bool {
+        self.key.is_some() || self.signature.is_some() || self.statement.is_some()
+    }
+
+    /// The command line the daemon is sent for this verdict.
+    pub fn to_argv(&self, grant: bool) -> Vec<String> {
+        let mut v = vec![
+            if grant { "approve" } else { "deny" }.to_string(),
+            self.id.clone(),
+            "--reason".into(),
+            self.reason.clone(),
+        ];
+        if let (Some(st), Some(sig)) = (&self.signed_statement, &self.ssh_signature) {
+            v.extend([
+                "--signed-statement".into(),
+                st.clone(),
+                "--ssh-signature".into(),
+                sig.clone(),
+            ]);
+        }
+        v
+    }
+
+    /// Sign, or read a signature made elsewhere, here in the CLI: the
+    /// result carries the statement and signature and names no file.
+    /// `statement_of(verdict, reason, valid_for)` gives the statement to
+    /// sign (from the daemon, or the state dir).
+    pub fn signed(
+        &self,
+        grant: bool,
+        statement_of: &mut dyn FnMut(&str, &str, u64) -> anyhow::Result<String>,
+    ) -> anyhow::Result<VerdictArgs> {
+        use crate::approvals::signature;
+        let mut out = self.clone();
+        out.key = None;
+        out.signature = None;
+        out.statement = None;
+        if let Some(sig_path) = &self.signature {
+            let st_path = match &self.statement {
+                Some(p) => p.clone(),
+                None => sig_path.with_extension(""),
+            };
+            let read = |p: &std::path::Path| -> anyhow::Result<String> {
+                let meta =
+                    std::fs::metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
+                anyhow::ensure!(
+                    meta.len() <= signature::MAX_BYTES as u64,
+                    "{} is larger than a statement or signature can be",
+                    p.display()
+                );
+                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+            };
+            let statement = read(&st_path)?;
+            let parsed = signature::Statement::parse(statement.as_bytes()).with_context(|| {
+                format!(
+                    "{} is not a statement from `gateway approvals statement`",
+                    st_path.display()
+                )
+            })?;
+            out.reason = parsed.reason;
+            out.signed_statement = Some(statement);
+            out.ssh_signature = Some(read(sig_path)?);
+            return Ok(out);
+        }
+        if self.no_sign {
+            return Ok(out);
+        }
+        let key = self
+            .key
+            .clone()
+            .or_else(|| {
+                std::env::var_os("GATEWAY_APPROVER_KEY")
+                    .filter(|k| !k.is_empty())
+                    .map(PathBuf::from)
+            })
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .and_then(|h| signature::default_key(std::path::Path::new(&h)))
+            });
+        let Some(key) = key else {
+            return Ok(out);
+        };
+        let statement = statement_of(
+            if grant { "grant" } else { "deny" },
+            &self.reason,
+            self.valid_for,
+        )?;
+        let sig = signature::sign_with_ssh_keygen(&key, statement.as_bytes())?;
+        out.signed_statement = Some(statement);
+        out.ssh_signature = Some(sig);
+        Ok(out)
     }
 }
 
@@ -87,6 +241,35 @@ pub fn list(
             out!(o, "{}", render_show(&approval));
         }
         return Ok(0);
+    }
+    if let Some(ApprovalsCommand::Statement {
+        id,
+        verdict,
+        reason,
+        valid_for,
+    }) = &a.show
+    {
+        let Some(approval) = store.get(id)?.filter(|x| visible(x)) else {
+            errln!(o, "gateway: no approval with id {id}");
+            return Ok(1);
+        };
+        if !matches!(approval.state, State::Pending) {
+            errln!(
+                o,
+                "gateway: approval {id} is {}; there is nothing to sign",
+                approval.state.as_str()
+            );
+            return Ok(1);
+        }
+        let until = crate::approvals::now_ms()
+            .saturating_add(i64::try_from(valid_for.saturating_mul(1000)).unwrap_or(i64::MAX));
+        let bytes = approval.statement(verdict, reason, until).to_bytes();
+        out!(o, "{}", String::from_utf8_lossy(&bytes));
+        return Ok(0);
+    }
+    if a.watch_interval().is_some() {
+        errln!(o, "gateway: approvals watch runs in the CLI, not here");
+        return Ok(2);
     }
     let approvals: Vec<Approval> = store.list(a.all)?.into_iter().filter(visible).collect();
     if a.json {
@@ -258,10 +441,23 @@ fn render_show(a: &Approval) -> String {
             );
         }
     }
+    if let Some(by) = &a.superseded_by {
+        let _ = writeln!(o, "\nsuperseded by {by}: the call was planned again");
+    }
     for v in &a.verdicts {
+        let how = match (v.kind.as_str(), &v.key_fingerprint) {
+            ("ssh_key", Some(fp)) => format!(
+                "signed with SSH key {fp}, submitted by OS user {}",
+                shown(&v.os_user)
+            ),
+            ("os_user", _) => "as the OS user the kernel named".to_string(),
+            _ => {
+                "under a name nobody proved (recorded before signatures; never counted)".to_string()
+            }
+        };
         let _ = writeln!(
             o,
-            "\n{} by {} at {}: {}",
+            "\n{} by {} ({how}) at {}: {}",
             v.verdict,
             shown(&v.approver),
             v.at,
@@ -299,41 +495,46 @@ pub fn load_policies(cli: &Cli) -> anyhow::Result<PolicySet> {
     )
 }
 
-/// The identity a verdict is recorded under, as the policy decides
-/// (data.gateway.approvals.approver).
-fn approver(
-    set: &PolicySet,
+/// A refused verdict: audited, and said.
+fn refuse(
+    audit: &AuditLog,
+    request_id: &str,
+    id: &str,
+    why: String,
+    approver: Option<String>,
     caller: &Caller,
-    channel: &str,
-    as_name: Option<&str>,
-) -> anyhow::Result<Result<String, String>> {
-    let mut input = json!({"os_user": caller.user, "uid": caller.uid, "groups": caller.groups, "channel": channel});
-    if let Some(n) = as_name {
-        input["named"] = n.into();
-    }
+    o: &mut Out,
+) -> anyhow::Result<u8> {
+    audit.record(
+        request_id,
+        Event::ApprovalRefused {
+            approval_id: id.into(),
+            reason: Some(why.clone()),
+            refusal: None,
+            approver,
+            action: None,
+            os_user: Some(caller.user.clone()),
+        },
+    )?;
+    errln!(o, "gateway: refused: {why}");
+    Ok(1)
+}
+
+/// The allowed signers the policy names (data.gateway.approvals.allowed_signers).
+pub fn allowed_signers(set: &PolicySet) -> String {
     match set.eval_rule(
-        "data.gateway.approvals.approver",
-        regorus::Value::from(input),
+        "data.gateway.approvals.allowed_signers",
+        regorus::Value::from(json!({})),
     ) {
-        Ok(Value::String(s)) if !s.trim().is_empty() => Ok(Ok(s)),
-        Ok(other) => Ok(Err(format!(
-            "the policy gave no usable approver identity ({other})"
-        ))),
-        Err(e) => Ok(Err(match as_name {
-            Some(n) => format!(
-                "--as {n} is not allowed by the policy (data.config.approvals.identity): {e}"
-            ),
-            None => {
-                tracing::debug!("no approver identity from the policy: {e}");
-                format!(
-                    "{} may not approve or deny calls (data.config.approvals.identity names who may)",
-                    caller.user
-                )
-            }
-        })),
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
     }
 }
 
+/// `gateway approve|deny`: prove who the approver is (a signature checked
+/// against the allowed signers, else the OS user the kernel named), ask the
+/// policy whether that identity may give this verdict on this call
+/// (data.gateway.approvals.verdict), then record it.
 pub fn verdict(
     cli: &Cli,
     a: &VerdictArgs,
@@ -346,39 +547,139 @@ pub fn verdict(
     let home = cli.home();
     let audit = AuditLog::in_home(&home)?;
     let mut store = store(cli)?;
-    let request_id = store.get(&a.id)?.map(|x| x.request_id).unwrap_or_default();
-    let who = match approver(set, caller, channel, a.as_name.as_deref())? {
-        Ok(w) => w,
-        Err(why) => {
-            audit.record(
-                &request_id,
-                Event::ApprovalRefused {
-                    approval_id: a.id.clone(),
-                    reason: Some(why.clone()),
-                    refusal: None,
-                    approver: None,
-                    action: None,
-                    os_user: Some(caller.user.clone()),
-                },
-            )?;
-            errln!(o, "gateway: refused: {why}");
-            return Ok(1);
+    let verdict = if grant { "grant" } else { "deny" };
+    let Some(approval) = store.get(&a.id)? else {
+        return refuse(
+            &audit,
+            "",
+            &a.id,
+            format!("no approval with id {}", a.id),
+            None,
+            caller,
+            o,
+        );
+    };
+    let rid = approval.request_id.clone();
+    let (approver, reason) = match (&a.signed_statement, &a.ssh_signature) {
+        (Some(statement), Some(signature)) => {
+            let signed = crate::approvals::signature::Signed {
+                statement: statement.clone(),
+                signature: signature.clone(),
+            };
+            match proof::check_signed(
+                &approval,
+                verdict,
+                &signed,
+                &allowed_signers(set),
+                crate::approvals::now_ms(),
+            ) {
+                Ok((signer, st)) if a.reason.is_empty() || a.reason == st.reason => (
+                    proof::signed_approver(signer, signed, &caller.user),
+                    st.reason,
+                ),
+                Ok(_) => {
+                    let why = "--reason differs from the reason that was signed".to_string();
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+                Err(e) => {
+                    let why = format!("the signature is not accepted: {e}");
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+            }
+        }
+        (None, None) => (
+            Approver {
+                name: caller.user.clone(),
+                kind: "os_user",
+                os_user: caller.user.clone(),
+                signed: None,
+            },
+            a.reason.clone(),
+        ),
+        _ => {
+            let why = "a signed verdict needs both its statement and its signature".to_string();
+            return refuse(&audit, &rid, &a.id, why, None, caller, o);
         }
     };
+    // The reason is kept in the statement, the store and the audit as
+    // given; the audit scrubs secrets, which would break a signed one.
+    if crate::audit::scrub::scrub_str(&reason) != reason {
+        let why =
+            "the reason contains something shaped like a secret (a token or key); write it without"
+                .to_string();
+        return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
+    }
+    let verdicts: Vec<Value> = approval
+        .verdicts
+        .iter()
+        .map(|v| json!({"approver": v.approver, "verdict": v.verdict, "kind": v.kind}))
+        .collect();
+    let input = json!({
+        "verdict": verdict,
+        "channel": channel,
+        "approver": proof::identity_json(&approver, &caller.groups),
+        "approval": {
+            "id": approval.id, "tool": approval.tool, "params": approval.params,
+            "requested_by": approval.requested_by, "signals": approval.signals,
+            "state": approval.state.as_str(), "verdicts": verdicts,
+        },
+    });
+    let judged = set.eval_rule(
+        "data.gateway.approvals.verdict",
+        regorus::Value::from(input),
+    );
+    match judged {
+        Ok(v) if v["allow"] == Value::Bool(true) => {}
+        Ok(v) => {
+            let reasons: Vec<String> = v["reasons"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let why = if reasons.is_empty() {
+                format!(
+                    "the policy does not allow {} to {verdict} this call",
+                    approver.name
+                )
+            } else {
+                reasons.join("; ")
+            };
+            return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
+        }
+        Err(e) => {
+            let why = format!("the policy gives no verdict (data.gateway.approvals.verdict): {e}");
+            return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
+        }
+    }
+    let who = approver.name.clone();
     let result = if grant {
-        store.grant(&a.id, &who, &a.reason)?
+        store.grant(&a.id, &approver, &reason)?
     } else {
-        store.deny(&a.id, &who, &a.reason)?
+        store.deny(&a.id, &approver, &reason)?
     };
     match result {
         Ok(approval) => {
+            let (fp, key) = match &approver.signed {
+                Some((s, _)) => (Some(s.fingerprint.clone()), Some(s.public_key.clone())),
+                None => (None, None),
+            };
             let verdict = Verdict {
                 approval_id: approval.id.clone(),
                 approver: who.clone(),
-                reason: a.reason.clone(),
+                kind: approver.kind.into(),
+                os_user: caller.user.clone(),
+                reason: reason.clone(),
                 state: approval.state.as_str().into(),
                 grants: approval.grants(),
                 approvers_required: approval.approvers_required,
+                key_fingerprint: fp.clone(),
+                public_key: key,
+                statement: approver.signed.as_ref().map(|(_, s)| s.statement.clone()),
+                signature: approver.signed.as_ref().map(|(_, s)| s.signature.clone()),
             };
             audit.record(
                 &approval.request_id,
@@ -388,11 +689,12 @@ pub fn verdict(
                     Event::ApprovalDenied(verdict)
                 },
             )?;
+            let how = fp.map(|f| format!(" (key {f})")).unwrap_or_default();
             if grant {
                 match approval.state {
                     State::Approved => outln!(
                         o,
-                        "approved {} as {who}: the next {} call with approval_id {} may run it, once, until {}",
+                        "approved {} as {who}{how}: the next {} call with approval_id {} may run it, once, until {}",
                         approval.id,
                         approval.tool,
                         approval.id,
@@ -400,7 +702,7 @@ pub fn verdict(
                     ),
                     _ => outln!(
                         o,
-                        "recorded {who}'s approval of {}: {} of {} approvals given",
+                        "recorded {who}'s approval{how} of {}: {} of {} approvals given",
                         approval.id,
                         approval.grants(),
                         approval.approvers_required
@@ -409,7 +711,7 @@ pub fn verdict(
             } else {
                 outln!(
                     o,
-                    "denied {} as {who}: it can no longer be approved or used",
+                    "denied {} as {who}{how}: it can no longer be approved or used",
                     approval.id
                 );
             }
@@ -417,20 +719,117 @@ pub fn verdict(
         }
         Err(refusal) => {
             audit.record(
-                &request_id,
+                &rid,
                 Event::ApprovalRefused {
                     approval_id: a.id.clone(),
                     reason: None,
                     refusal: Some(json!(refusal)),
                     approver: Some(who.clone()),
                     action: Some(if grant { "approve" } else { "deny" }.into()),
-                    os_user: None,
+                    os_user: Some(caller.user.clone()),
                 },
             )?;
             errln!(o, "gateway: refused: {refusal}");
             Ok(1)
         }
     }
+}
+
+/// `gateway approvals watch`: print each approval request as it appears,
+/// and what became of it, looking every `interval` seconds with `pending`
+/// (the pending approvals as JSON) and `final_state` (one approval's state
+/// once it is no longer pending). Runs until interrupted.
+pub fn watch(
+    interval: u64,
+    pending: &mut dyn FnMut() -> anyhow::Result<Vec<Value>>,
+    final_state: &mut dyn FnMut(&str) -> Option<String>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use std::collections::BTreeMap;
+    use std::io::Write;
+    let mut seen: BTreeMap<String, Value> = BTreeMap::new();
+    let mut first = true;
+    loop {
+        let now: Vec<Value> = pending()?;
+        let mut lines = Vec::new();
+        for a in &now {
+            let Some(id) = a["id"].as_str() else { continue };
+            if !seen.contains_key(id) {
+                let signals = a["signals"].as_array().map(Vec::len).unwrap_or(0);
+                lines.push(format!(
+                    "{} {id}  {}  {}  requested by {}  {} signal(s)  expires {}  (gateway approvals show {id})",
+                    if first { "PENDING" } else { "NEW" },
+                    shown(a["tool"].as_str().unwrap_or("?")),
+                    shown(&a["params"].to_string()),
+                    shown(a["requested_by"].as_str().unwrap_or("?")),
+                    signals,
+                    shown(a["expires_at"].as_str().unwrap_or("?")),
+                ));
+                seen.insert(id.to_string(), a.clone());
+            }
+        }
+        let gone: Vec<String> = seen
+            .keys()
+            .filter(|id| !now.iter().any(|a| a["id"].as_str() == Some(id.as_str())))
+            .cloned()
+            .collect();
+        for id in gone {
+            seen.remove(&id);
+            let state = final_state(&id).unwrap_or_else(|| "gone".into());
+            lines.push(format!("{} {id}", state.to_uppercase()));
+        }
+        if !lines.is_empty() {
+            let mut out = std::io::stdout().lock();
+            for l in lines {
+                let _ = writeln!(out, "{l}");
+            }
+            let _ = out.flush();
+        }
+        first = false;
+        std::thread::sleep(std::time::Duration::from_secs(interval));
+    }
+}
+
+/// The pending approvals of a state dir as JSON, and one's state: what
+/// `watch` reads on a direct command.
+pub fn watch_direct(cli: &Cli, interval: u64) -> anyhow::Result<std::process::ExitCode> {
+    let store = store(cli)?;
+    watch(
+        interval,
+        &mut || {
+            Ok(store
+                .list(false)?
+                .iter()
+                .map(|a| scrub(&serde_json::to_value(a).unwrap_or_default()))
+                .collect())
+        },
+        &mut |id| {
+            store
+                .get(id)
+                .ok()
+                .flatten()
+                .map(|a| a.state.as_str().to_string())
+        },
+    )
+}
+
+/// The statement of approval `id` from a state dir (a direct command).
+pub fn statement_direct(
+    cli: &Cli,
+    id: &str,
+    verdict: &str,
+    reason: &str,
+    valid_for: u64,
+) -> anyhow::Result<String> {
+    let store = store(cli)?;
+    let approval = store
+        .get(id)?
+        .with_context(|| format!("no approval with id {id}"))?;
+    let until = crate::approvals::now_ms()
+        .saturating_add(i64::try_from(valid_for.saturating_mul(1000)).unwrap_or(i64::MAX));
+    Ok(
+        String::from_utf8_lossy(&approval.statement(verdict, reason, until).to_bytes())
+            .into_owned(),
+    )
 }
 
 #[cfg(test)]

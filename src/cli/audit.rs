@@ -159,9 +159,10 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
             match &report.first_bad {
                 None => outln!(
                     o,
-                    "ok: {} events verified in {}",
+                    "ok: {} events verified in {} ({} approval signature(s) checked)",
                     report.verified,
-                    path.display()
+                    path.display(),
+                    report.signatures_verified
                 ),
                 Some((line, why)) => {
                     outln!(

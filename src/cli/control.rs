@@ -36,20 +36,13 @@ pub async fn connect(socket: &std::path::Path) -> anyhow::Result<tokio::net::Uni
     })
 }
 
-/// Send this process's command line to the daemon and print its answer.
-pub fn forward() -> anyhow::Result<ExitCode> {
-    let argv: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| {
-            a.into_string()
-                .map_err(|_| anyhow::anyhow!("an argument is not valid UTF-8"))
-        })
-        .collect::<Result<_, _>>()?;
+/// Send `argv` (without the program name) to the daemon; its reply.
+pub fn ask(argv: Vec<String>) -> anyhow::Result<Reply> {
     let socket = socket_path();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let reply = rt.block_on(async {
+    rt.block_on(async {
         let stream = connect(&socket).await?;
         let (read, mut write) = stream.into_split();
         write
@@ -64,12 +57,81 @@ pub fn forward() -> anyhow::Result<ExitCode> {
         let reply: Reply =
             serde_json::from_str(&line).context("the daemon's answer is not a reply")?;
         anyhow::Ok(reply)
-    })?;
+    })
+}
+
+fn print(reply: Reply) -> ExitCode {
     let out = Out {
         stdout: reply.stdout,
         stderr: reply.stderr,
     };
-    Ok(out.print(reply.code))
+    out.print(reply.code)
+}
+
+/// Send this process's command line to the daemon and print its answer.
+pub fn forward() -> anyhow::Result<ExitCode> {
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string()
+                .map_err(|_| anyhow::anyhow!("an argument is not valid UTF-8"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(print(ask(argv)?))
+}
+
+/// `gateway approve|deny` through the daemon: sign here (this user's key,
+/// this user's terminal for a passphrase or a touch) over the statement
+/// the daemon gives, then send the statement and signature.
+pub fn forward_verdict(
+    a: &super::approvals::VerdictArgs,
+    id: &str,
+    grant: bool,
+) -> anyhow::Result<ExitCode> {
+    let signed = a.signed(grant, &mut |verdict, reason, valid_for| {
+        let reply = ask(vec![
+            "approvals".into(),
+            "statement".into(),
+            id.into(),
+            "--verdict".into(),
+            verdict.into(),
+            "--reason".into(),
+            reason.into(),
+            "--valid-for".into(),
+            valid_for.to_string(),
+        ])?;
+        if reply.code != 0 {
+            anyhow::bail!(
+                "the daemon gave no statement to sign: {}",
+                reply.stderr.trim()
+            );
+        }
+        Ok(reply.stdout)
+    })?;
+    Ok(print(ask(signed.to_argv(grant))?))
+}
+
+/// `gateway approvals watch` through the daemon: one question per look.
+pub fn watch(interval: u64) -> anyhow::Result<ExitCode> {
+    let json_of = |argv: Vec<&str>| -> anyhow::Result<serde_json::Value> {
+        let reply = ask(argv.into_iter().map(String::from).collect())?;
+        anyhow::ensure!(reply.code == 0, "{}", reply.stderr.trim());
+        serde_json::from_str(&reply.stdout).context("the daemon's answer is not JSON")
+    };
+    super::approvals::watch(
+        interval,
+        &mut || {
+            Ok(json_of(vec!["approvals", "--json"])?
+                .as_array()
+                .cloned()
+                .unwrap_or_default())
+        },
+        &mut |id| {
+            json_of(vec!["approvals", "show", id, "--json"])
+                .ok()
+                .and_then(|v| v["state"].as_str().map(String::from))
+        },
+    )
 }
 
 /// The commands the daemon serves on its socket.
@@ -185,9 +247,9 @@ fn run(
                 (!allowed(set, "may_approve", caller, "approvals")).then_some(caller.user.as_str());
             super::approvals::list(own, &a, only_of, o)
         }
-        ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_identity() => bail!(
-            "--as is not accepted through the daemon: the approver is the OS user the kernel names ({})",
-            caller.user
+        ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_files() => bail!(
+            "--key, --signature and --statement are read by the gateway command on the caller's side, \
+             never by the daemon: run `gateway approve` itself, not a hand-made request"
         ),
         ServedCommand::Approve(a) => {
             super::approvals::verdict(own, &a, true, caller, VIA_DAEMON, set, o)

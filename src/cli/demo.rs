@@ -75,8 +75,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             std::fs::copy(entry.path(), module.join(entry.file_name()))?;
         }
     }
+    let policies = demo_policies(cli)?;
     let policy = Arc::new(PolicyStore::open(
-        vec![cli.policies.clone()],
+        vec![policies.clone()],
         LoadOptions::default(),
     ));
     if let Err(e) = policy.current() {
@@ -238,10 +239,11 @@ fn approve(cli: &Cli, id: &str, reason: &str) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let out = std::process::Command::new(exe)
         .arg("--policies")
-        .arg(&cli.policies)
+        .arg(cli.home().join("demo").join("policies"))
         .arg("--home")
         .arg(cli.home().join("demo"))
-        .args(["approve", id, "--as", "demo-operator", "--reason", reason])
+        .args(["approve", id, "--reason", reason, "--key"])
+        .arg(operator_key(cli))
         .output()?;
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -249,7 +251,44 @@ fn approve(cli: &Cli, id: &str, reason: &str) -> anyhow::Result<String> {
         bail!("gateway approve failed: {text}");
     }
     Ok(format!(
-        "$ gateway approve {id} --as demo-operator --reason {reason:?}\n{}",
+        "$ gateway approve {id} --reason {reason:?} --key demo/operator_key\n{}",
         text.trim()
     ))
+}
+
+/// The demo operator's SSH key (made once, without a passphrase: it is the
+/// demo's, in its own state dir).
+fn operator_key(cli: &Cli) -> std::path::PathBuf {
+    cli.home().join("demo").join("operator_key")
+}
+
+/// The demo's own copy of the policies, whose allowed signers hold the
+/// demo operator's key (made here if needed).
+fn demo_policies(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
+    let key = operator_key(cli);
+    if !key.exists() {
+        if let Some(d) = key.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let st = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "demo-operator", "-f"])
+            .arg(&key)
+            .status()
+            .context("running ssh-keygen to make the demo operator's key")?;
+        ensure(st.success(), "ssh-keygen made the demo operator's key")?;
+    }
+    let to = cli.home().join("demo").join("policies");
+    if to.exists() {
+        std::fs::remove_dir_all(&to)?;
+    }
+    super::install::copy_tree(&cli.policies, &to)?;
+    let line = super::install::signer_line(&format!(
+        "demo-operator={}",
+        key.with_extension("pub").display()
+    ))?;
+    std::fs::write(
+        to.join("config/approvers/data.yaml"),
+        super::install::approvers_yaml(&[line]),
+    )?;
+    Ok(to)
 }

@@ -25,6 +25,14 @@ pub struct DaemonInstallArgs {
     /// account the agent runs as.
     #[arg(long = "approver", value_name = "NAME")]
     approvers: Vec<String>,
+    /// An approver's SSH public key, `[NAME=]FILE` (repeatable): their
+    /// signatures approve calls, under NAME [default: operator]. Written
+    /// into the installed policies' config/approvers/data.yaml. On a
+    /// machine where the agent runs as you, use a key it cannot use alone:
+    /// a security key (`ssh-keygen -t ed25519-sk`), or one added to your
+    /// ssh-agent with `ssh-add -c`.
+    #[arg(long = "approver-key", value_name = "[NAME=]FILE")]
+    approver_keys: Vec<String>,
     /// Install below this directory instead of / (no group, no systemd):
     /// to look at what would be written.
     #[arg(long, value_name = "DIR")]
@@ -159,6 +167,31 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
             policies.display()
         );
     }
+    if !a.approver_keys.is_empty() {
+        let file = policies.join("config/approvers/data.yaml");
+        let existing = match std::fs::read_to_string(&file) {
+            Ok(t) => allowed_signers_of(&t)
+                .with_context(|| format!("reading the allowed signers in {}", file.display()))?,
+            Err(_) => String::new(),
+        };
+        let mut lines: Vec<String> = existing
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(String::from)
+            .collect();
+        for spec in &a.approver_keys {
+            let line = signer_line(spec)?;
+            if !lines.contains(&line) {
+                println!("added the approver key {line}");
+                lines.push(line);
+            }
+        }
+        if let Some(d) = file.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        write_file(&file, approvers_yaml(&lines).as_bytes(), 0o644)?;
+        println!("wrote {}", file.display());
+    }
     let config = at("/etc/gateway/gateway.toml");
     if config.exists() {
         println!("kept {}", config.display());
@@ -198,8 +231,61 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One allowed-signers line from `[NAME=]FILE` (an OpenSSH public key).
+pub fn signer_line(spec: &str) -> anyhow::Result<String> {
+    let (name, file) = match spec.split_once('=') {
+        Some((n, f)) if !n.contains('/') => (n.to_string(), f.to_string()),
+        _ => ("operator".to_string(), spec.to_string()),
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
+    {
+        bail!("approver name {name:?}: use letters, digits and . _ @ - only");
+    }
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    let key = ssh_key::PublicKey::from_openssh(text.trim())
+        .with_context(|| format!("{file} is not an OpenSSH public key (the .pub file)"))?;
+    let mut key = key;
+    key.set_comment("");
+    Ok(format!(
+        "{name} namespaces=\"{}\" {}",
+        crate::approvals::signature::NAMESPACE,
+        key.to_openssh()?.trim()
+    ))
+}
+
+/// config/approvers/data.yaml holding these allowed-signers lines.
+pub fn approvers_yaml(lines: &[String]) -> String {
+    let mut out = String::from(
+        "# The SSH keys whose signatures approve calls (git's allowed_signers format),\n\
+         # written by `gateway daemon install --approver-key`.\n",
+    );
+    if lines.is_empty() {
+        out.push_str("allowed_signers: \"\"\n");
+    } else {
+        out.push_str("allowed_signers: |\n");
+        for l in lines {
+            out.push_str("  ");
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The allowed_signers text of an approvers data file.
+fn allowed_signers_of(yaml: &str) -> anyhow::Result<String> {
+    let v = regorus::Value::from_yaml_str(yaml)?;
+    Ok(match &v["allowed_signers"] {
+        regorus::Value::String(s) => s.to_string(),
+        _ => String::new(),
+    })
+}
+
 /// Copy a policy tree as root's: dirs 0755, files 0644, no links.
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+pub fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(to)?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))?;
     for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {

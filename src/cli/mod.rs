@@ -134,7 +134,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             | Command::Vault(vault::VaultCommand::Status)
     );
     if served_by_daemon && !direct {
-        return control::forward();
+        return match &cli.command {
+            Command::Approve(a) => control::forward_verdict(a, a.id(), true),
+            Command::Deny(a) => control::forward_verdict(a, a.id(), false),
+            Command::Approvals(a) if a.watch_interval().is_some() => {
+                control::watch(a.watch_interval().unwrap_or(2))
+            }
+            _ => control::forward(),
+        };
     }
     match &cli.command {
         Command::Serve(a) => return serve::run(&cli, a),
@@ -148,12 +155,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut o = out::Out::default();
     let code = match &cli.command {
         Command::Policy(cmd) => return policy::run(&cli, cmd),
+        Command::Approvals(a) if a.watch_interval().is_some() => {
+            return approvals::watch_direct(&cli, a.watch_interval().unwrap_or(2));
+        }
         Command::Approvals(a) => approvals::list(&cli, a, None, &mut o),
         Command::Approve(a) | Command::Deny(a) => {
             let grant = matches!(&cli.command, Command::Approve(_));
-            match approvals::load_policies(&cli) {
-                Ok(set) => approvals::verdict(&cli, a, grant, &me, DIRECT, &set, &mut o),
-                Err(e) => Err(e),
+            let signed = a.signed(grant, &mut |verdict, reason, valid_for| {
+                approvals::statement_direct(&cli, a.id(), verdict, reason, valid_for)
+            });
+            match (approvals::load_policies(&cli), signed) {
+                (Ok(set), Ok(signed)) => {
+                    approvals::verdict(&cli, &signed, grant, &me, DIRECT, &set, &mut o)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
             }
         }
         Command::Audit(a) => audit::run(&cli, a, &mut o),

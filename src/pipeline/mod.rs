@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod limits;
+pub mod notify;
 pub mod plans;
 pub mod runners;
 
@@ -416,6 +417,42 @@ impl Pipeline {
             );
         }
         admitted.map(Some)
+    }
+
+    /// Notify: tell the policy's notifiers that `approval` waits
+    /// ([`notify`]); never holds up the call.
+    pub(crate) fn notify(&self, approval: &crate::approvals::Approval) {
+        let Ok(set) = self.policy.current() else {
+            return;
+        };
+        let list = set
+            .eval_rule(
+                "data.gateway.approvals.notifiers",
+                regorus::Value::from(json!({})),
+            )
+            .unwrap_or(Value::Null);
+        notify::spawn(self.audit.clone(), list, approval);
+    }
+
+    /// The grants of `approval`, each proven again with the policy of now
+    /// ([`crate::approvals::proof::identities_now`]).
+    pub(crate) fn approver_identities(&self, approval: &crate::approvals::Approval) -> Vec<Value> {
+        let signers = match self.policy.current() {
+            Ok(set) => match set.eval_rule(
+                "data.gateway.approvals.allowed_signers",
+                regorus::Value::from(json!({})),
+            ) {
+                Ok(Value::String(s)) => s,
+                _ => String::new(),
+            },
+            Err(_) => String::new(),
+        };
+        crate::approvals::proof::identities_now(
+            approval,
+            &signers,
+            crate::approvals::now_ms(),
+            crate::approvals::proof::groups_of_user,
+        )
     }
 
     /// How long saved plans are kept (the policy's `plan_retention_seconds`).

@@ -79,3 +79,39 @@ pub fn workspace_with_module(module: &str) -> (tempfile::TempDir, PathBuf) {
     .expect("copy main.tf");
     (workspace, dir)
 }
+
+/// A new ed25519 SSH key pair made by the real `ssh-keygen` (no
+/// passphrase), at `dir/name` and `dir/name.pub`.
+pub fn ssh_key(dir: &Path, name: &str) -> PathBuf {
+    let key = dir.join(name);
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (openssh-client) is needed");
+    assert!(st.success(), "ssh-keygen failed");
+    key
+}
+
+/// A copy of the default policies whose allowed signers are `signers`
+/// (principal, key file), plus (file, old, new) edits as in
+/// [`policies_with`].
+pub fn policies_with_signers(
+    signers: &[(&str, &Path)],
+    edits: &[(&str, &str, &str)],
+) -> tempfile::TempDir {
+    let dir = policies_with(edits);
+    let mut text = String::from("allowed_signers: |\n");
+    for (name, key) in signers {
+        let public = std::fs::read_to_string(key.with_extension("pub")).expect("pub");
+        text.push_str(&format!(
+            "  {name} namespaces=\"gateway-approval\" {}\n",
+            public.trim()
+        ));
+    }
+    if signers.is_empty() {
+        text = "allowed_signers: \"\"\n".into();
+    }
+    std::fs::write(dir.path().join("config/approvers/data.yaml"), text).expect("write signers");
+    dir
+}

@@ -82,10 +82,11 @@ async def scenarios(gateway, socket, workspace, daemon_policies, victim):
     # 2. The user's own approval does not count; the daemon says why.
     r = subprocess.run([gateway, "approve", approval, "--reason", "me"], env=env,
                        capture_output=True, text=True)
-    check(r.returncode != 0 and "may not approve" in r.stderr, r.stdout + r.stderr)
+    check(r.returncode != 0 and "is not an approver" in r.stderr, r.stdout + r.stderr)
+    # A name given on the command line is no identity: --as is gone.
     r = subprocess.run([gateway, "approve", approval, "--as", "someone-else", "--reason", "x"], env=env,
                        capture_output=True, text=True)
-    check(r.returncode != 0 and "--as is not accepted" in r.stderr, r.stdout + r.stderr)
+    check(r.returncode != 0 and "unexpected argument '--as'" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "audit", "--file", "/etc/shadow"], env=env, capture_output=True, text=True)
     check(r.returncode != 0 and "--file is not accepted" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "audit"], env=env, capture_output=True, text=True)

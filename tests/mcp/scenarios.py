@@ -153,7 +153,7 @@ async def scenarios(s):
 
 def approve(approval_id):
     r = subprocess.run(
-        [GATEWAY, "--home", HOME, "--policies", POLICIES, "approve", approval_id, "--as", "mcp-test-operator",
+        [GATEWAY, "--home", HOME, "--policies", POLICIES, "approve", approval_id,
          "--reason", "reviewed in the MCP test"],
         capture_output=True, text=True)
     if r.returncode != 0:

@@ -376,7 +376,7 @@ impl Pipeline {
         }
         let changes = crate::approvals::plan_summary(&made.plan);
         let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
-        let a = self.approvals().create(&NewApproval {
+        let (a, superseded) = self.approvals().create(&NewApproval {
             tool: call.input.tool.clone(),
             params: bound_params(&call.input.params),
             plan_sha256: Some(made.digest.clone()),
@@ -399,6 +399,21 @@ impl Pipeline {
                 expires_at: a.expires_at.to_string(),
             },
         )?;
+        for old in superseded {
+            let old_rid = self
+                .approvals()
+                .get(&old)?
+                .map(|o| o.request_id)
+                .unwrap_or_default();
+            self.audit.record(
+                &old_rid,
+                Event::ApprovalSuperseded {
+                    approval_id: old,
+                    superseded_by: a.id.clone(),
+                },
+            )?;
+        }
+        self.notify(&a);
         let approve_command = format!(
             "gateway approve {}{}",
             a.id,
@@ -468,10 +483,14 @@ impl Pipeline {
         {
             call.input.plan = Some(PlanInput::new(plan));
         }
+        // Who approved, proven again now (signatures against today's
+        // allowed signers); the policy counts only these.
+        let identities = self.approver_identities(&approval);
         call.input.approval = Some(json!({
             "id": approval.id, "status": approval.state.as_str(),
             "requested_by": approval.requested_by,
-            "approvers": approval.verdicts.iter().filter(|v| v.verdict == "grant").map(|v| v.approver.clone()).collect::<Vec<_>>(),
+            "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
+            "identities": identities,
         }));
         let decision = self.decide(&call.input, Step::Approval)?;
         // The policy of now decides whether a granted approval is enough

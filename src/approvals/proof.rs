@@ -1,0 +1,183 @@
+//! How an approver is proven, at the verdict and again at every spend: an
+//! SSH signature over the approval's statement, checked against the
+//! policy's allowed signers, or the OS user the kernel named. What the
+//! policy gets is the proven identity ([`identity_json`]), never a name
+//! someone typed.
+
+use serde_json::{Value, json};
+
+use super::signature::{AllowedSigners, SignatureError, Signed, Signer, Statement};
+use super::{Approval, Approver, Verdict};
+
+/// Why a signed verdict is not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProofError {
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    #[error("the signed statement is for {field} {signed:?}, but approval {id} has {actual:?}")]
+    Mismatch {
+        id: String,
+        field: &'static str,
+        signed: String,
+        actual: String,
+    },
+    #[error("the signed statement expired at {0}; sign again")]
+    Expired(String),
+    #[error("the policy's allowed signers do not parse: {0}")]
+    Signers(SignatureError),
+    #[error(
+        "the signing key's principal {0:?} is not usable as a name (empty, or with control characters)"
+    )]
+    BadPrincipal(String),
+}
+
+/// Check a signed verdict on `approval`: the statement is canonical and
+/// names exactly this approval, tool, params, plan and verdict, has not
+/// expired, and is signed by an allowed key. Returns the signer and the
+/// reason that was signed.
+pub fn check_signed(
+    approval: &Approval,
+    verdict: &str,
+    signed: &Signed,
+    signers: &str,
+    now_ms: i64,
+) -> Result<(Signer, Statement), ProofError> {
+    let statement = Statement::parse(signed.statement.as_bytes())?;
+    let id = approval.id.clone();
+    let mismatch = |field: &'static str, signed: &str, actual: &str| {
+        (signed != actual).then(|| ProofError::Mismatch {
+            id: id.clone(),
+            field,
+            signed: signed.into(),
+            actual: actual.into(),
+        })
+    };
+    let none = "none".to_string();
+    if let Some(e) = mismatch("approval id", &statement.approval_id, &approval.id)
+        .or_else(|| mismatch("tool", &statement.tool, &approval.tool))
+        .or_else(|| {
+            mismatch(
+                "params digest",
+                &statement.params_sha256,
+                &approval.params_sha256,
+            )
+        })
+        .or_else(|| {
+            mismatch(
+                "plan digest",
+                statement.plan_sha256.as_ref().unwrap_or(&none),
+                approval.plan_sha256.as_ref().unwrap_or(&none),
+            )
+        })
+        .or_else(|| mismatch("verdict", &statement.verdict, verdict))
+    {
+        return Err(e);
+    }
+    if statement.expires_at_ms()? <= now_ms {
+        return Err(ProofError::Expired(statement.expires_at.clone()));
+    }
+    let allowed = AllowedSigners::parse(signers).map_err(ProofError::Signers)?;
+    let signer = allowed.verify(signed.statement.as_bytes(), &signed.signature, now_ms)?;
+    let name = &signer.principals[0];
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
+        return Err(ProofError::BadPrincipal(name.clone()));
+    }
+    Ok((signer, statement))
+}
+
+/// The approver a signed verdict proves.
+pub fn signed_approver(signer: Signer, signed: Signed, os_user: &str) -> Approver {
+    Approver {
+        name: signer.principals[0].clone(),
+        kind: "ssh_key",
+        os_user: os_user.into(),
+        signed: Some((signer, signed)),
+    }
+}
+
+/// The identity as the policy reads it (`input.approver`, and the items of
+/// `input.approval.identities`).
+pub fn identity_json(a: &Approver, groups: &[String]) -> Value {
+    match &a.signed {
+        Some((s, _)) => json!({
+            "name": a.name, "kind": a.kind, "os_user": a.os_user,
+            "key": {"fingerprint": s.fingerprint, "type": s.key_type,
+                    "principals": s.principals, "user_presence": s.user_presence},
+        }),
+        None => json!({"name": a.name, "kind": a.kind, "os_user": a.os_user, "groups": groups}),
+    }
+}
+
+/// The grants of `approval`, each proven again now: a signed one is
+/// re-checked against today's allowed signers (a key taken off the list,
+/// or listed under another name, no longer counts); an OS user's groups
+/// are looked up again (`groups_of`). A grant nobody proved (`legacy`) is
+/// left out.
+pub fn identities_now(
+    approval: &Approval,
+    signers: &str,
+    now_ms: i64,
+    groups_of: impl Fn(&str) -> Vec<String>,
+) -> Vec<Value> {
+    approval
+        .verdicts
+        .iter()
+        .filter(|v| v.verdict == "grant")
+        .filter_map(|v| proven_again(approval, v, signers, now_ms, &groups_of))
+        .collect()
+}
+
+fn proven_again(
+    approval: &Approval,
+    v: &Verdict,
+    signers: &str,
+    now_ms: i64,
+    groups_of: &impl Fn(&str) -> Vec<String>,
+) -> Option<Value> {
+    match v.kind.as_str() {
+        "ssh_key" => {
+            let signed = Signed {
+                statement: v.statement.clone()?,
+                signature: v.signature.clone()?,
+            };
+            // The statement's own expiry bounded when it could be
+            // submitted, not how long the grant counts (the approval's
+            // expiry does that), so it is checked against its signing time.
+            let statement = Statement::parse(signed.statement.as_bytes()).ok()?;
+            let at = chrono::DateTime::parse_from_rfc3339(&v.at)
+                .map(|t| t.timestamp_millis())
+                .ok()?;
+            let (signer, _) = check_signed(approval, "grant", &signed, signers, at.min(now_ms))
+                .map_err(|e| {
+                    tracing::info!(
+                        "grant by {} of {} no longer proves: {e}",
+                        v.approver,
+                        approval.id
+                    )
+                })
+                .ok()?;
+            // Valid-after/valid-before are checked for today too.
+            AllowedSigners::parse(signers)
+                .ok()?
+                .verify(signed.statement.as_bytes(), &signed.signature, now_ms)
+                .ok()?;
+            (signer.principals[0] == v.approver && statement.reason == v.reason)
+                .then(|| identity_json(&signed_approver(signer, signed, &v.os_user), &[]))
+        }
+        "os_user" => Some(
+            json!({"name": v.approver, "kind": "os_user", "os_user": v.os_user,
+                                  "groups": groups_of(&v.approver)}),
+        ),
+        _ => None,
+    }
+}
+
+/// The current groups of a user by name (none if the user is gone).
+pub fn groups_of_user(name: &str) -> Vec<String> {
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) => {
+            crate::identity::Caller::from_ids(u.uid.as_raw(), u.gid.as_raw(), None).groups
+        }
+        _ => Vec::new(),
+    }
+}

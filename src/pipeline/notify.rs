@@ -1,0 +1,236 @@
+//! Notify: when a call stops at the approval gate, tell the people who can
+//! approve it, through the notifiers the policy names
+//! (`data.gateway.approvals.notifiers`):
+//!
+//! - `{"webhook": URL}`: an HTTP POST of a JSON body whose `text` field is
+//!   a one-line summary (what a Slack, Mattermost or Teams incoming webhook
+//!   shows) and whose `approval` field has the details;
+//! - `{"command": [ARGV…]}`: the command run with that JSON on stdin, no
+//!   shell, an empty environment but `PATH`.
+//!
+//! Each runs in its own task, bounded by [`TIMEOUT`]; an outcome is audited
+//! (`approval.notified` / `approval.notify_failed`) and never holds up or
+//! fails the call. A webhook URL often carries a secret (Slack's does), so
+//! only its scheme and host are ever written down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::approvals::Approval;
+use crate::audit::{AuditLog, Event};
+
+/// How long one notifier may take.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most output read back from a command notifier (then discarded).
+const MAX_COMMAND_OUTPUT: u64 = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notifier {
+    Webhook(String),
+    Command(Vec<String>),
+}
+
+impl Notifier {
+    /// What the audit calls it: never a URL's path or query.
+    pub fn label(&self) -> String {
+        match self {
+            Notifier::Webhook(url) => match reqwest::Url::parse(url) {
+                Ok(u) => format!("webhook {}://{}", u.scheme(), u.host_str().unwrap_or("?")),
+                Err(_) => "webhook (unparsable URL)".into(),
+            },
+            Notifier::Command(argv) => format!(
+                "command {}",
+                argv.first().map(String::as_str).unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// The notifiers in the policy's list; an entry that is neither kind is
+/// reported (as an error string) and skipped.
+pub fn parse(list: &Value) -> (Vec<Notifier>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut bad = Vec::new();
+    for (i, n) in list.as_array().into_iter().flatten().enumerate() {
+        if let Some(url) = n.get("webhook").and_then(Value::as_str) {
+            ok.push(Notifier::Webhook(url.to_string()));
+        } else if let Some(argv) = n.get("command").and_then(Value::as_array) {
+            let argv: Vec<String> = argv
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect();
+            if argv.is_empty() {
+                bad.push(format!("notifier {i}: an empty command"));
+            } else {
+                ok.push(Notifier::Command(argv));
+            }
+        } else {
+            bad.push(format!(
+                "notifier {i}: neither {{\"webhook\": URL}} nor {{\"command\": [ARGV]}}"
+            ));
+        }
+    }
+    (ok, bad)
+}
+
+/// Escape what Slack's mrkdwn reads as markup (`<`, `>`, `&`): the text
+/// holds the agent's params and the module's resource addresses.
+fn slack_escaped(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The body every notifier gets.
+pub fn body(a: &Approval) -> Value {
+    let signals = a.signals.as_array().map(Vec::len).unwrap_or(0);
+    let changes = a.plan_summary.as_array().map(Vec::len).unwrap_or(0);
+    let params = crate::audit::scrub::scrub(&a.params);
+    let text = format!(
+        "gateway: approval {} requested by {} for {} {}: {} planned change(s), {} destructive signal(s). Review with `gateway approvals show {}`; it expires at {}.",
+        a.id, a.requested_by, a.tool, params, changes, signals, a.id, a.expires_at
+    );
+    json!({
+        "text": slack_escaped(&text),
+        "approval": {
+            "id": a.id, "tool": a.tool, "params": params,
+            "requested_by": a.requested_by, "client": a.requested_client,
+            "plan_sha256": a.plan_sha256, "changes": changes, "signals": a.signals,
+            "approvers_required": a.approvers_required, "expires_at": a.expires_at,
+            "show": format!("gateway approvals show {}", a.id),
+        },
+    })
+}
+
+async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
+    match n {
+        Notifier::Webhook(url) => {
+            let client = reqwest::Client::builder()
+                .timeout(TIMEOUT)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| format!("no HTTP client: {}", e.without_url()))?;
+            let r = client
+                .post(url)
+                .json(body)
+                .send()
+                .await
+                .map_err(|e| e.without_url().to_string())?;
+            if r.status().is_success() {
+                Ok(())
+            } else {
+                Err(format!("the webhook answered {}", r.status()))
+            }
+        }
+        Notifier::Command(argv) => {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut child = tokio::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("cannot run it: {e}"))?;
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(body.to_string().as_bytes()).await;
+            }
+            if let Some(out) = child.stdout.take() {
+                let mut sink = Vec::new();
+                let _ = out.take(MAX_COMMAND_OUTPUT).read_to_end(&mut sink).await;
+            }
+            let status = child.wait().await.map_err(|e| e.to_string())?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("it exited with {status}"))
+            }
+        }
+    }
+}
+
+/// Tell every notifier about `approval`, each in a task of its own; what
+/// became of each is audited. Returns at once.
+pub fn spawn(audit: Arc<AuditLog>, notifiers: Value, approval: &Approval) {
+    let (list, bad) = parse(&notifiers);
+    let rid = approval.request_id.clone();
+    let id = approval.id.clone();
+    for error in bad {
+        let _ = audit.record(
+            &rid,
+            Event::ApprovalNotifyFailed {
+                approval_id: id.clone(),
+                notifier: "policy".into(),
+                error,
+            },
+        );
+    }
+    if list.is_empty() {
+        return;
+    }
+    let body = body(approval);
+    for n in list {
+        let (audit, body, rid, id) = (audit.clone(), body.clone(), rid.clone(), id.clone());
+        tokio::spawn(async move {
+            let outcome = match tokio::time::timeout(TIMEOUT, send(&n, &body)).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {}s", TIMEOUT.as_secs())),
+            };
+            let event = match outcome {
+                Ok(()) => Event::ApprovalNotified {
+                    approval_id: id,
+                    notifier: n.label(),
+                },
+                Err(error) => {
+                    tracing::warn!("notifier {} failed for {id}: {error}", n.label());
+                    Event::ApprovalNotifyFailed {
+                        approval_id: id,
+                        notifier: n.label(),
+                        error,
+                    }
+                }
+            };
+            let _ = audit.record(&rid, event);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_never_carry_a_webhook_path() {
+        let n = Notifier::Webhook("https://hooks.slack.com/services/T000/B000/XXXXSECRET".into());
+        assert_eq!(n.label(), "webhook https://hooks.slack.com");
+        assert_eq!(
+            Notifier::Command(vec!["/usr/bin/notify-send".into(), "x".into()]).label(),
+            "command /usr/bin/notify-send"
+        );
+    }
+
+    #[test]
+    fn the_policy_list_is_read_and_bad_entries_reported() {
+        let (ok, bad) = parse(
+            &json!([{"webhook": "http://x/"}, {"command": ["a", "b"]}, {"command": []}, {"email": "x"}]),
+        );
+        assert_eq!(
+            ok,
+            vec![
+                Notifier::Webhook("http://x/".into()),
+                Notifier::Command(vec!["a".into(), "b".into()])
+            ]
+        );
+        assert_eq!(bad.len(), 2);
+        assert_eq!(
+            slack_escaped("<!channel> & <http://evil|ok>"),
+            "&lt;!channel&gt; &amp; &lt;http://evil|ok&gt;"
+        );
+    }
+}
