@@ -35,6 +35,7 @@ struct World {
     home: std::path::PathBuf,
     policies: std::path::PathBuf,
     keys: std::path::PathBuf,
+    policy: Arc<PolicyStore>,
     module: std::path::PathBuf,
     sandbox: Arc<ScriptedSandbox>,
     pipeline: Pipeline,
@@ -81,7 +82,7 @@ fn world_with(edits: &[(&str, &str, &str)]) -> World {
         LoadOptions::default(),
     ));
     let pipeline = Pipeline::new(
-        store,
+        store.clone(),
         home.path().to_path_buf(),
         workspace.path().to_path_buf(),
         sandbox.clone(),
@@ -92,6 +93,7 @@ fn world_with(edits: &[(&str, &str, &str)]) -> World {
         home: home.path().to_path_buf(),
         policies: policies.path().to_path_buf(),
         keys: keys.path().to_path_buf(),
+        policy: store,
         module,
         sandbox,
         pipeline,
@@ -312,4 +314,232 @@ async fn a_denied_approval_applies_nothing() {
     refused(&r2.outcome);
     assert_eq!(w.sandbox.phases(), vec![Phase::Plan, Phase::Show]);
     assert!(!w.module.join("terraform.tfstate").exists());
+}
+
+fn pending(r: &gateway::pipeline::CallResult) -> String {
+    match &r.outcome {
+        Outcome::PendingApproval { approval_id, .. } => approval_id.clone(),
+        other => panic!("expected a pending approval, got {other:?}"),
+    }
+}
+
+fn events(home: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(home.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_re_plan_supersedes_the_older_approval_even_once_approved() {
+    let w = world();
+    let first = pending(&w.apply(json!({"working_dir": MODULE})).await);
+    w.approve(&first, "bob", "replacing web is intended");
+    // The agent plans again: the approver never approves, and the agent
+    // never spends, a stale plan.
+    let second = pending(&w.apply(json!({"working_dir": MODULE})).await);
+    assert_ne!(first, second);
+    let before = w.sandbox.seen().len();
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": first}))
+        .await;
+    let why = refused(&r.outcome);
+    assert!(
+        why.contains(&format!("was superseded by {second}")),
+        "{why}"
+    );
+    assert_eq!(w.sandbox.seen().len(), before, "nothing ran");
+    let late = w.verdict("approve", &first, Some("carol"), "late");
+    assert!(
+        common::stderr(&late).contains("superseded"),
+        "{}",
+        common::stderr(&late)
+    );
+    let superseded: Vec<Value> = events(&w.home)
+        .into_iter()
+        .filter(|e| e["event"] == "approval.superseded")
+        .collect();
+    assert_eq!(superseded.len(), 1, "{superseded:?}");
+    assert_eq!(superseded[0]["data"]["approval_id"], first.as_str());
+    assert_eq!(superseded[0]["data"]["superseded_by"], second.as_str());
+    // The newer one works as any other.
+    w.approve(&second, "bob", "this plan");
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": second}))
+        .await;
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
+}
+
+#[tokio::test]
+async fn a_key_taken_off_the_allowed_signers_no_longer_counts() {
+    let w = world();
+    let id = pending(&w.apply(json!({"working_dir": MODULE})).await);
+    w.approve(&id, "bob", "ok then");
+    // bob's key is removed from the policy before the apply.
+    let file = w.policies.join("config/approvers/data.yaml");
+    let text = std::fs::read_to_string(&file).expect("read");
+    let kept: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("bob "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&file, kept).expect("write");
+    w.policy.poll();
+    assert!(w.policy.poll().is_some(), "the edited policy loads");
+    let before = w.sandbox.seen().len();
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": id}))
+        .await;
+    let why = refused(&r.outcome);
+    assert!(
+        why.contains("does not meet the policy's requirement now"),
+        "{why}"
+    );
+    assert_eq!(w.sandbox.seen().len(), before, "nothing ran");
+}
+
+#[tokio::test]
+async fn two_approvers_means_two_keys_through_the_whole_gate() {
+    let w = world_with(&[(
+        "config/approvals/data.yaml",
+        "destructive:\n  approvers: 1",
+        "destructive:\n  approvers: 2",
+    )]);
+    let id = pending(&w.apply(json!({"working_dir": MODULE})).await);
+    w.approve(&id, "bob", "one");
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": id}))
+        .await;
+    assert!(refused(&r.outcome).contains("1 of 2"), "{:?}", r.outcome);
+    w.approve(&id, "carol", "two");
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": id}))
+        .await;
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
+}
+
+/// A one-shot HTTP server on 127.0.0.1: the body of the first request.
+fn webhook_receiver() -> (u16, std::sync::mpsc::Receiver<(String, Value)>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((stream, _)) = listener.accept() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut request_line = String::new();
+        let _ = reader.read_line(&mut request_line);
+        let mut length = 0usize;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; length];
+        let _ = reader.read_exact(&mut body);
+        let mut stream = stream;
+        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+        let _ = tx.send((
+            request_line,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        ));
+    });
+    (port, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_hears_of_each_request_and_a_dead_one_holds_up_nothing() {
+    let (port, heard) = webhook_receiver();
+    // A port nothing listens on: the dead notifier.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let notifiers = format!(
+        "notifiers:\n  - webhook: http://127.0.0.1:{port}/services/T0/B0/SECRETPART\n  - webhook: http://127.0.0.1:{dead}/x\n  - command: [/bin/false]\n"
+    );
+    let w = world_with(&[("config/approvals/data.yaml", "notifiers: []\n", &notifiers)]);
+    let started = std::time::Instant::now();
+    let id = pending(&w.apply(json!({"working_dir": MODULE})).await);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the call waited for its notifiers"
+    );
+    let (line, body) = tokio::task::spawn_blocking(move || {
+        heard
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the webhook was called")
+    })
+    .await
+    .expect("join");
+    assert!(
+        line.starts_with("POST /services/T0/B0/SECRETPART "),
+        "{line}"
+    );
+    let text = body["text"].as_str().expect("a Slack-style text field");
+    assert!(
+        text.contains(&id)
+            && text.contains("requested by alice")
+            && text.contains("1 destructive signal(s)"),
+        "{text}"
+    );
+    assert_eq!(body["approval"]["id"], id.as_str());
+    assert_eq!(
+        body["approval"]["show"],
+        format!("gateway approvals show {id}")
+    );
+    // Each outcome is audited; the webhook's path (its secret) never is.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let outcomes = loop {
+        let got: Vec<Value> = events(&w.home)
+            .into_iter()
+            .filter(|e| e["event"] == "approval.notified" || e["event"] == "approval.notify_failed")
+            .collect();
+        if got.len() == 3 || std::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("log");
+    assert!(
+        !log.contains("SECRETPART"),
+        "the webhook URL's path was logged"
+    );
+    assert!(outcomes.iter().any(|e| e["event"] == "approval.notified"
+        && e["data"]["notifier"] == format!("webhook http://127.0.0.1")));
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|e| e["event"] == "approval.notify_failed")
+            .count(),
+        2,
+        "{outcomes:?}"
+    );
+    // The call goes on as usual.
+    w.approve(&id, "bob", "ok");
+    let r = w
+        .apply(json!({"working_dir": MODULE, "approval_id": id}))
+        .await;
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
 }

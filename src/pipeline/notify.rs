@@ -109,6 +109,10 @@ pub fn body(a: &Approval) -> Value {
 async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
     match n {
         Notifier::Webhook(url) => {
+            // The one TLS provider of the binary (as in main), also when
+            // the pipeline runs inside another program: reqwest panics
+            // without one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let client = reqwest::Client::builder()
                 .timeout(TIMEOUT)
                 .redirect(reqwest::redirect::Policy::none())
