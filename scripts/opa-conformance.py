@@ -186,15 +186,29 @@ def cases(policies, work):
                 out.append((f"{tool} {wd} plan {fixture}",
                             ["--tool", tool, "--params", json.dumps({"working_dir": wd}),
                              "--plan", plan]))
+    def key(name):
+        return {"name": name, "kind": "ssh_key", "os_user": "root",
+                "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": [name]}}
+
+    def user(name, groups):
+        return {"name": name, "kind": "os_user", "os_user": name, "groups": groups}
+
+    def approval(status, ids, **extra):
+        return {"id": "appr-1", "status": status, "approvers": [i["name"] for i in ids],
+                "identities": ids, **extra}
+
     approvals = [
-        {"id": "appr-1", "status": "expired", "approvers": ["alice"]},
-        {"id": "appr-1", "status": "spent", "approvers": ["alice"]},
-        {"id": "appr-1", "status": "approved", "approvers": ["alice"]},
-        {"id": "appr-1", "status": "approved", "approvers": ["alice", "bob"]},
-        {"id": "appr-1", "status": "approved", "approvers": ["root"], "requested_by": "root"},
-        {"id": "appr-1", "status": "approved", "approvers": ["root", "bob"], "requested_by": "root"},
-        {"id": "appr-1", "status": "pending", "approvers": []},
-        {"id": "appr-1", "status": "denied", "approvers": []},
+        approval("expired", [key("alice")]),
+        approval("spent", [key("alice")]),
+        approval("superseded", [key("alice")]),
+        approval("approved", [key("alice")]),
+        approval("approved", [key("alice"), key("bob")]),
+        approval("approved", [user("carol", ["carol", "gateway-approvers"])]),
+        approval("approved", [user("dave", ["dave"])]),
+        approval("approved", [key("root")], requested_by="root"),
+        approval("approved", [key("root"), key("bob")], requested_by="root"),
+        approval("pending", []),
+        approval("denied", []),
     ]
     for fixture in ("replace", "create", "no-changes"):
         for a in approvals:

@@ -523,7 +523,7 @@ async fn a_webhook_hears_of_each_request_and_a_dead_one_holds_up_nothing() {
         "the webhook URL's path was logged"
     );
     assert!(outcomes.iter().any(|e| e["event"] == "approval.notified"
-        && e["data"]["notifier"] == format!("webhook http://127.0.0.1")));
+        && e["data"]["notifier"] == "webhook http://127.0.0.1"));
     assert_eq!(
         outcomes
             .iter()

@@ -531,6 +531,126 @@ fn approvals_do_not_cross_from_one_user_to_another() {
     assert_eq!(r["is_error"], false, "{r}");
 }
 
+/// One machine, the default set-up: the agent runs as the user, so its
+/// uid approves nothing, and of the keys it can read only the one the
+/// policy lists for the operator (under a name that is not the user's)
+/// approves. The user signs in its own `gateway approve`; the daemon gets
+/// the statement and signature over the socket and checks them.
+#[test]
+fn on_one_machine_the_users_approval_needs_the_listed_operator_key() {
+    daemon::os_user(AGENT);
+    let keys = tempfile::tempdir().expect("keys");
+    let operator = common::ssh_key(keys.path(), "operator");
+    let stranger = common::ssh_key(keys.path(), "stranger");
+    let own = common::ssh_key(keys.path(), "own");
+    daemon::chown_tree(keys.path(), AGENT);
+    let policies = common::policies_with_signers(&[("operator", &operator), (AGENT, &own)], &[]);
+    let d = Daemon::start(policies.path(), "");
+    let ws = daemon::owned_dir(AGENT);
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &ws.path().join("terraform/offline-demo"),
+    );
+    daemon::chown_tree(ws.path(), AGENT);
+    let home = daemon::owned_dir(AGENT);
+    let call = |args: &str| {
+        let out = daemon::as_user(AGENT, home.path(), &[], &python())
+            .arg(common::repo().join("tests/mcp/daemon_session.py"))
+            .arg("call")
+            .arg(gateway())
+            .arg(&d.socket)
+            .arg(ws.path())
+            .args(["terraform_apply", args])
+            .output()
+            .expect("call");
+        assert!(out.status.success(), "{}{}", common::stderr(&out), d.log());
+        serde_json::from_str::<serde_json::Value>(common::stdout(&out).trim()).expect("json")
+    };
+    let r = call(r#"{"working_dir": "terraform/offline-demo"}"#);
+    let id = r["structured"]["approval_id"]
+        .as_str()
+        .expect("pending")
+        .to_string();
+    let approve = |extra: &[&str]| {
+        daemon::as_user(
+            AGENT,
+            home.path(),
+            &[("GATEWAY_SOCKET", d.socket.as_path())],
+            &gateway(),
+        )
+        .args(["approve", &id, "--reason", "reviewed"])
+        .args(extra)
+        .output()
+        .expect("approve")
+    };
+    for (extra, why) in [
+        (
+            vec!["--no-sign".to_string()],
+            "is not an approver".to_string(),
+        ),
+        (
+            vec!["--key".into(), stranger.display().to_string()],
+            "is not one of the policy's allowed signers".into(),
+        ),
+        (
+            vec!["--key".into(), own.display().to_string()],
+            format!("{AGENT} requested this call and cannot approve it"),
+        ),
+    ] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let out = approve(&extra);
+        assert!(
+            !out.status.success() && common::stderr(&out).contains(&why),
+            "{extra:?}: {}{}",
+            common::stdout(&out),
+            common::stderr(&out)
+        );
+    }
+    // A key file is read by the CLI, never by the daemon.
+    let forged = daemon::as_user(
+        AGENT,
+        home.path(),
+        &[("GATEWAY_SOCKET", d.socket.as_path())],
+        &python(),
+    )
+    .arg("-c")
+    .arg(format!(
+        "import json,socket;s=socket.socket(socket.AF_UNIX);s.connect({:?});\
+         s.sendall((json.dumps({{'gateway':'control','argv':['approve',{:?},'--key','/root/.ssh/id_ed25519']}})+'\\n').encode());\
+         print(s.makefile().readline())",
+        d.socket.display().to_string(),
+        id
+    ))
+    .output()
+    .expect("python");
+    assert!(
+        common::stdout(&forged).contains("read by the gateway command on the caller's side"),
+        "{}{}",
+        common::stdout(&forged),
+        common::stderr(&forged)
+    );
+    let out = approve(&["--key", &operator.display().to_string()]);
+    assert!(
+        out.status.success()
+            && common::stdout(&out).contains(&format!("approved {id} as operator (key SHA256:")),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    let r = call(&format!(
+        r#"{{"working_dir": "terraform/offline-demo", "approval_id": "{id}"}}"#
+    ));
+    assert_eq!(r["is_error"], false, "{r}");
+    let granted = d
+        .events()
+        .into_iter()
+        .find(|e| e["event"] == "approval.granted")
+        .expect("granted");
+    assert_eq!(granted["data"]["approver"], "operator");
+    assert_eq!(granted["data"]["kind"], "ssh_key");
+    assert_eq!(granted["data"]["os_user"], AGENT);
+}
+
 /// A socket dir another user can write, or a configured path reached
 /// through a link the agent owns: the daemon refuses to start.
 #[test]
@@ -652,7 +772,7 @@ fn operator_commands_decide_with_the_last_trusted_policy_set() {
     .expect("approve");
     assert!(!out.status.success(), "{}", common::stdout(&out));
     assert!(
-        common::stderr(&out).contains("may not approve"),
+        common::stderr(&out).contains("is not an approver"),
         "{}",
         common::stderr(&out)
     );

@@ -122,19 +122,16 @@ impl VerdictArgs {
 
     /// The command line the daemon is sent for this verdict.
     pub fn to_argv(&self, grant: bool) -> Vec<String> {
+        // `--flag=value`: a value that starts with '-' (an armored
+        // signature, a reason) is then never read as a flag.
         let mut v = vec![
             if grant { "approve" } else { "deny" }.to_string(),
             self.id.clone(),
-            "--reason".into(),
-            self.reason.clone(),
+            format!("--reason={}", self.reason),
         ];
         if let (Some(st), Some(sig)) = (&self.signed_statement, &self.ssh_signature) {
-            v.extend([
-                "--signed-statement".into(),
-                st.clone(),
-                "--ssh-signature".into(),
-                sig.clone(),
-            ]);
+            v.push(format!("--signed-statement={st}"));
+            v.push(format!("--ssh-signature={sig}"));
         }
         v
     }

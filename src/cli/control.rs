@@ -93,12 +93,9 @@ pub fn forward_verdict(
             "approvals".into(),
             "statement".into(),
             id.into(),
-            "--verdict".into(),
-            verdict.into(),
-            "--reason".into(),
-            reason.into(),
-            "--valid-for".into(),
-            valid_for.to_string(),
+            format!("--verdict={verdict}"),
+            format!("--reason={reason}"),
+            format!("--valid-for={valid_for}"),
         ])?;
         if reply.code != 0 {
             anyhow::bail!(
@@ -268,5 +265,39 @@ fn run(
             may_run("vault status")?;
             super::vault::status(own, o)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signed_verdict_reaches_the_daemon_whole_whatever_its_values_start_with() {
+        let sig = "-----BEGIN SSH SIGNATURE-----\nU1NIU0lH\n-----END SSH SIGNATURE-----\n";
+        let Served {
+            command: ServedCommand::Approve(a),
+        } = Served::try_parse_from([
+            "approve",
+            "ap-1",
+            "--reason=-rf is fine",
+            "--signed-statement={\"a\":1}\n",
+            &format!("--ssh-signature={sig}"),
+        ])
+        .expect("parse")
+        else {
+            panic!("not an approve");
+        };
+        let again = Served::try_parse_from(a.to_argv(true)).expect("round trip");
+        let ServedCommand::Approve(b) = again.command else {
+            panic!("not an approve");
+        };
+        assert_eq!(b.to_argv(true), a.to_argv(true));
+        assert!(a.to_argv(true).contains(&format!("--ssh-signature={sig}")));
+        assert!(
+            a.to_argv(true)
+                .contains(&"--reason=-rf is fine".to_string())
+        );
+        assert!(!b.names_files());
     }
 }

@@ -41,7 +41,8 @@ pub struct EvalArgs {
     /// as the server would fill them.
     #[arg(long)]
     input: Option<PathBuf>,
-    /// The approval presented with the call, as JSON ({"id", "status", "approvers"}).
+    /// The approval presented with the call, as JSON ({"id", "status", "requested_by",
+    /// "approvers", "identities": [{"name", "kind", "os_user", ...}]}).
     #[arg(long)]
     approval: Option<String>,
     /// principal.client

@@ -132,6 +132,12 @@ async def scenarios(gateway, socket, workspace, daemon_policies, victim):
 
     sc = await session(serve_params(gateway, socket, workspace), again)
     check(sc["status"] == "pending_approval", sc)
+    # The same call planned again supersedes the first approval: the
+    # approver will be asked about the newer plan.
+    r = subprocess.run([gateway, "approvals", "show", approval, "--json"], env=env,
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and json.loads(r.stdout)["state"] == "superseded", r.stdout + r.stderr)
+    approval = sc["approval_id"]
     print("PASS a policy set, gateway.toml in the workspace and home, and the daemon's files: none changes the decision")
 
     # 5. A workspace that is not the user's own is refused by the daemon.
