@@ -25,6 +25,9 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || need+=(busybox-static)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+# ssh-keygen: `gateway approve` signs approvals with it (ssh-keygen -Y
+# sign), and the approval tests make keys and re-check signatures with it.
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then
