@@ -32,10 +32,26 @@ else := cfg.standard
 # again): the requester never counts, and neither does an identity the
 # policy no longer admits for this call.
 approvers := {a.name |
-	some a in object.get(input.approval, "identities", [])
-	a.name != object.get(input.approval, "requested_by", "")
+	ids := object.get(input.approval, "identities", [])
+	some a in ids
+	not is_requester(a, object.get(input.approval, "requested_by", ""))
+	not counted_as_signer(a, ids)
 	admitted(a)
 	in_scope(a, call_facts(input.tool, input.params, signals.signals))
+}
+
+# The requester, by any name: its OS user, or a key listed under its name
+# (among any of the key's principals).
+is_requester(id, requester) if id.name == requester
+
+is_requester(id, requester) if requester in object.get(id, ["key", "principals"], [])
+
+# An OS user who also submitted a signed grant counts once: as the signer.
+counted_as_signer(id, ids) if {
+	id.kind == "os_user"
+	some other in ids
+	other.kind == "ssh_key"
+	other.os_user == id.name
 }
 
 # True when no approval is needed, or the presented approval is granted by
@@ -113,7 +129,7 @@ in_scope(id, call) if {
 # A verdict on a stored approval, asked by `gateway approve` / `gateway deny`
 # with input {"verdict": "grant"|"deny", "approver": identity, "approval":
 # {"id", "tool", "params", "requested_by", "signals", "verdicts": [{"approver",
-# "verdict"}]}}. Allowed when no rule below refuses it.
+# "verdict", "kind", "os_user"}]}}. Allowed when no rule below refuses it.
 verdict_call := call_facts(input.approval.tool, input.approval.params, input.approval.signals)
 
 verdict_refusals contains msg if {
@@ -129,8 +145,8 @@ not_admitted_hint := {
 
 verdict_refusals contains msg if {
 	input.verdict == "grant"
-	input.approver.name == input.approval.requested_by
-	msg := sprintf("%s requested this call and cannot approve it (an approval needs someone the requester cannot act as)", [input.approver.name])
+	is_requester(input.approver, input.approval.requested_by)
+	msg := sprintf("%s requested this call and cannot approve it (an approval needs someone the requester cannot act as)", [input.approval.requested_by])
 }
 
 verdict_refusals contains msg if {
@@ -147,10 +163,33 @@ verdict_refusals contains msg if {
 	msg := sprintf("%s may not decide on this call (%s, tier %s, namespace %q, module %q): outside its scope in data.config.approvals.identity.scopes", [input.approver.name, verdict_call.tool, verdict_call.tier, verdict_call.namespace, verdict_call.module])
 }
 
+# One person, two kinds of identity: an OS user who already submitted a
+# grant (its own, or a signature) grants no more as itself, and a
+# signature submitted by an OS user who granted as itself does not count
+# again.
+verdict_refusals contains msg if {
+	input.verdict == "grant"
+	input.approver.kind == "os_user"
+	some v in input.approval.verdicts
+	v.verdict == "grant"
+	v.os_user == input.approver.name
+	msg := sprintf("%s already submitted a grant of %s (as %s); one person counts once", [input.approver.name, input.approval.id, v.approver])
+}
+
+verdict_refusals contains msg if {
+	input.verdict == "grant"
+	input.approver.kind == "ssh_key"
+	some v in input.approval.verdicts
+	v.verdict == "grant"
+	v.kind == "os_user"
+	v.approver == input.approver.os_user
+	msg := sprintf("%s already approved %s as itself; its signature would count the same person twice", [input.approver.os_user, input.approval.id])
+}
+
 # The requester may always deny (withdraw) its own call.
 own_withdrawal if {
 	input.verdict == "deny"
-	input.approver.name == input.approval.requested_by
+	is_requester(input.approver, input.approval.requested_by)
 }
 
 # Allowed only with no refusal and an identity that is admitted (or the
@@ -198,7 +237,8 @@ may_run if may_approve
 may_run if input.command in cfg.identity.anyone
 
 # Who is told when an approval is requested (data.config.approvals.notifiers):
-# a list of {"webhook": URL} (a JSON body with a Slack-compatible "text") and
+# a list of {"webhook": URL} (a JSON body with a Slack-compatible "text"),
+# {"webhook_file": PATH} (the URL kept in a file only its owner reads) and
 # {"command": [ARGV...]} (the same JSON on stdin). A notifier that fails is
 # audited and never holds up the call.
 notifiers := object.get(cfg, "notifiers", [])

@@ -162,3 +162,23 @@ test_signers_and_notifiers_come_from_data if {
 	approvals.notifiers == []
 	approvals.notifiers == [{"webhook": "http://x"}] with data.config.approvals.notifiers as [{"webhook": "http://x"}]
 }
+
+test_a_key_listing_the_requester_among_its_principals_is_the_requesters_own if {
+	shared := {"name": "operator", "kind": "ssh_key", "os_user": "u", "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": ["operator", "u"]}}
+	not approvals.requirement.satisfied with input as presented("approved", [shared])
+	r := judged("grant", object.union(shared, {"key": {"principals": ["operator", "alice"]}}), stored)
+	contains(r.reasons[0], "alice requested this call")
+}
+
+test_one_person_with_a_key_and_an_account_counts_once if {
+	cfg := object.union(data.config.approvals, {"standard": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
+	carol_key := {"name": "operator", "kind": "ssh_key", "os_user": "carol", "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": ["operator"]}}
+	carol := user("carol", ["carol", "gateway-approvers"])
+	not approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [carol, carol_key])
+	approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [carol, key("bob")])
+	after_key := object.union(stored, {"verdicts": [{"approver": "operator", "verdict": "grant", "kind": "ssh_key", "os_user": "carol"}]})
+	contains(judged("grant", carol, after_key).reasons[0], "carol already submitted a grant")
+	after_self := object.union(stored, {"verdicts": [{"approver": "carol", "verdict": "grant", "kind": "os_user", "os_user": "carol"}]})
+	contains(judged("grant", carol_key, after_self).reasons[0], "carol already approved a1 as itself")
+	judged("grant", key("bob"), after_self).allow
+}

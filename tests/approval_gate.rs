@@ -471,8 +471,27 @@ async fn a_webhook_hears_of_each_request_and_a_dead_one_holds_up_nothing() {
         .local_addr()
         .expect("addr")
         .port();
+    // The live URL is kept in a file only its owner reads; one readable by
+    // others is refused (and named, never read).
+    let secrets = tempfile::tempdir().expect("secrets");
+    let url_file = secrets.path().join("slack-url");
+    std::fs::write(
+        &url_file,
+        format!("http://127.0.0.1:{port}/services/T0/B0/SECRETPART\n"),
+    )
+    .expect("write");
+    let open_file = secrets.path().join("open-url");
+    std::fs::write(&open_file, "http://127.0.0.1:1/OPENSECRET\n").expect("write");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::fs::set_permissions(&open_file, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+    }
     let notifiers = format!(
-        "notifiers:\n  - webhook: http://127.0.0.1:{port}/services/T0/B0/SECRETPART\n  - webhook: http://127.0.0.1:{dead}/x\n  - command: [/bin/false]\n"
+        "notifiers:\n  - webhook_file: {}\n  - webhook_file: {}\n  - webhook: http://127.0.0.1:{dead}/x\n  - command: [/bin/false]\n",
+        url_file.display(),
+        open_file.display()
     );
     let w = world_with(&[("config/approvals/data.yaml", "notifiers: []\n", &notifiers)]);
     let started = std::time::Instant::now();
@@ -511,25 +530,31 @@ async fn a_webhook_hears_of_each_request_and_a_dead_one_holds_up_nothing() {
             .into_iter()
             .filter(|e| e["event"] == "approval.notified" || e["event"] == "approval.notify_failed")
             .collect();
-        if got.len() == 3 || std::time::Instant::now() > deadline {
+        if got.len() == 4 || std::time::Instant::now() > deadline {
             break got;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
-    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert_eq!(outcomes.len(), 4, "{outcomes:?}");
     let log = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("log");
     assert!(
-        !log.contains("SECRETPART"),
-        "the webhook URL's path was logged"
+        !log.contains("SECRETPART") && !log.contains("OPENSECRET"),
+        "a webhook URL was logged"
     );
     assert!(outcomes.iter().any(|e| e["event"] == "approval.notified"
-        && e["data"]["notifier"] == "webhook http://127.0.0.1"));
+        && e["data"]["notifier"] == format!("webhook (URL in {})", url_file.display())));
+    assert!(outcomes.iter().any(|e| {
+        e["event"] == "approval.notify_failed"
+            && e["data"]["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("readable or writable by others"))
+    }));
     assert_eq!(
         outcomes
             .iter()
             .filter(|e| e["event"] == "approval.notify_failed")
             .count(),
-        2,
+        3,
         "{outcomes:?}"
     );
     // The call goes on as usual.

@@ -186,7 +186,7 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
             "--signature",
             &other_sig.display().to_string(),
         ]),
-        "the signed statement is for plan digest",
+        "the signed statement is for another plan digest than approval",
     );
     // A statement signed to deny, presented as an approval.
     let deny = s.statement_file(&["--verdict", "deny", "--reason", "no"]);
@@ -200,7 +200,7 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
             "--signature",
             &deny_sig.display().to_string(),
         ]),
-        "the signed statement is for verdict \"deny\"",
+        "the signed statement is for another verdict than approval",
     );
     // An expired statement.
     let stale = s.statement_file(&["--reason", "ok", "--valid-for", "0"]);
@@ -442,4 +442,82 @@ fn approvals_watch_follows_requests_as_they_come() {
         seen.iter().any(|l| l == &format!("SUPERSEDED {}", s.id)),
         "{seen:?}"
     );
+}
+
+/// A key whose private half only an ssh-agent holds signs through the
+/// agent; an agent key added with `ssh-add -c` needs its confirmation each
+/// time, and a refused confirmation approves nothing. (The agent's askpass
+/// is a script the test answers through a file, in place of a person.)
+#[test]
+fn a_key_held_by_an_ssh_agent_signs_only_when_its_use_is_confirmed() {
+    let s = setup(&["bob"], &[], 1);
+    let dir = s.keys.path();
+    let answer = dir.join("answer");
+    let askpass = dir.join("askpass");
+    std::fs::write(
+        &askpass,
+        format!(
+            "#!/bin/sh\n[ \"$(cat {})\" = yes ] && echo yes && exit 0\nexit 1\n",
+            answer.display()
+        ),
+    )
+    .expect("askpass");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&askpass, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let sock = dir.join("agent.sock");
+    let mut agent = std::process::Command::new("ssh-agent")
+        .arg("-D")
+        .arg("-a")
+        .arg(&sock)
+        .env("SSH_ASKPASS", &askpass)
+        .env("SSH_ASKPASS_REQUIRE", "force")
+        .env("DISPLAY", ":0")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("ssh-agent");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let add = std::process::Command::new("ssh-add")
+        .arg("-c")
+        .arg(dir.join("bob"))
+        .env("SSH_AUTH_SOCK", &sock)
+        .output()
+        .expect("ssh-add");
+    assert!(add.status.success(), "{}", stderr(&add));
+    // The private key is gone from disk: only the agent can sign.
+    std::fs::remove_file(dir.join("bob")).expect("rm");
+    let approve = || {
+        gateway(s.home.path())
+            .arg("--policies")
+            .arg(s.policies.path())
+            .args(["approve", &s.id, "--reason", "ok", "--key"])
+            .arg(dir.join("bob.pub"))
+            .env("SSH_AUTH_SOCK", &sock)
+            .output()
+            .expect("approve")
+    };
+    std::fs::write(&answer, "no").expect("answer");
+    let refused_use = approve();
+    let _ = std::fs::write(&answer, "yes");
+    let confirmed = approve();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(
+        !refused_use.status.success()
+            && stderr(&refused_use).contains("cannot sign with ssh-keygen"),
+        "{}{}",
+        stdout(&refused_use),
+        stderr(&refused_use)
+    );
+    assert!(
+        confirmed.status.success() && stdout(&confirmed).contains("approved"),
+        "{}{}",
+        stdout(&confirmed),
+        stderr(&confirmed)
+    );
+    assert_eq!(s.grants(), 1);
 }

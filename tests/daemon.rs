@@ -387,19 +387,59 @@ fn daemon_install_lays_out_files_the_daemon_accepts() {
         assert_eq!(m.mode() & 0o7777, mode, "{p}");
         assert_eq!(m.uid(), 0, "{p}");
     }
-    // A second install keeps what is there.
+    // A second install keeps what is there, and adds the operator's key
+    // to the allowed signers (twice asked, once written).
+    let keys = tempfile::tempdir().expect("keys");
+    let key = common::ssh_key(keys.path(), "op");
+    for _ in 0..2 {
+        let out = std::process::Command::new(gateway())
+            .args(["daemon", "install", "--no-start", "--root"])
+            .arg(root.path())
+            .arg("--policies-from")
+            .arg(common::repo().join("policies"))
+            .arg("--approver-key")
+            .arg(key.with_extension("pub"))
+            .output()
+            .expect("install again");
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        assert!(
+            common::stdout(&out).contains("kept"),
+            "{}",
+            common::stdout(&out)
+        );
+    }
+    let file = at("etc/gateway/policies/config/approvers/data.yaml");
+    let m = std::fs::metadata(&file).expect("approvers");
+    assert_eq!((m.mode() & 0o7777, m.uid()), (0o644, 0));
+    let yaml = regorus::Value::from_yaml_str(&std::fs::read_to_string(&file).expect("read"))
+        .expect("yaml");
+    let signers = yaml["allowed_signers"]
+        .as_string()
+        .expect("a string")
+        .to_string();
+    let public = std::fs::read_to_string(key.with_extension("pub")).expect("pub");
+    let key_data = public.split_whitespace().nth(1).expect("key");
+    assert_eq!(
+        signers,
+        format!("operator namespaces=\"gateway-approval\" ssh-ed25519 {key_data}\n"),
+        "one line, under the default name, without the key's comment"
+    );
+    gateway::approvals::signature::AllowedSigners::parse(&signers).expect("parses");
+    // Not a public key: refused, nothing written.
+    let before = std::fs::read_to_string(&file).expect("read");
     let out = std::process::Command::new(gateway())
         .args(["daemon", "install", "--no-start", "--root"])
         .arg(root.path())
-        .arg("--policies-from")
-        .arg(common::repo().join("policies"))
+        .arg("--approver-key")
+        .arg(format!("eve={}", key.display()))
         .output()
-        .expect("install again");
+        .expect("install a private key");
     assert!(
-        common::stdout(&out).contains("kept"),
+        !out.status.success() && common::stderr(&out).contains("is not an OpenSSH public key"),
         "{}",
-        common::stdout(&out)
+        common::stderr(&out)
     );
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), before);
     // The installed policies are a set the daemon loads.
     let d = Daemon::start(&at("etc/gateway/policies"), "");
     assert!(

@@ -394,7 +394,9 @@ impl ApprovalStore {
 
     /// Record a pending approval, and in the same transaction supersede
     /// every live (pending or approved, unexpired) approval of the same
-    /// tool and params: their plans are older. Returns the new approval and
+    /// tool and params requested by the same user: their plans are older.
+    /// (Another user's are left alone: its working dir is in its own
+    /// workspace, and its call is not this user's to cancel.) Returns the new approval and
     /// the ids it superseded.
     pub fn create(&mut self, new: &NewApproval) -> Result<(Approval, Vec<String>), ApprovalError> {
         let id = new_id()?;
@@ -414,12 +416,12 @@ impl ApprovalStore {
         let superseded: Vec<String> = {
             let mut stmt = tx
                 .prepare(
-                    "SELECT id FROM approvals WHERE params_sha256 = ?1 AND state IN ('pending', 'approved')
-                     AND expires_at_ms > ?2 ORDER BY created_at_ms, id",
+                    "SELECT id FROM approvals WHERE params_sha256 = ?1 AND requested_by = ?3
+                     AND state IN ('pending', 'approved') AND expires_at_ms > ?2 ORDER BY created_at_ms, id",
                 )
                 .map_err(db)?;
             let rows = stmt
-                .query_map(params![digest, now], |r| r.get(0))
+                .query_map(params![digest, now, new.requested_by], |r| r.get(0))
                 .map_err(db)?;
             rows.collect::<Result<_, _>>().map_err(db)?
         };
@@ -1110,6 +1112,13 @@ mod tests {
         other.params = json!({"working_dir": "terraform/k8s-demo"});
         let (unrelated, none) = s.create(&other).expect("create");
         assert!(none.is_empty(), "other params supersede nothing");
+        let mut someone_else = new(1, MIN30);
+        someone_else.requested_by = "mallory".into();
+        let (_, none) = s.create(&someone_else).expect("create");
+        assert!(
+            none.is_empty(),
+            "another user's plan supersedes nothing of alice's"
+        );
         let (newest, gone) = s.create(&new(1, MIN30)).expect("create");
         assert_eq!(
             gone,
@@ -1131,7 +1140,7 @@ mod tests {
             s.get(&unrelated.id).expect("db").map(|a| a.state),
             Some(State::Pending)
         );
-        assert_eq!(s.list(false).expect("list").len(), 2);
+        assert_eq!(s.list(false).expect("list").len(), 3);
     }
 
     #[test]

@@ -314,11 +314,7 @@ impl AllowedSigners {
                 "longer than {MAX_BYTES} bytes"
             )));
         }
-        let sig = SshSig::from_pem(armored.trim().as_bytes())
-            .map_err(|e| SignatureError::Malformed(e.to_string()))?;
-        if sig.namespace() != NAMESPACE {
-            return Err(SignatureError::Namespace(sig.namespace().to_string()));
-        }
+        let sig = parse_sig(armored)?;
         let key = PublicKey::from(sig.public_key().clone());
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let listed: Vec<&Entry> = self
@@ -328,7 +324,7 @@ impl AllowedSigners {
             .filter(|e| {
                 e.namespaces
                     .as_ref()
-                    .is_none_or(|ns| ns.iter().any(|n| glob_match(n, NAMESPACE)))
+                    .is_none_or(|ns| pattern_list_matches(ns, NAMESPACE))
             })
             .collect();
         if listed.is_empty() {
@@ -343,7 +339,9 @@ impl AllowedSigners {
             .ok_or_else(|| SignatureError::NotValidNow(fingerprint.clone()))?;
         key.verify(NAMESPACE, message, &sig)
             .map_err(|_| SignatureError::Invalid)?;
-        let user_presence = match sig.algorithm() {
+        // Whether a touch is needed is the key's kind, never a label the
+        // signature carries ([`parse_sig`] refuses a mismatch anyway).
+        let user_presence = match key.algorithm() {
             ssh_key::Algorithm::SkEd25519 | ssh_key::Algorithm::SkEcdsaSha2NistP256 => {
                 // The flags byte precedes the 4-byte counter (PROTOCOL.u2f).
                 let b = sig.signature_bytes();
@@ -362,6 +360,41 @@ impl AllowedSigners {
             user_presence,
         })
     }
+}
+
+/// An armored SSH signature in the gateway's namespace, whose signature
+/// algorithm is its key's own. (The algorithm name inside the blob is not
+/// authenticated: relabelled, a security key's signature would verify
+/// without its flags being read. OpenSSH refuses the mismatch too.)
+fn parse_sig(armored: &str) -> Result<SshSig, SignatureError> {
+    let sig = SshSig::from_pem(armored.trim().as_bytes())
+        .map_err(|e| SignatureError::Malformed(e.to_string()))?;
+    if sig.namespace() != NAMESPACE {
+        return Err(SignatureError::Namespace(sig.namespace().to_string()));
+    }
+    let key_alg = sig.public_key().algorithm();
+    if sig.algorithm() != key_alg {
+        return Err(SignatureError::Malformed(format!(
+            "its signature algorithm {} is not its key's ({})",
+            sig.algorithm().as_str(),
+            key_alg.as_str()
+        )));
+    }
+    Ok(sig)
+}
+
+/// OpenSSH's pattern lists (`match_pattern_list`): a negated pattern
+/// (`!p`) that matches refuses outright; otherwise some pattern must match.
+fn pattern_list_matches(patterns: &[String], s: &str) -> bool {
+    let mut positive = false;
+    for p in patterns {
+        match p.strip_prefix('!') {
+            Some(neg) if glob_match(neg, s) => return false,
+            Some(_) => {}
+            None => positive |= glob_match(p, s),
+        }
+    }
+    positive
 }
 
 /// The `*`/`?` patterns of an allowed signers `namespaces` list.
@@ -388,11 +421,7 @@ pub fn verify_with_key(
 ) -> Result<String, SignatureError> {
     let key = PublicKey::from_openssh(public_key.trim())
         .map_err(|e| SignatureError::Malformed(format!("the recorded key: {e}")))?;
-    let sig = SshSig::from_pem(armored.trim().as_bytes())
-        .map_err(|e| SignatureError::Malformed(e.to_string()))?;
-    if sig.namespace() != NAMESPACE {
-        return Err(SignatureError::Namespace(sig.namespace().to_string()));
-    }
+    let sig = parse_sig(armored)?;
     key.verify(NAMESPACE, message, &sig)
         .map_err(|_| SignatureError::Invalid)?;
     Ok(key.fingerprint(HashAlg::Sha256).to_string())
@@ -415,7 +444,16 @@ pub fn default_key(home: &Path) -> Option<PathBuf> {
 pub fn sign_with_ssh_keygen(key: &Path, message: &[u8]) -> Result<String, SignatureError> {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let mut child = Command::new("ssh-keygen")
+    // The system's ssh-keygen where there is one, not whatever PATH names.
+    let program = [
+        "/usr/bin/ssh-keygen",
+        "/bin/ssh-keygen",
+        "/usr/local/bin/ssh-keygen",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).is_file())
+    .unwrap_or("ssh-keygen");
+    let mut child = Command::new(program)
         .args(["-q", "-Y", "sign", "-n", NAMESPACE, "-f"])
         .arg(key)
         .stdin(Stdio::piped())
@@ -540,6 +578,58 @@ mod tests {
         );
     }
 
+    /// The signature's algorithm name relabelled (what would hide a
+    /// security key's missing touch): refused before any check of flags.
+    #[test]
+    fn a_signature_relabelled_with_another_algorithm_is_refused() {
+        use base64::Engine;
+        let dir = tempfile::tempdir().expect("tmp");
+        let (key, public) = keygen(dir.path(), "bob");
+        let signers = AllowedSigners::parse(&format!("bob {public}")).expect("signers");
+        let msg = statement().to_bytes();
+        let sig = sign_with_ssh_keygen(&key, &msg).expect("sign");
+        let b64: String = sig.lines().filter(|l| !l.starts_with("-----")).collect();
+        let blob = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        // MAGIC(6) version(4), then strings: key, namespace, reserved, hash, signature.
+        let mut at = 10;
+        let string_at = |at: usize| -> (usize, usize) {
+            let n = u32::from_be_bytes(blob[at..at + 4].try_into().expect("len")) as usize;
+            (at + 4, n)
+        };
+        for _ in 0..4 {
+            let (start, n) = string_at(at);
+            at = start + n;
+        }
+        let (sig_start, _) = string_at(at);
+        let (alg_start, alg_len) = string_at(sig_start);
+        assert_eq!(&blob[alg_start..alg_start + alg_len], b"ssh-ed25519");
+        let mut relabelled = blob[..sig_start].to_vec();
+        let mut inner = Vec::new();
+        inner.extend(3u32.to_be_bytes());
+        inner.extend(b"x@y");
+        inner.extend(&blob[alg_start + alg_len..]);
+        relabelled.truncate(at);
+        relabelled.extend((inner.len() as u32).to_be_bytes());
+        relabelled.extend(inner);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&relabelled);
+        let wrapped: Vec<String> = encoded
+            .as_bytes()
+            .chunks(70)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        let armored = format!(
+            "-----BEGIN SSH SIGNATURE-----\n{}\n-----END SSH SIGNATURE-----\n",
+            wrapped.join("\n")
+        );
+        match signers.verify(&msg, &armored, 0) {
+            Err(SignatureError::Malformed(m)) => assert!(m.contains("is not its key's"), "{m}"),
+            other => panic!("a relabelled signature: {other:?}"),
+        }
+        assert!(verify_with_key(&public, &msg, &armored).is_err());
+    }
+
     #[test]
     fn only_the_canonical_statement_is_accepted() {
         let good = statement().to_bytes();
@@ -582,5 +672,12 @@ mod tests {
         }
         assert!(glob_match("gateway-*", NAMESPACE));
         assert!(!glob_match("git", NAMESPACE));
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(!pattern_list_matches(
+            &list(&["!gateway-approval", "*"]),
+            NAMESPACE
+        ));
+        assert!(pattern_list_matches(&list(&["!git", "*"]), NAMESPACE));
+        assert!(!pattern_list_matches(&list(&["!git"]), NAMESPACE));
     }
 }

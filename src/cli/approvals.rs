@@ -195,11 +195,31 @@ impl VerdictArgs {
         let Some(key) = key else {
             return Ok(out);
         };
-        let statement = statement_of(
-            if grant { "grant" } else { "deny" },
-            &self.reason,
-            self.valid_for,
-        )?;
+        let verdict = if grant { "grant" } else { "deny" };
+        let statement = statement_of(verdict, &self.reason, self.valid_for)?;
+        // Sign only what was asked for: a daemon socket the caller's
+        // environment redirected could hand over another approval's
+        // statement to sign.
+        let parsed = signature::Statement::parse(statement.as_bytes())
+            .context("the statement to sign is not a gateway approval statement")?;
+        anyhow::ensure!(
+            parsed.approval_id == self.id
+                && parsed.verdict == verdict
+                && parsed.reason == self.reason,
+            "the statement to sign is for {} {} (reason {:?}), not what was asked ({verdict} {}); not signing",
+            parsed.verdict,
+            parsed.approval_id,
+            parsed.reason,
+            self.id
+        );
+        super::out::eprint_safe(&format!(
+            "signing with {}: {verdict} {} for {} (params sha256 {}, plan sha256 {})\n",
+            key.display(),
+            parsed.approval_id,
+            parsed.tool,
+            parsed.params_sha256,
+            parsed.plan_sha256.as_deref().unwrap_or("none"),
+        ));
         let sig = signature::sign_with_ssh_keygen(&key, statement.as_bytes())?;
         out.signed_statement = Some(statement);
         out.ssh_signature = Some(sig);
@@ -609,7 +629,7 @@ pub fn verdict(
     let verdicts: Vec<Value> = approval
         .verdicts
         .iter()
-        .map(|v| json!({"approver": v.approver, "verdict": v.verdict, "kind": v.kind}))
+        .map(|v| json!({"approver": v.approver, "verdict": v.verdict, "kind": v.kind, "os_user": v.os_user}))
         .collect();
     let input = json!({
         "verdict": verdict,

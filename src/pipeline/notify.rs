@@ -5,6 +5,9 @@
 //! - `{"webhook": URL}`: an HTTP POST of a JSON body whose `text` field is
 //!   a one-line summary (what a Slack, Mattermost or Teams incoming webhook
 //!   shows) and whose `approval` field has the details;
+//! - `{"webhook_file": PATH}`: the same, to the URL held in PATH, a file
+//!   only its owner can read (policy data is readable by everyone, and a
+//!   Slack URL is its own secret);
 //! - `{"command": [ARGV…]}`: the command run with that JSON on stdin, no
 //!   shell, an empty environment but `PATH`.
 //!
@@ -30,7 +33,39 @@ const MAX_COMMAND_OUTPUT: u64 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Notifier {
     Webhook(String),
+    WebhookFile(std::path::PathBuf),
     Command(Vec<String>),
+}
+
+/// The longest webhook URL file read.
+const MAX_URL_FILE: u64 = 4096;
+
+/// The URL in a `webhook_file`: a regular file, no link, readable by its
+/// owner alone.
+fn url_from_file(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is readable or writable by others (mode {:o}): chmod 600 it",
+            path.display(),
+            m.mode() & 0o777
+        ));
+    }
+    let mut text = String::new();
+    f.take(MAX_URL_FILE)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(text.trim().to_string())
 }
 
 impl Notifier {
@@ -41,6 +76,7 @@ impl Notifier {
                 Ok(u) => format!("webhook {}://{}", u.scheme(), u.host_str().unwrap_or("?")),
                 Err(_) => "webhook (unparsable URL)".into(),
             },
+            Notifier::WebhookFile(p) => format!("webhook (URL in {})", p.display()),
             Notifier::Command(argv) => format!(
                 "command {}",
                 argv.first().map(String::as_str).unwrap_or("?")
@@ -57,6 +93,8 @@ pub fn parse(list: &Value) -> (Vec<Notifier>, Vec<String>) {
     for (i, n) in list.as_array().into_iter().flatten().enumerate() {
         if let Some(url) = n.get("webhook").and_then(Value::as_str) {
             ok.push(Notifier::Webhook(url.to_string()));
+        } else if let Some(p) = n.get("webhook_file").and_then(Value::as_str) {
+            ok.push(Notifier::WebhookFile(p.into()));
         } else if let Some(argv) = n.get("command").and_then(Value::as_array) {
             let argv: Vec<String> = argv
                 .iter()
@@ -70,7 +108,7 @@ pub fn parse(list: &Value) -> (Vec<Notifier>, Vec<String>) {
             }
         } else {
             bad.push(format!(
-                "notifier {i}: neither {{\"webhook\": URL}} nor {{\"command\": [ARGV]}}"
+                "notifier {i}: not {{\"webhook\": URL}}, {{\"webhook_file\": PATH}} or {{\"command\": [ARGV]}}"
             ));
         }
     }
@@ -107,8 +145,17 @@ pub fn body(a: &Approval) -> Value {
 }
 
 async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
-    match n {
-        Notifier::Webhook(url) => {
+    let from_file;
+    let webhook = match n {
+        Notifier::Webhook(url) => Some(url.as_str()),
+        Notifier::WebhookFile(p) => {
+            from_file = url_from_file(p)?;
+            Some(from_file.as_str())
+        }
+        Notifier::Command(_) => None,
+    };
+    match (n, webhook) {
+        (_, Some(url)) => {
             // The one TLS provider of the binary (as in main), also when
             // the pipeline runs inside another program: reqwest panics
             // without one.
@@ -130,7 +177,7 @@ async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
                 Err(format!("the webhook answered {}", r.status()))
             }
         }
-        Notifier::Command(argv) => {
+        (Notifier::Command(argv), _) => {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut child = tokio::process::Command::new(&argv[0])
                 .args(&argv[1..])
@@ -156,6 +203,7 @@ async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
                 Err(format!("it exited with {status}"))
             }
         }
+        (_, None) => Err("not a notifier".into()),
     }
 }
 
