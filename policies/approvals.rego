@@ -31,27 +31,45 @@ else := cfg.standard
 # re-checked against today's allowed signers, OS users' groups looked up
 # again): the requester never counts, and neither does an identity the
 # policy no longer admits for this call.
-approvers := {a.name |
+approvers := {person(a) |
 	ids := object.get(input.approval, "identities", [])
 	some a in ids
-	not is_requester(a, object.get(input.approval, "requested_by", ""))
+	counts(a)
 	not counted_as_signer(a, ids)
-	admitted(a)
-	in_scope(a, call_facts(input.tool, input.params, signals.signals))
 }
 
-# The requester, by any name: its OS user, or a key listed under its name
-# (among any of the key's principals).
+spend_call := call_facts(input.tool, input.params, signals.signals)
+
+# A grant that counts for this call now.
+counts(a) if {
+	not is_requester(a, object.get(input.approval, "requested_by", ""))
+	admitted(a)
+	in_scope(a, spend_call)
+}
+
+# The person an identity is: an OS user is itself; a key's principal is a
+# person of that name unless identity.owners names the OS user who holds
+# it (so that one person's account and key count once).
+person(id) := object.get(object.get(cfg.identity, "owners", {}), id.name, id.name) if id.kind == "ssh_key"
+
+person(id) := id.name if id.kind != "ssh_key"
+
+# The requester, by any name: its OS user, a key listed under its name
+# (among any of the key's principals), or a key its OS user owns.
 is_requester(id, requester) if id.name == requester
 
 is_requester(id, requester) if requester in object.get(id, ["key", "principals"], [])
 
-# An OS user who also submitted a signed grant counts once: as the signer.
+is_requester(id, requester) if person(id) == requester
+
+# An OS user who also submitted a signed grant that counts, counts once:
+# as the signer.
 counted_as_signer(id, ids) if {
 	id.kind == "os_user"
 	some other in ids
 	other.kind == "ssh_key"
 	other.os_user == id.name
+	counts(other)
 }
 
 # True when no approval is needed, or the presented approval is granted by
@@ -153,8 +171,8 @@ verdict_refusals contains msg if {
 	input.verdict == "grant"
 	some v in input.approval.verdicts
 	v.verdict == "grant"
-	v.approver == input.approver.name
-	msg := sprintf("%s already approved %s; it needs approvals from other people", [input.approver.name, input.approval.id])
+	person({"name": v.approver, "kind": object.get(v, "kind", "")}) == person(input.approver)
+	msg := sprintf("%s already approved %s; it needs approvals from other people", [person(input.approver), input.approval.id])
 }
 
 verdict_refusals contains msg if {

@@ -182,3 +182,22 @@ test_one_person_with_a_key_and_an_account_counts_once if {
 	contains(judged("grant", carol_key, after_self).reasons[0], "carol already approved a1 as itself")
 	judged("grant", key("bob"), after_self).allow
 }
+
+test_owners_tie_a_key_to_its_holders_account if {
+	cfg := object.union(data.config.approvals, {"standard": {"approvers": 2, "ttl_seconds": 600, "reason_required": false}})
+	owned := object.union(cfg, {"identity": object.union(cfg.identity, {"owners": {"bobkey": "bob"}})})
+	bob_key := {"name": "bobkey", "kind": "ssh_key", "os_user": "alice", "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": ["bobkey"]}}
+	bob := user("bob", ["bob", "gateway-approvers"])
+	approvals.requirement.satisfied with data.config.approvals as cfg with input as presented("approved", [bob, bob_key])
+	not approvals.requirement.satisfied with data.config.approvals as owned with input as presented("approved", [bob, bob_key])
+	after := object.union(stored, {"verdicts": [{"approver": "bob", "verdict": "grant", "kind": "os_user", "os_user": "bob"}]})
+	contains(judged("grant", bob_key, after).reasons[0], "bob already approved") with data.config.approvals as owned
+	alices := object.union(data.config.approvals.identity, {"owners": {"bobkey": "alice"}})
+	not judged("grant", bob_key, stored).allow with data.config.approvals.identity as alices
+}
+
+test_a_signers_grant_that_does_not_count_does_not_swallow_its_submitters if {
+	carol_key := {"name": "operator", "kind": "ssh_key", "os_user": "carol", "key": {"fingerprint": "SHA256:x", "type": "ssh-ed25519", "principals": ["operator"]}}
+	carol := user("carol", ["carol", "gateway-approvers"])
+	approvals.requirement.satisfied with input as presented("approved", [carol, carol_key]) with data.config.approvals.identity.keys as false
+}

@@ -669,6 +669,36 @@ fn on_one_machine_the_users_approval_needs_the_listed_operator_key() {
         common::stdout(&forged),
         common::stderr(&forged)
     );
+    // A listener of the agent's own, named by GATEWAY_SOCKET in the
+    // operator's environment: `gateway approve` signs nothing it sends.
+    let fake = home.path().join("fake.sock");
+    let mut listener = daemon::as_user(AGENT, home.path(), &[], &python())
+        .arg("-c")
+        .arg(format!(
+            "import socket,time;s=socket.socket(socket.AF_UNIX);s.bind({:?});s.listen(1);time.sleep(30)",
+            fake.display().to_string()
+        ))
+        .spawn()
+        .expect("the agent's listener");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fake.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let redirected = std::process::Command::new(gateway())
+        .env("GATEWAY_SOCKET", &fake)
+        .args(["approve", &id, "--reason", "reviewed", "--key"])
+        .arg(&operator)
+        .output()
+        .expect("approve");
+    let _ = listener.kill();
+    let _ = listener.wait();
+    assert!(
+        !redirected.status.success()
+            && common::stderr(&redirected).contains("not by the root daemon"),
+        "{}{}",
+        common::stdout(&redirected),
+        common::stderr(&redirected)
+    );
     let out = approve(&["--key", &operator.display().to_string()]);
     assert!(
         out.status.success()

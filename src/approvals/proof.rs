@@ -38,6 +38,10 @@ pub fn check_signed(
     now_ms: i64,
 ) -> Result<(Signer, Statement), ProofError> {
     let statement = Statement::parse(signed.statement.as_bytes())?;
+    // The signature first: a statement nobody allowed signed tells its
+    // sender nothing about the approval it names.
+    let allowed = AllowedSigners::parse(signers).map_err(ProofError::Signers)?;
+    let signer = allowed.verify(signed.statement.as_bytes(), &signed.signature, now_ms)?;
     let id = approval.id.clone();
     let mismatch = |field: &'static str, signed: &str, actual: &str| {
         // The values are not named: a caller who may not see the
@@ -71,8 +75,6 @@ pub fn check_signed(
     if statement.expires_at_ms()? <= now_ms {
         return Err(ProofError::Expired(statement.expires_at.clone()));
     }
-    let allowed = AllowedSigners::parse(signers).map_err(ProofError::Signers)?;
-    let signer = allowed.verify(signed.statement.as_bytes(), &signed.signature, now_ms)?;
     let name = &signer.principals[0];
     if name.trim().is_empty() || name.chars().any(char::is_control) {
         return Err(ProofError::BadPrincipal(name.clone()));

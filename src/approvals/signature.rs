@@ -352,8 +352,18 @@ impl AllowedSigners {
         if user_presence == Some(false) && !entry.no_touch_required {
             return Err(SignatureError::NoTouch(fingerprint));
         }
+        // Every name the key is listed under, so that the requester's name
+        // on another line of the same key is seen too.
+        let mut principals = entry.principals.clone();
+        for e in &listed {
+            for p in &e.principals {
+                if !principals.contains(p) {
+                    principals.push(p.clone());
+                }
+            }
+        }
         Ok(Signer {
-            principals: entry.principals.clone(),
+            principals,
             fingerprint,
             key_type: key.algorithm().as_str().to_string(),
             public_key: key.to_openssh().unwrap_or_default(),
@@ -556,6 +566,14 @@ mod tests {
         assert_eq!(
             verify_with_key(&public, &msg, &sig).expect("key"),
             who.fingerprint
+        );
+        // The same key on two lines: every name it is listed under is
+        // reported (the first line's first name is the identity).
+        let twice = AllowedSigners::parse(&format!("operator {public}\nalice {public}\n"))
+            .expect("signers");
+        assert_eq!(
+            twice.verify(&msg, &sig, 0).expect("valid").principals,
+            vec!["operator".to_string(), "alice".to_string()]
         );
         // A signature in another namespace (a git commit signature, say)
         // is not an approval.

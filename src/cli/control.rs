@@ -38,12 +38,28 @@ pub async fn connect(socket: &std::path::Path) -> anyhow::Result<tokio::net::Uni
 
 /// Send `argv` (without the program name) to the daemon; its reply.
 pub fn ask(argv: Vec<String>) -> anyhow::Result<Reply> {
+    ask_checked(argv, false)
+}
+
+/// [`ask`]; with `root_only`, only a daemon running as root is asked
+/// (what `gateway approve` signs for must come from the real daemon, not a
+/// socket the caller's environment points elsewhere).
+pub fn ask_checked(argv: Vec<String>, root_only: bool) -> anyhow::Result<Reply> {
     let socket = socket_path();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let stream = connect(&socket).await?;
+        if root_only {
+            let peer = stream.peer_cred().context("the daemon's credentials")?;
+            anyhow::ensure!(
+                peer.uid() == 0,
+                "the socket {} is served by uid {}, not by the root daemon: not signing anything it sends",
+                socket.display(),
+                peer.uid()
+            );
+        }
         let (read, mut write) = stream.into_split();
         write
             .write_all(&wire::line(&Hello::Control { argv }))
@@ -89,14 +105,17 @@ pub fn forward_verdict(
     grant: bool,
 ) -> anyhow::Result<ExitCode> {
     let signed = a.signed(grant, &mut |verdict, reason, valid_for| {
-        let reply = ask(vec![
-            "approvals".into(),
-            "statement".into(),
-            id.into(),
-            format!("--verdict={verdict}"),
-            format!("--reason={reason}"),
-            format!("--valid-for={valid_for}"),
-        ])?;
+        let reply = ask_checked(
+            vec![
+                "approvals".into(),
+                "statement".into(),
+                id.into(),
+                format!("--verdict={verdict}"),
+                format!("--reason={reason}"),
+                format!("--valid-for={valid_for}"),
+            ],
+            true,
+        )?;
         if reply.code != 0 {
             anyhow::bail!(
                 "the daemon gave no statement to sign: {}",

@@ -40,19 +40,35 @@ pub enum Notifier {
 /// The longest webhook URL file read.
 const MAX_URL_FILE: u64 = 4096;
 
-/// The URL in a `webhook_file`: a regular file, no link, readable by its
-/// owner alone.
+/// The URL in a `webhook_file`: a regular file of this process's user,
+/// readable by it alone, in a dir no one else can write; opened without
+/// following a link or blocking on a FIFO.
 fn url_from_file(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let me = nix::unistd::geteuid().as_raw();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .ok_or_else(|| format!("{} is not an absolute path", path.display()))?;
+    let dm = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !dm.is_dir() || (dm.uid() != me && dm.uid() != 0) || dm.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} must be a dir of root's or this user's that no one else can write",
+            dir.display()
+        ));
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let m = f.metadata().map_err(|e| e.to_string())?;
     if !m.is_file() {
         return Err(format!("{} is not a regular file", path.display()));
+    }
+    if m.uid() != me {
+        return Err(format!("{} is not this user's (uid {me})", path.display()));
     }
     if m.mode() & 0o077 != 0 {
         return Err(format!(
@@ -149,7 +165,10 @@ async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
     let webhook = match n {
         Notifier::Webhook(url) => Some(url.as_str()),
         Notifier::WebhookFile(p) => {
-            from_file = url_from_file(p)?;
+            let p = p.clone();
+            from_file = tokio::task::spawn_blocking(move || url_from_file(&p))
+                .await
+                .map_err(|e| e.to_string())??;
             Some(from_file.as_str())
         }
         Notifier::Command(_) => None,
@@ -265,6 +284,41 @@ mod tests {
             Notifier::Command(vec!["/usr/bin/notify-send".into(), "x".into()]).label(),
             "command /usr/bin/notify-send"
         );
+    }
+
+    #[test]
+    fn a_webhook_file_must_be_a_private_regular_file_of_this_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let good = dir.path().join("url");
+        std::fs::write(&good, "http://127.0.0.1:9/x\n").expect("write");
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(url_from_file(&good).as_deref(), Ok("http://127.0.0.1:9/x"));
+        // A FIFO is refused at once (opening it does not wait for a writer).
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        assert!(url_from_file(&fifo).is_err_and(|e| e.contains("not a regular file")));
+        // A link to the good file is not followed.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&good, &link).expect("symlink");
+        assert!(url_from_file(&link).is_err_and(|e| e.contains("cannot open")));
+        // Readable by others.
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        assert!(url_from_file(&good).is_err_and(|e| e.contains("readable or writable by others")));
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        // In a dir others can write.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        assert!(url_from_file(&good).is_err_and(|e| e.contains("no one else can write")));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        // Another user's file (when the test can make one).
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&good, Some(nix::unistd::Uid::from_raw(65534)), None)
+                .expect("chown");
+            assert!(url_from_file(&good).is_err_and(|e| e.contains("is not this user's")));
+        }
     }
 
     #[test]
