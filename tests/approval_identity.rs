@@ -235,6 +235,11 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
         ]),
         "namespace is \"git\"",
     );
+    // A reason too long to keep whole in one audit line.
+    refused(
+        &s.approve_with("bob", &"x".repeat(5000)),
+        "the reason is 5000 bytes",
+    );
     assert_eq!(s.grants(), 0, "no refused verdict was recorded");
 
     // Every refusal is audited, with its reason and no grant (the
@@ -244,7 +249,7 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
         .lines()
         .filter(|l| l.contains("\"approval.refused\""))
         .count();
-    assert_eq!(refusals, 7, "{log}");
+    assert_eq!(refusals, 8, "{log}");
     assert!(!log.contains("approval.granted"));
 }
 

@@ -611,6 +611,30 @@ fn on_one_machine_the_users_approval_needs_the_listed_operator_key() {
         .as_str()
         .expect("pending")
         .to_string();
+    // `approvals watch` through the daemon shows the request as it waits.
+    let mut watch = daemon::as_user(
+        AGENT,
+        home.path(),
+        &[("GATEWAY_SOCKET", d.socket.as_path())],
+        &gateway(),
+    )
+    .args(["approvals", "watch", "--interval", "1"])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("watch");
+    let first = std::io::BufReader::new(watch.stdout.take().expect("stdout"))
+        .lines()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(
+        first.starts_with(&format!("PENDING {id}"))
+            && first.contains(&format!("requested by {AGENT}")),
+        "{first}"
+    );
     let approve = |extra: &[&str]| {
         daemon::as_user(
             AGENT,

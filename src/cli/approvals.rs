@@ -512,6 +512,9 @@ pub fn load_policies(cli: &Cli) -> anyhow::Result<PolicySet> {
     )
 }
 
+/// The longest reason a verdict carries.
+pub const MAX_REASON_BYTES: usize = 4096;
+
 /// A refused verdict: audited, and said.
 fn refuse(
     audit: &AuditLog,
@@ -624,6 +627,15 @@ pub fn verdict(
         let why =
             "the reason contains something shaped like a secret (a token or key); write it without"
                 .to_string();
+        return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
+    }
+    // Kept whole in one audit line (a longer one would be cut to a digest
+    // there, and its signature could no longer be re-checked).
+    if reason.len() > MAX_REASON_BYTES {
+        let why = format!(
+            "the reason is {} bytes; at most {MAX_REASON_BYTES}",
+            reason.len()
+        );
         return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
     }
     let verdicts: Vec<Value> = approval
