@@ -51,7 +51,6 @@ pub fn check_signed(
             field,
         })
     };
-    let none = "none".to_string();
     if let Some(e) = mismatch("approval id", &statement.approval_id, &approval.id)
         .or_else(|| mismatch("tool", &statement.tool, &approval.tool))
         .or_else(|| {
@@ -62,11 +61,11 @@ pub fn check_signed(
             )
         })
         .or_else(|| {
-            mismatch(
-                "plan digest",
-                statement.plan_sha256.as_ref().unwrap_or(&none),
-                approval.plan_sha256.as_ref().unwrap_or(&none),
-            )
+            // Compared as options: no plan is not any digest's spelling.
+            (statement.plan_sha256 != approval.plan_sha256).then(|| ProofError::Mismatch {
+                id: id.clone(),
+                field: "plan digest",
+            })
         })
         .or_else(|| mismatch("verdict", &statement.verdict, verdict))
     {
