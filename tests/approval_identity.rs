@@ -240,6 +240,10 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
         &s.approve_with("bob", &"x".repeat(5000)),
         "the reason is 5000 bytes",
     );
+    refused(
+        &s.approve_with("bob", "fine\u{202e}enod"),
+        "the reason may not hold control or format characters",
+    );
     assert_eq!(s.grants(), 0, "no refused verdict was recorded");
 
     // Every refusal is audited, with its reason and no grant (the
@@ -249,7 +253,7 @@ fn each_forged_stale_or_misdirected_signature_is_refused_with_its_reason() {
         .lines()
         .filter(|l| l.contains("\"approval.refused\""))
         .count();
-    assert_eq!(refusals, 8, "{log}");
+    assert_eq!(refusals, 9, "{log}");
     assert!(!log.contains("approval.granted"));
 }
 

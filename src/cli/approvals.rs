@@ -278,6 +278,13 @@ pub fn list(
             );
             return Ok(1);
         }
+        if super::out::escaped(reason, true) != *reason || reason.len() > MAX_REASON_BYTES {
+            errln!(
+                o,
+                "gateway: the reason may hold at most {MAX_REASON_BYTES} bytes and no control or format characters"
+            );
+            return Ok(1);
+        }
         let until = crate::approvals::now_ms()
             .saturating_add(i64::try_from(valid_for.saturating_mul(1000)).unwrap_or(i64::MAX));
         let bytes = approval.statement(verdict, reason, until).to_bytes();
@@ -626,6 +633,14 @@ pub fn verdict(
     if crate::audit::scrub::scrub_str(&reason) != reason {
         let why =
             "the reason contains something shaped like a secret (a token or key); write it without"
+                .to_string();
+        return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
+    }
+    // Shown to people as is (a format character would be escaped on the
+    // terminal, and the statement printed would not be the one signed).
+    if super::out::escaped(&reason, true) != reason {
+        let why =
+            "the reason may not hold control or format characters (newlines, escapes, bidi marks)"
                 .to_string();
         return refuse(&audit, &rid, &a.id, why, Some(approver.name), caller, o);
     }
