@@ -259,4 +259,7 @@ may_run if input.command in cfg.identity.anyone
 # {"webhook_file": PATH} (the URL kept in a file only its owner reads) and
 # {"command": [ARGV...]} (the same JSON on stdin). A notifier that fails is
 # audited and never holds up the call.
-notifiers := object.get(cfg, "notifiers", [])
+# Each may take timeout_seconds (default notify_timeout_seconds).
+notifiers := [object.union({"timeout_seconds": object.get(cfg, "notify_timeout_seconds", 10)}, n) |
+	some n in object.get(cfg, "notifiers", [])
+]

@@ -160,7 +160,8 @@ test_signers_and_notifiers_come_from_data if {
 	approvals.allowed_signers == "" with data.config.approvers as {}
 	approvals.allowed_signers == "bob ssh-ed25519 AAAA" with data.config.approvers.allowed_signers as "bob ssh-ed25519 AAAA"
 	approvals.notifiers == []
-	approvals.notifiers == [{"webhook": "http://x"}] with data.config.approvals.notifiers as [{"webhook": "http://x"}]
+	approvals.notifiers == [{"webhook": "http://x", "timeout_seconds": 10}] with data.config.approvals.notifiers as [{"webhook": "http://x"}]
+	approvals.notifiers == [{"command": ["x"], "timeout_seconds": 2}] with data.config.approvals.notifiers as [{"command": ["x"], "timeout_seconds": 2}]
 }
 
 test_a_key_listing_the_requester_among_its_principals_is_the_requesters_own if {

@@ -18,9 +18,7 @@ mod scripted_sandbox;
 use std::sync::Arc;
 
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
-use gateway::policy::set::LoadOptions;
 use gateway::policy::{PolicyStore, Principal};
-use gateway::tools::ToolPaths;
 use scripted_sandbox::{Phase, ScriptedSandbox};
 use serde_json::{Value, json};
 
@@ -60,9 +58,11 @@ fn world_with(edits: &[(&str, &str, &str)]) -> World {
     let workspace = tempfile::tempdir().expect("workspace");
     let module = workspace.path().join(MODULE);
     std::fs::create_dir_all(&module).expect("mkdir");
-    let config =
-        std::fs::read_to_string(common::repo().join(MODULE).join("main.tf")).expect("main.tf");
-    std::fs::write(module.join("main.tf"), &config).expect("write");
+    std::fs::copy(
+        common::repo().join(MODULE).join("main.tf"),
+        module.join("main.tf"),
+    )
+    .expect("copy main.tf");
     // A second allowed module, so that an approval presented with its
     // working_dir gets as far as the approval's binding.
     let other = workspace.path().join("terraform/k8s-demo");
@@ -70,25 +70,16 @@ fn world_with(edits: &[(&str, &str, &str)]) -> World {
     std::fs::write(other.join("main.tf"), "").expect("write");
     // A plan that replaces a resource: destructive, and terraform_apply is
     // high tier anyway.
-    let plan_json = std::fs::read(common::repo().join("policy-tests/plans/replace/data.json"))
-        .expect("fixture");
-    let sandbox = Arc::new(ScriptedSandbox::new(
-        &config,
-        plan_json,
+    let sandbox = Arc::new(scripted_sandbox::demo_script(
+        "replace",
         STATE_AFTER.as_bytes().to_vec(),
     ));
-    let store = Arc::new(PolicyStore::open(
-        vec![policies.path().to_path_buf()],
-        LoadOptions::default(),
-    ));
-    let pipeline = Pipeline::new(
-        store.clone(),
-        home.path().to_path_buf(),
-        workspace.path().to_path_buf(),
+    let (store, pipeline) = scripted_sandbox::pipeline(
+        policies.path(),
+        home.path(),
+        workspace.path(),
         sandbox.clone(),
-        ToolPaths::discover(&common::repo()),
-    )
-    .expect("pipeline");
+    );
     World {
         home: home.path().to_path_buf(),
         policies: policies.path().to_path_buf(),
@@ -316,19 +307,15 @@ async fn a_denied_approval_applies_nothing() {
     assert!(!w.module.join("terraform.tfstate").exists());
 }
 
-fn pending(r: &gateway::pipeline::CallResult) -> String {
-    match &r.outcome {
-        Outcome::PendingApproval { approval_id, .. } => approval_id.clone(),
-        other => panic!("expected a pending approval, got {other:?}"),
-    }
-}
+use common::{audit_events as events, pending_approval as pending};
 
-fn events(home: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(home.join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+/// The call applied its plan.
+fn applied(r: &gateway::pipeline::CallResult) {
+    assert!(
+        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
+        "{:?}",
+        r.outcome
+    );
 }
 
 #[tokio::test]
@@ -368,11 +355,7 @@ async fn a_re_plan_supersedes_the_older_approval_even_once_approved() {
     let r = w
         .apply(json!({"working_dir": MODULE, "approval_id": second}))
         .await;
-    assert!(
-        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
-        "{:?}",
-        r.outcome
-    );
+    applied(&r);
 }
 
 #[tokio::test]
@@ -420,11 +403,7 @@ async fn two_approvers_means_two_keys_through_the_whole_gate() {
     let r = w
         .apply(json!({"working_dir": MODULE, "approval_id": id}))
         .await;
-    assert!(
-        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
-        "{:?}",
-        r.outcome
-    );
+    applied(&r);
 }
 
 /// A one-shot HTTP server on 127.0.0.1: the body of the first request.
@@ -562,9 +541,5 @@ async fn a_webhook_hears_of_each_request_and_a_dead_one_holds_up_nothing() {
     let r = w
         .apply(json!({"working_dir": MODULE, "approval_id": id}))
         .await;
-    assert!(
-        matches!(r.outcome, Outcome::Completed { ok: true, .. }),
-        "{:?}",
-        r.outcome
-    );
+    applied(&r);
 }

@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gateway::pipeline::{Pipeline, ToolCall};
-use gateway::policy::set::LoadOptions;
-use gateway::policy::{PolicyStore, Principal};
-use gateway::tools::ToolPaths;
+use gateway::policy::Principal;
 use scripted_sandbox::{Phase, ScriptedSandbox};
 use serde_json::json;
 
@@ -117,23 +115,9 @@ fn world() -> World {
     let policies = common::policies_with(&[]);
     fake_broker::give_the_offline_module_a_credential(policies.path());
     let (workspace, _module) = common::workspace_with_module(MODULE);
-    let config =
-        std::fs::read_to_string(common::repo().join(MODULE).join("main.tf")).expect("main.tf");
-    let plan_json =
-        std::fs::read(common::repo().join("policy-tests/plans/create/data.json")).expect("fixture");
-    let sandbox = Arc::new(ScriptedSandbox::new(&config, plan_json, Vec::new()));
-    let store = Arc::new(PolicyStore::open(
-        vec![policies.path().to_path_buf()],
-        LoadOptions::default(),
-    ));
-    let mut pipeline = Pipeline::new(
-        store,
-        home,
-        workspace.path().to_path_buf(),
-        sandbox.clone(),
-        ToolPaths::discover(&common::repo()),
-    )
-    .expect("pipeline");
+    let sandbox = Arc::new(scripted_sandbox::demo_script("create", Vec::new()));
+    let (_, mut pipeline) =
+        scripted_sandbox::pipeline(policies.path(), &home, workspace.path(), sandbox.clone());
     fake_broker::reach_a_stand_in_api_server(&mut pipeline);
     let broker = Arc::new(fake_broker::FakeBroker::default());
     pipeline.broker = Some(broker.clone());

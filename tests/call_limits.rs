@@ -11,9 +11,7 @@ mod scripted_sandbox;
 use std::sync::Arc;
 
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
-use gateway::policy::set::LoadOptions;
-use gateway::policy::{PolicyStore, Principal};
-use gateway::tools::ToolPaths;
+use gateway::policy::Principal;
 use scripted_sandbox::ScriptedSandbox;
 use serde_json::{Value, json};
 
@@ -25,23 +23,13 @@ fn pipeline(
     let policies = common::policies_with(edits);
     let home = tempfile::tempdir().expect("home");
     let (workspace, _module) = common::workspace_with_module(MODULE);
-    let config =
-        std::fs::read_to_string(common::repo().join(MODULE).join("main.tf")).expect("main.tf");
-    let plan_json =
-        std::fs::read(common::repo().join("policy-tests/plans/create/data.json")).expect("fixture");
-    let sandbox = Arc::new(ScriptedSandbox::new(&config, plan_json, Vec::new()));
-    let store = Arc::new(PolicyStore::open(
-        vec![policies.path().to_path_buf()],
-        LoadOptions::default(),
-    ));
-    let p = Pipeline::new(
-        store,
-        home.path().to_path_buf(),
-        workspace.path().to_path_buf(),
+    let sandbox = Arc::new(scripted_sandbox::demo_script("create", Vec::new()));
+    let (_, p) = scripted_sandbox::pipeline(
+        policies.path(),
+        home.path(),
+        workspace.path(),
         sandbox.clone(),
-        ToolPaths::discover(&common::repo()),
-    )
-    .expect("pipeline");
+    );
     (vec![policies, home, workspace], sandbox, p)
 }
 

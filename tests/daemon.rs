@@ -33,13 +33,8 @@ fn an_unprivileged_user_plans_waits_for_another_users_approval_and_applies() {
     daemon::os_user(AGENT);
     let approver_uid = daemon::os_user(APPROVER);
     let d = Daemon::start(&common::repo().join("policies"), "");
-    let workspace = daemon::owned_dir(AGENT);
-    common::copy_dir(
-        &common::repo().join("terraform/offline-demo"),
-        &workspace.path().join("terraform/offline-demo"),
-    );
+    let workspace = daemon::demo_workspace(AGENT);
     let agent_home = daemon::owned_dir(AGENT);
-    daemon::chown_tree(workspace.path(), AGENT);
     // Another user's repository, which the agent will try to reach.
     let victim = tempfile::tempdir().expect("victim");
     common::copy_dir(
@@ -475,12 +470,7 @@ fn approvals_do_not_cross_from_one_user_to_another() {
             serde_json::from_str::<serde_json::Value>(common::stdout(&out).trim()).expect("json")
         };
     // The approver user, as a requester in its own workspace.
-    let victim_ws = daemon::owned_dir(APPROVER);
-    common::copy_dir(
-        &common::repo().join("terraform/offline-demo"),
-        &victim_ws.path().join("terraform/offline-demo"),
-    );
-    daemon::chown_tree(victim_ws.path(), APPROVER);
+    let victim_ws = daemon::demo_workspace(APPROVER);
     let victim_home = daemon::owned_dir(APPROVER);
     let r = call(
         APPROVER,
@@ -534,12 +524,7 @@ fn approvals_do_not_cross_from_one_user_to_another() {
         .output()
         .expect("approve");
     assert!(out.status.success(), "{}", common::stderr(&out));
-    let agent_ws = daemon::owned_dir(AGENT);
-    common::copy_dir(
-        &common::repo().join("terraform/offline-demo"),
-        &agent_ws.path().join("terraform/offline-demo"),
-    );
-    daemon::chown_tree(agent_ws.path(), AGENT);
+    let agent_ws = daemon::demo_workspace(AGENT);
     let r = call(
         AGENT,
         agent_home.path(),
@@ -586,12 +571,7 @@ fn on_one_machine_the_users_approval_needs_the_listed_operator_key() {
     daemon::chown_tree(keys.path(), AGENT);
     let policies = common::policies_with_signers(&[("operator", &operator), (AGENT, &own)], &[]);
     let d = Daemon::start(policies.path(), "");
-    let ws = daemon::owned_dir(AGENT);
-    common::copy_dir(
-        &common::repo().join("terraform/offline-demo"),
-        &ws.path().join("terraform/offline-demo"),
-    );
-    daemon::chown_tree(ws.path(), AGENT);
+    let ws = daemon::demo_workspace(AGENT);
     let home = daemon::owned_dir(AGENT);
     let call = |args: &str| {
         let out = daemon::as_user(AGENT, home.path(), &[], &python())
@@ -833,12 +813,7 @@ fn operator_commands_decide_with_the_last_trusted_policy_set() {
         })
         .expect("the agent edits the file it owns");
     assert!(out.success());
-    let ws = daemon::owned_dir(AGENT);
-    common::copy_dir(
-        &common::repo().join("terraform/offline-demo"),
-        &ws.path().join("terraform/offline-demo"),
-    );
-    daemon::chown_tree(ws.path(), AGENT);
+    let ws = daemon::demo_workspace(AGENT);
     let home = daemon::owned_dir(AGENT);
     let out = daemon::as_user(AGENT, home.path(), &[], &python())
         .arg(common::repo().join("tests/mcp/daemon_session.py"))

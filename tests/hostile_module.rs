@@ -241,12 +241,7 @@ fn approve(w: &World, id: &str) {
     );
 }
 
-fn pending_id(r: &CallResult) -> String {
-    match &r.outcome {
-        Outcome::PendingApproval { approval_id, .. } => approval_id.clone(),
-        other => panic!("expected a pending approval, got {other:?}"),
-    }
-}
+use common::pending_approval as pending_id;
 
 /// Plan, approve out of band, apply: the module's resources exist.
 fn seed(w: &World) {

@@ -17,7 +17,7 @@ use gateway::policy::set::LoadOptions;
 use gateway::policy::{PolicyStore, Principal};
 use gateway::sandbox::local::{LocalConfig, LocalSandbox};
 use gateway::tools::ToolPaths;
-use serde_json::{Value, json};
+use serde_json::json;
 
 #[path = "support/fake_broker.rs"]
 mod fake_broker;
@@ -88,13 +88,7 @@ fn plan() -> ToolCall {
     }
 }
 
-fn events(home: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(home.join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
+use common::audit_events as events;
 
 fn trail(home: &std::path::Path, rid: &str) -> Vec<String> {
     events(home)

@@ -11,7 +11,8 @@
 //! - `{"command": [ARGV…]}`: the command run with that JSON on stdin, no
 //!   shell, an empty environment but `PATH`.
 //!
-//! Each runs in its own task, bounded by [`TIMEOUT`]; an outcome is audited
+//! Each runs in its own task, bounded by its `timeout_seconds` (the
+//! policy's `notify_timeout_seconds` unless the entry gives one); an outcome is audited
 //! (`approval.notified` / `approval.notify_failed`) and never holds up or
 //! fails the call. A webhook URL often carries a secret (Slack's does), so
 //! only its scheme and host are ever written down.
@@ -24,7 +25,7 @@ use serde_json::{Value, json};
 use crate::approvals::Approval;
 use crate::audit::{AuditLog, Event};
 
-/// How long one notifier may take.
+/// How long one notifier may take when the policy's entry does not say.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most output read back from a command notifier (then discarded).
@@ -101,16 +102,29 @@ impl Notifier {
     }
 }
 
-/// The notifiers in the policy's list; an entry that is neither kind is
-/// reported (as an error string) and skipped.
-pub fn parse(list: &Value) -> (Vec<Notifier>, Vec<String>) {
+/// The notifiers in the policy's list, each with how long it may take; an
+/// entry that is none of the kinds is reported (as an error string) and
+/// skipped.
+pub fn parse(list: &Value) -> (Vec<(Notifier, Duration)>, Vec<String>) {
     let mut ok = Vec::new();
     let mut bad = Vec::new();
     for (i, n) in list.as_array().into_iter().flatten().enumerate() {
+        let timeout = match n.get("timeout_seconds") {
+            None => TIMEOUT,
+            Some(t) => match t.as_u64().filter(|s| *s > 0) {
+                Some(s) => Duration::from_secs(s),
+                None => {
+                    bad.push(format!(
+                        "notifier {i}: timeout_seconds is not a positive integer"
+                    ));
+                    continue;
+                }
+            },
+        };
         if let Some(url) = n.get("webhook").and_then(Value::as_str) {
-            ok.push(Notifier::Webhook(url.to_string()));
+            ok.push((Notifier::Webhook(url.to_string()), timeout));
         } else if let Some(p) = n.get("webhook_file").and_then(Value::as_str) {
-            ok.push(Notifier::WebhookFile(p.into()));
+            ok.push((Notifier::WebhookFile(p.into()), timeout));
         } else if let Some(argv) = n.get("command").and_then(Value::as_array) {
             let argv: Vec<String> = argv
                 .iter()
@@ -120,7 +134,7 @@ pub fn parse(list: &Value) -> (Vec<Notifier>, Vec<String>) {
             if argv.is_empty() {
                 bad.push(format!("notifier {i}: an empty command"));
             } else {
-                ok.push(Notifier::Command(argv));
+                ok.push((Notifier::Command(argv), timeout));
             }
         } else {
             bad.push(format!(
@@ -160,7 +174,7 @@ pub fn body(a: &Approval) -> Value {
     })
 }
 
-async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
+async fn send(n: &Notifier, body: &Value, timeout: Duration) -> Result<(), String> {
     let from_file;
     let webhook = match n {
         Notifier::Webhook(url) => Some(url.as_str()),
@@ -180,7 +194,7 @@ async fn send(n: &Notifier, body: &Value) -> Result<(), String> {
             // without one.
             let _ = rustls::crypto::ring::default_provider().install_default();
             let client = reqwest::Client::builder()
-                .timeout(TIMEOUT)
+                .timeout(timeout)
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| format!("no HTTP client: {}", e.without_url()))?;
@@ -246,12 +260,12 @@ pub fn spawn(audit: Arc<AuditLog>, notifiers: Value, approval: &Approval) {
         return;
     }
     let body = body(approval);
-    for n in list {
+    for (n, timeout) in list {
         let (audit, body, rid, id) = (audit.clone(), body.clone(), rid.clone(), id.clone());
         tokio::spawn(async move {
-            let outcome = match tokio::time::timeout(TIMEOUT, send(&n, &body)).await {
+            let outcome = match tokio::time::timeout(timeout, send(&n, &body, timeout)).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("no answer within {}s", TIMEOUT.as_secs())),
+                Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
             };
             let event = match outcome {
                 Ok(()) => Event::ApprovalNotified {
@@ -323,17 +337,24 @@ mod tests {
 
     #[test]
     fn the_policy_list_is_read_and_bad_entries_reported() {
-        let (ok, bad) = parse(
-            &json!([{"webhook": "http://x/"}, {"command": ["a", "b"]}, {"command": []}, {"email": "x"}]),
-        );
+        let (ok, bad) = parse(&json!([
+            {"webhook": "http://x/", "timeout_seconds": 3},
+            {"command": ["a", "b"]},
+            {"command": []},
+            {"email": "x"},
+            {"webhook": "http://y/", "timeout_seconds": 0}
+        ]));
         assert_eq!(
             ok,
             vec![
-                Notifier::Webhook("http://x/".into()),
-                Notifier::Command(vec!["a".into(), "b".into()])
+                (
+                    Notifier::Webhook("http://x/".into()),
+                    Duration::from_secs(3)
+                ),
+                (Notifier::Command(vec!["a".into(), "b".into()]), TIMEOUT)
             ]
         );
-        assert_eq!(bad.len(), 2);
+        assert_eq!(bad.len(), 3);
         assert_eq!(
             slack_escaped("<!channel> & <http://evil|ok>"),
             "&lt;!channel&gt; &amp; &lt;http://evil|ok&gt;"

@@ -115,3 +115,21 @@ pub fn policies_with_signers(
     std::fs::write(dir.path().join("config/approvers/data.yaml"), text).expect("write signers");
     dir
 }
+
+/// The audit log of the state dir `home`, one JSON value per event (none
+/// when there is no log yet).
+pub fn audit_events(home: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(home.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The approval id of a call that stopped at the approval gate.
+pub fn pending_approval(r: &gateway::pipeline::CallResult) -> String {
+    match &r.outcome {
+        gateway::pipeline::Outcome::PendingApproval { approval_id, .. } => approval_id.clone(),
+        other => panic!("expected a pending approval, got {other:?}"),
+    }
+}

@@ -202,3 +202,14 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// A workspace of `user`'s own holding a copy of the offline demo module.
+pub fn demo_workspace(user: &str) -> tempfile::TempDir {
+    let ws = owned_dir(user);
+    super::common::copy_dir(
+        &super::common::repo().join("terraform/offline-demo"),
+        &ws.path().join("terraform/offline-demo"),
+    );
+    chown_tree(ws.path(), user);
+    ws
+}

@@ -212,3 +212,45 @@ impl Sandbox for ScriptedSandbox {
         self.scratch.path().join("scratch")
     }
 }
+
+/// The offline demo module's configuration and a plan fixture's JSON
+/// (`policy-tests/plans/NAME/data.json`): what a scripted sandbox answers.
+pub fn demo_script(plan_fixture: &str, state_after: Vec<u8>) -> ScriptedSandbox {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(repo.join("terraform/offline-demo/main.tf"))
+        .expect("the demo module's main.tf");
+    let plan_json = std::fs::read(
+        repo.join("policy-tests/plans")
+            .join(plan_fixture)
+            .join("data.json"),
+    )
+    .expect("the plan fixture");
+    ScriptedSandbox::new(&config, plan_json, state_after)
+}
+
+/// A pipeline on the policies in `policies`, its state in `home`, the
+/// modules in `workspace`, each sandbox answered by `sandbox`.
+pub fn pipeline(
+    policies: &std::path::Path,
+    home: &std::path::Path,
+    workspace: &std::path::Path,
+    sandbox: std::sync::Arc<ScriptedSandbox>,
+) -> (
+    std::sync::Arc<gateway::policy::PolicyStore>,
+    gateway::pipeline::Pipeline,
+) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let store = std::sync::Arc::new(gateway::policy::PolicyStore::open(
+        vec![policies.to_path_buf()],
+        gateway::policy::set::LoadOptions::default(),
+    ));
+    let p = gateway::pipeline::Pipeline::new(
+        store.clone(),
+        home.to_path_buf(),
+        workspace.to_path_buf(),
+        sandbox,
+        gateway::tools::ToolPaths::discover(repo),
+    )
+    .expect("pipeline");
+    (store, p)
+}
