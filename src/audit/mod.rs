@@ -23,7 +23,14 @@
 //!
 //! Writers in several processes (the server and the CLI) take an exclusive
 //! `flock` on the file for each append, so lines never interleave; each line
-//! is written with one `write` and `fsync`ed before `append` returns.
+//! is written with one `write`. A line is `fsync`ed before `append` returns,
+//! unless it is appended [`Durability::WithNext`]: then it becomes durable
+//! with the next durable append or [`AuditLog::sync`], which the pipeline
+//! calls before it acts on a decision or answers the client (a result the
+//! client saw is never missing from the log after a crash; one fsync per
+//! step the client waits on, not one per event). The head is only ever
+//! recorded after an fsync, so a crash never leaves a head past the durable
+//! end of the log.
 
 pub mod events;
 pub mod scrub;
@@ -148,6 +155,20 @@ fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
 struct Tail {
     len: u64,
     last_hash: Option<String>,
+    /// The head this writer last recorded (after an fsync).
+    written: Option<Head>,
+    /// Lines appended since that head that are not yet fsynced.
+    unsynced: bool,
+}
+
+/// When an appended line must be on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the append returns (and every line before it).
+    Now,
+    /// With the next durable append or [`AuditLog::sync`]: for an event the
+    /// caller follows with another before anything is done or answered.
+    WithNext,
 }
 
 #[derive(Debug)]
@@ -242,6 +263,56 @@ impl AuditLog {
         self.append(request_id, &name, data)
     }
 
+    /// [`AuditLog::record`] made durable only with the next durable
+    /// append or [`AuditLog::sync`] ([`Durability::WithNext`]).
+    pub fn record_deferred(
+        &self,
+        request_id: &str,
+        event: Event,
+    ) -> Result<Map<String, Value>, AuditError> {
+        let (name, data) = event.split();
+        self.append_durable(request_id, &name, data, Map::new(), Durability::WithNext)
+    }
+
+    /// Make every line this writer appended durable (and record the head).
+    /// Nothing to do when they already are.
+    pub fn sync(&self) -> Result<(), AuditError> {
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        if !tail.unsynced {
+            return Ok(());
+        }
+        let io = |source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let result = (|| {
+            let file = open_file(&self.path).map_err(io)?;
+            file.lock().map_err(io)?;
+            file.sync_data().map_err(io)?;
+            let len = file.metadata().map_err(io)?.len();
+            // Another writer that appended since made our lines durable
+            // with its own and recorded a head past them.
+            if len == tail.len {
+                let head = Head {
+                    hash: tail.last_hash.clone().unwrap_or_default(),
+                    bytes: tail.len,
+                };
+                write_head(&self.path, &head).map_err(|source| AuditError::Io {
+                    path: head_path(&self.path),
+                    source,
+                })?;
+                tail.written = Some(head);
+            }
+            let _ = file.unlock();
+            Ok(())
+        })();
+        match result {
+            Ok(()) => tail.unsynced = false,
+            Err(_) => *tail = Tail::default(),
+        }
+        result
+    }
+
     /// Append one event by name (the log's own primitive; the gateway's
     /// parts use [`AuditLog::record`]). `data` is scrubbed of secrets
     /// before it is written.
@@ -262,8 +333,20 @@ impl AuditLog {
         data: Value,
         extra: Map<String, Value>,
     ) -> Result<Map<String, Value>, AuditError> {
+        self.append_durable(request_id, event, data, extra, Durability::Now)
+    }
+
+    /// Append one event, on disk when `durability` says.
+    pub fn append_durable(
+        &self,
+        request_id: &str,
+        event: &str,
+        data: Value,
+        extra: Map<String, Value>,
+        durability: Durability,
+    ) -> Result<Map<String, Value>, AuditError> {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.append_locked(&mut tail, request_id, event, data, extra);
+        let result = self.append_locked(&mut tail, request_id, event, data, extra, durability);
         if result.is_err() {
             // A write may have failed half way (a full disk): what this
             // writer knows of the end of the file is no longer true, so
@@ -280,6 +363,7 @@ impl AuditLog {
         event: &str,
         data: Value,
         extra: Map<String, Value>,
+        durability: Durability,
     ) -> Result<Map<String, Value>, AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
@@ -292,10 +376,12 @@ impl AuditLog {
         // writer did not leave means someone else wrote (another process,
         // or someone cutting the log), so everything is checked again.
         let head = read_head_now(&self.path)?;
-        let ours = matches!(&head, HeadNow::Found(h)
-            if Some(&h.hash) == tail.last_hash.as_ref() && h.bytes == tail.len);
+        let ours = matches!(&head, HeadNow::Found(h) if Some(h) == tail.written.as_ref());
         if len != tail.len || tail.last_hash.is_none() || !ours {
-            *tail = read_tail(&mut file, len).map_err(io)?;
+            *tail = Tail {
+                unsynced: tail.unsynced,
+                ..read_tail(&mut file, len).map_err(io)?
+            };
             if let Some(cut) = tail_is_cut(&mut file, len).map_err(io)? {
                 if let Some(hash) = complete_line(&cut, tail.last_hash.as_deref()) {
                     // Whole but for its newline (a short write): it is the
@@ -350,20 +436,28 @@ impl AuditLog {
             cap,
         );
         file.write_all(line.as_bytes()).map_err(io)?;
-        file.sync_data().map_err(io)?;
         tail.len = file.metadata().map_err(io)?.len();
         tail.last_hash = event_obj
             .get("hash")
             .and_then(Value::as_str)
             .map(str::to_string);
-        let head = Head {
-            hash: tail.last_hash.clone().unwrap_or_default(),
-            bytes: tail.len,
-        };
-        write_head(&self.path, &head).map_err(|source| AuditError::Io {
-            path: head_path(&self.path),
-            source,
-        })?;
+        // A writer's first line is durable at once, so that its head
+        // exists before anything is deferred.
+        if durability == Durability::WithNext && tail.written.is_some() {
+            tail.unsynced = true;
+        } else {
+            file.sync_data().map_err(io)?;
+            let head = Head {
+                hash: tail.last_hash.clone().unwrap_or_default(),
+                bytes: tail.len,
+            };
+            write_head(&self.path, &head).map_err(|source| AuditError::Io {
+                path: head_path(&self.path),
+                source,
+            })?;
+            tail.written = Some(head);
+            tail.unsynced = false;
+        }
         let _ = file.unlock();
         Ok(event_obj)
     }
@@ -390,7 +484,21 @@ impl AuditLog {
         extra.insert("result".into(), result.clone());
         extra.insert("timestamp".into(), now_ts().into());
         let data = serde_json::json!({"policy": policy_fingerprint, "allow": result.get("allow").cloned().unwrap_or(Value::Null)});
-        self.append_with(request_id, "policy.decision", data, extra)
+        // Durable with what follows: the call's result for a deny, the
+        // pipeline's sync before it acts on an allow.
+        self.append_durable(
+            request_id,
+            "policy.decision",
+            data,
+            extra,
+            Durability::WithNext,
+        )
+    }
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        let _ = self.sync();
     }
 }
 
@@ -639,7 +747,12 @@ fn read_tail(file: &mut File, len: u64) -> std::io::Result<Tail> {
             // A line that is not an event still anchors the chain, by its bytes.
             .unwrap_or_else(|| sha256_hex(&bytes))
     });
-    Ok(Tail { len, last_hash })
+    Ok(Tail {
+        len,
+        last_hash,
+        written: None,
+        unsynced: false,
+    })
 }
 
 /// The bytes after the last newline, when the file does not end with one.
@@ -898,5 +1011,73 @@ mod tests {
         again.append("r", "y", json!({})).expect("append");
         let events = read_events(&path).expect("read");
         assert_eq!(events.len(), 2, "{events:?}");
+    }
+
+    #[test]
+    fn a_deferred_line_is_durable_with_the_next_and_the_head_never_runs_ahead() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        let head = || read_head(&path).expect("head").expect("a head");
+        let len = || std::fs::metadata(&path).expect("stat").len();
+        // A writer's first line is durable at once, even when deferred.
+        let first = log
+            .append_durable("r", "x", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        assert_eq!(head().hash, first["hash"]);
+        assert_eq!(head().bytes, len());
+        let deferred = log
+            .append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        // On the chain and in the file, but the head stays at the last fsync.
+        assert_eq!(deferred["prev"], first["hash"]);
+        assert_eq!(head().hash, first["hash"]);
+        assert!(head().bytes < len());
+        // A crash that loses the unsynced line leaves a log that verifies.
+        let lost = std::fs::read(&path).expect("read");
+        let durable = &lost[..usize::try_from(head().bytes).expect("size")];
+        assert!(verify::verify_against(durable, Some(&head()), &[]).ok());
+        // The next durable line carries it to disk and moves the head.
+        let last = log.append("r", "z", json!({})).expect("append");
+        assert_eq!(last["prev"], deferred["hash"]);
+        assert_eq!(head().hash, last["hash"]);
+        assert_eq!(head().bytes, len());
+        // sync() does the same for a deferred line with nothing after it.
+        let tail = log
+            .append_durable("r", "w", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        assert_ne!(head().hash, tail["hash"]);
+        log.sync().expect("sync");
+        assert_eq!(head().hash, tail["hash"]);
+        assert_eq!(head().bytes, len());
+        // Another writer appending in between: its fsync covers ours, and
+        // our sync leaves its (later) head alone.
+        let mine = log
+            .append_durable("r", "v", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        let other = AuditLog::open(&path).expect("open");
+        let theirs = other.append("r", "u", json!({})).expect("append");
+        assert_eq!(theirs["prev"], mine["hash"]);
+        log.sync().expect("sync");
+        assert_eq!(head().hash, theirs["hash"]);
+        let after = log.append("r", "t", json!({})).expect("append");
+        assert_eq!(after["prev"], theirs["hash"]);
+        let report = verify::verify_file(&path, &[], verify::HeadRule::Required).expect("verify");
+        assert!(report.ok(), "{report:?}");
+        assert_eq!(report.verified, 7);
+    }
+
+    #[test]
+    fn a_log_dropped_with_a_deferred_line_syncs_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        let last = log
+            .append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        drop(log);
+        let head = read_head(&path).expect("head").expect("a head");
+        assert_eq!(head.hash, last["hash"]);
     }
 }
