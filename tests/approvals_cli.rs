@@ -27,7 +27,7 @@ fn new_approval(requested_by: &str, approvers: u32, reason_required: bool) -> Ne
         tool: "terraform_apply".into(),
         params: json!({"working_dir": "terraform/offline-demo"}),
         plan_sha256: Some(PLAN_SHA.into()),
-        plan_summary: gateway::approvals::plan_summary(&plan),
+        plan_summary: gateway::approvals::plan_summary(&regorus::Value::from(plan)),
         signals: json!([{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"],
                          "reason": "replace_because_cannot_update", "paths": [["triggers_replace"]],
                          "message": "terraform_data.web will be destroyed and re-created"}]),

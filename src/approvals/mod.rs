@@ -843,26 +843,35 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
 /// What a plan would do, for the approver: each resource change that is not
 /// a no-op, as `{address, actions, reason, paths}` (taken from the plan JSON
 /// as is; what counts as destructive is the policy's signals, stored apart).
-pub fn plan_summary(plan: &Value) -> Value {
-    let changes = plan
-        .get("resource_changes")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+pub fn plan_summary(plan: &regorus::Value) -> Value {
+    use regorus::Value as R;
+    let json = |v: &R| match v {
+        R::Undefined => Value::Null,
+        v => serde_json::to_value(v).unwrap_or(Value::Null),
+    };
+    // Read in place: a large plan's changes are not copied to be summed up.
+    let Ok(changes) = plan["resource_changes"].as_array() else {
+        return Value::Array(vec![]);
+    };
+    let no_op = R::from(vec![R::from("no-op")]);
     Value::Array(
         changes
             .iter()
-            .filter(|rc| rc["change"]["actions"] != serde_json::json!(["no-op"]))
+            .filter(|rc| rc["change"]["actions"] != no_op)
             .map(|rc| {
-                let mut address = rc["address"].clone();
-                if let (Some(a), Some(d)) = (rc["address"].as_str(), rc["deposed"].as_str()) {
-                    address = format!("{a} (deposed object {d})").into();
-                }
+                let address = match (rc["address"].as_string(), rc["deposed"].as_string()) {
+                    (Ok(a), Ok(d)) => format!("{a} (deposed object {d})").into(),
+                    _ => json(&rc["address"]),
+                };
+                let paths = match &rc["change"]["replace_paths"] {
+                    R::Undefined => serde_json::json!([]),
+                    p => json(p),
+                };
                 serde_json::json!({
                     "address": address,
-                    "actions": rc["change"]["actions"].clone(),
-                    "reason": rc.get("action_reason").cloned().unwrap_or(Value::Null),
-                    "paths": rc["change"].get("replace_paths").cloned().unwrap_or_else(|| serde_json::json!([])),
+                    "actions": json(&rc["change"]["actions"]),
+                    "reason": json(&rc["action_reason"]),
+                    "paths": paths,
                 })
             })
             .collect(),
@@ -1243,9 +1252,26 @@ mod tests {
         )
         .expect("json");
         assert_eq!(
-            plan_summary(&plan),
+            plan_summary(&regorus::Value::from(plan)),
             json!([{"address": "terraform_data.web", "actions": ["delete", "create"], "reason": "replace_because_cannot_update", "paths": [["triggers_replace"]]}])
         );
-        assert_eq!(plan_summary(&json!({"format_version": "1.2"})), json!([]));
+        assert_eq!(
+            plan_summary(&regorus::Value::from(json!({"format_version": "1.2"}))),
+            json!([])
+        );
+        // A deposed object is named apart; a change without replace_paths
+        // or action_reason says so with [] and null.
+        let deposed = json!({"resource_changes": [
+            {"address": "a.b", "deposed": "00ab", "change": {"actions": ["delete"]}},
+            {"address": "a.c", "change": {"actions": ["no-op"]}},
+            {"change": {"actions": ["create"]}},
+        ]});
+        assert_eq!(
+            plan_summary(&regorus::Value::from(deposed)),
+            json!([
+                {"address": "a.b (deposed object 00ab)", "actions": ["delete"], "reason": null, "paths": []},
+                {"address": null, "actions": ["create"], "reason": null, "paths": []},
+            ])
+        );
     }
 }

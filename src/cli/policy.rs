@@ -162,7 +162,8 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
         input.now = now.clone();
     }
     if let Some(p) = &a.plan {
-        input.plan = Some(PlanInput::new(plan::read_plan_file(p)?));
+        let bytes = plan::read_bytes(p)?;
+        input.plan = Some(PlanInput::from_bytes(&bytes, &p.display().to_string())?);
     } else if let Some(p) = base.get("plan") {
         let bytes = serde_json::to_vec(p)?;
         input.plan = Some(PlanInput::new(plan::parse_plan(

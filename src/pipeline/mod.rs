@@ -32,7 +32,6 @@ use serde_json::{Value, json};
 use crate::approvals::ApprovalStore;
 use crate::audit::{AuditLog, Event};
 use crate::broker::{Broker, RevokeGuard};
-use crate::canonical::sha256_hex;
 use crate::policy::decision::Violation;
 use crate::policy::{Decision, DecisionInput, PolicyStore, Principal};
 use crate::sandbox::{
@@ -474,7 +473,8 @@ impl Pipeline {
         // Arguments too large for the line are kept as their digest at
         // once (no walk through a hostile value under the log's lock).
         let params = crate::audit::kept(&input.params, self.audit.max_event_bytes() / 2);
-        self.audit.record(
+        // Durable with the decision that follows it.
+        self.audit.record_deferred(
             &input.request_id,
             Event::ToolRequest {
                 tool: input.tool.clone(),
@@ -489,6 +489,8 @@ impl Pipeline {
     pub(crate) fn decide(&self, input: &DecisionInput, step: Step) -> Result<Decision, Stop> {
         let decision = self.decide_only(input, step)?;
         if decision.allow {
+            // Nothing is done on a decision that is not on disk.
+            self.audit.sync()?;
             return Ok(decision);
         }
         Err(Stop::Denied {
@@ -499,17 +501,8 @@ impl Pipeline {
 
     fn decide_only(&self, input: &DecisionInput, step: Step) -> Result<Decision, PipelineError> {
         let ev = self.policy.decide(input);
-        let mut audit_input = input.to_json();
-        if let Some(obj) = audit_input.as_object_mut()
-            && obj.contains_key("plan")
-        {
-            // The plan itself is in the plans dir; the log keeps its digest.
-            let digest = input
-                .plan
-                .as_ref()
-                .map(|p| sha256_hex(p.json.to_string().as_bytes()));
-            obj.insert("plan".into(), json!({"sha256_of_json": digest}));
-        }
+        // The plan itself is in the plans dir; the log keeps its digest.
+        let mut audit_input = input.to_json_with_plan_digest();
         if let Some(obj) = audit_input.as_object_mut()
             && let Some(files) = obj.get("plan_config_files")
         {
@@ -524,7 +517,7 @@ impl Pipeline {
         self.audit
             .policy_decision(&input.request_id, &audit_input, &result, &ev.policy)?;
         if let Some(err) = &ev.error {
-            self.audit.record(
+            self.audit.record_deferred(
                 &input.request_id,
                 Event::PolicyError {
                     step: step.as_str().into(),

@@ -1,8 +1,6 @@
 //! The policy input (README.md: the policy contract), built the same way by the server and by
 //! `gateway policy eval`.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 /// Who is making the call.
@@ -70,6 +68,28 @@ impl DecisionInput {
 
     /// The input as the JSON document the policy sees as `input`.
     pub fn to_json(&self) -> serde_json::Value {
+        let mut doc = self.to_json_without_plan();
+        if let (Some(plan), Some(m)) = (&self.plan, doc.as_object_mut()) {
+            m.insert("plan".into(), plan.json());
+        }
+        doc
+    }
+
+    /// [`DecisionInput::to_json`] with `plan` as `{"sha256_of_json": …}`
+    /// (what the audit log keeps: the plan itself is saved apart), without
+    /// ever copying the plan.
+    pub fn to_json_with_plan_digest(&self) -> serde_json::Value {
+        let mut doc = self.to_json_without_plan();
+        if let (Some(plan), Some(m)) = (&self.plan, doc.as_object_mut()) {
+            m.insert(
+                "plan".into(),
+                serde_json::json!({"sha256_of_json": plan.sha256}),
+            );
+        }
+        doc
+    }
+
+    fn to_json_without_plan(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
         m.insert("tool".into(), self.tool.clone().into());
         m.insert("params".into(), self.params.clone());
@@ -79,9 +99,6 @@ impl DecisionInput {
             "principal".into(),
             serde_json::to_value(&self.principal).unwrap_or(serde_json::Value::Null),
         );
-        if let Some(plan) = &self.plan {
-            m.insert("plan".into(), plan.json.as_ref().clone());
-        }
         if let Some(approval) = &self.approval {
             m.insert("approval".into(), approval.clone());
         }
@@ -131,23 +148,45 @@ impl DecisionInput {
     }
 }
 
-/// A plan in both forms: the JSON (for display and storage) and the policy
-/// value, converted once. Both are shared, not copied, when the input is
-/// cloned or evaluated again (an apply evaluates its plan more than once,
-/// and converting a large plan costs more than the policy does).
+/// A plan as the policy sees it: parsed once, shared (not copied) when the
+/// input is cloned or evaluated again (an apply evaluates its plan more
+/// than once, and parsing a large plan costs more than the policy does).
 #[derive(Debug, Clone)]
 pub struct PlanInput {
-    pub json: Arc<serde_json::Value>,
     rego: regorus::Value,
+    /// SHA-256 of the plan's JSON: of the bytes read when it was read
+    /// ([`PlanInput::from_bytes`]), else of its compact serialization.
+    pub sha256: String,
 }
 
 impl PlanInput {
+    /// A plan already parsed (a plan given inside an input document).
     pub fn new(json: serde_json::Value) -> PlanInput {
-        let rego = regorus::Value::from(json.clone());
+        let sha256 = crate::canonical::sha256_hex(json.to_string().as_bytes());
         PlanInput {
-            json: Arc::new(json),
-            rego,
+            rego: regorus::Value::from(json),
+            sha256,
         }
+    }
+
+    /// A plan from the bytes of its JSON, checked and parsed straight into
+    /// the policy's value ([`super::plan::parse_plan_value`]: no second
+    /// tree, no conversion), its digest taken of the bytes themselves.
+    pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<PlanInput, super::plan::PlanError> {
+        Ok(PlanInput {
+            rego: super::plan::parse_plan_value(bytes, origin)?,
+            sha256: crate::canonical::sha256_hex(bytes),
+        })
+    }
+
+    /// The plan as the policy sees it.
+    pub fn value(&self) -> &regorus::Value {
+        &self.rego
+    }
+
+    /// The plan as JSON (a conversion: for display, not the hot path).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.rego).unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -185,6 +224,16 @@ mod tests {
             serde_json::from_str(&input.to_rego().to_json_str().expect("json")).expect("parse");
         assert_eq!(from_rego, input.to_json());
         assert!(input.request_id.starts_with("req-") && input.request_id.len() == 36);
+        // A plan read from its bytes is the same document in both forms,
+        // digested as read.
+        let bytes =
+            br#"{"format_version": "1.2", "planned_values": {}, "n": 1.5e3, "s": "\u00e9\n"}"#;
+        let from_bytes = PlanInput::from_bytes(bytes, "p").expect("plan");
+        input.plan = Some(from_bytes.clone());
+        let from_rego: serde_json::Value =
+            serde_json::from_str(&input.to_rego().to_json_str().expect("json")).expect("parse");
+        assert_eq!(from_rego, input.to_json());
+        assert_eq!(from_bytes.sha256, crate::canonical::sha256_hex(bytes));
         assert!(input.now.ends_with('Z'));
     }
 }

@@ -4,8 +4,6 @@
 
 use std::path::Path;
 
-use super::decision::json_kind;
-
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error("cannot read plan {path}: {source}")]
@@ -31,16 +29,31 @@ pub enum PlanError {
 
 /// Read and check a plan file.
 pub fn read_plan_file(path: &Path) -> Result<serde_json::Value, PlanError> {
-    let display = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| PlanError::Read {
-        path: display.clone(),
+    parse_plan(&read_bytes(path)?, &path.display().to_string())
+}
+
+/// The bytes of a plan file, unchecked.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, PlanError> {
+    std::fs::read(path).map_err(|source| PlanError::Read {
+        path: path.display().to_string(),
         source,
-    })?;
-    parse_plan(&bytes, &display)
+    })
 }
 
 /// Check and parse plan JSON bytes. `origin` names them in errors.
 pub fn parse_plan(bytes: &[u8], origin: &str) -> Result<serde_json::Value, PlanError> {
+    let value = parse_plan_value(bytes, origin)?;
+    serde_json::to_value(&value).map_err(|e| PlanError::Json {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Check and parse plan JSON bytes straight into the policy's value: the
+/// one parse of a plan the gateway acts on (what the policy decides on and
+/// what the approver is shown come from the same parse, never from two
+/// parsers that could read hostile bytes differently).
+pub fn parse_plan_value(bytes: &[u8], origin: &str) -> Result<regorus::Value, PlanError> {
     let enc = |encoding| PlanError::Encoding {
         path: origin.to_string(),
         encoding,
@@ -55,7 +68,7 @@ pub fn parse_plan(bytes: &[u8], origin: &str) -> Result<serde_json::Value, PlanE
         return Err(enc("UTF-16 or binary (it contains NUL bytes)"));
     }
     let text = std::str::from_utf8(bytes).map_err(|_| enc("not valid UTF-8"))?;
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::Json {
+    let value = regorus::Value::from_json_str(text).map_err(|e| PlanError::Json {
         path: origin.to_string(),
         message: e.to_string(),
     })?;
@@ -63,24 +76,25 @@ pub fn parse_plan(bytes: &[u8], origin: &str) -> Result<serde_json::Value, PlanE
         path: origin.to_string(),
         message,
     };
-    let obj = value.as_object().ok_or_else(|| {
+    let obj = value.as_object().map_err(|_| {
         not_a_plan(format!(
             "the document is {}, not an object",
-            json_kind(&value)
+            value_kind(&value)
         ))
     })?;
-    match obj.get("format_version") {
-        Some(serde_json::Value::String(_)) => {}
+    let key = |k: &str| obj.get(&regorus::Value::from(k));
+    match key("format_version") {
+        Some(regorus::Value::String(_)) => {}
         Some(other) => {
             return Err(not_a_plan(format!(
                 "format_version is {}, not a string",
-                json_kind(other)
+                value_kind(other)
             )));
         }
         None => return Err(not_a_plan("it has no format_version".into())),
     }
-    if !obj.contains_key("planned_values") {
-        let hint = if obj.contains_key("values") {
+    if key("planned_values").is_none() {
+        let hint = if key("values").is_some() {
             "it has `values` but no `planned_values`: this looks like state (`terraform show -json` without a plan file)"
         } else {
             "it has no planned_values"
@@ -88,6 +102,19 @@ pub fn parse_plan(bytes: &[u8], origin: &str) -> Result<serde_json::Value, PlanE
         return Err(not_a_plan(hint.into()));
     }
     Ok(value)
+}
+
+/// What kind of JSON value `v` is, for messages.
+fn value_kind(v: &regorus::Value) -> &'static str {
+    match v {
+        regorus::Value::Null => "null",
+        regorus::Value::Bool(_) => "a boolean",
+        regorus::Value::Number(_) => "a number",
+        regorus::Value::String(_) => "a string",
+        regorus::Value::Array(_) => "an array",
+        regorus::Value::Object(_) => "an object",
+        _ => "not JSON",
+    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ impl ToolRunner for Plan {
         Box::pin(async move {
             let module = p.open_module(call, &first).await?;
             let (made, decision) = p.plan_and_decide(call, &first, &module).await?;
-            let changes = crate::approvals::plan_summary(&made.plan);
+            let changes = crate::approvals::plan_summary(made.plan.value());
             let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
             Ok(Outcome::Completed {
                 ok: true,
@@ -87,7 +87,7 @@ struct Module {
 /// A plan made and shown: its JSON (made from the saved plan file by
 /// trusted code) and the SHA-256 of that file.
 struct MadePlan {
-    plan: Value,
+    plan: PlanInput,
     /// The saved plan file's bytes, as made (and saved).
     plan_file: Vec<u8>,
     digest: String,
@@ -286,7 +286,7 @@ impl Pipeline {
         let Some(json_bytes) = shown.files_out.get(tools::PLAN_JSON) else {
             return Err(Stop::refused("terraform show wrote no plan JSON"));
         };
-        let plan = crate::policy::plan::parse_plan(json_bytes, "the saved plan's JSON")
+        let plan = PlanInput::from_bytes(json_bytes, "the saved plan's JSON")
             .map_err(|e| Stop::refused(e.to_string()))?;
         let saved = self.plans.save(&rid, &bin, json_bytes)?;
         // Plans older than the policy keeps them go (an approval cannot
@@ -297,7 +297,7 @@ impl Pipeline {
             Event::PlanSaved {
                 plan_file: saved.display().to_string(),
                 sha256: digest.clone(),
-                json_sha256: sha256_hex(json_bytes),
+                json_sha256: plan.sha256.clone(),
                 shown_by: format!("{rid}-show"),
             },
         )?;
@@ -345,7 +345,7 @@ impl Pipeline {
         let made = self
             .make_plan(&call.progress, &call.input, first, module)
             .await?;
-        call.input.plan = Some(PlanInput::new(made.plan.clone()));
+        call.input.plan = Some(made.plan.clone());
         call.input.plan_config_files = Some(made.config_files.clone());
         let decision = self.decide(&call.input, Step::Plan)?;
         Ok((made, decision))
@@ -374,7 +374,7 @@ impl Pipeline {
                 )
                 .await;
         }
-        let changes = crate::approvals::plan_summary(&made.plan);
+        let changes = crate::approvals::plan_summary(made.plan.value());
         let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
         let (a, superseded) = self.approvals().create(&NewApproval {
             tool: call.input.tool.clone(),
@@ -479,9 +479,9 @@ impl Pipeline {
             call.input.plan_config_files = Some(serde_json::to_value(files).unwrap_or(Value::Null));
         }
         if let Some(plan_json) = self.plans.plan_json(&approval.request_id)
-            && let Ok(plan) = crate::policy::plan::parse_plan(&plan_json, "the saved plan")
+            && let Ok(plan) = PlanInput::from_bytes(&plan_json, "the saved plan")
         {
-            call.input.plan = Some(PlanInput::new(plan));
+            call.input.plan = Some(plan);
         }
         // Who approved, proven again now (signatures against today's
         // allowed signers); the policy counts only these.
