@@ -7,22 +7,20 @@
 # lifetime and whether a reason is required come from config/approvals/data.yaml.
 package gateway.approvals
 
-import data.gateway.signals
-import data.gateway.tools
 
 cfg := data.config.approvals
 
 default required := false
 
-required if tools.tier == "high"
+required if data.gateway.tools.tier == "high"
 
 required if {
-	not tools.annotations.readOnlyHint
-	count(signals.signals) > 0
+	not data.gateway.tools.annotations.readOnlyHint
+	count(data.gateway.signals.signals) > 0
 }
 
 # Destructive (or not understood) plans use the stricter settings.
-settings := cfg.destructive if count(signals.signals) > 0
+settings := cfg.destructive if count(data.gateway.signals.signals) > 0
 
 else := cfg.standard
 
@@ -38,7 +36,7 @@ approvers := {person(a) |
 	not counted_as_signer(a, ids)
 }
 
-spend_call := call_facts(input.tool, input.params, signals.signals)
+spend_call := call_facts(input.tool, input.params, data.gateway.signals.signals)
 
 # A grant that counts for this call now.
 counts(a) if {

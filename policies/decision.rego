@@ -12,28 +12,23 @@
 # Tables live in config/*.yaml.
 package gateway
 
-import data.gateway.approvals
-import data.gateway.sandbox
-import data.gateway.scope
-import data.gateway.signals
-import data.gateway.tools
 
 # Deny by default: the call is allowed only when no rule found a reason to
 # refuse it.
-deny_reasons := tools.deny | scope.deny
+deny_reasons := data.gateway.tools.deny | data.gateway.scope.deny
 
 decision := {
 	"allow": count(deny_reasons) == 0,
 	"deny_reasons": sort(deny_reasons),
-	"violations": [{"param": t[1], "problem": t[2], "message": t[0]} | some t in sort({[v.message, v.param, v.problem] | some v in tools.violations})],
-	"runner": tools.runner,
-	"tier": tools.tier,
-	"annotations": tools.annotations,
-	"credential": scope.credential,
-	"sandbox": sandbox.limits,
-	"signals": signals.signals,
-	"approval": approvals.requirement,
+	"violations": [{"param": t[1], "problem": t[2], "message": t[0]} | some t in sort({[v.message, v.param, v.problem] | some v in data.gateway.tools.violations})],
+	"runner": data.gateway.tools.runner,
+	"tier": data.gateway.tools.tier,
+	"annotations": data.gateway.tools.annotations,
+	"credential": data.gateway.scope.credential,
+	"sandbox": data.gateway.sandbox.limits,
+	"signals": data.gateway.signals.signals,
+	"approval": data.gateway.approvals.requirement,
 }
 
 # tools/list: the tools this principal may see, by name.
-tool_list := tools.visible
+tool_list := data.gateway.tools.visible

@@ -5,7 +5,6 @@
 # all without one.
 package gateway.sandbox
 
-import data.gateway.scope
 
 cfg := data.config.sandbox
 
@@ -26,5 +25,5 @@ limits := {
 	"output_bytes": merged.output_bytes,
 	"plan_json_bytes": merged.plan_json_bytes,
 	"disk_bytes": merged.disk_bytes,
-	"egress": scope.egress,
+	"egress": data.gateway.scope.egress,
 }

@@ -7,21 +7,20 @@
 # refused: no scope, no call.
 package gateway.scope
 
-import data.gateway.tools
 
 cfg := data.config.scopes
 
-kind := tools.tool.credential
+kind := data.gateway.tools.tool.credential
 
 # --- Kubernetes namespace targets -------------------------------------------
 
-namespace_entry := cfg.namespaces[tools.params.namespace] if tools.tool.scope == "namespace"
+namespace_entry := cfg.namespaces[data.gateway.tools.params.namespace] if data.gateway.tools.tool.scope == "namespace"
 
 deny contains msg if {
-	tools.tool.scope == "namespace"
-	ns := tools.params.namespace
+	data.gateway.tools.tool.scope == "namespace"
+	ns := data.gateway.tools.params.namespace
 	is_string(ns)
-	not tools.violated("namespace")
+	not data.gateway.tools.violated("namespace")
 	not cfg.namespaces[ns]
 	msg := sprintf("namespace %q is not in the allowlist (allowed: %s)", [ns, concat(", ", sort(object.keys(cfg.namespaces)))])
 }
@@ -33,7 +32,7 @@ deny contains msg if {
 # after an approved apply. A configuration (as the saved plan file carries
 # it, parsed) that keeps state anywhere else would lose it with the sandbox.
 deny contains msg if {
-	tools.tool.scope == "module"
+	data.gateway.tools.tool.scope == "module"
 	some path, body in object.get(input, "plan_config_files", {})
 	some t in data.gateway.signals.as_list(object.get(body, "terraform", []))
 	is_object(t)
@@ -42,31 +41,31 @@ deny contains msg if {
 	msg := sprintf("%q declares a %s block: the gateway keeps only the default local state (terraform.tfstate in the module dir); remove the block", [path, k])
 }
 
-module_entry := cfg.modules[tools.params.working_dir] if tools.tool.scope == "module"
+module_entry := cfg.modules[data.gateway.tools.params.working_dir] if data.gateway.tools.tool.scope == "module"
 
 deny contains msg if {
-	tools.tool.scope == "module"
-	wd := tools.params.working_dir
+	data.gateway.tools.tool.scope == "module"
+	wd := data.gateway.tools.params.working_dir
 	is_string(wd)
-	not tools.violated("working_dir")
+	not data.gateway.tools.violated("working_dir")
 	startswith(wd, "/")
 	msg := sprintf("working_dir %q is absolute: name an allowed module dir relative to the repository", [wd])
 }
 
 deny contains msg if {
-	tools.tool.scope == "module"
-	wd := tools.params.working_dir
+	data.gateway.tools.tool.scope == "module"
+	wd := data.gateway.tools.params.working_dir
 	is_string(wd)
-	not tools.violated("working_dir")
+	not data.gateway.tools.violated("working_dir")
 	".." in split(replace(wd, "\\", "/"), "/")
 	msg := sprintf("working_dir %q contains '..': paths may not leave the allowed module dirs", [wd])
 }
 
 deny contains msg if {
-	tools.tool.scope == "module"
-	wd := tools.params.working_dir
+	data.gateway.tools.tool.scope == "module"
+	wd := data.gateway.tools.params.working_dir
 	is_string(wd)
-	not tools.violated("working_dir")
+	not data.gateway.tools.violated("working_dir")
 	not cfg.modules[wd]
 	msg := sprintf("working_dir %q is not an allowed module dir (allowed: %s)", [wd, concat(", ", sort(object.keys(cfg.modules)))])
 }
@@ -74,7 +73,7 @@ deny contains msg if {
 # --- The credential ---------------------------------------------------------
 
 # The namespace a credential is scoped to.
-target_namespace := tools.params.namespace if namespace_entry
+target_namespace := data.gateway.tools.params.namespace if namespace_entry
 
 target_namespace := module_entry.namespace if module_entry
 

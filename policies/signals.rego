@@ -34,14 +34,21 @@ signals := [entry[3] | some entry in sort({[s.address, s.kind, s.message, s] | s
 
 found contains signal if {
 	some rc in changes
-	k := kind(rc)
-	signal := {
+	# Each field is read once: what kind and message decide from.
+	c := {
 		"address": address(rc),
-		"kind": k,
 		"actions": rc.change.actions,
-		"reason": object.get(rc, "action_reason", null),
+		"reason": object.get(rc, "action_reason", ""),
 		"paths": object.get(rc.change, "replace_paths", []),
-		"message": message(k, rc),
+	}
+	k := kind(c)
+	signal := {
+		"address": c.address,
+		"kind": k,
+		"actions": c.actions,
+		"reason": object.get(rc, "action_reason", null),
+		"paths": c.paths,
+		"message": message(k, c),
 	}
 }
 
@@ -51,49 +58,48 @@ address(rc) := sprintf("%s (deposed object %s)", [rc.address, rc.deposed]) if {
 	rc.deposed
 } else := rc.address
 
-reason(rc) := object.get(rc, "action_reason", "")
-
-# The kind of a resource change, or undefined when it is not destructive.
-# The first matching line wins.
-kind(rc) := "replace" if {
-	"delete" in rc.change.actions
-	"create" in rc.change.actions
+# The kind of a resource change (c: its address, actions, action_reason
+# or "", replace_paths), or undefined when it is not destructive. The
+# first matching line wins.
+kind(c) := "replace" if {
+	"delete" in c.actions
+	"create" in c.actions
 } else := "delete" if {
-	"delete" in rc.change.actions
+	"delete" in c.actions
 } else := "forget" if {
-	"forget" in rc.change.actions
+	"forget" in c.actions
 } else := "unknown-action" if {
-	some action in rc.change.actions
+	some action in c.actions
 	not action in cfg.known_actions
 } else := "replace" if {
-	startswith(reason(rc), "replace_")
+	startswith(c.reason, "replace_")
 } else := "delete" if {
-	startswith(reason(rc), "delete_")
+	startswith(c.reason, "delete_")
 } else := "replace" if {
-	count(object.get(rc.change, "replace_paths", [])) > 0
+	count(c.paths) > 0
 } else := "unknown-reason" if {
-	reason(rc) != ""
-	not reason(rc) in cfg.known_reasons
+	c.reason != ""
+	not c.reason in cfg.known_reasons
 }
 
-message(k, rc) := sprintf("%s will be destroyed and re-created", [address(rc)]) if {
+message(k, c) := sprintf("%s will be destroyed and re-created", [c.address]) if {
 	k == "replace"
-	rc.change.actions == ["delete", "create"]
-} else := sprintf("%s will be replaced: the new object is created before the old one is destroyed", [address(rc)]) if {
+	c.actions == ["delete", "create"]
+} else := sprintf("%s will be replaced: the new object is created before the old one is destroyed", [c.address]) if {
 	k == "replace"
-	rc.change.actions == ["create", "delete"]
-} else := sprintf("%s will be replaced (action_reason %s, actions %v)", [address(rc), reason(rc), rc.change.actions]) if {
+	c.actions == ["create", "delete"]
+} else := sprintf("%s will be replaced (action_reason %s, actions %v)", [c.address, c.reason, c.actions]) if {
 	k == "replace"
-} else := sprintf("%s will be destroyed", [address(rc)]) if {
+} else := sprintf("%s will be destroyed", [c.address]) if {
 	k == "delete"
-	"delete" in rc.change.actions
-} else := sprintf("%s carries destructive action_reason %s (actions %v)", [address(rc), reason(rc), rc.change.actions]) if {
+	"delete" in c.actions
+} else := sprintf("%s carries destructive action_reason %s (actions %v)", [c.address, c.reason, c.actions]) if {
 	k == "delete"
-} else := sprintf("%s will be removed from Terraform state but left running, unmanaged", [address(rc)]) if {
+} else := sprintf("%s will be removed from Terraform state but left running, unmanaged", [c.address]) if {
 	k == "forget"
-} else := sprintf("%s has actions %v, which this policy does not know", [address(rc), rc.change.actions]) if {
+} else := sprintf("%s has actions %v, which this policy does not know", [c.address, c.actions]) if {
 	k == "unknown-action"
-} else := sprintf("%s has action_reason %q, which this policy does not know", [address(rc), reason(rc)])
+} else := sprintf("%s has action_reason %q, which this policy does not know", [c.address, c.reason])
 
 # --- Plan-level signals: the plan itself cannot be trusted to be complete ---
 
