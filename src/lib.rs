@@ -23,6 +23,29 @@ pub mod tools;
 pub mod trust;
 pub mod verify;
 
+/// Every binary, bench and test linking the gateway allocates with
+/// mimalloc: policy evaluation makes and frees many small values, and
+/// glibc's malloc made a plan decision about 30% slower (see README.md,
+/// Benchmarks).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Errors made by libraries capture no backtrace unless
+/// `RUST_LIB_BACKTRACE` asks for one. regorus makes errors in the normal
+/// course of an evaluation; with `RUST_BACKTRACE=1` (common on developer
+/// machines) each would capture a backtrace, making a decision 15-35%
+/// slower. Panics keep their backtraces (`RUST_BACKTRACE`).
+///
+/// Call it first thing in `main`, before any thread exists.
+pub fn quiet_library_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: called first thing in `main` (the binary's and the
+        // benches'), before any other thread exists that could read the
+        // environment at the same time.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
+}
+
 /// An error and its causes on one line, each cause once: an error that
 /// already says its cause in its own message (`audit log X: denied`) does
 /// not get it repeated (anyhow's `{:#}` and most chains would).
