@@ -19,8 +19,10 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
 pub struct LoadOptions {
     /// Time budget of one evaluation; over it, the evaluation is an error.
     pub budget: Duration,
-    /// Rule the set must compile for (`None`: only parse, as for tests).
-    pub entrypoint: Option<String>,
+    /// Rule the set must compile for. Compiling also prepares the engine
+    /// every evaluation clones (analysis, schedule, rule index): a clone of
+    /// an engine never prepared would redo that work on every call.
+    pub entrypoint: String,
     /// The daemon's check of the policy dir before every load: a dir that
     /// someone else can write is refused (the last good set stays).
     pub trust: Option<crate::trust::Trust>,
@@ -30,7 +32,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             budget: DEFAULT_BUDGET,
-            entrypoint: Some(DECISION_RULE.to_string()),
+            entrypoint: DECISION_RULE.to_string(),
             trust: None,
         }
     }
@@ -93,7 +95,8 @@ impl PolicySet {
                 }
             }
         }
-        if let Some(rule) = &opts.entrypoint {
+        let rule = &opts.entrypoint;
+        {
             // Compiling catches what parsing does not (unknown functions,
             // reassigned variables, a missing entrypoint) before the set is
             // ever used.
@@ -417,6 +420,60 @@ decision := {
         let ev = set.decide(&input());
         assert!(!ev.decision.allow);
         assert!(ev.error.is_some());
+    }
+
+    /// Why decisions are made by regorus's interpreter and not by its
+    /// bytecode VM (RVM), although the RVM decides the default policies'
+    /// requests several times faster: regorus 0.14.1's RVM treats an error
+    /// inside a rule body as that body failing, even with strict builtin
+    /// errors on (`rules.rs`: only limit errors are fatal). A deny rule
+    /// whose `sprintf` or `count` errors on hostile input then silently
+    /// does not fire, and the decision is allow. The interpreter stops the
+    /// whole evaluation, so the call is denied. When this test fails,
+    /// regorus has changed that and the RVM can be reconsidered.
+    #[test]
+    fn the_bytecode_vm_lets_an_erroring_deny_rule_allow_so_decisions_use_the_interpreter() {
+        let rego = ALLOW_ALL.replace(
+            "\"allow\": true, \"deny_reasons\": []",
+            "\"allow\": count(deny) == 0, \"deny_reasons\": deny",
+        ) + "\ndeny contains msg if {\n  input.params.x\n  msg := sprintf(\"%s\", input.params.x)\n}\n";
+        let set = set_from(
+            &[("d.rego", &rego), ("cfg/data.yaml", "tier: low\n")],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        let mut hostile = input();
+        hostile.params = json!({"x": "not an array"});
+        let ev = set.decide(&hostile);
+        assert!(!ev.decision.allow, "{:?}", ev.decision);
+        assert!(
+            ev.error.as_deref().is_some_and(|e| e.contains("sprintf")),
+            "{:?}",
+            ev.error
+        );
+
+        let mut engine = set.engine.clone();
+        let policy = engine
+            .compile_with_entrypoint(&DECISION_RULE.into())
+            .expect("compiles");
+        let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
+            &policy,
+            &[DECISION_RULE],
+        )
+        .expect("RVM program");
+        let mut vm = regorus::rvm::RegoVM::new();
+        vm.set_strict_builtin_errors(true);
+        vm.load_program(program);
+        vm.set_data(engine.get_data()).expect("data");
+        vm.set_input(hostile.to_rego());
+        let rvm = vm
+            .execute_entry_point_by_name(DECISION_RULE)
+            .expect("the RVM evaluates without an error");
+        assert_eq!(
+            rvm["allow"],
+            regorus::Value::from(true),
+            "the RVM now fails closed: reconsider it for decisions"
+        );
     }
 
     #[test]
