@@ -3,11 +3,17 @@
 //! - `plan_5000`: a terraform_apply decision on a 5,000-resource plan (about
 //!   5 MB of plan JSON) whose conversion to a policy value was done once;
 //! - `plan_5000_convert_once`: that one-time conversion (clone of the parsed
-//!   JSON included), done once per plan by `PlanInput::new`.
+//!   JSON included), done once per plan by `PlanInput::new`;
+//! - `plan_5000_total`: the same plan decided from its file, as the gateway
+//!   does after `terraform show -json`: read, check, parse both forms,
+//!   digest, evaluate.
 //!
 //! Run: `cargo bench --bench policy`. The plan is built from the real
 //! `replace.json` fixture: its resource change repeated 5,000 times under
 //! new addresses with a mix of create, update, no-op, delete and replace.
+//! The inputs decided are written to `target/bench-inputs/` (`request.json`,
+//! `plan_5000.json`: the whole policy input) so that
+//! `scripts/bench-vs-opa.py` gives OPA's engine exactly the same documents.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gateway::policy::set::LoadOptions;
@@ -51,6 +57,8 @@ fn big_plan(n: usize) -> serde_json::Value {
 }
 
 fn bench(c: &mut Criterion) {
+    // As the gateway binary does (first thing, one thread).
+    gateway::quiet_library_backtraces();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let set = PolicySet::load(&[root.join("policies")], &LoadOptions::default()).expect("policies");
     let principal = Principal {
@@ -93,7 +101,27 @@ fn bench(c: &mut Criterion) {
     g.bench_function("plan_5000_convert_once", |b| {
         b.iter(|| PlanInput::new(json.clone()))
     });
+    let plan_bytes = serde_json::to_vec(&json).expect("plan JSON");
+    let plan_file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(plan_file.path(), &plan_bytes).expect("write plan");
+    g.bench_function("plan_5000_total", |b| {
+        b.iter(|| {
+            let bytes = plan::read_bytes(plan_file.path()).expect("read");
+            let mut input = apply.clone();
+            input.plan = Some(PlanInput::from_bytes(&bytes, "the bench plan").expect("plan"));
+            let ev = set.decide(&input);
+            assert_eq!(ev.error, None);
+            assert_eq!(ev.decision.signals.len(), 2000);
+            ev
+        })
+    });
     g.finish();
+    let out = root.join("target/bench-inputs");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    for (name, input) in [("request", &request), ("plan_5000", &apply)] {
+        let doc = serde_json::to_vec(&input.to_json()).expect("input JSON");
+        std::fs::write(out.join(format!("{name}.json")), doc).expect("write input");
+    }
 }
 
 criterion_group!(benches, bench);
