@@ -151,14 +151,32 @@ fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
 }
 
 /// Where the chain stands at the end of the file.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Tail {
     len: u64,
     last_hash: Option<String>,
     /// The head this writer last recorded (after an fsync).
     written: Option<Head>,
-    /// Lines appended since that head that are not yet fsynced.
-    unsynced: bool,
+    /// The open file that wrote lines not yet fsynced (`None`: none are).
+    /// They are written and fsynced through this one handle, opened before
+    /// the first of them: an I/O error writing them back is reported to
+    /// it (a handle opened later might never hear of it).
+    pending: Option<File>,
+    /// An fsync of deferred lines failed: they may not be on disk, and no
+    /// later fsync can say otherwise. Every later sync fails (fail closed:
+    /// nothing more is done on a decision) until the process restarts.
+    sync_failed: bool,
+}
+
+impl Tail {
+    /// What this writer knows of the end of the file is no longer true
+    /// (a failed write, someone else's lines): forget it, but keep what it
+    /// still owes (the pending lines) and any failed fsync.
+    fn forget_end(&mut self) {
+        self.len = 0;
+        self.last_hash = None;
+        self.written = None;
+    }
 }
 
 /// When an appended line must be on disk.
@@ -275,41 +293,70 @@ impl AuditLog {
     }
 
     /// Make every line this writer appended durable (and record the head).
-    /// Nothing to do when they already are.
+    /// Nothing to do when they already are. Fails when they cannot be
+    /// shown durable: the fsync failed (now or before), or the log no
+    /// longer holds them (cut back since they were written).
     pub fn sync(&self) -> Result<(), AuditError> {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
-        if !tail.unsynced {
-            return Ok(());
-        }
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
         };
+        if tail.sync_failed {
+            return Err(io(std::io::Error::other(
+                "an earlier fsync of this log failed: events may be missing from the disk; check it and restart the gateway",
+            )));
+        }
+        let Some(file) = tail.pending.take() else {
+            return Ok(());
+        };
+        // Lines that are no longer in the log are owed no more; on any
+        // other error they still are (and so is their handle).
+        let mut gone = false;
         let result = (|| {
-            let file = open_file(&self.path).map_err(io)?;
             file.lock().map_err(io)?;
-            file.sync_data().map_err(io)?;
+            if let Err(e) = file.sync_data() {
+                tail.sync_failed = true;
+                return Err(io(e));
+            }
             let len = file.metadata().map_err(io)?.len();
+            let Some(hash) = tail.last_hash.clone() else {
+                // A failed append since made this writer forget where it
+                // ended; the next append reads the end again.
+                gone = true;
+                return Ok(());
+            };
+            let mut f = file.try_clone().map_err(io)?;
+            let ours = Head {
+                hash,
+                bytes: tail.len,
+            };
+            if len < tail.len || !head_is_on(&mut f, &ours, len).map_err(io)? {
+                gone = true;
+                return Err(io(std::io::Error::other(
+                    "the log no longer holds events this gateway wrote to it (it was cut or rewritten)",
+                )));
+            }
+            gone = true;
             // Another writer that appended since made our lines durable
             // with its own and recorded a head past them.
             if len == tail.len {
-                let head = Head {
-                    hash: tail.last_hash.clone().unwrap_or_default(),
-                    bytes: tail.len,
-                };
-                write_head(&self.path, &head).map_err(|source| AuditError::Io {
+                write_head(&self.path, &ours).map_err(|source| AuditError::Io {
                     path: head_path(&self.path),
                     source,
                 })?;
-                tail.written = Some(head);
+                tail.written = Some(ours);
             }
-            let _ = file.unlock();
             Ok(())
         })();
-        match result {
-            Ok(()) => tail.unsynced = false,
-            Err(_) => *tail = Tail::default(),
+        let _ = file.unlock();
+        if result.is_err() && !gone {
+            tail.forget_end();
+            tail.pending = Some(file);
         }
+        // When they are gone, what this writer knows of the end it left
+        // stays: its next append finds that end missing and says so in
+        // the log (`audit.head_lost`).
         result
     }
 
@@ -346,30 +393,63 @@ impl AuditLog {
         durability: Durability,
     ) -> Result<Map<String, Value>, AuditError> {
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.append_locked(&mut tail, request_id, event, data, extra, durability);
-        if result.is_err() {
-            // A write may have failed half way (a full disk): what this
-            // writer knows of the end of the file is no longer true, so
-            // the next append reads it again (and ends a cut line).
-            *tail = Tail::default();
+        // Deferred lines are all written through the handle that will
+        // fsync them.
+        let owed = tail.pending.is_some();
+        let mut file = match tail.pending.take() {
+            Some(f) => f,
+            None => open_file(&self.path).map_err(|source| {
+                tail.forget_end();
+                AuditError::Io {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?,
+        };
+        let result = self.append_locked(
+            &mut tail, &mut file, request_id, event, data, extra, durability, owed,
+        );
+        let _ = file.unlock();
+        match result {
+            Ok((event, deferred)) => {
+                if deferred {
+                    tail.pending = Some(file);
+                }
+                Ok(event)
+            }
+            Err(e) => {
+                // A write may have failed half way (a full disk): what this
+                // writer knows of the end of the file is no longer true, so
+                // the next append reads it again (and ends a cut line).
+                // Lines deferred before stay owed, on their handle.
+                tail.forget_end();
+                if owed {
+                    tail.pending = Some(file);
+                }
+                Err(e)
+            }
         }
-        result
     }
 
+    /// Append under the lock on `file`; the event, and whether its line
+    /// (and the lines `owed` before it) still waits for an fsync.
+    #[allow(clippy::too_many_arguments)]
     fn append_locked(
         &self,
         tail: &mut Tail,
+        file: &mut File,
         request_id: &str,
         event: &str,
         data: Value,
         extra: Map<String, Value>,
         durability: Durability,
-    ) -> Result<Map<String, Value>, AuditError> {
+        owed: bool,
+    ) -> Result<(Map<String, Value>, bool), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
         };
-        let mut file = open_file(&self.path).map_err(io)?;
+        let file = &mut *file;
         file.lock().map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         // What the last writer recorded as the end of the log; a head this
@@ -378,11 +458,22 @@ impl AuditLog {
         let head = read_head_now(&self.path)?;
         let ours = matches!(&head, HeadNow::Found(h) if Some(h) == tail.written.as_ref());
         if len != tail.len || tail.last_hash.is_none() || !ours {
-            *tail = Tail {
-                unsynced: tail.unsynced,
-                ..read_tail(&mut file, len).map_err(io)?
+            // The end this writer last left, when it knows one: lines it
+            // wrote after its head (deferred ones) are checked too, not
+            // only the head.
+            let own_end = tail.last_hash.clone().map(|hash| Head {
+                hash,
+                bytes: tail.len,
+            });
+            let fresh = read_tail(file, len).map_err(io)?;
+            tail.len = fresh.len;
+            tail.last_hash = fresh.last_hash;
+            tail.written = None;
+            let own_end_lost = match &own_end {
+                Some(end) => !head_is_on(file, end, len).map_err(io)?,
+                None => false,
             };
-            if let Some(cut) = tail_is_cut(&mut file, len).map_err(io)? {
+            if let Some(cut) = tail_is_cut(file, len).map_err(io)? {
                 if let Some(hash) = complete_line(&cut, tail.last_hash.as_deref()) {
                     // Whole but for its newline (a short write): it is the
                     // last event, as `audit verify` reads it too.
@@ -413,15 +504,21 @@ impl AuditLog {
                 HeadNow::Missing if len == 0 => None,
                 // The first writer stopped between its first line and
                 // creating the head: nothing can have been cut yet.
-                HeadNow::Missing if only_first_line(&mut file, len).map_err(io)? => None,
+                HeadNow::Missing if only_first_line(file, len).map_err(io)? => None,
                 HeadNow::Missing => Some(Value::String("missing".into())),
                 HeadNow::Damaged(why) => Some(serde_json::json!({"damaged": why})),
-                HeadNow::Found(h) if head_is_on(&mut file, h, len).map_err(io)? => None,
+                HeadNow::Found(h) if head_is_on(file, h, len).map_err(io)? => None,
                 HeadNow::Found(h) => Some(serde_json::json!({"hash": h.hash, "bytes": h.bytes})),
+            };
+            let found = match (found, own_end_lost, &own_end) {
+                (None, true, Some(end)) => {
+                    Some(serde_json::json!({"hash": end.hash, "bytes": end.bytes}))
+                }
+                (found, _, _) => found,
             };
             if let Some(found) = found {
                 let data = serde_json::json!({"log_bytes": len, "last_hash": tail.last_hash, "head": found});
-                own_line(&mut file, tail, "audit.head_lost", data).map_err(io)?;
+                own_line(file, tail, "audit.head_lost", data).map_err(io)?;
             }
         }
         let cap = self
@@ -443,10 +540,15 @@ impl AuditLog {
             .map(str::to_string);
         // A writer's first line is durable at once, so that its head
         // exists before anything is deferred.
-        if durability == Durability::WithNext && tail.written.is_some() {
-            tail.unsynced = true;
+        if durability == Durability::WithNext && tail.written.is_some() && !tail.sync_failed {
+            return Ok((event_obj, true));
         } else {
-            file.sync_data().map_err(io)?;
+            if let Err(e) = file.sync_data() {
+                if owed {
+                    tail.sync_failed = true;
+                }
+                return Err(io(e));
+            }
             let head = Head {
                 hash: tail.last_hash.clone().unwrap_or_default(),
                 bytes: tail.len,
@@ -456,10 +558,8 @@ impl AuditLog {
                 source,
             })?;
             tail.written = Some(head);
-            tail.unsynced = false;
         }
-        let _ = file.unlock();
-        Ok(event_obj)
+        Ok((event_obj, false))
     }
 }
 
@@ -750,8 +850,7 @@ fn read_tail(file: &mut File, len: u64) -> std::io::Result<Tail> {
     Ok(Tail {
         len,
         last_hash,
-        written: None,
-        unsynced: false,
+        ..Tail::default()
     })
 }
 
@@ -1065,6 +1164,47 @@ mod tests {
         let report = verify::verify_file(&path, &[], verify::HeadRule::Required).expect("verify");
         assert!(report.ok(), "{report:?}");
         assert_eq!(report.verified, 7);
+    }
+
+    #[test]
+    fn deferred_lines_cut_from_the_log_are_noticed_not_lost_silently() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        let durable = std::fs::metadata(&path).expect("stat").len();
+        log.append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        // Someone cuts the log back to its head: exactly the deferred line.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(durable))
+            .expect("cut");
+        let err = log.sync().expect_err("the deferred line is gone");
+        assert!(err.to_string().contains("no longer holds"), "{err}");
+        // The next line says so in the log, and verify fails on it.
+        log.append("r", "z", json!({})).expect("append");
+        let events = read_events(&path).expect("read");
+        assert_eq!(events[1]["event"], "audit.head_lost", "{events:?}");
+        let report = verify::verify_file(&path, &[], verify::HeadRule::Required).expect("verify");
+        assert!(!report.ok(), "{report:?}");
+
+        // The same cut noticed by the next append when nothing synced.
+        let path = dir.path().join("b.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        let durable = std::fs::metadata(&path).expect("stat").len();
+        log.append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(durable))
+            .expect("cut");
+        log.append("r", "z", json!({})).expect("append");
+        let events = read_events(&path).expect("read");
+        assert_eq!(events[1]["event"], "audit.head_lost", "{events:?}");
     }
 
     #[test]
