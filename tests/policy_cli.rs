@@ -229,8 +229,8 @@ fn a_different_policy_set_changes_the_decisions() {
     );
     edit(
         "signals.rego",
-        "} else := \"forget\" if {\n\t\"forget\" in rc.change.actions\n",
-        "} else := \"forget\" if {\n\t\"never\" in rc.change.actions\n",
+        "} else := \"forget\" if {\n\t\"forget\" in c.actions\n",
+        "} else := \"forget\" if {\n\t\"never\" in c.actions\n",
     );
 
     let alt_arg = alt.display().to_string();

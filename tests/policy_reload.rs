@@ -213,8 +213,8 @@ fn a_store_that_never_loaded_denies_everything_until_fixed() {
     common::copy_dir(&common::repo().join("policies"), &policies);
     edit(
         &policies.join("scope.rego"),
-        "import data.gateway.tools",
-        "import data.gateway.tools\n\nbroken := no_such_builtin(1)",
+        "package gateway.scope",
+        "package gateway.scope\n\nbroken := no_such_builtin(1)",
     );
     let store = Arc::new(PolicyStore::open(
         vec![policies.clone()],

@@ -100,16 +100,24 @@ impl PolicySet {
             // Compiling catches what parsing does not (unknown functions,
             // reassigned variables, a missing entrypoint) before the set is
             // ever used.
+            // The entrypoint first, then every other rule of the set: only
+            // what a rule reaches is compiled, and the gateway evaluates
+            // more rules than the decision (tool_list, calls, sessions,
+            // approvals), as a policy author's own helpers may be.
+            let mut rules = vec![rule.clone()];
+            rules.extend(rule_paths(&mut engine).into_iter().filter(|r| r != rule));
             let compiled = catch_unwind(AssertUnwindSafe(|| {
-                let policy = engine
-                    .compile_with_entrypoint(&rule.as_str().into())
+                for r in &rules {
+                    let policy = engine
+                        .compile_with_entrypoint(&r.as_str().into())
+                        .map_err(|e| e.to_string())?;
+                    regorus::languages::rego::compiler::Compiler::compile_from_policy(
+                        &policy,
+                        &[r.as_str()],
+                    )
                     .map_err(|e| e.to_string())?;
-                regorus::languages::rego::compiler::Compiler::compile_from_policy(
-                    &policy,
-                    &[rule.as_str()],
-                )
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+                }
+                Ok::<(), String>(())
             }));
             match compiled {
                 Ok(Ok(())) => {}
@@ -236,6 +244,35 @@ impl PolicySet {
             policy: self.fingerprint.clone(),
         }
     }
+}
+
+/// `data.<package>.<rule>` of every rule with a plain name (not a function,
+/// not a test), once each, in the order of the modules.
+fn rule_paths(engine: &mut regorus::Engine) -> Vec<String> {
+    use regorus::unstable::{Rule, RuleHead};
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for module in engine.get_modules().iter() {
+        let package = format!("data.{}", module.package.refr.span().text());
+        for rule in &module.policy {
+            let Rule::Spec { head, .. } = rule.as_ref() else {
+                continue;
+            };
+            let refr = match head {
+                RuleHead::Compr { refr, .. } | RuleHead::Set { refr, .. } => refr,
+                RuleHead::Func { .. } => continue,
+            };
+            let name = refr.span().text();
+            if name.starts_with("test_") || name.contains(['.', '[']) {
+                continue;
+            }
+            let full = format!("{package}.{name}");
+            if seen.insert(full.clone()) {
+                out.push(full);
+            }
+        }
+    }
+    out
 }
 
 fn new_engine(budget: Duration) -> regorus::Engine {
@@ -369,6 +406,20 @@ decision := {
             .to_string();
         assert!(err.contains("no_such_function"), "{err}");
         assert!(err.contains("d.rego:2:"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_function_in_a_rule_the_decision_does_not_reach_is_caught_at_load() {
+        // The gateway evaluates more than the decision (tool_list, calls,
+        // sessions, approvals): every rule is compiled at load.
+        let rego = format!("{ALLOW_ALL}\nhelper := no_such_function(1)\n");
+        let err = set_from(
+            &[("d.rego", &rego), ("cfg/data.yaml", "tier: low\n")],
+            &LoadOptions::default(),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("no_such_function"), "{err}");
     }
 
     #[test]
