@@ -1166,45 +1166,40 @@ mod tests {
         assert_eq!(report.verified, 7);
     }
 
+    /// A log with one durable line and one deferred line, the deferred
+    /// one then cut off by someone else (the log set back to its head).
+    fn log_with_its_deferred_line_cut(path: &Path) -> AuditLog {
+        let log = AuditLog::open(path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        let durable = std::fs::metadata(path).expect("stat").len();
+        log.append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
+            .expect("append");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_len(durable))
+            .expect("cut");
+        log
+    }
+
     #[test]
     fn deferred_lines_cut_from_the_log_are_noticed_not_lost_silently() {
         let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("a.jsonl");
-        let log = AuditLog::open(&path).expect("open");
-        log.append("r", "x", json!({})).expect("append");
-        let durable = std::fs::metadata(&path).expect("stat").len();
-        log.append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
-            .expect("append");
-        // Someone cuts the log back to its head: exactly the deferred line.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_len(durable))
-            .expect("cut");
-        let err = log.sync().expect_err("the deferred line is gone");
-        assert!(err.to_string().contains("no longer holds"), "{err}");
-        // The next line says so in the log, and verify fails on it.
-        log.append("r", "z", json!({})).expect("append");
-        let events = read_events(&path).expect("read");
-        assert_eq!(events[1]["event"], "audit.head_lost", "{events:?}");
-        let report = verify::verify_file(&path, &[], verify::HeadRule::Required).expect("verify");
-        assert!(!report.ok(), "{report:?}");
-
-        // The same cut noticed by the next append when nothing synced.
-        let path = dir.path().join("b.jsonl");
-        let log = AuditLog::open(&path).expect("open");
-        log.append("r", "x", json!({})).expect("append");
-        let durable = std::fs::metadata(&path).expect("stat").len();
-        log.append_durable("r", "y", json!({}), Map::new(), Durability::WithNext)
-            .expect("append");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_len(durable))
-            .expect("cut");
-        log.append("r", "z", json!({})).expect("append");
-        let events = read_events(&path).expect("read");
-        assert_eq!(events[1]["event"], "audit.head_lost", "{events:?}");
+        for sync_first in [true, false] {
+            let path = dir.path().join(format!("{sync_first}.jsonl"));
+            let log = log_with_its_deferred_line_cut(&path);
+            if sync_first {
+                let err = log.sync().expect_err("the deferred line is gone");
+                assert!(err.to_string().contains("no longer holds"), "{err}");
+            }
+            // The next line says so in the log, and verify fails on it.
+            log.append("r", "z", json!({})).expect("append");
+            let events = read_events(&path).expect("read");
+            assert_eq!(events[1]["event"], "audit.head_lost", "{events:?}");
+            let report =
+                verify::verify_file(&path, &[], verify::HeadRule::Required).expect("verify");
+            assert!(!report.ok(), "{report:?}");
+        }
     }
 
     #[test]
