@@ -14,22 +14,12 @@ mod common;
 mod daemon;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn first_tools_list(socket: &std::path::Path, workspace: &std::path::Path) -> usize {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gateway"))
-        .arg("serve")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--workspace")
-        .arg(workspace)
-        .env_remove("GATEWAY_HOME")
-        .env_remove("GATEWAY_POLICIES")
-        .env_remove("GATEWAY_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+    let mut child = common::serve_command(socket, workspace)
         .stderr(Stdio::inherit())
         .spawn()
         .expect("gateway serve");

@@ -1419,17 +1419,7 @@ impl Client {
     fn connect(socket: &Path, workspace: &Path, name: &str) -> Client {
         use std::io::BufRead;
         use std::process::Stdio;
-        let mut relay = Command::new(env!("CARGO_BIN_EXE_gateway"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(socket)
-            .arg("--workspace")
-            .arg(workspace)
-            .env_remove("GATEWAY_HOME")
-            .env_remove("GATEWAY_POLICIES")
-            .env_remove("GATEWAY_CONFIG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+        let mut relay = common::serve_command(socket, workspace)
             .stderr(Stdio::null())
             .spawn()
             .expect("gateway serve");

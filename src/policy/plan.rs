@@ -148,6 +148,35 @@ mod tests {
     }
 
     #[test]
+    fn hostile_plan_json_is_refused_or_read_one_way() {
+        // Nesting deep enough to overflow a recursive parser is refused.
+        let deep = format!(
+            r#"{{"format_version":"1.2","planned_values":{{}},"x":{}1{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(err(deep.as_bytes()).contains("not valid JSON"));
+        // Bytes after the document are refused, not ignored.
+        assert!(
+            err(br#"{"format_version":"1.2","planned_values":{}} {"x":1}"#)
+                .contains("not valid JSON")
+        );
+        // A key given twice: the policy and the approver's summary read the
+        // same value (one parse), never one each.
+        let twice = br#"{"format_version":"1.2","planned_values":{},"resource_changes":[
+            {"address":"a.b","change":{"actions":["no-op"],"actions":["delete"]}}]}"#;
+        let v = parse_plan_value(twice, "p").expect("plan");
+        assert_eq!(
+            v["resource_changes"][0]["change"]["actions"],
+            regorus::Value::from(vec![regorus::Value::from("delete")])
+        );
+        assert_eq!(
+            crate::approvals::plan_summary(&v),
+            serde_json::json!([{"address": "a.b", "actions": ["delete"], "reason": null, "paths": []}])
+        );
+    }
+
+    #[test]
     fn refuses_documents_that_are_not_plans() {
         assert!(err(b"{not json").contains("not valid JSON"));
         assert!(err(b"[1,2]").contains("an array, not an object"));

@@ -133,3 +133,20 @@ pub fn pending_approval(r: &gateway::pipeline::CallResult) -> String {
         other => panic!("expected a pending approval, got {other:?}"),
     }
 }
+
+/// `gateway serve` for `workspace` on the daemon's `socket`, with pipes for
+/// stdin and stdout and none of the settings it refuses.
+pub fn serve_command(socket: &Path, workspace: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--workspace")
+        .arg(workspace)
+        .env_remove("GATEWAY_HOME")
+        .env_remove("GATEWAY_POLICIES")
+        .env_remove("GATEWAY_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    cmd
+}
