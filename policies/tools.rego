@@ -47,17 +47,27 @@ principal_allowed(entry) if not entry.clients
 
 principal_allowed(entry) if client in entry.clients
 
-# tools/list: every catalog tool this principal may use, by name.
+# tools/list: every catalog tool this principal may use, by name, with the
+# runner that carries it out (whose result its output schema describes).
 visible[name] := {
 	"title": entry.title,
 	"description": entry.description,
 	"tier": entry.tier,
+	"runner": entry.runner,
+	"task": object.get(entry, "task", false),
 	"annotations": entry.annotations,
-	"params": entry.params,
+	"params": {p: shown_param(spec) | some p, spec in entry.params},
 } if {
 	some name, entry in catalog
 	principal_allowed(entry)
 }
+
+# A param as tools/list shows it: one with `choices` lists the keys of that
+# config/scopes table as its allowed values (none when there is no such
+# table), so that the agent sees what the policy allows.
+shown_param(spec) := object.union(spec, {"enum": sort(object.keys(object.get(data.config.scopes, spec.choices, {})))}) if spec.choices
+
+else := spec
 
 deny contains msg if {
 	not tool

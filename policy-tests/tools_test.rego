@@ -128,3 +128,37 @@ test_every_catalog_param_has_a_numeric_max_length if {
 		}
 	}
 }
+
+test_every_catalog_param_has_a_description if {
+	every _, entry in data.config.tools {
+		every _, spec in entry.params {
+			is_string(spec.description)
+			spec.description != ""
+		}
+	}
+}
+
+# --- What tools/list shows of the params ------------------------------------
+
+test_tools_list_shows_the_allowed_namespaces_and_modules_as_choices if {
+	l := tools.visible with input as call("terraform_plan", {})
+	l.k8s_get_pod_status.params.namespace.enum == ["demo-app"]
+	l.terraform_plan.params.working_dir.enum == ["terraform/k8s-demo", "terraform/offline-demo"]
+	l.terraform_apply.params.working_dir.enum == ["terraform/k8s-demo", "terraform/offline-demo"]
+	not l.terraform_apply.params.approval_id.enum
+	l.terraform_apply.runner == "terraform_apply"
+	l.terraform_apply.task == true
+	l.k8s_get_pod_status.task == false
+}
+
+test_choices_follow_the_scopes_tables if {
+	l := tools.visible with data.config.scopes as {"namespaces": {"b": {}, "a": {}}, "modules": {"m": {}}} with input as call("terraform_plan", {})
+	l.k8s_get_pod_status.params.namespace.enum == ["a", "b"]
+	l.terraform_plan.params.working_dir.enum == ["m"]
+}
+
+test_choices_naming_no_table_show_no_allowed_value if {
+	catalog := {"t": {"title": "t", "description": "d", "tier": "low", "runner": "r", "annotations": {}, "params": {"x": {"max_length": 3, "choices": "nope"}}}}
+	l := tools.visible with data.config.tools as catalog with input as call("t", {})
+	l.t.params.x.enum == []
+}
