@@ -67,6 +67,10 @@ pub struct DaemonConfig {
     /// (default 10). What is not revoked by then stays in the lease
     /// ledger, and the next start revokes it.
     pub shutdown_grace_seconds: Option<u64>,
+    /// How often, in seconds, a long call sends MCP progress when nothing
+    /// else happens (1 to 10, default 5): clients that give up on a
+    /// silent request keep waiting.
+    pub progress_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

@@ -271,7 +271,17 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let store = Arc::clone(&pipeline.policy);
     let control: crate::daemon::ControlHandler =
         Arc::new(move |caller, argv| super::control::serve_command(&own, &store, caller, argv));
-    let daemon = Arc::new(Daemon::new(Arc::clone(&pipeline), guarded, roots, control));
+    let mut daemon = Daemon::new(Arc::clone(&pipeline), guarded, roots, control);
+    if let Some(s) = file.daemon.progress_seconds {
+        if !(1..=crate::mcp::MAX_HEARTBEAT.as_secs()).contains(&s) {
+            anyhow::bail!(
+                "[daemon] progress_seconds is {s}: it must be 1 to {} (clients give up on a request that is silent for long)",
+                crate::mcp::MAX_HEARTBEAT.as_secs()
+            );
+        }
+        daemon.heartbeat = std::time::Duration::from_secs(s);
+    }
+    let daemon = Arc::new(daemon);
     let socket = p.socket.clone();
     rt.block_on(async move {
         let listener = crate::daemon::bind(&p.socket, Some(&p.group), &trust)

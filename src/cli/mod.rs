@@ -109,10 +109,14 @@ impl Cli {
 }
 
 /// Logs go to stderr (stdout is for results and, for `serve`, protocol),
-/// filtered by `RUST_LOG` (default: warnings and errors).
+/// filtered by `RUST_LOG` (default: warnings and errors). rmcp's service
+/// loop logs each error response it sends at WARN; those are answers to a
+/// client (an unknown tool, a task id it does not have), audited where they
+/// matter, not the daemon's problems, so only its errors are shown.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rustify=off"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,rustify=off,rmcp::service=error")
+    });
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -71,6 +71,8 @@ pub struct Daemon {
     control: ControlHandler,
     /// Connections admitted and still open, by uid.
     open: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    /// How often a long call sends progress when nothing else happens.
+    pub heartbeat: Duration,
 }
 
 /// One admitted connection, counted until it is dropped.
@@ -104,6 +106,7 @@ impl Daemon {
             workspace_roots,
             control,
             open: Default::default(),
+            heartbeat: crate::mcp::DEFAULT_HEARTBEAT,
         }
     }
 
@@ -339,7 +342,8 @@ impl Daemon {
     ) {
         use rmcp::ServiceExt;
         let user = caller.user.clone();
-        let server = GatewayServer::for_caller(Arc::clone(&self.pipeline), caller, Some(workspace));
+        let server = GatewayServer::for_caller(Arc::clone(&self.pipeline), caller, Some(workspace))
+            .with_heartbeat(self.heartbeat);
         let end = server.session_end();
         // The client's end of the stream (EOF on `gateway serve`'s stdin, or
         // the connection gone) ends its calls at once: they are dropped, their

@@ -1,32 +1,59 @@
 //! The MCP server (`gateway serve`, stdio, rmcp): the agent's only way in.
 //!
+//! - Both eras of the protocol: 2025-11-25 and older (the `initialize`
+//!   handshake; the client's name comes from it) and 2026-07-28 (no
+//!   handshake; the client's name and capabilities travel in each request's
+//!   `_meta`). The name is what the client says it is: it chooses which
+//!   tools the policy shows, never who may approve.
 //! - `tools/list` shows only the tools the policy lists for this client
-//!   (`data.gateway.tool_list`), with input schemas built from the policy's
-//!   param specs (`additionalProperties: false`, string limits), one output
-//!   schema, and the policy's annotations.
-//! - `tools/call` runs the pipeline. Denials and refusals are tool results
-//!   with `isError: true` and the reasons. Malformed arguments are found by
-//!   the policy (`violations` in the decision), after the request is
-//!   audited, and come back the same way (a tool execution error, as
-//!   SEP-1303 asks, so that the model can correct them), naming each field. Progress notifications go out
-//!   when the client sent a progress token; cancellation drops the call,
-//!   which kills its sandbox, and the audit says so.
+//!   (`data.gateway.tool_list`), with input schemas from the policy's param
+//!   specs (descriptions, length limits, the values the policy allows as
+//!   `enum`, nothing else accepted), each tool's own output schema
+//!   ([`schema`]) and the policy's annotations. When a policy reload changes
+//!   what a session would be shown, it is told: `notifications/tools/list_changed`
+//!   (on a 2026-07-28 connection through `subscriptions/listen`).
+//! - `tools/call` runs the pipeline. A tool this client is not shown is a
+//!   JSON-RPC `-32602` error (SEP-1303), after the request is audited.
+//!   Arguments the policy finds wrong (`violations`), denials and refusals
+//!   are tool results with `isError: true` that name what is wrong, so that
+//!   the model can correct them. Progress notifications go out when the
+//!   client sent a progress token: each stage and a heartbeat at least
+//!   every 10 s ([`progress`]). Cancellation drops the call, which kills
+//!   its sandbox, and the audit says so.
+//! - A client that declares the Tasks extension gets a task for the tools
+//!   the catalog marks `task: true`, which waits for a person's approval
+//!   ([`tasks`]).
 //! - There is no tool, resource or prompt that approves, denies or reads
 //!   approvals: approving is only reachable from the CLI.
 
-use std::sync::Arc;
+mod progress;
+mod result;
+pub mod schema;
+mod tasks;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, CreateTaskResult, GetTaskParams,
+    GetTaskResult, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
+    ToolAnnotations,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext, SubscriptionContext};
+use rmcp::task_manager::{TaskManager, TaskOptions};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 
-use crate::pipeline::{CallResult, Outcome, Pipeline, ToolCall};
+pub use progress::{DEFAULT_HEARTBEAT, MAX_HEARTBEAT};
+pub use result::to_result;
+pub use schema::{input_schema, output_schema};
+
+use crate::pipeline::{Outcome, Pipeline, ToolCall};
 use crate::policy::Principal;
+
+/// What a session shows: the tools a principal may see, by name.
+type Catalog = Map<String, Value>;
 
 pub struct GatewayServer {
     pipeline: Arc<Pipeline>,
@@ -37,8 +64,22 @@ pub struct GatewayServer {
     /// pipeline's own).
     workspace: Option<std::path::PathBuf>,
     /// Cancelled when the session ends (the client went away): every call
-    /// still running is dropped, which kills its sandbox.
+    /// and task still running is dropped, which kills its sandbox.
     ended: tokio_util::sync::CancellationToken,
+    /// How often progress goes out while nothing else happens.
+    heartbeat: Duration,
+    /// This session's tasks (a task id is only known to its session).
+    tasks: TaskManager,
+    /// What a handshake-era session was last shown, to tell it when a
+    /// policy reload changes that (`None` until it lists tools).
+    shown: Arc<Mutex<Option<Shown>>>,
+}
+
+#[derive(Clone)]
+struct Shown {
+    principal: Principal,
+    catalog: Option<Catalog>,
+    peer: Peer<RoleServer>,
 }
 
 impl GatewayServer {
@@ -59,7 +100,16 @@ impl GatewayServer {
             caller,
             workspace,
             ended: tokio_util::sync::CancellationToken::new(),
+            heartbeat: DEFAULT_HEARTBEAT,
+            tasks: TaskManager::new(),
+            shown: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Progress at least this often (at most [`MAX_HEARTBEAT`]).
+    pub fn with_heartbeat(mut self, every: Duration) -> GatewayServer {
+        self.heartbeat = every.min(MAX_HEARTBEAT);
+        self
     }
 
     /// A token that ends every call of this session when cancelled.
@@ -68,137 +118,123 @@ impl GatewayServer {
     }
 
     fn principal(&self, ctx: &RequestContext<RoleServer>) -> Principal {
-        let client = ctx
-            .peer
-            .peer_info()
-            .map(|i| i.client_info.name.clone())
-            .unwrap_or_else(|| "unknown".into());
-        Principal::new(client, &self.caller)
+        Principal::new(client_name(ctx), &self.caller)
     }
 
     /// The tools this principal may see, as the policy describes them.
-    fn catalog(&self, principal: &Principal) -> Result<Map<String, Value>, McpError> {
-        let set =
-            self.pipeline.policy.current().map_err(|e| {
-                McpError::internal_error(format!("no usable policy set: {e}"), None)
-            })?;
-        set.tool_list(principal)
-            .map_err(|e| McpError::internal_error(e.to_string(), None))
+    fn catalog(&self, principal: &Principal) -> Result<Catalog, McpError> {
+        catalog(&self.pipeline, principal)
+    }
+
+    /// Start telling a handshake-era session when a reload changes what it
+    /// was shown (once per session).
+    fn watch_reloads(&self) {
+        let shown = Arc::clone(&self.shown);
+        let pipeline = Arc::clone(&self.pipeline);
+        let ended = self.ended.clone();
+        let mut swaps = self.pipeline.policy.swaps();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = ended.cancelled() => break,
+                    r = swaps.changed() => if r.is_err() { break },
+                }
+                let Some(before) = shown.lock().ok().and_then(|s| s.clone()) else {
+                    continue;
+                };
+                let now = catalog(&pipeline, &before.principal).ok();
+                if now != before.catalog {
+                    if let Ok(mut s) = shown.lock() {
+                        *s = Some(Shown {
+                            catalog: now,
+                            ..before.clone()
+                        });
+                    }
+                    if before.peer.notify_tool_list_changed().await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
     }
 }
 
-/// The input schema of a tool from its policy param specs.
-pub fn input_schema(params: &Value) -> Map<String, Value> {
-    let mut props = Map::new();
-    let mut required = Vec::new();
-    if let Some(p) = params.as_object() {
-        for (name, spec) in p {
-            let mut s = json!({"type": "string", "minLength": 1});
-            if let Some(max) = spec.get("max_length").and_then(Value::as_u64) {
-                s["maxLength"] = max.into();
-            }
-            if let Some(d) = spec.get("description").and_then(Value::as_str) {
-                s["description"] = d.into();
-            }
-            props.insert(name.clone(), s);
-            if spec
-                .get("required")
-                .and_then(Value::as_bool)
-                .unwrap_or(false)
-            {
-                required.push(Value::String(name.clone()));
-            }
-        }
-    }
-    let mut schema = Map::new();
-    schema.insert("type".into(), "object".into());
-    schema.insert("properties".into(), Value::Object(props));
-    schema.insert("required".into(), Value::Array(required));
-    schema.insert("additionalProperties".into(), false.into());
-    schema
+fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpError> {
+    let set = pipeline
+        .policy
+        .current()
+        .map_err(|e| McpError::internal_error(format!("no usable policy set: {e}"), None))?;
+    set.tool_list(principal)
+        .map_err(|e| McpError::internal_error(e.to_string(), None))
 }
 
-/// The output schema shared by every tool: the pipeline's result.
-pub fn output_schema() -> Map<String, Value> {
-    let v = json!({
-        "type": "object",
-        "required": ["request_id", "tool", "status"],
-        "properties": {
-            "request_id": {"type": "string"},
-            "tool": {"type": "string"},
-            "status": {"type": "string", "enum": ["denied", "pending_approval", "refused", "completed", "cancelled"]},
-            "reasons": {"type": "array", "items": {"type": "string"}},
-            "violations": {"type": "array", "items": {"type": "object", "required": ["param", "problem", "message"],
-                "properties": {"param": {"type": "string"}, "problem": {"type": "string"}, "message": {"type": "string"}}}},
-            "reason": {"type": "string"},
-            "approval_id": {"type": "string"},
-            "approve_command": {"type": "string"},
-            "signals": {"type": "array", "items": {"type": "object"}},
-            "changes": {"type": "array", "items": {"type": "object"}},
-            "ok": {"type": "boolean"},
-            "summary": {"type": "string"},
-            "result": {"type": "object"}
-        }
-    });
-    match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+/// Whether the request speaks 2026-07-28 or later (no handshake: what the
+/// client is travels in each request's `_meta`).
+fn modern(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.meta
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
-/// The tool result for a pipeline result: text plus structured content,
-/// `isError` for denials and refusals, the request id in `_meta`.
-pub fn to_result(r: &CallResult) -> CallToolResult {
-    let structured = serde_json::to_value(r).unwrap_or(Value::Null);
-    let (text, is_error) = match &r.outcome {
-        Outcome::Denied { violations, .. } if !violations.is_empty() => {
-            let mut t = format!("Invalid arguments for {}:", r.tool);
-            for v in violations {
-                t.push_str(&format!("\n- {}", v.message));
-            }
-            (t, true)
-        }
-        Outcome::Denied { reasons, .. } => {
-            (format!("Denied by policy: {}", reasons.join("; ")), true)
-        }
-        Outcome::Refused { reason } => (format!("Refused: {reason}"), true),
-        Outcome::PendingApproval {
-            approval_id,
-            signals,
-            approve_command,
-            ..
-        } => {
-            let mut t = format!(
-                "Not applied: this call needs a person's approval (approval id {approval_id}). \
-                 An operator reviews it with `gateway approvals show {approval_id}` and approves it with `{approve_command}`; \
-                 then call terraform_apply again with approval_id {approval_id}."
-            );
-            for s in signals.as_array().into_iter().flatten() {
-                t.push_str(&format!("\n!! {}", s["message"].as_str().unwrap_or("")));
-            }
-            (t, false)
-        }
-        Outcome::Completed { ok, summary, .. } => (summary.clone(), !ok),
-    };
-    let mut result = if is_error {
-        CallToolResult::structured_error(structured)
+/// The client's name: from this request's `_meta` on 2026-07-28, from the
+/// handshake before (a handshake-era session cannot rename itself per
+/// request). `unknown` when it gave none.
+fn client_name(ctx: &RequestContext<RoleServer>) -> String {
+    let info = if modern(ctx) {
+        ctx.meta.client_info()
     } else {
-        CallToolResult::structured(structured)
+        ctx.peer.peer_info().map(|i| i.client_info.clone())
     };
-    result.content.insert(0, ContentBlock::text(text));
-    let mut meta = rmcp::model::MetaObject::default();
-    meta.insert("request_id".into(), Value::String(r.request_id.clone()));
-    result.with_meta(Some(meta))
+    info.map(|i| i.name)
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Audit a call the client (or the session's end) cancelled.
+fn record_cancelled(pipeline: &Pipeline, request_id: &str, tool: &str) {
+    let _ = pipeline.audit.record(
+        request_id,
+        crate::audit::Event::ToolResult(json!({
+            "status": "cancelled", "tool": tool,
+            "detail": "the client cancelled the call; its sandbox was killed and removed"})),
+    );
+}
+
+fn tool_of(name: &str, t: &Value) -> Tool {
+    let a = &t["annotations"];
+    let annotations = ToolAnnotations::new()
+        .read_only(a["readOnlyHint"].as_bool().unwrap_or(false))
+        .destructive(a["destructiveHint"].as_bool().unwrap_or(true))
+        .idempotent(a["idempotentHint"].as_bool().unwrap_or(false))
+        .open_world(a["openWorldHint"].as_bool().unwrap_or(true));
+    let mut tool = Tool::new(
+        name.to_string(),
+        t["description"].as_str().unwrap_or("").trim().to_string(),
+        input_schema(&t["params"]),
+    )
+    .with_annotations(annotations)
+    .with_raw_output_schema(Arc::new(output_schema(t["runner"].as_str())));
+    if let Some(title) = t["title"].as_str() {
+        tool = tool.with_title(title);
+    }
+    tool
 }
 
 impl ServerHandler for GatewayServer {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("gateway", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Infrastructure tools behind policy. Destructive calls return a pending approval that a person \
-                 grants out of band; call again with the approval_id once approved.",
-            )
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("gateway", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Infrastructure tools behind policy. Destructive calls return a pending approval that a person \
+             grants out of band; call again with the approval_id once approved (a client with the tasks \
+             extension gets a task that waits for the approval instead).",
+        )
     }
 
     async fn list_tools(
@@ -208,28 +244,25 @@ impl ServerHandler for GatewayServer {
     ) -> Result<ListToolsResult, McpError> {
         let principal = self.principal(&ctx);
         let catalog = self.catalog(&principal)?;
-        let tools = catalog
-            .iter()
-            .map(|(name, t)| {
-                let a = &t["annotations"];
-                let annotations = ToolAnnotations::new()
-                    .read_only(a["readOnlyHint"].as_bool().unwrap_or(false))
-                    .destructive(a["destructiveHint"].as_bool().unwrap_or(true))
-                    .idempotent(a["idempotentHint"].as_bool().unwrap_or(false))
-                    .open_world(a["openWorldHint"].as_bool().unwrap_or(true));
-                let mut tool = Tool::new(
-                    name.clone(),
-                    t["description"].as_str().unwrap_or("").trim().to_string(),
-                    input_schema(&t["params"]),
-                )
-                .with_annotations(annotations)
-                .with_raw_output_schema(Arc::new(output_schema()));
-                if let Some(title) = t["title"].as_str() {
-                    tool = tool.with_title(title);
-                }
-                tool
-            })
-            .collect();
+        let tools = catalog.iter().map(|(name, t)| tool_of(name, t)).collect();
+        if !modern(&ctx) {
+            let first = self
+                .shown
+                .lock()
+                .map(|mut s| {
+                    let first = s.is_none();
+                    *s = Some(Shown {
+                        principal,
+                        catalog: Some(catalog),
+                        peer: ctx.peer.clone(),
+                    });
+                    first
+                })
+                .unwrap_or(false);
+            if first {
+                self.watch_reloads();
+            }
+        }
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -239,33 +272,54 @@ impl ServerHandler for GatewayServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let principal = self.principal(&ctx);
-        let args = request.arguments.clone().unwrap_or_default();
         let name = request.name.to_string();
         let call = ToolCall {
             tool: name.clone(),
-            params: Value::Object(args),
-            principal,
+            params: Value::Object(request.arguments.clone().unwrap_or_default()),
+            principal: principal.clone(),
             workspace: self.workspace.clone(),
         };
+        let shown = self.catalog(&principal).ok();
+        let entry = shown.as_ref().and_then(|c| c.get(&name));
+        let as_task = entry.is_some_and(|t| t["task"] == true)
+            && ctx
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+        if as_task {
+            let session = tasks::TaskSession {
+                pipeline: Arc::clone(&self.pipeline),
+                ended: self.ended.clone(),
+                heartbeat: self.heartbeat,
+            };
+            let options = TaskOptions::new()
+                .with_ttl_ms(tasks::TASK_TTL.as_millis() as u64)
+                .with_poll_interval_ms(500)
+                .with_status_message(tasks::accepted(&name));
+            let task = self
+                .tasks
+                .spawn(options, move |tctx| Box::pin(session.run(tctx, call)));
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
+        }
+
         let progress_token = ctx.meta.get_progress_token();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let peer = ctx.peer.clone();
-        let forward = tokio::spawn(async move {
-            let mut n = 0.0;
-            while let Some(message) = rx.recv().await {
-                n += 1.0;
-                if let Some(token) = &progress_token {
-                    let mut p = ProgressNotificationParam::new(token.clone(), n);
-                    p.message = Some(message);
+        let forward = tokio::spawn(progress::forward(rx, self.heartbeat, move |note| {
+            let peer = peer.clone();
+            let token = progress_token.clone();
+            async move {
+                if let Some(token) = token {
+                    let mut p = ProgressNotificationParam::new(token, note.progress);
+                    p.total = note.total;
+                    p.message = Some(note.message);
                     let _ = peer.notify_progress(p).await;
                 }
             }
-        });
-        let pipeline = Arc::clone(&self.pipeline);
+        }));
         let request_id = crate::policy::input::new_request_id();
         let progress = crate::pipeline::Progress::new(Some(tx));
         let result = tokio::select! {
-            r = pipeline.call_with(call, &request_id, &progress) => Some(r),
+            r = self.pipeline.call_with(call, &request_id, &progress) => Some(r),
             _ = ctx.ct.cancelled() => None,
             _ = self.ended.cancelled() => None,
         };
@@ -273,21 +327,73 @@ impl ServerHandler for GatewayServer {
         drop(progress);
         let _ = forward.await;
         match result {
-            Some(Ok(r)) => Ok(CallToolResponse::Complete(to_result(&r))),
+            // A tool this client is not shown is a protocol error (SEP-1303),
+            // after the pipeline audited and denied it.
+            Some(Ok(r)) => match &r.outcome {
+                Outcome::Denied { reasons, .. } if entry.is_none() => {
+                    Err(McpError::invalid_params(
+                        format!("Unknown tool: {}", reasons.join("; ")),
+                        Some(json!({"request_id": r.request_id})),
+                    ))
+                }
+                _ => Ok(CallToolResponse::Complete(to_result(&r))),
+            },
             Some(Err(e)) => Err(McpError::internal_error(
                 format!("the gateway failed: {e}"),
                 None,
             )),
             None => {
                 // The call's future was dropped: its sandbox is killed and removed.
-                let _ = self.pipeline.audit.record(
-                    &request_id,
-                    crate::audit::Event::ToolResult(
-                        json!({"status": "cancelled", "tool": name, "detail": "the client cancelled the call; its sandbox was killed and removed"}),
-                    ),
-                );
+                record_cancelled(&self.pipeline, &request_id, &name);
                 Err(McpError::internal_error("cancelled", None))
             }
         }
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    /// A 2026-07-28 client's `subscriptions/listen`: told when a reload
+    /// changes the tools it (as this request names it) would be shown.
+    async fn listen(&self, sub: SubscriptionContext) -> Result<(), McpError> {
+        let principal = self.principal(sub.request_context());
+        let mut before = self.catalog(&principal).ok();
+        let mut swaps = self.pipeline.policy.swaps();
+        loop {
+            tokio::select! {
+                _ = sub.cancelled() => return Ok(()),
+                _ = self.ended.cancelled() => return Ok(()),
+                r = swaps.changed() => if r.is_err() { return Ok(()) },
+            }
+            let now = self.catalog(&principal).ok();
+            if now != before {
+                before = now;
+                if sub.sink().notify_tool_list_changed().await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        self.tasks
+            .get_task(&request.task_id)
+            .map(GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks.cancel_task(&request.task_id)
     }
 }

@@ -87,18 +87,37 @@ pub struct ToolCall {
     pub workspace: Option<PathBuf>,
 }
 
+/// One step of a call, as progress reports it: what is happening, and,
+/// when it has one, the time by which that step will have ended (a
+/// sandbox's deadline).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    pub message: String,
+    pub within: Option<std::time::Duration>,
+}
+
 /// Where progress messages go (the MCP server turns them into progress
-/// notifications when the client asked for them).
+/// notifications, or a task's status, when the client asked for them).
 #[derive(Debug, Clone, Default)]
-pub struct Progress(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+pub struct Progress(Option<tokio::sync::mpsc::UnboundedSender<Stage>>);
 
 impl Progress {
-    pub fn new(tx: Option<tokio::sync::mpsc::UnboundedSender<String>>) -> Progress {
+    pub fn new(tx: Option<tokio::sync::mpsc::UnboundedSender<Stage>>) -> Progress {
         Progress(tx)
     }
     pub fn say(&self, message: impl Into<String>) {
+        self.stage(message, None);
+    }
+    /// A step that ends within `within` at the latest.
+    pub fn say_within(&self, message: impl Into<String>, within: std::time::Duration) {
+        self.stage(message, Some(within));
+    }
+    fn stage(&self, message: impl Into<String>, within: Option<std::time::Duration>) {
         if let Some(tx) = &self.0 {
-            let _ = tx.send(message.into());
+            let _ = tx.send(Stage {
+                message: message.into(),
+                within,
+            });
         }
     }
 }
@@ -715,7 +734,7 @@ impl Pipeline {
                 steps: json!(call.steps),
             },
         )?;
-        progress.say(format!("sandbox {name} started"));
+        progress.say_within(format!("sandbox {name} started"), limits.1);
         let mut outcome = self.sandbox.run(req).await;
         // The tool's output goes into the result and the audit: it must not
         // carry any live credential (this call's or another's in flight),
@@ -819,6 +838,15 @@ impl Pipeline {
     /// The approval store (one connection, shared by the calls).
     pub(crate) fn approvals(&self) -> std::sync::MutexGuard<'_, ApprovalStore> {
         self.approvals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One approval as it stands now (expiry applied), for a caller that
+    /// waits on a person: the MCP task of a pending apply.
+    pub fn approval(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::approvals::Approval>, crate::approvals::ApprovalError> {
+        self.approvals().get(id)
     }
 }
 

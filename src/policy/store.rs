@@ -55,6 +55,9 @@ pub struct PolicyStore {
     /// A changed fingerprint seen at the last poll, not loaded yet: the
     /// change is taken when the next poll sees the same.
     settling: std::sync::Mutex<Option<String>>,
+    /// Counts the swaps of the active set, for whoever shows something the
+    /// policy decides (the MCP server's `list_changed`).
+    swaps: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for PolicyStore {
@@ -75,6 +78,7 @@ impl PolicyStore {
             active: RwLock::new(Arc::new(Active::Broken("policy set not loaded yet".into()))),
             last_seen: RwLock::new(None),
             settling: std::sync::Mutex::new(None),
+            swaps: tokio::sync::watch::Sender::new(0),
         };
         store.reload();
         store
@@ -192,6 +196,12 @@ impl PolicyStore {
             Ok(mut a) => *a = next,
             Err(p) => *p.into_inner() = next,
         }
+        self.swaps.send_modify(|n| *n += 1);
+    }
+
+    /// Changes each time another set (or a load error) becomes active.
+    pub fn swaps(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.swaps.subscribe()
     }
 
     /// Watch the policy files and reload on change, calling `on_event` for

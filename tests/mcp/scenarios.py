@@ -2,24 +2,38 @@
 SDK (PyPI `mcp`) over stdio, relayed to a `gateway daemon` the test started
 (HOME and POLICIES are that daemon's). Run by tests/mcp_e2e.rs:
 
-    python scenarios.py GATEWAY_BIN HOME WORKSPACE POLICIES SOCKET
+    python scenarios.py GATEWAY_BIN HOME WORKSPACE POLICIES SOCKET MODE
 
+MODE is the SDK's: `auto` (its default: it probes `server/discover` and
+speaks 2026-07-28, with no handshake and the client's info in each
+request's `_meta`) or `legacy` (the `initialize` handshake, 2025-11-25).
 Each scenario asserts on the MCP result and on the audit trail of its
-request id; the script prints one line per scenario and exits non-zero on
-the first failure.
+request id; every schema tools/list shows is checked as JSON Schema and
+every `structuredContent` against its tool's output schema. The script
+prints one line per scenario and exits non-zero on the first failure.
 """
 import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
+
+from typing import Any, Literal
 
 import anyio
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+import jsonschema
+import mcp_types as types
+from mcp import StdioServerParameters
+from mcp.client.client import Client
+from mcp.client.extension import ClientExtension, ResultClaim
+from mcp.shared.exceptions import MCPError
+from pydantic import ConfigDict, Field
 
-GATEWAY, HOME, WORKSPACE, POLICIES, SOCKET = sys.argv[1:6]
+GATEWAY, HOME, WORKSPACE, POLICIES, SOCKET, MODE = sys.argv[1:7]
 MODULE = "terraform/offline-demo"
+CLIENT = "gateway-e2e-" + MODE
+OUTPUT_SCHEMAS = {}
 
 
 def audit_events(request_id):
@@ -30,7 +44,18 @@ def audit_events(request_id):
 
 
 def rid(result):
-    return result.structured_content["request_id"]
+    sc = result.structured_content
+    schema = OUTPUT_SCHEMAS.get(sc["tool"])
+    check(schema is not None, "no output schema for " + sc["tool"])
+    jsonschema.Draft202012Validator(schema).validate(sc)
+    return sc["request_id"]
+
+
+def requests_of(request_id):
+    path = os.path.join(HOME, "audit.jsonl")
+    with open(path) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    return [e["data"] for e in events if e.get("request_id") == request_id and e["event"] == "tool.request"]
 
 
 def check(cond, what):
@@ -46,12 +71,25 @@ async def scenarios(s):
     check(apply_tool.annotations.destructive_hint is True, apply_tool.annotations)
     check(apply_tool.input_schema["additionalProperties"] is False, apply_tool.input_schema)
     check(apply_tool.output_schema is not None, "output schema")
-    print("PASS list tools: only the policy's tools, with annotations and schemas")
+    for t in init_tools.tools:
+        jsonschema.Draft202012Validator.check_schema(t.input_schema)
+        jsonschema.Draft202012Validator.check_schema(t.output_schema)
+        for name, prop in t.input_schema["properties"].items():
+            check(prop.get("description"), f"{t.name}.{name} has no description")
+        OUTPUT_SCHEMAS[t.name] = t.output_schema
+    check(len({json.dumps(t.output_schema["properties"]["result"], sort_keys=True) for t in init_tools.tools}) == 3,
+          "each tool has its own result schema")
+    pods = next(t for t in init_tools.tools if t.name == "k8s_get_pod_status")
+    check(pods.input_schema["properties"]["namespace"]["enum"] == ["demo-app"], pods.input_schema)
+    check(MODULE in apply_tool.input_schema["properties"]["working_dir"]["enum"], apply_tool.input_schema)
+    print("PASS list tools: only the policy's tools, annotations, valid schemas, described params, the policy's choices")
 
     r = await s.call_tool("k8s_get_pod_status", {"namespace": "kube-system"})
     check(r.is_error and "not in the allowlist" in r.content[0].text, r)
     check(audit_events(rid(r)) == ["tool.request", "policy.decision", "tool.result"], audit_events(rid(r)))
-    print("PASS pod status outside the allowlist is denied (never reaches broker or sandbox)")
+    check(requests_of(rid(r))[0]["principal"]["client"] == CLIENT, requests_of(rid(r)))
+    check(len(r.content) == 1 and not r.content[0].text.lstrip().startswith("{"), r.content)
+    print("PASS pod status outside the allowlist is denied (never reaches broker or sandbox); the audit names the client")
 
     progress = []
 
@@ -114,9 +152,14 @@ async def scenarios(s):
     check(audit_events(rid(r)) == ["tool.request", "policy.decision", "tool.result"], audit_events(rid(r)))
     print("PASS working_dir ../../etc is refused")
 
-    r = await s.call_tool("delete_everything", {})
-    check(r.is_error and "unknown tool" in r.content[0].text, r.content[0].text)
-    print("PASS an unknown tool is refused")
+    try:
+        await s.call_tool("delete_everything", {})
+        check(False, "an unknown tool got a result")
+    except MCPError as e:
+        check(e.code == -32602 and "unknown tool" in e.message, (e.code, e.message))
+        unknown_id = (e.error.data or {}).get("request_id")
+    check(audit_events(unknown_id) == ["tool.request", "policy.decision", "tool.result"], audit_events(unknown_id))
+    print("PASS an unknown tool is a JSON-RPC -32602 error, audited")
 
     r = await s.call_tool("terraform_plan", {"working_dir": MODULE, "role": "admin"})
     check(r.is_error and 'unknown param "role"' in r.content[0].text, r.content[0].text)
@@ -128,10 +171,19 @@ async def scenarios(s):
     # Cancellation: make the plan slow, cancel it, check its sandbox is gone.
     slow = os.path.join(WORKSPACE, MODULE, "slow.tf")
     open(slow, "w").write('resource "terraform_data" "many" {\n  count = 4000\n  input = count.index\n}\n')
-    with anyio.move_on_after(4):
-        await s.call_tool("terraform_plan", {"working_dir": MODULE})
+    beats = []
+
+    async def on_beat(p, total, message):
+        beats.append((time.monotonic(), p, total, message))
+
+    with anyio.move_on_after(6):
+        await s.call_tool("terraform_plan", {"working_dir": MODULE}, progress_callback=on_beat)
         check(False, "the slow plan finished before it could be cancelled")
     os.remove(slow)
+    check(sum(1 for b in beats if b[3].startswith("still working")) >= 2, beats)
+    check(all(b[1] > a[1] for a, b in zip(beats, beats[1:])), beats)
+    check(max(b[0] - a[0] for a, b in zip(beats, beats[1:])) < 3, beats)
+    check(any(b[2] is not None and b[2] > b[1] for b in beats), "a sandbox's deadline is the total")
     cancelled = []
     for _ in range(100):  # the server records it once the sandbox is removed
         events = [json.loads(l) for l in open(os.path.join(HOME, "audit.jsonl")) if l.strip()]
@@ -144,11 +196,67 @@ async def scenarios(s):
     check(not any("runsc" in l and cancelled[0]["request_id"] in l for l in left.splitlines()), left)
     trail = audit_events(cancelled[0]["request_id"])
     check(trail[0] == "tool.request" and "sandbox.started" in trail and trail[-1] == "tool.result", trail)
-    print("PASS cancelling a slow call kills its sandbox and the audit says cancelled")
+    print("PASS a long call keeps sending progress (heartbeats, the deadline as total); cancelling it kills its sandbox and the audit says cancelled")
+
+    await list_changed(s)
 
     r = subprocess.run([GATEWAY, "--home", HOME, "audit", "verify"], capture_output=True, text=True)
     check(r.returncode == 0, r.stdout + r.stderr)
     print("PASS the audit chain verifies")
+
+
+LIST_CHANGED = []
+
+
+async def on_message(message):
+    if getattr(message, "method", None) == "notifications/tools/list_changed":
+        LIST_CHANGED.append(message)
+
+
+async def wait_list_changed(s, sub, seen):
+    """The next tools/list_changed: on the listen stream (2026-07-28) or as
+    a plain notification (the handshake era)."""
+    with anyio.fail_after(15):
+        if sub is not None:
+            async for event in sub:
+                if type(event).__name__ == "ToolsListChanged":
+                    return
+        else:
+            while len(LIST_CHANGED) <= seen:
+                await anyio.sleep(0.05)
+
+
+async def list_changed(s):
+    catalog = os.path.join(POLICIES, "config/tools/data.yaml")
+    original = open(catalog).read()
+    check(original.rstrip().endswith("openWorldHint: true"), "terraform_apply is the catalog's last entry")
+
+    async def body(sub):
+        seen = len(LIST_CHANGED)
+        # Only another client may see terraform_apply now.
+        open(catalog, "w").write(original.rstrip() + "\n  clients: [ops-console]\n")
+        try:
+            await wait_list_changed(s, sub, seen)
+            names = sorted(t.name for t in (await s.list_tools()).tools)
+            check(names == ["k8s_get_pod_status", "terraform_plan"], names)
+            try:
+                await s.call_tool("terraform_apply", {"working_dir": MODULE})
+                check(False, "a tool the client is not shown got a result")
+            except MCPError as e:
+                check(e.code == -32602 and "not available to client" in e.message, e.message)
+        finally:
+            seen = len(LIST_CHANGED)
+            open(catalog, "w").write(original)
+        await wait_list_changed(s, sub, seen)
+        names = sorted(t.name for t in (await s.list_tools()).tools)
+        check(names == ["k8s_get_pod_status", "terraform_apply", "terraform_plan"], names)
+
+    if MODE == "legacy":
+        await body(None)
+    else:
+        async with s.listen(tools_list_changed=True) as sub:
+            await body(sub)
+    print("PASS a policy edit that changes the client's tools sends tools/list_changed (and a hidden tool is a -32602 error)")
 
 
 def approve(approval_id):
@@ -161,6 +269,91 @@ def approve(approval_id):
     return r.stdout
 
 
+class TaskHandle(types.Result):
+    """SEP-2663's CreateTaskResult (`resultType: "task"`)."""
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    result_type: Literal["task"] = Field(alias="resultType")
+    task_id: str = Field(alias="taskId")
+    status: str
+
+
+class GetTaskParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class GetTask(types.Request[GetTaskParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"
+
+
+class AnyResult(types.Result):
+    model_config = ConfigDict(extra="allow")
+
+
+class Tasks(ClientExtension):
+    """The client side of the Tasks extension, which the SDK leaves to
+    extensions: declares it, and resolves a task handle by polling tasks/get
+    (each status message is kept, for the test to read)."""
+    identifier = "io.modelcontextprotocol/tasks"
+
+    def __init__(self):
+        self.statuses = []
+        self.handles = []
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle, ctx):
+        self.handles.append(handle)
+        while True:
+            raw = await ctx.session.send_request(GetTask(params=GetTaskParams(taskId=handle.task_id)), AnyResult)
+            task = raw.model_dump(by_alias=True)
+            self.statuses.append((task["status"], task.get("statusMessage")))
+            if task["status"] == "completed":
+                return types.CallToolResult.model_validate(task["result"])
+            if task["status"] in ("failed", "cancelled"):
+                raise AssertionError(f"task {task['status']}: {task}")
+            await anyio.sleep(0.2)
+
+
+async def task_scenarios(params):
+    """A client with the Tasks extension: a pending apply is a task that
+    waits for the approval and completes once `gateway approve` grants it."""
+    tasks = Tasks()
+    client_info = types.Implementation(name="gateway-e2e-tasks", version="1")
+    async with Client(params, client_info=client_info, extensions=[tasks]) as c:
+        check(c.protocol_version == "2026-07-28", c.protocol_version)
+        tools = await c.list_tools()
+        for t in tools.tools:
+            OUTPUT_SCHEMAS[t.name] = t.output_schema
+        main_tf = os.path.join(WORKSPACE, MODULE, "main.tf")
+        text = open(main_tf).read()
+        open(main_tf, "w").write(text.replace('labels = "app=web,tier=frontend"', 'labels = "app=web,tier=backend"', 1))
+        result = {}
+
+        async def call():
+            result["r"] = await c.call_tool("terraform_apply", {"working_dir": MODULE})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(120):
+                while not any(m and "waiting for a person's approval" in m for _, m in tasks.statuses):
+                    await anyio.sleep(0.2)
+            waiting = next(m for _, m in tasks.statuses if m and "waiting for a person's approval" in m)
+            approval = waiting.split("approval ", 1)[1].split(":", 1)[0]
+            await anyio.sleep(1.5)  # still waiting: nobody has approved
+            check("r" not in result, "the task completed before the approval")
+            await anyio.to_thread.run_sync(approve, approval)
+        r = result["r"]
+        check(len(tasks.handles) == 1, tasks.handles)
+        check(not r.is_error and "1 replaced" in r.content[0].text, r.content[0].text)
+        check(r.structured_content["status"] == "completed", r.structured_content)
+        trail = audit_events(rid(r))
+        check("approval.spent" in trail and trail[-1] == "tool.result", trail)
+        check(requests_of(rid(r))[0]["principal"]["client"] == "gateway-e2e-tasks", requests_of(rid(r)))
+        print("PASS a pending apply run as a task waits for the approval and completes, applied, after gateway approve")
+
+
 async def main():
     params = StdioServerParameters(
         command=GATEWAY,
@@ -168,14 +361,16 @@ async def main():
         env={**{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
              "GATEWAY_SOCKET": SOCKET},
     )
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            init = await session.initialize()
-            if init.protocol_version != "2025-11-25":
-                raise AssertionError(init.protocol_version)
-            await session.send_ping()
-            print("PASS initialize (protocol 2025-11-25) and ping")
-            await scenarios(session)
+    client_info = types.Implementation(name=CLIENT, version="1")
+    async with Client(params, mode=MODE, client_info=client_info, message_handler=on_message) as c:
+        want = "2025-11-25" if MODE == "legacy" else "2026-07-28"
+        check(c.protocol_version == want, c.protocol_version)
+        if MODE == "legacy":
+            await c.send_ping()
+        print(f"PASS connected in {MODE} mode (protocol {want})")
+        await scenarios(c)
+    if MODE != "legacy":
+        await task_scenarios(params)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,15 @@ impl Daemon {
     /// A root-owned dir (0755, so that users reach the socket) holding a
     /// copy of `policies`, the state dir and a config with `extra` appended.
     pub fn layout(policies: &Path, extra: &str) -> (tempfile::TempDir, PathBuf) {
+        Daemon::layout_with(policies, extra, "")
+    }
+
+    /// [`Daemon::layout`] with more `[daemon]` keys.
+    pub fn layout_with(
+        policies: &Path,
+        extra: &str,
+        daemon_keys: &str,
+    ) -> (tempfile::TempDir, PathBuf) {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("daemon dir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
@@ -113,7 +122,7 @@ impl Daemon {
         super::common::copy_dir(policies, &dir.path().join("policies"));
         let config = dir.path().join("gateway.toml");
         let text = format!(
-            "policies = {:?}\nhome = {:?}\n{extra}\n[daemon]\nsocket = {:?}\nsocket_group = {GROUP:?}\n",
+            "policies = {:?}\nhome = {:?}\n{extra}\n[daemon]\nsocket = {:?}\nsocket_group = {GROUP:?}\n{daemon_keys}\n",
             dir.path().join("policies"),
             dir.path().join("state"),
             dir.path().join("run/gateway.sock"),

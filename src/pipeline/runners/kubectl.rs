@@ -3,7 +3,7 @@
 //! string), with the minted token, in a sandbox that reaches only the API
 //! server.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{RunnerFuture, ToolRunner};
 use crate::pipeline::{Call, Outcome, Pipeline, SandboxCall, Stop, Toolset, tail};
@@ -15,6 +15,35 @@ pub struct GetPods;
 impl ToolRunner for GetPods {
     fn name(&self) -> &'static str {
         "kubectl_get_pods"
+    }
+
+    fn result_schema(&self) -> Value {
+        json!({"anyOf": [
+            {"description": "the pods, as kubectl listed them",
+             "type": "object", "required": ["namespace", "pods"], "additionalProperties": false,
+             "properties": {
+                "namespace": {"type": "string"},
+                "pods": {"type": "array", "items": {"type": "object",
+                    "required": ["name", "phase", "ready", "restarts", "node", "started"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "name": {"type": "string"},
+                        "phase": {"type": "string"},
+                        "ready": {"type": "string", "description": "ready containers / containers"},
+                        "restarts": {"type": "integer", "minimum": 0},
+                        "node": {"type": "string"},
+                        "started": {"type": "string", "description": "RFC 3339, or empty"}}}}}},
+            {"description": "kubectl failed in its sandbox",
+             "type": "object", "required": ["namespace", "exit_code", "ended", "errors"], "additionalProperties": false,
+             "properties": {
+                "namespace": {"type": "string"},
+                "exit_code": {"type": ["integer", "null"]},
+                "ended": super::ended_schema(),
+                "errors": {"type": "string", "description": "the last lines kubectl wrote to stderr"}}},
+            {"description": "kubectl's answer could not be read (the summary says why)",
+             "type": "object", "required": ["namespace"], "additionalProperties": false,
+             "properties": {"namespace": {"type": "string"}}}
+        ]})
     }
 
     fn run<'a>(

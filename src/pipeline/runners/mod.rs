@@ -9,6 +9,8 @@ mod terraform;
 use std::future::Future;
 use std::pin::Pin;
 
+use serde_json::{Value, json};
+
 use super::{Call, Outcome, Pipeline, Stop};
 use crate::policy::Decision;
 
@@ -28,6 +30,48 @@ pub trait ToolRunner: Send + Sync {
         call: &'a mut Call,
         decision: Decision,
     ) -> RunnerFuture<'a>;
+
+    /// The JSON Schema of the `result` of a completed call (every shape
+    /// `run` can return, failures included): tools/list shows it in the
+    /// tool's output schema, and clients validate what they get against it.
+    fn result_schema(&self) -> Value;
+}
+
+/// The runner named `name`, if this gateway has it.
+pub fn by_name(name: &str) -> Option<&'static dyn ToolRunner> {
+    RUNNERS.iter().copied().find(|r| r.name() == name)
+}
+
+/// How a sandbox ended ([`crate::sandbox::Ended`] as serialized).
+pub fn ended_schema() -> Value {
+    json!({"type": "object", "required": ["reason"], "additionalProperties": false,
+           "properties": {
+               "reason": {"type": "string", "enum": ["exited", "deadline", "limit", "signal"]},
+               "detail": {"type": ["string", "integer"]}}})
+}
+
+/// A plan's resource changes ([`crate::approvals::plan_summary`]).
+pub fn changes_schema() -> Value {
+    json!({"type": "array", "items": {"type": "object", "required": ["address", "actions", "reason", "paths"],
+        "additionalProperties": false,
+        "properties": {
+            "address": {"type": ["string", "null"], "description": "the resource's address"},
+            "actions": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Terraform's actions: create, update, delete, read, no-op"},
+            "reason": {"type": ["string", "null"], "description": "Terraform's action_reason"},
+            "paths": {"type": ["array", "null"], "description": "the attribute paths that force a replacement"}}}})
+}
+
+/// The decision's signals ([`crate::policy::Signal`]).
+pub fn signals_schema() -> Value {
+    json!({"type": "array", "items": {"type": "object", "required": ["address", "kind", "actions", "reason", "paths", "message"],
+        "additionalProperties": false,
+        "properties": {
+            "address": {"type": "string"},
+            "kind": {"type": "string", "description": "what the policy flags: replace, delete, …"},
+            "actions": {"type": "array", "items": {"type": "string"}},
+            "reason": {"type": ["string", "null"]},
+            "paths": {"type": "array", "items": {"type": "array"}},
+            "message": {"type": "string", "description": "what a person should know before approving"}}}})
 }
 
 /// Every runner this gateway has.
@@ -41,11 +85,7 @@ pub fn for_decision(decision: &Decision) -> Result<&'static dyn ToolRunner, Stop
             "the tool catalog names no runner for this tool; nothing was run",
         ));
     };
-    RUNNERS
-        .iter()
-        .copied()
-        .find(|r| r.name() == name)
-        .ok_or_else(|| {
+    by_name(name).ok_or_else(|| {
             Stop::refused(format!(
                 "the tool catalog names runner {name:?}, which this gateway does not have; nothing was run"
             ))

@@ -38,6 +38,16 @@ impl ToolRunner for Plan {
         "terraform_plan"
     }
 
+    fn result_schema(&self) -> Value {
+        json!({"type": "object", "required": ["changes", "signals", "plan_sha256", "sandbox_ms"],
+               "additionalProperties": false,
+               "properties": {
+                   "changes": super::changes_schema(),
+                   "signals": super::signals_schema(),
+                   "plan_sha256": {"type": "string", "description": "SHA-256 of the saved plan file"},
+                   "sandbox_ms": {"type": "integer", "minimum": 0}}})
+    }
+
     fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
         Box::pin(async move {
             let module = p.open_module(call, &first).await?;
@@ -57,6 +67,28 @@ impl ToolRunner for Plan {
 impl ToolRunner for Apply {
     fn name(&self) -> &'static str {
         "terraform_apply"
+    }
+
+    fn result_schema(&self) -> Value {
+        let names = json!({"type": "array", "items": {"type": "string"}});
+        json!({"type": "object",
+               "required": ["plan_sha256", "exit_code", "ended", "state", "output", "errors"],
+               "additionalProperties": false,
+               "properties": {
+                   "plan_sha256": {"type": "string", "description": "SHA-256 of the plan file that was applied"},
+                   "exit_code": {"type": ["integer", "null"]},
+                   "ended": super::ended_schema(),
+                   "state": {"type": "object", "required": ["change", "serial", "problems"],
+                             "additionalProperties": false,
+                             "description": "what the apply did, read from the state before and after it",
+                             "properties": {
+                                 "change": {"type": "object", "required": ["added", "replaced", "removed"],
+                                            "additionalProperties": false,
+                                            "properties": {"added": names, "replaced": names, "removed": names}},
+                                 "serial": {"type": ["integer", "null"]},
+                                 "problems": {"type": "array", "items": {"type": "string"}}}},
+                   "output": {"type": "string", "description": "the last lines terraform printed"},
+                   "errors": {"type": "string", "description": "the last lines terraform wrote to stderr"}}})
     }
 
     fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
