@@ -107,36 +107,40 @@ violated(name) if {
 	v.param == name
 }
 
+# The requested tool when this client may use it: only then are its params
+# checked (a tool kept from a client says nothing of its params to it).
+usable := tool if principal_allowed(tool)
+
 # What is wrong with the call's params, as data: the MCP layer hands these
 # to the agent as its validation error (after the request is audited), and
 # each also denies the call. `param` is "" for the params as a whole.
 violations contains {"param": "", "problem": "not_an_object", "message": "params must be an object"} if {
-	tool
+	usable
 	not is_object(raw_params)
 }
 
 violations contains {"param": name, "problem": "missing", "message": sprintf("missing required param %q", [name])} if {
-	some name, spec in tool.params
+	some name, spec in usable.params
 	spec.required
 	not name in object.keys(params)
 }
 
 violations contains {"param": short(name), "problem": "unknown", "message": sprintf("unknown param %s for tool %s", [quoted(name), quoted(input.tool)])} if {
-	tool
+	usable
 	some name, _ in params
-	not tool.params[name]
+	not usable.params[name]
 }
 
 violations contains {"param": name, "problem": "not_a_string", "message": sprintf("param %q must be a string", [name])} if {
 	some name, value in params
-	tool.params[name]
+	usable.params[name]
 	not is_string(value)
 }
 
-violations contains {"param": name, "problem": "too_long", "message": sprintf("param %q is longer than %d characters", [name, tool.params[name].max_length])} if {
+violations contains {"param": name, "problem": "too_long", "message": sprintf("param %q is longer than %d characters", [name, usable.params[name].max_length])} if {
 	some name, value in params
 	is_string(value)
-	longer_than(value, tool.params[name].max_length)
+	longer_than(value, usable.params[name].max_length)
 }
 
 deny contains v.message if some v in violations

@@ -48,3 +48,21 @@ test_saved_plans_outlive_every_approval if {
 		data.config.calls.plan_retention_seconds > data.config.approvals[kind].ttl_seconds
 	}
 }
+
+tasks(n, user) := {"tool": "terraform_apply", "client": "test", "os_user": user, "uid": 1001, "tasks": {"session": n}}
+
+test_a_session_may_hold_up_to_eight_tasks if {
+	calls.task_allowed with input as tasks(0, "alice")
+	calls.task_allowed with input as tasks(7, "alice")
+	not calls.task_allowed with input as tasks(8, "alice")
+}
+
+test_a_user_exception_raises_the_task_limit if {
+	cfg := object.union(data.config.calls, {"users": {"ci": {"tasks_per_session": 20}}})
+	calls.task_allowed with input as tasks(8, "ci") with data.config.calls as cfg
+	not calls.task_allowed with input as tasks(20, "ci") with data.config.calls as cfg
+}
+
+test_no_count_no_task if {
+	not calls.task_allowed with input as {"tool": "terraform_apply"}
+}

@@ -162,3 +162,9 @@ test_choices_naming_no_table_show_no_allowed_value if {
 	l := tools.visible with data.config.tools as catalog with input as call("t", {})
 	l.t.params.x.enum == []
 }
+
+test_a_tool_kept_from_a_client_says_nothing_of_its_params if {
+	catalog := object.union(data.config.tools, {"terraform_apply": object.union(data.config.tools.terraform_apply, {"clients": ["ops-console"]})})
+	r := tools.deny with data.config.tools as catalog with input as call("terraform_apply", {"nope": 1})
+	r == {`tool "terraform_apply" is not available to client "c"`}
+}

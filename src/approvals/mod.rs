@@ -859,18 +859,33 @@ pub fn plan_summary(plan: &regorus::Value) -> Value {
             .iter()
             .filter(|rc| rc["change"]["actions"] != no_op)
             .map(|rc| {
+                // The plan is a sandbox's output: each field keeps its
+                // type or is null, so that what the approver and the MCP
+                // output schema see is always the shape they expect.
                 let address = match (rc["address"].as_string(), rc["deposed"].as_string()) {
                     (Ok(a), Ok(d)) => format!("{a} (deposed object {d})").into(),
-                    _ => json(&rc["address"]),
+                    (Ok(a), _) => Value::String(a.to_string()),
+                    _ => Value::Null,
+                };
+                let actions = match rc["change"]["actions"].as_array() {
+                    Ok(a) if a.iter().all(|x| x.as_string().is_ok()) => {
+                        json(&rc["change"]["actions"])
+                    }
+                    _ => Value::Null,
+                };
+                let reason = match rc["action_reason"].as_string() {
+                    Ok(r) => Value::String(r.to_string()),
+                    Err(_) => Value::Null,
                 };
                 let paths = match &rc["change"]["replace_paths"] {
                     R::Undefined => serde_json::json!([]),
-                    p => json(p),
+                    p if p.as_array().is_ok() => json(p),
+                    _ => Value::Null,
                 };
                 serde_json::json!({
                     "address": address,
-                    "actions": json(&rc["change"]["actions"]),
-                    "reason": json(&rc["action_reason"]),
+                    "actions": actions,
+                    "reason": reason,
                     "paths": paths,
                 })
             })
@@ -1271,6 +1286,19 @@ mod tests {
             json!([
                 {"address": "a.b (deposed object 00ab)", "actions": ["delete"], "reason": null, "paths": []},
                 {"address": null, "actions": ["create"], "reason": null, "paths": []},
+            ])
+        );
+        // Fields of the wrong type (the plan is a sandbox's output) are null,
+        // never passed on as they came.
+        let hostile = json!({"resource_changes": [
+            {"address": 7, "action_reason": ["x"], "change": {"actions": "delete", "replace_paths": "p"}},
+            {"address": "a.d", "change": {"actions": ["delete", 3]}},
+        ]});
+        assert_eq!(
+            plan_summary(&regorus::Value::from(hostile)),
+            json!([
+                {"address": null, "actions": null, "reason": null, "paths": null},
+                {"address": "a.d", "actions": null, "reason": null, "paths": []},
             ])
         );
     }

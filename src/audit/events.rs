@@ -37,6 +37,7 @@ pub const NAMES: &[&str] = &[
     "state.saved",
     "state.refused",
     "tool.result",
+    "task.ended",
     "policy.loaded",
     "policy.load_failed",
     "policy.reloaded",
@@ -229,6 +230,17 @@ pub enum Event {
     /// `cancelled` / `error`.
     #[serde(rename = "tool.result")]
     ToolResult(Value),
+    /// An MCP task ended (recorded under the request that made it): how
+    /// (`completed`, `refused`, `cancelled`, `expired`, `failed`), why,
+    /// and the request that carried out the approved call, if one did.
+    #[serde(rename = "task.ended")]
+    TaskEnded {
+        task_id: String,
+        outcome: String,
+        detail: String,
+        #[serde(skip_serializing_if = "no")]
+        request_id: Option<String>,
+    },
     #[serde(rename = "policy.loaded")]
     PolicyLoaded { fingerprint: String, files: usize },
     #[serde(rename = "policy.load_failed")]

@@ -37,8 +37,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, CreateTaskResult, GetTaskParams,
     GetTaskResult, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
-    ToolAnnotations,
+    ProgressNotificationParam, ServerCapabilities, SubscriptionFilter, Tool, ToolAnnotations,
 };
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::task_manager::{TaskManager, TaskOptions};
@@ -70,6 +69,11 @@ pub struct GatewayServer {
     heartbeat: Duration,
     /// This session's tasks (a task id is only known to its session).
     tasks: TaskManager,
+    /// When each task was made: the manager keeps a task, finished or
+    /// not, for up to two lifetimes, so those count as held.
+    made: Arc<Mutex<std::collections::VecDeque<std::time::Instant>>>,
+    /// `subscriptions/listen` streams open now.
+    listens: Arc<std::sync::atomic::AtomicUsize>,
     /// What a handshake-era session was last shown, to tell it when a
     /// policy reload changes that (`None` until it lists tools).
     shown: Arc<Mutex<Option<Shown>>>,
@@ -102,6 +106,8 @@ impl GatewayServer {
             ended: tokio_util::sync::CancellationToken::new(),
             heartbeat: DEFAULT_HEARTBEAT,
             tasks: TaskManager::new(),
+            made: Arc::new(Mutex::new(std::collections::VecDeque::new())),
+            listens: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             shown: Arc::new(Mutex::new(None)),
         }
     }
@@ -124,6 +130,38 @@ impl GatewayServer {
     /// The tools this principal may see, as the policy describes them.
     fn catalog(&self, principal: &Principal) -> Result<Catalog, McpError> {
         catalog(&self.pipeline, principal)
+    }
+
+    /// Whether the policy lets this session hold one more task
+    /// (`data.gateway.calls.task_allowed`); when it does not, or cannot
+    /// say, the call is answered in its own response.
+    /// Counts the task as made when it is.
+    fn task_allowed(&self, principal: &Principal, tool: &str) -> bool {
+        let Ok(set) = self.pipeline.policy.current() else {
+            return false;
+        };
+        let Ok(mut made) = self.made.lock() else {
+            return false;
+        };
+        let kept = 2 * tasks::TASK_TTL;
+        while made.front().is_some_and(|t| t.elapsed() >= kept) {
+            made.pop_front();
+        }
+        let input = json!({
+            "tool": tool, "client": principal.client, "os_user": principal.os_user,
+            "uid": principal.uid, "tasks": {"session": made.len()},
+        });
+        let allowed = matches!(
+            set.eval_rule(
+                "data.gateway.calls.task_allowed",
+                regorus::Value::from(input)
+            ),
+            Ok(Value::Bool(true))
+        );
+        if allowed {
+            made.push_back(std::time::Instant::now());
+        }
+        allowed
     }
 
     /// Start telling a handshake-era session when a reload changes what it
@@ -159,6 +197,18 @@ impl GatewayServer {
     }
 }
 
+/// The most `subscriptions/listen` streams one session may hold open.
+const MAX_LISTENS: usize = 4;
+
+/// One open listen stream, counted until it ends.
+struct ListenSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for ListenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpError> {
     let set = pipeline
         .policy
@@ -168,26 +218,39 @@ fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpErr
         .map_err(|e| McpError::internal_error(e.to_string(), None))
 }
 
-/// Whether the request speaks 2026-07-28 or later (no handshake: what the
-/// client is travels in each request's `_meta`).
+/// Whether the session speaks 2026-07-28 or later: it made no handshake,
+/// so what the client is travels in each request's `_meta`. Decided by the
+/// session, not by the request: a session that made the handshake keeps
+/// what it said then, whatever a later request's `_meta` claims.
 fn modern(ctx: &RequestContext<RoleServer>) -> bool {
-    ctx.meta
-        .protocol_version()
-        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+    ctx.peer.peer_info().is_none()
 }
 
+/// The longest client name kept (in characters); the rest is cut.
+const CLIENT_NAME_CHARS: usize = 128;
+
 /// The client's name: from this request's `_meta` on 2026-07-28, from the
-/// handshake before (a handshake-era session cannot rename itself per
-/// request). `unknown` when it gave none.
+/// handshake before. `unknown` when it gave none.
 fn client_name(ctx: &RequestContext<RoleServer>) -> String {
     let info = if modern(ctx) {
         ctx.meta.client_info()
     } else {
         ctx.peer.peer_info().map(|i| i.client_info.clone())
     };
-    info.map(|i| i.name)
+    info.map(|i| i.name.chars().take(CLIENT_NAME_CHARS).collect::<String>())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// A name the client sent, quoted and cut at 64 characters (what it sent
+/// is not echoed back at any size).
+fn quoted(s: &str) -> String {
+    let short: String = s.chars().take(64).collect();
+    if short.len() < s.len() {
+        format!("{:?}…", short)
+    } else {
+        format!("{short:?}")
+    }
 }
 
 /// Audit a call the client (or the session's end) cancelled.
@@ -281,10 +344,14 @@ impl ServerHandler for GatewayServer {
         };
         let shown = self.catalog(&principal).ok();
         let entry = shown.as_ref().and_then(|c| c.get(&name));
+        // Unknown to this client: the policy's list does not have it (a
+        // list that cannot be made says nothing: the call is denied anyway).
+        let unknown = shown.as_ref().is_some_and(|c| !c.contains_key(&name));
         let as_task = entry.is_some_and(|t| t["task"] == true)
             && ctx
                 .client_capabilities()
-                .is_some_and(|c| c.supports_tasks());
+                .is_some_and(|c| c.supports_tasks())
+            && self.task_allowed(&principal, &name);
         if as_task {
             let session = tasks::TaskSession {
                 pipeline: Arc::clone(&self.pipeline),
@@ -330,12 +397,12 @@ impl ServerHandler for GatewayServer {
             // A tool this client is not shown is a protocol error (SEP-1303),
             // after the pipeline audited and denied it.
             Some(Ok(r)) => match &r.outcome {
-                Outcome::Denied { reasons, .. } if entry.is_none() => {
-                    Err(McpError::invalid_params(
-                        format!("Unknown tool: {}", reasons.join("; ")),
-                        Some(json!({"request_id": r.request_id})),
-                    ))
-                }
+                // The same words whether the tool does not exist or is
+                // kept from this client; the policy's reasons are in the audit.
+                Outcome::Denied { .. } if unknown => Err(McpError::invalid_params(
+                    format!("Unknown tool: {}", quoted(&name)),
+                    Some(json!({"request_id": r.request_id})),
+                )),
                 _ => Ok(CallToolResponse::Complete(to_result(&r))),
             },
             Some(Err(e)) => Err(McpError::internal_error(
@@ -360,6 +427,17 @@ impl ServerHandler for GatewayServer {
     /// A 2026-07-28 client's `subscriptions/listen`: told when a reload
     /// changes the tools it (as this request names it) would be shown.
     async fn listen(&self, sub: SubscriptionContext) -> Result<(), McpError> {
+        use std::sync::atomic::Ordering;
+        // A client needs one stream; a few are allowed, not a pile of them
+        // (each one costs a tools/list evaluation at every reload).
+        if self.listens.fetch_add(1, Ordering::SeqCst) >= MAX_LISTENS {
+            self.listens.fetch_sub(1, Ordering::SeqCst);
+            return Err(McpError::invalid_request(
+                format!("this session already has {MAX_LISTENS} subscriptions/listen streams open"),
+                None,
+            ));
+        }
+        let _open = ListenSlot(Arc::clone(&self.listens));
         let principal = self.principal(sub.request_context());
         let mut before = self.catalog(&principal).ok();
         let mut swaps = self.pipeline.policy.swaps();

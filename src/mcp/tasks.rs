@@ -6,16 +6,20 @@
 //! the policy needs a person's approval the task keeps waiting, its status
 //! saying which approval and the command an operator runs, and ends when
 //! the approval is granted (the call is then made again with the approval,
-//! as a new audited request, and its result is the task's), denied, expired,
-//! superseded or spent elsewhere. Nothing here approves anything: the task
-//! only reads the approval's state, which only `gateway approve` changes.
+//! as a new audited request through the whole pipeline, and its result is
+//! the task's), denied, expired, superseded or spent elsewhere, or when the
+//! task has waited as long as a task lives. Nothing here approves anything:
+//! the task only reads the approval's state, which only `gateway approve`
+//! and `gateway deny` change. Every end is audited (`task.ended`).
 //!
-//! `tasks/cancel` and the end of the session drop the running call (its
-//! sandbox is killed and removed, the audit says so); a cancelled wait
-//! leaves the approval as it is.
+//! `tasks/cancel` and the end of the session drop a running call (its
+//! sandbox is killed and removed, the audit says so) and end a wait (the
+//! approval stays as it is) — except the call made with a granted approval:
+//! once the approval can be spent, that apply runs to its end whatever the
+//! client does, so that no state is lost half way.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::CallToolResult;
@@ -26,14 +30,16 @@ use tokio_util::sync::CancellationToken;
 use super::progress;
 use super::result::to_result;
 use crate::approvals::State;
+use crate::audit::Event;
 use crate::pipeline::{CallResult, Outcome, Pipeline, Progress, ToolCall};
 
 /// How often a waiting task reads its approval's state.
 const APPROVAL_POLL: Duration = Duration::from_millis(500);
-/// How long a task (and then its result) is kept: longer than any approval
-/// can live (the policy keeps approvals within the plan retention, a day
-/// by default); a waiting task ends when its approval expires.
-pub const TASK_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
+/// How long a task lives (rmcp keeps a finished one as long again, for
+/// polling). A wait that lasts longer ends a minute before, saying how to go
+/// on without the task.
+pub const TASK_TTL: Duration = Duration::from_secs(3600);
+const WAIT_AT_MOST: Duration = Duration::from_secs(3600 - 60);
 
 /// What a task needs of the session.
 #[derive(Clone)]
@@ -43,17 +49,68 @@ pub struct TaskSession {
     pub heartbeat: Duration,
 }
 
+/// How a task ended, for the audit.
+struct End {
+    outcome: &'static str,
+    detail: String,
+    request_id: Option<String>,
+}
+
 impl TaskSession {
-    /// The task's operation: the call, then the wait for its approval.
+    /// The task's operation: the call, then the wait for its approval; the
+    /// end is audited under the first request.
     pub async fn run(self, ctx: TaskContext, call: ToolCall) -> Result<CallToolResult, TaskExit> {
-        let first = self.call(&ctx, call.clone()).await?;
+        let (first_id, result, end) = self.run_inner(&ctx, call).await;
+        if let Some(first_id) = first_id {
+            let _ = self.pipeline.audit.record(
+                &first_id,
+                Event::TaskEnded {
+                    task_id: ctx.task_id().to_string(),
+                    outcome: end.outcome.into(),
+                    detail: end.detail,
+                    request_id: end.request_id,
+                },
+            );
+        }
+        result
+    }
+
+    async fn run_inner(
+        &self,
+        ctx: &TaskContext,
+        call: ToolCall,
+    ) -> (Option<String>, Result<CallToolResult, TaskExit>, End) {
+        let started = Instant::now();
+        let first_id = crate::policy::input::new_request_id();
+        let first = match self.call(ctx, call.clone(), &first_id, true).await {
+            Ok(r) => r,
+            Err((exit, end)) => return (Some(first_id), Err(exit), end),
+        };
         let Outcome::PendingApproval {
             approval_id,
             approve_command,
             ..
         } = &first.outcome
         else {
-            return Ok(to_result(&first));
+            let end = End {
+                outcome: "completed",
+                detail: format!("the call ended {}", status_of(&first)),
+                request_id: None,
+            };
+            return (Some(first_id), Ok(to_result(&first)), end);
+        };
+        let refused = |reason: String, outcome: &'static str| {
+            let end = End {
+                outcome,
+                detail: reason.clone(),
+                request_id: None,
+            };
+            let r = to_result(&CallResult {
+                request_id: first.request_id.clone(),
+                tool: first.tool.clone(),
+                outcome: Outcome::Refused { reason },
+            });
+            (Some(first.request_id.clone()), Ok(r), end)
         };
         let waiting = format!(
             "waiting for a person's approval {approval_id}: an operator reviews it with \
@@ -61,26 +118,50 @@ impl TaskSession {
         );
         loop {
             ctx.set_status_message(waiting.clone());
+            if started.elapsed() >= WAIT_AT_MOST {
+                return refused(
+                    format!(
+                        "approval {approval_id} is still pending after {} minutes, as long as a task waits; \
+                         once it is granted, call {} again with approval_id {approval_id}",
+                        WAIT_AT_MOST.as_secs() / 60,
+                        first.tool
+                    ),
+                    "expired",
+                );
+            }
             tokio::select! {
                 _ = tokio::time::sleep(APPROVAL_POLL) => {}
-                _ = ctx.cancelled() => return Err(TaskExit::Cancelled),
-                _ = self.ended.cancelled() => return Err(TaskExit::Cancelled),
+                _ = ctx.cancelled() => return cancelled(&first.request_id, "the client cancelled the task while it waited; the approval stays as it is"),
+                _ = self.ended.cancelled() => return cancelled(&first.request_id, "the session ended while the task waited; the approval stays as it is"),
             }
-            let approval = self.pipeline.approval(approval_id).map_err(|e| {
-                TaskExit::Error(McpError::internal_error(
-                    format!("the approval store cannot be read: {e}"),
-                    None,
-                ))
-            })?;
-            let refused = |reason: String| {
-                Ok(to_result(&CallResult {
-                    request_id: first.request_id.clone(),
-                    tool: first.tool.clone(),
-                    outcome: Outcome::Refused { reason },
-                }))
+            // SQLite, behind the store's lock: off the async workers.
+            let pipeline = Arc::clone(&self.pipeline);
+            let id = approval_id.clone();
+            let approval = tokio::task::spawn_blocking(move || pipeline.approval(&id))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let approval = match approval {
+                Ok(a) => a,
+                Err(e) => {
+                    let why = format!("the approval store cannot be read: {e}");
+                    let end = End {
+                        outcome: "failed",
+                        detail: why.clone(),
+                        request_id: None,
+                    };
+                    return (
+                        Some(first.request_id.clone()),
+                        Err(TaskExit::Error(McpError::internal_error(why, None))),
+                        end,
+                    );
+                }
             };
             let Some(a) = approval else {
-                return refused(format!("approval {approval_id} is no longer recorded"));
+                return refused(
+                    format!("approval {approval_id} is no longer recorded"),
+                    "refused",
+                );
             };
             match a.state {
                 State::Pending => continue,
@@ -90,8 +171,24 @@ impl TaskSession {
                         p.insert("approval_id".into(), Value::String(approval_id.clone()));
                     }
                     ctx.set_status_message(format!("approval {approval_id} was granted: applying"));
-                    let r = self.call(&ctx, again).await?;
-                    return Ok(to_result(&r));
+                    let applied_id = crate::policy::input::new_request_id();
+                    return match self.call(ctx, again, &applied_id, false).await {
+                        Ok(r) => {
+                            let end = End {
+                                outcome: "completed",
+                                detail: format!(
+                                    "approval {approval_id} was granted; the call ended {}",
+                                    status_of(&r)
+                                ),
+                                request_id: Some(applied_id),
+                            };
+                            (Some(first.request_id.clone()), Ok(to_result(&r)), end)
+                        }
+                        Err((exit, mut end)) => {
+                            end.request_id = Some(applied_id);
+                            (Some(first.request_id.clone()), Err(exit), end)
+                        }
+                    };
                 }
                 State::Denied => {
                     let why = a
@@ -99,38 +196,55 @@ impl TaskSession {
                         .iter()
                         .rev()
                         .find(|v| v.verdict == "deny")
-                        .map(|v| format!(" by {}: {}", v.approver, v.reason))
+                        .map(|v| format!(": {}", v.reason))
                         .unwrap_or_default();
-                    return refused(format!(
-                        "approval {approval_id} was denied{why}; nothing was applied"
-                    ));
+                    return refused(
+                        format!("approval {approval_id} was denied{why}; nothing was applied"),
+                        "refused",
+                    );
                 }
                 State::Expired => {
-                    return refused(format!(
-                        "approval {approval_id} expired at {} without being granted; nothing was applied",
-                        a.expires_at
-                    ));
+                    return refused(
+                        format!(
+                            "approval {approval_id} expired at {} without being granted; nothing was applied",
+                            a.expires_at
+                        ),
+                        "expired",
+                    );
                 }
                 State::Superseded => {
-                    return refused(format!(
-                        "approval {approval_id} was superseded by {} (a newer plan of the same call); nothing was applied",
-                        a.superseded_by.as_deref().unwrap_or("a newer approval")
-                    ));
+                    return refused(
+                        format!(
+                            "approval {approval_id} was superseded by {} (a newer plan of the same call); nothing was applied",
+                            a.superseded_by.as_deref().unwrap_or("a newer approval")
+                        ),
+                        "refused",
+                    );
                 }
                 State::Spent => {
-                    return refused(format!(
-                        "approval {approval_id} was already spent by request {}",
-                        a.spent_request_id.as_deref().unwrap_or("(unknown)")
-                    ));
+                    return refused(
+                        format!(
+                            "approval {approval_id} was already spent by request {}",
+                            a.spent_request_id.as_deref().unwrap_or("(unknown)")
+                        ),
+                        "refused",
+                    );
                 }
             }
         }
     }
 
-    /// One pipeline call, its stages as the task's status; dropped (its
-    /// sandbox killed, the audit told) when the task is cancelled.
-    async fn call(&self, ctx: &TaskContext, call: ToolCall) -> Result<CallResult, TaskExit> {
-        let request_id = crate::policy::input::new_request_id();
+    /// One pipeline call, its stages as the task's status. `cancellable`:
+    /// a cancel (or the session's end) drops it, its sandbox killed and the
+    /// audit told; otherwise it runs to its end on its own and only the
+    /// task stops waiting for it.
+    async fn call(
+        &self,
+        ctx: &TaskContext,
+        call: ToolCall,
+        request_id: &str,
+        cancellable: bool,
+    ) -> Result<CallResult, (TaskExit, End)> {
         let tool = call.tool.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let status = ctx.clone();
@@ -138,24 +252,116 @@ impl TaskSession {
             status.set_status_message(note.message);
             std::future::ready(())
         }));
-        let stages = Progress::new(Some(tx));
-        let result = tokio::select! {
-            r = self.pipeline.call_with(call, &request_id, &stages) => Some(r),
-            _ = ctx.cancelled() => None,
-            _ = self.ended.cancelled() => None,
+        let pipeline = Arc::clone(&self.pipeline);
+        let rid = request_id.to_string();
+        let guard = CancelledGuard {
+            pipeline: Arc::clone(&self.pipeline),
+            request_id: request_id.to_string(),
+            tool: tool.clone(),
+            armed: cancellable,
         };
-        drop(stages);
-        let _ = forward.await;
+        let run = async move {
+            let stages = Progress::new(Some(tx));
+            let r = pipeline.call_with(call, &rid, &stages).await;
+            drop(stages);
+            let _ = forward.await;
+            r.map_err(|e| e.to_string())
+        };
+        let result = if cancellable {
+            tokio::select! {
+                r = run => Some(r),
+                _ = ctx.cancelled() => None,
+                _ = self.ended.cancelled() => None,
+            }
+        } else {
+            let handle = tokio::spawn(run);
+            tokio::select! {
+                r = handle => Some(r.unwrap_or_else(|e| Err(format!("the call's task failed: {e}")))),
+                _ = ctx.cancelled() => None,
+                _ = self.ended.cancelled() => None,
+            }
+        };
+        guard.disarm_if(result.is_some());
         match result {
             Some(Ok(r)) => Ok(r),
-            Some(Err(e)) => Err(TaskExit::Error(McpError::internal_error(
-                format!("the gateway failed: {e}"),
-                None,
-            ))),
-            None => {
-                super::record_cancelled(&self.pipeline, &request_id, &tool);
-                Err(TaskExit::Cancelled)
+            Some(Err(e)) => {
+                let why = format!("the gateway failed: {e}");
+                Err((
+                    TaskExit::Error(McpError::internal_error(why.clone(), None)),
+                    End {
+                        outcome: "failed",
+                        detail: why,
+                        request_id: None,
+                    },
+                ))
             }
+            None if cancellable => Err((
+                TaskExit::Cancelled,
+                End {
+                    outcome: "cancelled",
+                    detail: "the task was cancelled while its call ran; the sandbox was killed and removed".into(),
+                    request_id: None,
+                },
+            )),
+            None => Err((
+                TaskExit::Cancelled,
+                End {
+                    outcome: "cancelled",
+                    detail: "the task was cancelled after its approval was granted; the apply runs to its end and the audit has its result".into(),
+                    request_id: None,
+                },
+            )),
+        }
+    }
+}
+
+/// A task ended while it waited (nothing was running).
+fn cancelled(
+    request_id: &str,
+    detail: &str,
+) -> (Option<String>, Result<CallToolResult, TaskExit>, End) {
+    (
+        Some(request_id.to_string()),
+        Err(TaskExit::Cancelled),
+        End {
+            outcome: "cancelled",
+            detail: detail.into(),
+            request_id: None,
+        },
+    )
+}
+
+fn status_of(r: &CallResult) -> &'static str {
+    match &r.outcome {
+        Outcome::Denied { .. } => "denied",
+        Outcome::PendingApproval { .. } => "pending approval",
+        Outcome::Refused { .. } => "refused",
+        Outcome::Completed { ok: true, .. } => "completed",
+        Outcome::Completed { ok: false, .. } => "completed with a failure",
+    }
+}
+
+/// Records `tool.result` cancelled when a cancellable call is dropped
+/// (cancelled, or its task aborted) before it returned.
+struct CancelledGuard {
+    pipeline: Arc<Pipeline>,
+    request_id: String,
+    tool: String,
+    armed: bool,
+}
+
+impl CancelledGuard {
+    fn disarm_if(mut self, done: bool) {
+        if done {
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for CancelledGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            super::record_cancelled(&self.pipeline, &self.request_id, &self.tool);
         }
     }
 }

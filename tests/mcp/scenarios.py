@@ -156,7 +156,7 @@ async def scenarios(s):
         await s.call_tool("delete_everything", {})
         check(False, "an unknown tool got a result")
     except MCPError as e:
-        check(e.code == -32602 and "unknown tool" in e.message, (e.code, e.message))
+        check(e.code == -32602 and e.message == 'Unknown tool: "delete_everything"', (e.code, e.message))
         unknown_id = (e.error.data or {}).get("request_id")
     check(audit_events(unknown_id) == ["tool.request", "policy.decision", "tool.result"], audit_events(unknown_id))
     print("PASS an unknown tool is a JSON-RPC -32602 error, audited")
@@ -243,7 +243,10 @@ async def list_changed(s):
                 await s.call_tool("terraform_apply", {"working_dir": MODULE})
                 check(False, "a tool the client is not shown got a result")
             except MCPError as e:
-                check(e.code == -32602 and "not available to client" in e.message, e.message)
+                # The same words as for a tool that does not exist.
+                check(e.code == -32602 and e.message == 'Unknown tool: "terraform_apply"', e.message)
+                hidden = (e.error.data or {}).get("request_id")
+                check(audit_events(hidden) == ["tool.request", "policy.decision", "tool.result"], audit_events(hidden))
         finally:
             seen = len(LIST_CHANGED)
             open(catalog, "w").write(original)
@@ -260,13 +263,22 @@ async def list_changed(s):
 
 
 def approve(approval_id):
+    return verdict("approve", approval_id)
+
+
+def verdict(what, approval_id):
+    reason = "not now" if what == "deny" else "reviewed in the MCP test"
     r = subprocess.run(
-        [GATEWAY, "--home", HOME, "--policies", POLICIES, "approve", approval_id,
-         "--reason", "reviewed in the MCP test"],
+        [GATEWAY, "--home", HOME, "--policies", POLICIES, what, approval_id, "--reason", reason],
         capture_output=True, text=True)
     if r.returncode != 0:
-        raise AssertionError("gateway approve failed: " + r.stdout + r.stderr)
+        raise AssertionError(f"gateway {what} failed: " + r.stdout + r.stderr)
     return r.stdout
+
+
+def all_events():
+    with open(os.path.join(HOME, "audit.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 class TaskHandle(types.Result):
@@ -351,7 +363,28 @@ async def task_scenarios(params):
         trail = audit_events(rid(r))
         check("approval.spent" in trail and trail[-1] == "tool.result", trail)
         check(requests_of(rid(r))[0]["principal"]["client"] == "gateway-e2e-tasks", requests_of(rid(r)))
+        ended = [e["data"] for e in all_events() if e["event"] == "task.ended" and e["data"].get("request_id") == rid(r)]
+        check(len(ended) == 1 and ended[0]["outcome"] == "completed", ended)
         print("PASS a pending apply run as a task waits for the approval and completes, applied, after gateway approve")
+
+        # Denied: the task completes with an error result saying so.
+        open(main_tf, "w").write(open(main_tf).read().replace('tier=backend', 'tier=db', 1))
+        result.clear()
+        tasks.statuses.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(120):
+                while not any(m and "waiting for a person's approval" in m for _, m in tasks.statuses):
+                    await anyio.sleep(0.2)
+            waiting = next(m for _, m in tasks.statuses if m and "waiting for a person's approval" in m)
+            approval = waiting.split("approval ", 1)[1].split(":", 1)[0]
+            await anyio.to_thread.run_sync(verdict, "deny", approval)
+        r = result["r"]
+        check(r.is_error and "was denied: not now" in r.content[0].text, r.content[0].text)
+        check(r.structured_content["status"] == "refused", r.structured_content)
+        ended = [e["data"] for e in all_events() if e["event"] == "task.ended" and e["data"]["outcome"] == "refused"]
+        check(len(ended) == 1 and approval in ended[0]["detail"], ended)
+        print("PASS a task whose approval is denied completes with an error result that says so, audited")
 
 
 async def main():
