@@ -119,3 +119,114 @@ fn the_runner_binary_carries_no_code_of_those_crates() {
         "the same check finds regorus in the gateway binary"
     );
 }
+
+/// The runner with `args`, framed as on the kubernetes backend, with `env`.
+fn runner(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+    let mut c = std::process::Command::new(common::runner_bin());
+    c.args(args).env("GATEWAY_FRAMED_OUTPUT", "1");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run gateway-runner")
+}
+
+#[test]
+fn probes_frame_their_output_like_steps_so_the_backend_reads_them_as_stdout() {
+    // On the kubernetes backend the container's log merges the streams;
+    // unframed lines count as stderr, so an unframed probe's answer was
+    // never where `verify` read it.
+    let out = runner(&["probe", "kernel"], &[]);
+    assert!(out.status.success());
+    let (stdout, stderr) = gateway::protocol::unframe(&out.stdout);
+    let stdout = String::from_utf8_lossy(&stdout);
+    assert!(stdout.starts_with("release "), "{stdout}");
+    assert!(stdout.contains("\nversion "), "{stdout}");
+    assert!(stderr.is_empty(), "{}", String::from_utf8_lossy(&stderr));
+    let out = runner(&["probe", "connect", "127.0.0.1:1"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let (stdout, _) = gateway::protocol::unframe(&out.stdout);
+    assert!(String::from_utf8_lossy(&stdout).starts_with("failed: 127.0.0.1:1"));
+}
+
+/// A steps file whose one step leaves a mark when it runs.
+fn marking_steps(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mark = dir.join("ran");
+    let steps = dir.join("steps.json");
+    std::fs::write(
+        &steps,
+        serde_json::json!([{"argv": ["/usr/bin/touch", mark.display().to_string()]}]).to_string(),
+    )
+    .expect("steps");
+    (steps, mark)
+}
+
+#[test]
+fn the_runner_runs_nothing_until_the_egress_canary_is_unreachable() {
+    // A network that is open at first, as a new pod's is on a CNI that
+    // enforces policy only a second after the pod starts: the canary
+    // accepts connections for a while, then is gone.
+    let dir = tempfile::tempdir().expect("dir");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let canary = listener.local_addr().expect("addr").to_string();
+    let open_for = std::time::Duration::from_millis(1200);
+    let accepting = std::thread::spawn(move || {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let until = std::time::Instant::now() + open_for;
+        while std::time::Instant::now() < until {
+            let _ = listener.accept();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Dropped: the canary is unreachable from now on.
+    });
+    let (steps, mark) = marking_steps(dir.path());
+    let started = std::time::Instant::now();
+    let out = runner(
+        &["exec", &steps.display().to_string()],
+        &[
+            ("GATEWAY_EGRESS_CANARY", canary.clone()),
+            ("GATEWAY_LOCKDOWN_SECONDS", "20".into()),
+        ],
+    );
+    accepting.join().expect("join");
+    let (_, stderr) = gateway::protocol::unframe(&out.stdout);
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        mark.exists(),
+        "the step ran once the network was locked down"
+    );
+    assert!(
+        started.elapsed() >= open_for,
+        "nothing ran while the canary was reachable"
+    );
+    assert!(
+        stderr.contains("waiting for the network policy to take effect"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("locked down now"), "{stderr}");
+}
+
+#[test]
+fn a_network_that_is_never_locked_down_runs_nothing_and_says_so() {
+    let dir = tempfile::tempdir().expect("dir");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let canary = listener.local_addr().expect("addr").to_string();
+    let (steps, mark) = marking_steps(dir.path());
+    let env = [
+        ("GATEWAY_EGRESS_CANARY", canary.clone()),
+        ("GATEWAY_LOCKDOWN_SECONDS", "2".into()),
+    ];
+    let out = runner(&["exec", &steps.display().to_string()], &env);
+    let (_, stderr) = gateway::protocol::unframe(&out.stdout);
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(out.status.code(), Some(126), "{stderr}");
+    assert!(!mark.exists(), "the step must not run on an open network");
+    assert!(
+        stderr.contains("was never locked down") && stderr.contains(&canary),
+        "{stderr}"
+    );
+    // A probe of the network waits the same way: it sees what a tool would.
+    let out = runner(&["probe", "connect", &canary], &env);
+    assert_eq!(out.status.code(), Some(126));
+    drop(listener);
+}

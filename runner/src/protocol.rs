@@ -25,6 +25,18 @@ pub const STEPS_FILE: &str = "steps.json";
 pub const PLAN_DIR: &str = ".gateway";
 /// The environment variable that turns output framing on.
 pub const FRAMED_ENV: &str = "GATEWAY_FRAMED_OUTPUT";
+/// The environment variable naming the egress canary (`HOST:PORT`): an
+/// address the sandbox's network policy denies. When it is set, the runner
+/// runs nothing (no step, no probe but `kernel`) until the canary is
+/// unreachable, so that nothing runs in the window before a CNI enforces
+/// the policy on a new pod.
+pub const CANARY_ENV: &str = "GATEWAY_EGRESS_CANARY";
+/// How long the runner waits for the network to be locked down, in seconds
+/// (default [`LOCKDOWN_WAIT_SECONDS`]).
+pub const LOCKDOWN_ENV: &str = "GATEWAY_LOCKDOWN_SECONDS";
+pub const LOCKDOWN_WAIT_SECONDS: u64 = 30;
+/// The runner's exit status when the network was never locked down.
+pub const EXIT_NOT_LOCKED_DOWN: u8 = 126;
 
 /// One command run by the step runner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

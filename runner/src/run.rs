@@ -65,12 +65,73 @@ impl Out {
     }
 }
 
+impl Out {
+    /// As the environment says: framed on backends that merge the streams.
+    fn from_env() -> Out {
+        Out {
+            framed: std::env::var_os(FRAMED_ENV).is_some_and(|v| v == "1"),
+            lock: Arc::new(Mutex::new(())),
+        }
+    }
+}
+
+/// Wait until the egress canary ([`protocol::CANARY_ENV`]) is unreachable:
+/// the sandbox's network is locked down. `Err` with what to say when it
+/// never was within the wait; `Ok` at once when no canary is named.
+fn locked_down(out: &Out) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    use std::time::{Duration, Instant};
+    let Some(canary) = std::env::var(protocol::CANARY_ENV)
+        .ok()
+        .filter(|c| !c.is_empty())
+    else {
+        return Ok(());
+    };
+    let wait = std::env::var(protocol::LOCKDOWN_ENV)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(protocol::LOCKDOWN_WAIT_SECONDS);
+    let addrs: Vec<_> = match canary.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return Err(format!("the egress canary {canary} is not an address: {e}")),
+    };
+    if addrs.is_empty() {
+        return Err(format!("the egress canary {canary} is not an address"));
+    }
+    let until = Instant::now() + Duration::from_secs(wait);
+    let mut said = false;
+    loop {
+        let open = addrs
+            .iter()
+            .any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(300)).is_ok());
+        if !open {
+            if said {
+                out.say("gateway-runner: the network is locked down now (the egress canary is unreachable)");
+            }
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "the sandbox's network was never locked down: the egress canary {canary}, which its network policy denies,                  stayed reachable for {wait} s; nothing was run"
+            ));
+        }
+        if !said {
+            out.say(&format!(
+                "gateway-runner: waiting for the network policy to take effect (the egress canary {canary} is still reachable)"
+            ));
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Run the steps in `steps_file`; returns the exit code.
 pub fn run_steps(steps_file: &Path) -> ExitCode {
-    let out = Out {
-        framed: std::env::var_os(FRAMED_ENV).is_some_and(|v| v == "1"),
-        lock: Arc::new(Mutex::new(())),
-    };
+    let out = Out::from_env();
+    if let Err(why) = locked_down(&out) {
+        out.say(&format!("gateway-runner: {why}"));
+        return ExitCode::from(protocol::EXIT_NOT_LOCKED_DOWN);
+    }
     let steps: Vec<Step> = match std::fs::read(steps_file)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
@@ -210,43 +271,55 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
 /// kubernetes` runs inside sandbox pods, from the runner image (which has no
 /// shell): `kernel` prints the kernel release and /proc/version; `connect
 /// HOST:PORT` tries a TCP connection (3 s) and exits 0 only if it opens;
-/// `serve PORT` answers "ok" to every connection.
+/// `serve PORT` answers "ok" to every connection. Output is framed like a
+/// step's (with [`FRAMED_ENV`]), and `connect` waits for the network to be
+/// locked down first, as steps do: a probe sees the network a tool would.
 pub fn probe(args: &[String]) -> ExitCode {
+    let out = Out::from_env();
+    // What the probe prints, framed like a step's output.
+    let print = |line: String| out.line(1, format!("{line}\n").as_bytes());
+    let complain = |line: String| out.say(&line);
+    if matches!(args.first().map(String::as_str), Some("connect"))
+        && let Err(why) = locked_down(&out)
+    {
+        complain(format!("gateway-runner probe: {why}"));
+        return ExitCode::from(protocol::EXIT_NOT_LOCKED_DOWN);
+    }
     match args.first().map(String::as_str) {
         Some("kernel") => {
+            let version = std::fs::read_to_string("/proc/version").unwrap_or_default();
+            // gVisor has no /proc/sys/kernel/osrelease: the release is then
+            // the third word of /proc/version ("Linux version 4.4.0 #1 …").
             let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_string();
-            println!("release {release}");
-            println!(
-                "version {}",
-                std::fs::read_to_string("/proc/version")
-                    .unwrap_or_default()
-                    .trim()
-            );
+                .ok()
+                .map(|r| r.trim().to_string())
+                .filter(|r| !r.is_empty())
+                .or_else(|| version.split_whitespace().nth(2).map(str::to_string))
+                .unwrap_or_default();
+            print(format!("release {release}"));
+            print(format!("version {}", version.trim()));
             ExitCode::SUCCESS
         }
         Some("connect") => {
             let Some(target) = args.get(1) else {
-                eprintln!("gateway-runner probe connect HOST:PORT");
+                complain("gateway-runner probe connect HOST:PORT".into());
                 return ExitCode::from(2);
             };
             use std::net::ToSocketAddrs;
             let addrs = match target.to_socket_addrs() {
                 Ok(a) => a.collect::<Vec<_>>(),
                 Err(e) => {
-                    println!("failed: {target} does not resolve: {e}");
+                    print(format!("failed: {target} does not resolve: {e}"));
                     return ExitCode::FAILURE;
                 }
             };
             for a in addrs {
                 match std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3)) {
                     Ok(_) => {
-                        println!("connected {a}");
+                        print(format!("connected {a}"));
                         return ExitCode::SUCCESS;
                     }
-                    Err(e) => println!("failed: {a}: {e}"),
+                    Err(e) => print(format!("failed: {a}: {e}")),
                 }
             }
             ExitCode::FAILURE
@@ -259,18 +332,18 @@ pub fn probe(args: &[String]) -> ExitCode {
             let listener = match std::net::TcpListener::bind(("0.0.0.0", port)) {
                 Ok(l) => l,
                 Err(e) => {
-                    eprintln!("gateway-runner probe serve: {e}");
+                    complain(format!("gateway-runner probe serve: {e}"));
                     return ExitCode::FAILURE;
                 }
             };
-            println!("serving on {port}");
+            print(format!("serving on {port}"));
             for mut c in listener.incoming().flatten() {
                 let _ = c.write_all(b"ok\n");
             }
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("gateway-runner probe kernel | connect HOST:PORT | serve PORT");
+            complain("gateway-runner probe kernel | connect HOST:PORT | serve PORT".into());
             ExitCode::from(2)
         }
     }
