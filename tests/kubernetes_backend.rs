@@ -719,3 +719,139 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
     assert!(audit.contains("\"backend\":\"kubernetes\""));
     assert!(!audit.contains("stand-in-token-for-the-pipeline"));
 }
+
+/// Set the Job's conditions as the job controller would.
+fn job_conditions(c: &Cluster, job: &str, conditions: Value) {
+    c.kube.with(|s| {
+        s.update("jobs", NS, job, |j| j["status"]["conditions"] = conditions);
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_deadline_a_job_gets_failure_target_first_and_the_call_is_a_deadline_however_the_pod_ends()
+ {
+    // Kubernetes 1.31+: at activeDeadlineSeconds the Job gets
+    // FailureTarget=True (DeadlineExceeded), the controller deletes the pod
+    // (the kubelet kills it: exit 143, or 0 for a process that exits
+    // cleanly on SIGTERM), and only then Failed. Seen from the pod alone,
+    // that was an exit 143, or a success.
+    let c = cluster(|_| {}).await;
+    for (name, code) in [("req-dl143", 143), ("req-dl0", 0)] {
+        let job = format!("gw-{name}");
+        let run = spawn_run(&c, request(name, None));
+        let pod = pod_of(&c, &job).await;
+        running(&c, &pod);
+        job_conditions(
+            &c,
+            &job,
+            json!([{"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline"}]),
+        );
+        terminate(
+            &c,
+            &pod,
+            if code == 0 { "Succeeded" } else { "Failed" },
+            code,
+            "Error",
+            "",
+        );
+        let r = run.await.expect("join").expect("ran");
+        assert_eq!(
+            (r.exit_code, r.ended.clone()),
+            (None, Ended::Deadline),
+            "{name}"
+        );
+        assert!(!r.success());
+        assert!(gone(&c, "jobs", &job));
+    }
+    // A pod that ended before the Job's verdict is not the end yet: the
+    // Job's own failure (BackoffLimitExceeded, from the fake controller)
+    // says how; an exit 0 of a Job that failed is not a success.
+    let run = spawn_run(&c, request("req-bl", None));
+    let pod = pod_of(&c, "gw-req-bl").await;
+    job_conditions(
+        &c,
+        "gw-req-bl",
+        json!([{"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy", "message": "container runner failed"}]),
+    );
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "");
+    let e = run.await.expect("join").expect_err("a failed Job");
+    assert!(e.to_string().contains("PodFailurePolicy"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_that_keep_failing_in_the_stream_back_off_and_the_real_error_is_reported() {
+    // A real API server once answered every watch with an in-stream error;
+    // the hand-written loop re-watched at once: 88,532 watch requests in
+    // 150 s, and then the call reported a deadline.
+    let c = cluster(|_| {}).await;
+    c.kube.with(|s| s.watch_error = Some(500));
+    let mut req = request("req-werr", None);
+    req.deadline = Duration::from_secs(4);
+    let started = Instant::now();
+    let e = c
+        .sandbox
+        .run(req)
+        .await
+        .expect_err("the watches never worked");
+    let took = started.elapsed();
+    let watches = c.kube.with(|s| s.watches);
+    assert!(
+        e.to_string().contains("etcdserver: request timed out"),
+        "{e}"
+    );
+    // Three watches (pod, Job, Job events) for about six seconds, each
+    // retried with backoff (0.8 s, doubling): a few dozen at most.
+    assert!(watches >= 3, "{watches}");
+    assert!(
+        (watches as f64) < 15.0 * took.as_secs_f64().max(1.0),
+        "{watches} watch requests in {took:?}"
+    );
+    assert!(gone(&c, "jobs", "gw-req-werr"));
+
+    // The API server recovers: the watcher re-lists and follows the call.
+    c.kube.with(|s| s.watch_error = None);
+    let run = spawn_run(&c, request("req-wok", None));
+    let pod = pod_of(&c, "gw-req-wok").await;
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "o ok\n");
+    let r = run.await.expect("join").expect("ran");
+    assert!(r.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_sandbox_never_starts_ends_the_call_with_the_kubelets_reason() {
+    // FailedCreatePodSandBox is an event on the pod (not on the Job): the
+    // call waited for deadline + grace and blamed the deadline.
+    let c = cluster(|_| {}).await;
+    let mut req = request("req-nosb", None);
+    req.deadline = Duration::from_secs(60);
+    let run = spawn_run(&c, req);
+    let pod = pod_of(&c, "gw-req-nosb").await;
+    let message = "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to create containerd task: OCI runtime create failed: runsc: exit status 1";
+    for count in 1..=3 {
+        c.kube.with(|s| {
+            s.put(
+                "events",
+                NS,
+                json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": format!("{pod}.sandbox{count}")},
+                "involvedObject": {"kind": "Pod", "name": pod, "namespace": NS, "apiVersion": "v1"},
+                "reason": "FailedCreatePodSandBox", "type": "Warning", "count": count,
+                "message": message, "source": {"component": "kubelet"}}),
+            );
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let started = Instant::now();
+    let e = run.await.expect("join").expect_err("no sandbox");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "ended on the kubelet's events, not at the deadline"
+    );
+    assert!(
+        e.to_string().contains("FailedCreatePodSandBox")
+            && e.to_string().contains("OCI runtime create failed"),
+        "{e}"
+    );
+    assert!(gone(&c, "jobs", "gw-req-nosb"));
+}

@@ -17,15 +17,27 @@
 //!   garbage collector removes what the deleted object owns unless
 //!   `Orphan`), `409 AlreadyExists` / `404 NotFound` `Status` bodies. A
 //!   "job controller" creates the Job's pod (or, when admission is set to
-//!   reject, a `FailedCreate` Event instead); **the test plays the kubelet**
-//!   (pod phases, container states, logs). The server can be paused (every
-//!   connection dropped, nothing listening) and resumed on the same port;
+//!   reject, a `FailedCreate` Event instead) and follows it as the 1.31+
+//!   controller does (`SuccessCriteriaMet`/`FailureTarget` first, then
+//!   `Complete`/`Failed` once the pod has ended); **the test plays the
+//!   kubelet** (pod phases, container states, logs, events on the pod such
+//!   as `FailedCreatePodSandBox`). The server can be paused (every
+//!   connection dropped, nothing listening) and resumed on the same port,
+//!   and can answer every watch with an in-stream ERROR event (`watch_error`)
+//!   as the real one does when etcd fails mid-watch;
+//! - the real server's token authentication cache: a revoked token is
+//!   forbidden (403) for `token_cache` before it is unauthorized (401);
 //! - TLS with its own CA (the kubeconfig the gateway writes carries it),
 //!   bearer-token authentication and RBAC: a minted token is a real
 //!   three-part JWT with `exp`, valid only while its ServiceAccount exists
 //!   and unexpired, and authorized only by the rules of the Roles bound to
 //!   that ServiceAccount in that namespace (401/403 `Status` bodies as the
 //!   real server sends them).
+//!
+//! It does not model a CNI: a NetworkPolicy is not enforced here at all, so
+//! the window after a pod starts before its policy applies on a real CNI
+//! is tested on the runner itself (tests/runner_binary.rs),
+//! with a network that is open at first.
 //!
 //! Everything it was asked is recorded so tests can assert on it.
 #![allow(dead_code)]
@@ -87,6 +99,18 @@ pub struct State {
     pub deletions: Vec<(String, String, String)>,
     /// Every change, for watches: (resource version, type, resource, object).
     pub changes: Vec<(u64, String, String, Value)>,
+    /// Watch requests received (each `?watch=true`).
+    pub watches: usize,
+    /// While set, every watch answers at once with an in-stream ERROR event
+    /// (this status code, as the real server does when etcd or a webhook
+    /// fails mid-watch) and ends.
+    pub watch_error: Option<u16>,
+    /// How long a deleted ServiceAccount's token still authenticates (the
+    /// real API server caches successful token authentications for 10 s):
+    /// its requests are then forbidden (403), not unauthorized (401).
+    pub token_cache: Duration,
+    /// When each ServiceAccount was deleted.
+    sa_deleted: BTreeMap<(String, String), std::time::Instant>,
     notify: Option<tokio::sync::broadcast::Sender<(u64, String, String, Value)>>,
     next_rv: u64,
 }
@@ -396,6 +420,19 @@ impl State {
                         ns: ns.clone(),
                         name: name.clone(),
                     },
+                    // Deleted, but still in the authentication cache: the
+                    // token authenticates and RBAC (its bindings gone)
+                    // forbids everything.
+                    None if self
+                        .sa_deleted
+                        .get(&(ns.clone(), name.clone()))
+                        .is_some_and(|at| at.elapsed() < self.token_cache) =>
+                    {
+                        Who::Sa {
+                            ns: ns.clone(),
+                            name: name.clone(),
+                        }
+                    }
                     _ => Who::Invalid,
                 }
             }
@@ -551,7 +588,70 @@ impl State {
         obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
         self.objects.insert(key, obj.clone());
         self.record("MODIFIED", resource, &obj);
+        if resource == "pods" {
+            self.job_follows_pod(ns, &obj);
+        }
         true
+    }
+
+    /// The job controller following its pod, as on Kubernetes 1.31+: when
+    /// the pod has ended, a Job with no verdict yet gets `SuccessCriteriaMet`
+    /// then `Complete` (the pod succeeded) or `FailureTarget` then `Failed`
+    /// with reason `BackoffLimitExceeded` (it failed; backoffLimit is 0); a
+    /// Job that already has `FailureTarget` or `SuccessCriteriaMet` (its
+    /// deadline, say) gets the final condition of the same reason only now.
+    fn job_follows_pod(&mut self, ns: &str, pod: &Value) {
+        let Some(job) = pod["metadata"]["labels"]["job-name"]
+            .as_str()
+            .map(str::to_string)
+        else {
+            return;
+        };
+        let (target, last, reason) = match pod["status"]["phase"].as_str() {
+            Some("Succeeded") => ("SuccessCriteriaMet", "Complete", "CompletionsReached"),
+            Some("Failed") => ("FailureTarget", "Failed", "BackoffLimitExceeded"),
+            _ => return,
+        };
+        let key = ("jobs".to_string(), ns.to_string(), job.clone());
+        let Some(current) = self.objects.get(&key) else {
+            return;
+        };
+        let conditions: Vec<Value> = current["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let has = |t: &str| conditions.iter().any(|c| c["type"] == t);
+        if has("Complete") || has("Failed") {
+            return;
+        }
+        let pending = conditions
+            .iter()
+            .find(|c| c["type"] == "FailureTarget" || c["type"] == "SuccessCriteriaMet")
+            .cloned();
+        let condition = |t: &str, r: &str| json!({"type": t, "status": "True", "reason": r, "message": format!("{r} (fake job controller)")});
+        match pending {
+            Some(p) => {
+                let last = if p["type"] == "FailureTarget" {
+                    "Failed"
+                } else {
+                    "Complete"
+                };
+                let r = p["reason"].as_str().unwrap_or(reason).to_string();
+                self.update("jobs", ns, &job, |j| {
+                    j["status"]["conditions"] = json!([p, condition(last, &r)]);
+                });
+            }
+            None => {
+                let first = condition(target, reason);
+                let first2 = first.clone();
+                self.update("jobs", ns, &job, |j| {
+                    j["status"]["conditions"] = json!([first])
+                });
+                self.update("jobs", ns, &job, |j| {
+                    j["status"]["conditions"] = json!([first2, condition(last, reason)]);
+                });
+            }
+        }
     }
 
     /// Add an object as a controller would (no admission).
@@ -565,6 +665,12 @@ impl State {
     fn remove(&mut self, resource: &str, ns: &str, name: &str) -> Option<Value> {
         let key = (resource.to_string(), ns.to_string(), name.to_string());
         let mut obj = self.objects.remove(&key)?;
+        if resource == "serviceaccounts" {
+            self.sa_deleted.insert(
+                (ns.to_string(), name.to_string()),
+                std::time::Instant::now(),
+            );
+        }
         self.deleted.push(key);
         self.next_rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
@@ -964,6 +1070,23 @@ async fn workload_route(
             )
         }
         ("watch", None, None) => {
+            let injected = {
+                let mut s = st.lock().expect("state");
+                s.watches += 1;
+                s.watch_error
+            };
+            if let Some(code) = injected {
+                // An ERROR event in the stream, then the end of it.
+                let event = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                    "metadata": {}, "status": "Failure", "reason": "InternalError", "code": code,
+                    "message": "etcdserver: request timed out (fake)"}});
+                let mut r = Response::new(full(format!("{event}\n")));
+                r.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                return r;
+            }
             let since: u64 = q
                 .get("resourceVersion")
                 .and_then(|v| v.parse().ok())

@@ -69,6 +69,15 @@ pub struct KubeSandboxConfig {
     /// A kubeconfig for the gateway's own access (default: in-cluster
     /// service account, else KUBECONFIG / ~/.kube/config).
     pub kubeconfig: Option<PathBuf>,
+    /// `IP:PORT` of a TCP service every sandbox's network policy denies
+    /// and any pod could otherwise reach (the cluster DNS service's
+    /// ClusterIP and port 53 is the usual choice). A NetworkPolicy takes
+    /// effect only some time after a pod starts; the runner in each sandbox runs nothing until this address is
+    /// unreachable. `gateway daemon` refuses the kubernetes backend without
+    /// it, and `gateway verify` checks it.
+    pub egress_canary: Option<String>,
+    /// How long the runner waits for the lock-down, in seconds.
+    pub lockdown_seconds: u64,
 }
 
 impl Default for KubeSandboxConfig {
@@ -87,6 +96,8 @@ impl Default for KubeSandboxConfig {
             grace_seconds: 30,
             provider_mirror: Some("/opt/terraform/providers".into()),
             kubeconfig: None,
+            egress_canary: None,
+            lockdown_seconds: 30,
         }
     }
 }
@@ -317,6 +328,18 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         value: Some("1".into()),
         value_from: None,
     });
+    if let Some(canary) = &cfg.egress_canary {
+        env.push(EnvVar {
+            name: crate::protocol::CANARY_ENV.into(),
+            value: Some(canary.clone()),
+            value_from: None,
+        });
+        env.push(EnvVar {
+            name: crate::protocol::LOCKDOWN_ENV.into(),
+            value: Some(cfg.lockdown_seconds.to_string()),
+            value_from: None,
+        });
+    }
     let quantity = |cpu: bool| {
         let q = if cpu {
             format!("{}m", req.limits.cpu_millicores.max(1))

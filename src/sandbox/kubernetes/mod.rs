@@ -11,9 +11,14 @@
 //! on every path, including cancellation; at start the backend deletes the
 //! leftovers of this gateway instance.
 //!
-//! Without a reachable API server (it went away mid-watch), watches are
-//! re-established with backoff until the deadline plus a grace period, then
-//! the call fails with that reason.
+//! The watches are kube's watcher (list, then watch from the last version,
+//! re-list when that version is gone, backoff after every error): without a
+//! reachable API server, or with one whose watches keep failing, they are
+//! retried with backoff until the deadline plus a grace period, then the
+//! call fails with the last error. A pod whose sandbox or volumes cannot be
+//! set up (the kubelet's events on the pod) ends the call with that reason
+//! once it repeats, or at the deadline; a Job's `FailureTarget` (Kubernetes
+//! 1.31+) is its end, before `Failed`.
 
 pub mod manifests;
 pub mod podsecurity;
@@ -25,9 +30,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
-use kube::api::{
-    DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -133,9 +137,21 @@ struct Seen {
     terminated: Option<(i32, String)>,
     phase: Option<String>,
     deadline: bool,
+    /// Why the sandbox cannot run at all (admission, image): the end.
     failure: Option<String>,
+    /// Why the pod has not started yet (its sandbox, a volume, scheduling):
+    /// the end when it keeps happening, and what a deadline is blamed on.
+    pod_problem: Option<(String, i32)>,
+    /// The Job succeeded (`SuccessCriteriaMet` or `Complete`).
     complete: bool,
+    /// The Job failed for a reason other than its deadline
+    /// (`FailureTarget` or `Failed`: BackoffLimitExceeded, PodFailurePolicy…).
+    job_failed: Option<String>,
 }
+
+/// How often a pod-level failure (kubelet events) may repeat before the
+/// call ends with it rather than waiting for the deadline.
+const POD_PROBLEM_REPEATS: i32 = 3;
 
 impl Seen {
     fn pod(&mut self, pod: &Pod) {
@@ -172,6 +188,10 @@ impl Seen {
         }
     }
 
+    /// The Job's conditions. Since Kubernetes 1.31 a Job that fails first
+    /// gets `FailureTarget` (the controller then deletes its pod) and only
+    /// after the pod has ended `Failed`; one that succeeds first gets
+    /// `SuccessCriteriaMet`, then `Complete`. The first of each is the end.
     fn job(&mut self, job: &Job) {
         for c in job
             .status
@@ -182,19 +202,49 @@ impl Seen {
                 continue;
             }
             match (c.type_.as_str(), c.reason.as_deref()) {
-                ("Failed", Some("DeadlineExceeded")) => self.deadline = true,
-                ("Complete", _) | ("SuccessCriteriaMet", _) => self.complete = true,
+                ("Failed" | "FailureTarget", Some("DeadlineExceeded")) => self.deadline = true,
+                ("Failed" | "FailureTarget", reason) => {
+                    self.job_failed = Some(format!(
+                        "{}{}",
+                        reason.unwrap_or("failed"),
+                        c.message
+                            .as_deref()
+                            .map(|m| format!(": {m}"))
+                            .unwrap_or_default()
+                    ));
+                }
+                ("Complete" | "SuccessCriteriaMet", _) => self.complete = true,
                 _ => {}
             }
         }
     }
 
     fn event(&mut self, ev: &Event) {
-        if ev.reason.as_deref() == Some("FailedCreate") {
-            self.failure = Some(format!(
-                "admission rejected the sandbox pod: {}",
-                ev.message.clone().unwrap_or_default()
-            ));
+        let message = ev.message.clone().unwrap_or_default();
+        match (ev.involved_object.kind.as_deref(), ev.reason.as_deref()) {
+            (Some("Job"), Some("FailedCreate")) => {
+                self.failure = Some(format!("admission rejected the sandbox pod: {message}"));
+            }
+            (
+                Some("Pod"),
+                Some(
+                    reason @ ("FailedCreatePodSandBox"
+                    | "FailedMount"
+                    | "FailedAttachVolume"
+                    | "FailedScheduling"),
+                ),
+            ) => {
+                let what = match reason {
+                    "FailedCreatePodSandBox" => {
+                        "the sandbox pod's runtime sandbox could not be created"
+                    }
+                    "FailedScheduling" => "the sandbox pod could not be scheduled",
+                    _ => "the sandbox pod's volumes could not be mounted",
+                };
+                let count = ev.count.unwrap_or(1).max(1);
+                self.pod_problem = Some((format!("{what} ({reason}): {message}"), count));
+            }
+            _ => {}
         }
     }
 
@@ -203,21 +253,60 @@ impl Seen {
         if let Some(f) = &self.failure {
             return Some(Err(f.clone()));
         }
+        let never_ran = self.terminated.is_none()
+            && !matches!(
+                self.phase.as_deref(),
+                Some("Running" | "Succeeded" | "Failed")
+            );
+        if let Some((problem, count)) = &self.pod_problem
+            && never_ran
+            && (*count >= POD_PROBLEM_REPEATS || self.deadline)
+        {
+            return Some(Err(problem.clone()));
+        }
         if self.deadline {
             return Some(Ok((None, Ended::Deadline)));
         }
+        if let Some((_, reason)) = &self.terminated
+            && reason == "OOMKilled"
+        {
+            return Some(Ok((None, Ended::Limit("memory".into()))));
+        }
+        // The pod's end says how (its exit code); the Job's says that it is
+        // the end (a pod that ended is not yet a Job that did: at its
+        // deadline the controller kills the pod before it marks the Job).
         let finished = matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"));
-        match &self.terminated {
-            Some((_, reason)) if reason == "OOMKilled" => {
-                Some(Ok((None, Ended::Limit("memory".into()))))
+        match (&self.terminated, &self.job_failed) {
+            (Some((code, _)), Some(why)) if finished => {
+                if *code == 0 {
+                    Some(Err(format!(
+                        "the sandbox Job failed ({why}) although its container exited 0"
+                    )))
+                } else {
+                    Some(Ok((Some(*code), Ended::Exited)))
+                }
             }
-            Some((code, _)) if finished => Some(Ok((Some(*code), Ended::Exited))),
+            (Some((code, _)), None) if finished && self.complete => {
+                Some(Ok((Some(*code), Ended::Exited)))
+            }
+            // The Job's verdict came before the pod's end: wait for it.
             _ => None,
+        }
+    }
+
+    /// What a give-up at the deadline is blamed on.
+    fn overdue(&self) -> Result<(Option<i32>, Ended), String> {
+        match (&self.pod_problem, &self.job_failed) {
+            (Some((problem, _)), _) if self.terminated.is_none() => Err(problem.clone()),
+            (_, Some(why)) => Err(format!(
+                "the sandbox Job failed ({why}) and its pod's end was never seen"
+            )),
+            _ => Ok((None, Ended::Deadline)),
         }
     }
 }
 
-/// One of the three watches' events.
+/// One of the watches' events.
 enum Update {
     Pod(Box<Pod>),
     Job(Box<Job>),
@@ -225,12 +314,13 @@ enum Update {
     Lost(String),
 }
 
-/// Keep a watch on `api` open (re-established from the last resource
-/// version when it ends, with backoff when the API server is away),
+/// Follow `api` with kube's watcher (a list, then a watch resumed from the
+/// last version; a re-list when the version is gone; the default backoff,
+/// 0.8 s doubling to 30 s, after every error, in the stream or not),
 /// forwarding objects to `tx` until the receiver is dropped.
 fn keep_watching<K, F>(
     api: Api<K>,
-    params: WatchParams,
+    config: watcher::Config,
     tx: tokio::sync::mpsc::UnboundedSender<Update>,
     wrap: F,
 ) -> tokio::task::JoinHandle<()>
@@ -239,49 +329,16 @@ where
     F: Fn(K) -> Update + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut version = "0".to_string();
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            if tx.is_closed() {
+        let stream = watcher::watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            let sent = match item {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => tx.send(wrap(o)),
+                Ok(_) => continue,
+                Err(e) => tx.send(Update::Lost(e.to_string())),
+            };
+            if sent.is_err() {
                 return;
-            }
-            match api.watch(&params, &version).await {
-                Ok(stream) => {
-                    backoff = Duration::from_millis(200);
-                    let mut stream = std::pin::pin!(stream);
-                    while let Some(item) = stream.next().await {
-                        let object = match item {
-                            Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => o,
-                            Ok(WatchEvent::Deleted(_)) => continue,
-                            Ok(WatchEvent::Bookmark(b)) => {
-                                version = b.metadata.resource_version;
-                                continue;
-                            }
-                            Ok(WatchEvent::Error(e)) => {
-                                // 410 Gone: our version is too old; start over.
-                                if e.code == 410 {
-                                    version = "0".into();
-                                }
-                                break;
-                            }
-                            Err(e) => {
-                                let _ = tx.send(Update::Lost(e.to_string()));
-                                break;
-                            }
-                        };
-                        if let Some(rv) = object.meta().resource_version.clone() {
-                            version = rv;
-                        }
-                        if tx.send(wrap(object)).is_err() {
-                            return;
-                        }
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Update::Lost(e.to_string()));
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
             }
         }
     })
@@ -465,24 +522,24 @@ impl KubernetesSandbox {
 
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let pod_sel = format!("{}={}", manifests::REQUEST, req.name.to_ascii_lowercase());
-        let watchers = [
+        let mut watchers = vec![
             keep_watching(
                 pods.clone(),
-                WatchParams::default().labels(&pod_sel).timeout(290),
+                watcher::Config::default().labels(&pod_sel).timeout(290),
                 tx.clone(),
                 |p| Update::Pod(Box::new(p)),
             ),
             keep_watching(
                 jobs.clone(),
-                WatchParams::default()
+                watcher::Config::default()
                     .fields(&format!("metadata.name={job_name}"))
                     .timeout(290),
                 tx.clone(),
                 |j| Update::Job(Box::new(j)),
             ),
             keep_watching(
-                events,
-                WatchParams::default()
+                events.clone(),
+                watcher::Config::default()
                     .fields(&format!(
                         "involvedObject.kind=Job,involvedObject.name={job_name}"
                     ))
@@ -491,7 +548,9 @@ impl KubernetesSandbox {
                 |e| Update::Event(Box::new(e)),
             ),
         ];
-        drop(tx);
+        // The pod's own events (the kubelet's: its sandbox, its volumes),
+        // watched once the pod has a name.
+        let mut pod_events: Option<tokio::sync::mpsc::UnboundedSender<Update>> = Some(tx);
         let give_up =
             tokio::time::sleep(req.deadline + Duration::from_secs(self.cfg.grace_seconds));
         let mut give_up = std::pin::pin!(give_up);
@@ -500,7 +559,20 @@ impl KubernetesSandbox {
         let end = loop {
             tokio::select! {
                 u = rx.recv() => match u {
-                    Some(Update::Pod(p)) => { lost = None; seen.pod(&p) }
+                    Some(Update::Pod(p)) => {
+                        lost = None;
+                        seen.pod(&p);
+                        if let (Some(name), Some(tx)) = (&seen.pod, pod_events.take()) {
+                            watchers.push(keep_watching(
+                                events.clone(),
+                                watcher::Config::default()
+                                    .fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"))
+                                    .timeout(290),
+                                tx,
+                                |e| Update::Event(Box::new(e)),
+                            ));
+                        }
+                    }
                     Some(Update::Job(j)) => { lost = None; seen.job(&j) }
                     Some(Update::Event(e)) => { lost = None; seen.event(&e) }
                     Some(Update::Lost(why)) => lost = Some(why),
@@ -509,7 +581,7 @@ impl KubernetesSandbox {
                 _ = &mut give_up => {
                     break match &lost {
                         Some(why) => Err(format!("lost the API server while waiting for the sandbox: {why}")),
-                        None => Ok((None, Ended::Deadline)),
+                        None => seen.overdue(),
                     };
                 }
             }
