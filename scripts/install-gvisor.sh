@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Put gVisor (runsc and its containerd shim) into every node of the kind
-# cluster; cluster/kind.yaml already registers the `runsc` runtime handler
+# cluster; cluster/kind/cluster.yaml already registers the `runsc` runtime handler
 # with containerd, and cluster/runtimeclass.yaml names it `gvisor`.
 # Downloads are checked against gVisor's published SHA-512 sums. Idempotent.
 set -euo pipefail

@@ -26,7 +26,7 @@ done
 if kind get clusters | grep -qx "$CLUSTER"; then
   say "kind cluster $CLUSTER exists"
 else
-  kind create cluster --name "$CLUSTER" --config "$root/cluster/kind.yaml"
+  kind create cluster --name "$CLUSTER" --config "$root/cluster/kind/cluster.yaml"
 fi
 "$kubectl" config use-context "kind-$CLUSTER" >&2
 KIND_CLUSTER="$CLUSTER" "$root/scripts/install-calico.sh"
@@ -35,6 +35,11 @@ for f in namespaces runtimeclass rbac workspace; do
   "$kubectl" apply -f "$root/cluster/$f.yaml" >&2
 done
 address="$("$root/scripts/apply-sandbox-policy.sh")"
+# The egress canary: the cluster DNS service, which every pod reaches and the
+# sandboxes' default-deny policy denies; sandboxes run nothing until it is
+# unreachable (a NetworkPolicy applies only some time after a pod starts).
+dns="$("$kubectl" -n kube-system get service kube-dns -o jsonpath='{.spec.clusterIP}')"
+[ -n "$dns" ] || { say "no kube-dns service: set egress_canary in gateway.toml by hand"; exit 1; }
 
 # OpenBao: a dev server on this host (listening where the cluster reaches it).
 if [ ! -f "$state/bao.pid" ] || ! kill -0 "$(cat "$state/bao.pid")" 2>/dev/null; then
@@ -90,6 +95,7 @@ backend = "kubernetes"
 image = "$IMAGE"
 workspace_pvc = "gateway-workspace"
 workspace_root = "$root"
+egress_canary = "$dns:53"
 [sandbox.kubernetes.endpoint_addresses]
 kube-apiserver = "$address"
 TOML

@@ -1106,19 +1106,29 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
 /// to the API server, and only from a pod labelled for that endpoint whose
 /// hostAliases point the name at the endpoint (what cluster/networkpolicy.yaml
 /// and Calico enforce on a real cluster).
+/// The kubelet of the verify test's fake cluster. The `kernel` probe is the
+/// real runner binary with the pod's own environment (its output framing is
+/// the real one), in real gVisor for a pod of RuntimeClass `gvisor`; the
+/// container log is what the runner wrote. `connect` is decided as a CNI
+/// enforcing cluster/networkpolicy.yaml would (the fake has no network),
+/// after the runner's lock-down check on the pod's egress canary, which the
+/// policy denies in the sandbox namespace; the answer is framed as the
+/// runner frames it.
 fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHandle<()> {
     let state = Arc::clone(&kube.state);
     let api = format!("{api_ip}:{api_port}");
     tokio::spawn(async move {
+        let gvisor_sb = LocalSandbox::new(LocalConfig::default()).expect("runsc");
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            let mut s = state.lock().expect("state");
-            let pending: Vec<(String, String, Value)> = s
-                .objects
-                .iter()
-                .filter(|((r, _, _), v)| r == "pods" && v["status"]["phase"] == "Pending")
-                .map(|((_, n, name), v)| (n.clone(), name.clone(), v.clone()))
-                .collect();
+            let pending: Vec<(String, String, Value)> = {
+                let s = state.lock().expect("state");
+                s.objects
+                    .iter()
+                    .filter(|((r, _, _), v)| r == "pods" && v["status"]["phase"] == "Pending")
+                    .map(|((_, n, name), v)| (n.clone(), name.clone(), v.clone()))
+                    .collect()
+            };
             for (ns, name, pod) in pending {
                 let spec = &pod["spec"];
                 let argv: Vec<String> = spec["containers"][0]["command"]
@@ -1127,16 +1137,42 @@ fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHan
                     .flatten()
                     .filter_map(|a| a.as_str().map(str::to_string))
                     .collect();
+                let env: Vec<(String, String)> = spec["containers"][0]["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| {
+                        Some((
+                            e["name"].as_str()?.to_string(),
+                            e["value"].as_str()?.to_string(),
+                        ))
+                    })
+                    .collect();
                 let gvisor = spec["runtimeClassName"] == "gvisor";
+                let framed = |stream: &str, line: &str| {
+                    if env
+                        .iter()
+                        .any(|(k, v)| k == "GATEWAY_FRAMED_OUTPUT" && v == "1")
+                    {
+                        format!("{stream} {line}\n")
+                    } else {
+                        format!("{line}\n")
+                    }
+                };
                 let (phase, code, log, ip) = match argv.get(2).map(String::as_str) {
                     Some("kernel") => {
-                        let release = if gvisor { "4.4.0" } else { "6.1.0-host" };
-                        ("Succeeded", 0, format!("o release {release}\n"), None)
+                        let (code, log) = real_kernel_probe(&gvisor_sb, gvisor, &name, &env).await;
+                        (
+                            if code == 0 { "Succeeded" } else { "Failed" },
+                            code,
+                            log,
+                            None,
+                        )
                     }
                     Some("serve") => (
                         "Running",
                         0,
-                        "o serving on 8080\n".into(),
+                        framed("o", "serving on 8080"),
                         Some("10.244.1.50"),
                     ),
                     Some("connect") => {
@@ -1158,18 +1194,24 @@ fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHan
                             == "allow";
                         let allowed = ns != "gateway-sandbox" || (labelled && dest == api);
                         if allowed {
-                            ("Succeeded", 0, format!("o connected {dest}\n"), None)
+                            (
+                                "Succeeded",
+                                0,
+                                framed("o", &format!("connected {dest}")),
+                                None,
+                            )
                         } else {
                             (
                                 "Failed",
                                 1,
-                                format!("o failed: {dest}: connection timed out\n"),
+                                framed("o", &format!("failed: {dest}: connection timed out")),
                                 None,
                             )
                         }
                     }
-                    _ => ("Failed", 2, "e unknown probe\n".into(), None),
+                    _ => ("Failed", 2, framed("e", "unknown probe"), None),
                 };
+                let mut s = state.lock().expect("state");
                 s.logs.insert(name.clone(), log.into_bytes());
                 let state = if phase == "Running" {
                     json!({"running": {}})
@@ -1184,6 +1226,66 @@ fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHan
             }
         }
     })
+}
+
+/// `gateway-runner probe kernel` for real, with the pod's environment: in
+/// gVisor (the local backend) for a gvisor pod, on the host otherwise. The
+/// log is what the container runtime keeps: stdout, then stderr.
+async fn real_kernel_probe(
+    sb: &LocalSandbox,
+    gvisor: bool,
+    pod: &str,
+    env: &[(String, String)],
+) -> (i32, String) {
+    use gateway::sandbox::{Bind, Limits, Network, Sandbox, SandboxRequest};
+    if gvisor {
+        let req = SandboxRequest {
+            name: format!("kubelet-{pod}"),
+            argv: vec![
+                gateway::protocol::RUNNER.into(),
+                "probe".into(),
+                "kernel".into(),
+            ],
+            env: env.to_vec(),
+            binds: {
+                let mut b = gateway::tools::shared_lib_binds(&common::runner_bin()).expect("libs");
+                b.push(Bind {
+                    host: common::runner_bin(),
+                    inside: gateway::protocol::RUNNER.into(),
+                });
+                b
+            },
+            workdir: None,
+            files_in: vec![],
+            credential: None,
+            limits: Limits::default(),
+            deadline: std::time::Duration::from_secs(60),
+            network: Network::None,
+            files_out: vec![],
+        };
+        match sb.run(req).await {
+            Ok(r) => (
+                r.exit_code.unwrap_or(1),
+                format!("{}{}", r.stdout.text(), r.stderr.text()),
+            ),
+            Err(e) => (1, format!("kubelet: {e}\n")),
+        }
+    } else {
+        let out = tokio::process::Command::new(common::runner_bin())
+            .args(["probe", "kernel"])
+            .envs(env.iter().cloned())
+            .output()
+            .await
+            .expect("runner");
+        (
+            out.status.code().unwrap_or(1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1217,8 +1319,12 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         kubeconfig: Some(kubeconfig),
         endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
         grace_seconds: 5,
+        egress_canary: Some("10.96.0.10:53".into()),
         ..KubeSandboxConfig::default()
     };
+    // The real API server keeps authenticating a revoked token for a while.
+    w.kube
+        .with(|s| s.token_cache = std::time::Duration::from_secs(2));
     let base = gateway::sandbox::kubernetes::config(&cfg)
         .await
         .expect("config");
@@ -1240,9 +1346,19 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         checks[4].detail
     );
     assert!(
-        checks[4].detail.contains("after revoke: 401"),
+        checks[4].detail.contains("after revoke: 403 for ")
+            && checks[4]
+                .detail
+                .contains("(the API server's token cache), then 401"),
         "{}",
         checks[4].detail
+    );
+    assert!(
+        checks[1]
+            .detail
+            .contains("canary from the baseline namespace: exit Some(0), connected 10.96.0.10:53"),
+        "{}",
+        checks[1].detail
     );
     // Nothing is left: no Job, no Secret, the scratch namespace is gone.
     w.kube.with(|s| {
@@ -1262,7 +1378,7 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
     std::fs::write(
         &config,
         format!(
-            "policies = {:?}\n[endpoints]\nkube-apiserver = 6443\n[vault]\naddress = {:?}\ntoken_file = {:?}\n[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nkubeconfig = {:?}\ngrace_seconds = 5\n[sandbox.kubernetes.endpoint_addresses]\nkube-apiserver = \"172.18.0.2\"\n",
+            "policies = {:?}\n[endpoints]\nkube-apiserver = 6443\n[vault]\naddress = {:?}\ntoken_file = {:?}\n[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nkubeconfig = {:?}\ngrace_seconds = 5\negress_canary = \"10.96.0.10:53\"\n[sandbox.kubernetes.endpoint_addresses]\nkube-apiserver = \"172.18.0.2\"\n",
             common::repo().join("policies"),
             w.bao.addr,
             token_file,
@@ -1313,12 +1429,19 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
         KubeSandboxConfig {
             runtime_class: "runc".into(),
             endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "10.96.0.1".into())]),
+            egress_canary: None,
             ..cfg
         },
     );
     let checks = verify::verify_kubernetes(&weak, &base, 6443, None).await;
     let failed: Vec<&str> = checks.iter().filter(|c| !c.pass).map(|c| c.name).collect();
     assert_eq!(checks.len(), 4);
+    assert!(
+        checks
+            .iter()
+            .any(|c| !c.pass && c.detail.contains("no [sandbox.kubernetes] egress_canary")),
+        "{checks:?}"
+    );
     assert!(failed.iter().any(|n| n.contains("gVisor")), "{failed:?}");
     assert!(
         failed.iter().any(|n| n.contains("API server endpoint")),

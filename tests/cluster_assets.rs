@@ -88,6 +88,8 @@ fn every_cluster_manifest_parses_into_its_kubernetes_type() {
             "PersistentVolumeClaim" => drop(strict::<PersistentVolumeClaim>(file, doc)),
             // kind's own cluster config is not a Kubernetes object.
             "Cluster" if doc["apiVersion"] == "kind.x-k8s.io/v1alpha4" => {}
+            // Nor is kustomize's list of what to apply.
+            "Kustomization" if doc["apiVersion"] == "kustomize.config.k8s.io/v1beta1" => {}
             other => panic!("{file}: no type checked for kind {other:?}"),
         }
         kinds.push(kind);
@@ -124,11 +126,11 @@ fn the_cluster_assets_say_what_the_design_needs() {
     let rc = find(&docs, "RuntimeClass", &defaults.runtime_class);
     assert_eq!(rc["handler"], "runsc");
     // kind without kindnet (Calico enforces NetworkPolicy), runsc registered.
-    let kind = docs
-        .iter()
-        .map(|(_, d)| d)
-        .find(|d| d["kind"] == "Cluster")
-        .expect("kind config");
+    let kind: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(common::repo().join("cluster/kind/cluster.yaml"))
+            .expect("kind config"),
+    )
+    .expect("kind config YAML");
     assert_eq!(kind["networking"]["disableDefaultCNI"], true);
     assert!(
         kind["containerdConfigPatches"][0]
@@ -228,4 +230,108 @@ fn the_cluster_assets_say_what_the_design_needs() {
         Some("/opt/terraform/providers")
     );
     assert!(dockerfile.contains("/opt/terraform/providers"));
+}
+
+/// The namespaced objects of `docs` whose namespace no earlier document
+/// (nor the cluster itself) creates.
+fn before_their_namespace(docs: &[&Value]) -> Vec<String> {
+    let mut namespaces: Vec<String> = vec!["default".into(), "kube-system".into()];
+    let mut out = Vec::new();
+    for d in docs {
+        if d["kind"] == "Namespace" {
+            namespaces.push(
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            continue;
+        }
+        if let Some(ns) = d["metadata"]["namespace"].as_str()
+            && !namespaces.iter().any(|n| n == ns)
+        {
+            out.push(format!(
+                "{} {}/{}",
+                d["kind"].as_str().unwrap_or(""),
+                ns,
+                d["metadata"]["name"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn cluster_assets_apply_in_an_order_that_works_on_a_fresh_cluster() {
+    // `kubectl apply -f cluster/` on a fresh cluster failed: objects came
+    // before their namespace, and vault-rbac.yaml made a namespace and
+    // objects in it in one file (a server dry run creates no namespace, so
+    // those objects cannot be checked). The kustomization lists every
+    // manifest but kind's config; the namespaces file holds every
+    // namespace, and applied first (as kustomize applies Namespaces first,
+    // and as the docs say for a dry run) leaves nothing before its
+    // namespace, in any other file.
+    let docs = documents();
+    let k = docs
+        .iter()
+        .find(|(f, _)| f == "kustomization.yaml")
+        .map(|(_, d)| d)
+        .expect("cluster/kustomization.yaml");
+    let listed: Vec<&str> = k["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut files: Vec<String> = docs
+        .iter()
+        .map(|(f, _)| f.clone())
+        .filter(|f| f != "kustomization.yaml")
+        .collect();
+    files.dedup();
+    let mut sorted_listed: Vec<String> = listed.iter().map(|s| s.to_string()).collect();
+    sorted_listed.sort();
+    assert_eq!(
+        sorted_listed, files,
+        "the kustomization lists every manifest"
+    );
+    assert_eq!(listed[0], "namespaces.yaml");
+    let of = |file: &str| -> Vec<&Value> {
+        docs.iter()
+            .filter(|(f, _)| f == file)
+            .map(|(_, d)| d)
+            .collect()
+    };
+    let namespaces = of("namespaces.yaml");
+    assert!(
+        namespaces.iter().all(|d| d["kind"] == "Namespace"),
+        "namespaces.yaml holds only namespaces"
+    );
+    // Every other file, on its own after the namespaces (a server dry run
+    // of that file alone): nothing comes before its namespace, and no file
+    // but namespaces.yaml makes one.
+    for file in &listed[1..] {
+        let docs_of = of(file);
+        assert!(
+            docs_of.iter().all(|d| d["kind"] != "Namespace"),
+            "{file} makes a namespace"
+        );
+        let mut order: Vec<&Value> = namespaces.clone();
+        order.extend(docs_of);
+        assert_eq!(
+            before_their_namespace(&order),
+            Vec::<String>::new(),
+            "{file}"
+        );
+    }
+    // `kubectl apply -f cluster/` takes the files in name order and meets
+    // only Kubernetes objects (kind's config is in kind/): the kustomization
+    // is the one other document, and namespaces.yaml sorts first of the rest.
+    let mut by_name = files.clone();
+    by_name.sort();
+    assert_eq!(by_name[0], "namespaces.yaml");
+    assert!(
+        docs.iter()
+            .all(|(_, d)| d["apiVersion"] != "kind.x-k8s.io/v1alpha4")
+    );
 }

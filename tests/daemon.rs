@@ -928,3 +928,29 @@ fn a_user_cannot_hold_more_connections_than_the_policy_allows() {
             >= 2
     );
 }
+
+#[test]
+fn the_kubernetes_backend_without_an_egress_canary_is_refused_at_start() {
+    // A NetworkPolicy applies to a new pod only a while after it starts;
+    // without a canary to wait for, a sandbox could reach anything first.
+    daemon::os_user(AGENT);
+    let (dir, config) = Daemon::layout(
+        &common::repo().join("policies"),
+        "[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nkubeconfig = \"/nonexistent\"\n",
+    );
+    let out = std::process::Command::new(gateway())
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .current_dir(dir.path())
+        .env_remove("GATEWAY_HOME")
+        .env_remove("GATEWAY_POLICIES")
+        .env_remove("GATEWAY_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gateway daemon");
+    let err = common::stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("egress_canary is not set"), "{err}");
+    assert!(!dir.path().join("run/gateway.sock").exists());
+}
