@@ -49,8 +49,9 @@ verdict := {
 
 # Whether a call may run as an MCP task (a client with the Tasks extension,
 # a catalog tool with `task: true`). Asked with input {"tool", "client",
-# "os_user", "uid", "tasks": {"session"}}, the session's unfinished tasks
-# (running, or waiting for a person's approval) not counting this one. A
+# "os_user", "uid", "tasks": {"session"}}, the tasks the session holds
+# (running, waiting for a person's approval, or finished and kept for
+# polling), not counting this one. A
 # call that may not is answered in its own response, as for a client
 # without tasks: a waiting task holds no sandbox, but each one reads its
 # approval's state until it ends, so a session may not pile them up.

@@ -477,6 +477,13 @@ async fn cancelling_a_call_deletes_its_job() {
         "the cancelled call's Job and Secret were deleted"
     );
     assert!(gone(&c, "pods", &pod));
+    // Its watches end with it: a watch task left behind would re-watch a
+    // deleted Job every few minutes for ever (one more per cancelled call).
+    assert!(
+        eventually(|| c.kube.with(|s| s.open_watches) == 0).await,
+        "{} watches still open after the cancelled call",
+        c.kube.with(|s| s.open_watches)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -747,6 +754,13 @@ async fn at_its_deadline_a_job_gets_failure_target_first_and_the_call_is_a_deadl
             json!([{"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded",
                     "message": "Job was active longer than specified deadline"}]),
         );
+        // The controller deletes the pod (deletionTimestamp); the kubelet
+        // kills the container.
+        c.kube.with(|s| {
+            s.update("pods", NS, &pod, |p| {
+                p["metadata"]["deletionTimestamp"] = json!("2026-12-02T06:00:00Z");
+            });
+        });
         terminate(
             &c,
             &pod,
@@ -764,19 +778,49 @@ async fn at_its_deadline_a_job_gets_failure_target_first_and_the_call_is_a_deadl
         assert!(!r.success());
         assert!(gone(&c, "jobs", &job));
     }
-    // A pod that ended before the Job's verdict is not the end yet: the
-    // Job's own failure (BackoffLimitExceeded, from the fake controller)
-    // says how; an exit 0 of a Job that failed is not a success.
+    // A disrupted pod (evicted, preempted: DisruptionTarget) is not the
+    // tool's end either: the Job's verdict says how, and an exit 0 of a
+    // Job that failed is not a success.
     let run = spawn_run(&c, request("req-bl", None));
     let pod = pod_of(&c, "gw-req-bl").await;
+    c.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["status"]["conditions"] = json!([{"type": "DisruptionTarget", "status": "True",
+                "reason": "PreemptionByScheduler", "message": "preempted"}]);
+        });
+    });
     job_conditions(
         &c,
         "gw-req-bl",
         json!([{"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy", "message": "container runner failed"}]),
     );
-    terminate(&c, &pod, "Succeeded", 0, "Completed", "");
+    c.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["status"]["phase"] = json!("Succeeded");
+            p["status"]["containerStatuses"] = json!([{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]);
+        });
+    });
     let e = run.await.expect("join").expect_err("a failed Job");
     assert!(e.to_string().contains("PodFailurePolicy"), "{e}");
+
+    // A pod the kubelet refused (no container ever ran) ends the call at
+    // once with its reason, not at the deadline.
+    let run = spawn_run(&c, request("req-oocpu", None));
+    let pod = pod_of(&c, "gw-req-oocpu").await;
+    c.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["status"] = json!({"phase": "Failed", "reason": "OutOfcpu",
+                "message": "Pod was rejected: Node didn't have enough resource: cpu"});
+        });
+    });
+    let started = Instant::now();
+    let e = run
+        .await
+        .expect("join")
+        .expect_err("refused by the kubelet");
+    assert!(e.to_string().contains("OutOfcpu"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -854,4 +898,41 @@ async fn a_pod_whose_sandbox_never_starts_ends_the_call_with_the_kubelets_reason
         "{e}"
     );
     assert!(gone(&c, "jobs", "gw-req-nosb"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_is_not_utf8_is_kept_not_lost() {
+    // A step may print any bytes, and the byte limit may cut a character in
+    // two: kube's text log read fails on one such byte, and the call lost
+    // all its output after retrying for grace_seconds.
+    let c = cluster(|_| {}).await;
+    let run = spawn_run(&c, request("req-bytes", None));
+    let pod = pod_of(&c, "gw-req-bytes").await;
+    c.kube.with(|s| {
+        let mut log = b"o before \xff\xfe after\n".to_vec();
+        log.extend_from_slice("e \u{2577}\u{2502} diagnostics\n".as_bytes());
+        log.extend_from_slice(&"o cut \u{2502}".as_bytes()[..7]);
+        s.logs.insert(pod.clone(), log);
+    });
+    terminate_keeping_log(&c, &pod);
+    let started = Instant::now();
+    let r = run.await.expect("join").expect("ran");
+    assert!(r.success());
+    assert!(started.elapsed() < Duration::from_secs(2), "no retrying");
+    assert_eq!(r.stdout.bytes, b"before \xff\xfe after\ncut \xe2".to_vec());
+    assert!(
+        r.stderr.text().contains("diagnostics"),
+        "{}",
+        r.stderr.text()
+    );
+}
+
+/// The kubelet: the container exited 0 (its log already set).
+fn terminate_keeping_log(c: &Cluster, pod: &str) {
+    c.kube.with(|s| {
+        s.update("pods", NS, pod, |p| {
+            p["status"] = json!({"phase": "Succeeded", "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]});
+        });
+    });
 }

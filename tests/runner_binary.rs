@@ -160,23 +160,79 @@ fn marking_steps(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathB
     (steps, mark)
 }
 
+/// Drops, as a network policy does (no answer: connections time out), TCP
+/// to 127.0.0.1:`port` while it lives: an nftables table of its own.
+struct Drop127 {
+    table: String,
+}
+
+impl Drop127 {
+    fn new(port: u16) -> Drop127 {
+        let table = format!("gw_runner_test_{}_{port}", std::process::id());
+        let nft = |args: &[&str]| {
+            let st = std::process::Command::new("nft")
+                .args(args)
+                .status()
+                .expect("nft");
+            assert!(st.success(), "nft {args:?}");
+        };
+        nft(&["add", "table", "inet", &table]);
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            &table,
+            "out",
+            "{ type filter hook output priority 0; }",
+        ]);
+        nft(&[
+            "add",
+            "rule",
+            "inet",
+            &table,
+            "out",
+            "ip",
+            "daddr",
+            "127.0.0.1",
+            "tcp",
+            "dport",
+            &port.to_string(),
+            "drop",
+        ]);
+        Drop127 { table }
+    }
+}
+
+impl Drop for Drop127 {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+    }
+}
+
 #[test]
-fn the_runner_runs_nothing_until_the_egress_canary_is_unreachable() {
+fn the_runner_runs_nothing_until_the_egress_canary_is_dropped_as_a_policy_drops_it() {
     // A network that is open at first, as a new pod's is on a CNI that
-    // enforces policy only a second after the pod starts: the canary
-    // accepts connections for a while, then is gone.
+    // applies its NetworkPolicy a while after the pod starts: the canary
+    // accepts connections, then its packets are dropped (nftables here).
+    assert!(nix::unistd::geteuid().is_root(), "nftables needs root");
     let dir = tempfile::tempdir().expect("dir");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let canary = listener.local_addr().expect("addr").to_string();
+    let port = listener.local_addr().expect("addr").port();
+    let canary = format!("127.0.0.1:{port}");
     let open_for = std::time::Duration::from_millis(1200);
-    let accepting = std::thread::spawn(move || {
+    let policy = std::thread::spawn(move || {
         listener.set_nonblocking(true).expect("nonblocking");
         let until = std::time::Instant::now() + open_for;
         while std::time::Instant::now() < until {
             let _ = listener.accept();
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        // Dropped: the canary is unreachable from now on.
+        // The policy applies: the canary, still listening, no longer answers.
+        let drop = Drop127::new(port);
+        std::thread::sleep(std::time::Duration::from_secs(8));
+        drop
     });
     let (steps, mark) = marking_steps(dir.path());
     let started = std::time::Instant::now();
@@ -187,7 +243,8 @@ fn the_runner_runs_nothing_until_the_egress_canary_is_unreachable() {
             ("GATEWAY_LOCKDOWN_SECONDS", "20".into()),
         ],
     );
-    accepting.join().expect("join");
+    let took = started.elapsed();
+    let _drop = policy.join().expect("join");
     let (_, stderr) = gateway::protocol::unframe(&out.stdout);
     let stderr = String::from_utf8_lossy(&stderr);
     assert!(out.status.success(), "{stderr}");
@@ -196,8 +253,8 @@ fn the_runner_runs_nothing_until_the_egress_canary_is_unreachable() {
         "the step ran once the network was locked down"
     );
     assert!(
-        started.elapsed() >= open_for,
-        "nothing ran while the canary was reachable"
+        took >= open_for,
+        "nothing ran while the canary answered ({took:?})"
     );
     assert!(
         stderr.contains("waiting for the network policy to take effect"),
@@ -207,26 +264,43 @@ fn the_runner_runs_nothing_until_the_egress_canary_is_unreachable() {
 }
 
 #[test]
-fn a_network_that_is_never_locked_down_runs_nothing_and_says_so() {
+fn a_canary_that_answers_or_refuses_proves_no_lock_down_and_nothing_runs() {
     let dir = tempfile::tempdir().expect("dir");
+    // Answers: the policy never applied.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let canary = listener.local_addr().expect("addr").to_string();
+    let open = listener.local_addr().expect("addr").to_string();
+    // Refuses (RST): what kube-proxy answers for a Service with no
+    // endpoints, however open the network is.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").to_string()
+    };
+    for canary in [open.clone(), closed.clone()] {
+        let (steps, mark) = marking_steps(dir.path());
+        let env = [
+            ("GATEWAY_EGRESS_CANARY", canary.clone()),
+            ("GATEWAY_LOCKDOWN_SECONDS", "2".into()),
+        ];
+        let out = runner(&["exec", &steps.display().to_string()], &env);
+        let (_, stderr) = gateway::protocol::unframe(&out.stdout);
+        let stderr = String::from_utf8_lossy(&stderr);
+        assert_eq!(out.status.code(), Some(126), "{canary}: {stderr}");
+        assert!(!mark.exists(), "{canary}: the step must not run");
+        assert!(
+            stderr.contains("never shown to be locked down") && stderr.contains(&canary),
+            "{stderr}"
+        );
+        // A probe of the network waits the same way: it sees what a tool would.
+        let out = runner(&["probe", "connect", &canary], &env);
+        assert_eq!(out.status.code(), Some(126));
+    }
+    // Set but empty is not "no canary".
     let (steps, mark) = marking_steps(dir.path());
-    let env = [
-        ("GATEWAY_EGRESS_CANARY", canary.clone()),
-        ("GATEWAY_LOCKDOWN_SECONDS", "2".into()),
-    ];
-    let out = runner(&["exec", &steps.display().to_string()], &env);
-    let (_, stderr) = gateway::protocol::unframe(&out.stdout);
-    let stderr = String::from_utf8_lossy(&stderr);
-    assert_eq!(out.status.code(), Some(126), "{stderr}");
-    assert!(!mark.exists(), "the step must not run on an open network");
-    assert!(
-        stderr.contains("was never locked down") && stderr.contains(&canary),
-        "{stderr}"
+    let out = runner(
+        &["exec", &steps.display().to_string()],
+        &[("GATEWAY_EGRESS_CANARY", String::new())],
     );
-    // A probe of the network waits the same way: it sees what a tool would.
-    let out = runner(&["probe", "connect", &canary], &env);
     assert_eq!(out.status.code(), Some(126));
+    assert!(!mark.exists());
     drop(listener);
 }

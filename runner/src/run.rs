@@ -75,18 +75,26 @@ impl Out {
     }
 }
 
-/// Wait until the egress canary ([`protocol::CANARY_ENV`]) is unreachable:
-/// the sandbox's network is locked down. `Err` with what to say when it
-/// never was within the wait; `Ok` at once when no canary is named.
+/// Wait until the egress canary ([`protocol::CANARY_ENV`]) is unreachable
+/// the way a network policy makes it: connections to it time out, every
+/// address, [`LOCKED_ROUNDS`] rounds in a row. A refused connection (a
+/// canary service with no endpoints, say) or any other error proves
+/// nothing and keeps the runner waiting. `Err` with what to say when the
+/// lock-down was never shown within the wait; `Ok` at once when no canary
+/// is named.
 fn locked_down(out: &Out) -> Result<(), String> {
     use std::net::ToSocketAddrs;
     use std::time::{Duration, Instant};
-    let Some(canary) = std::env::var(protocol::CANARY_ENV)
-        .ok()
-        .filter(|c| !c.is_empty())
-    else {
+    let Some(canary) = std::env::var_os(protocol::CANARY_ENV) else {
         return Ok(());
     };
+    let canary = canary.to_string_lossy().into_owned();
+    if canary.trim().is_empty() {
+        return Err(format!(
+            "{} is set but empty; nothing was run",
+            protocol::CANARY_ENV
+        ));
+    }
     let wait = std::env::var(protocol::LOCKDOWN_ENV)
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -100,30 +108,48 @@ fn locked_down(out: &Out) -> Result<(), String> {
     }
     let until = Instant::now() + Duration::from_secs(wait);
     let mut said = false;
+    let mut streak = 0;
+    let mut last = String::from("not tried");
     loop {
-        let open = addrs
-            .iter()
-            .any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(300)).is_ok());
-        if !open {
+        let mut all_dropped = true;
+        for a in &addrs {
+            match std::net::TcpStream::connect_timeout(a, Duration::from_millis(300)) {
+                Ok(_) => {
+                    all_dropped = false;
+                    last = format!("{a} accepted a connection");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => {
+                    all_dropped = false;
+                    last = format!("{a}: {e} (only a connection that times out shows the policy)");
+                }
+            }
+        }
+        streak = if all_dropped { streak + 1 } else { 0 };
+        if streak >= LOCKED_ROUNDS {
             if said {
-                out.say("gateway-runner: the network is locked down now (the egress canary is unreachable)");
+                out.say("gateway-runner: the network is locked down now (the egress canary's connections time out)");
             }
             return Ok(());
         }
         if Instant::now() >= until {
             return Err(format!(
-                "the sandbox's network was never locked down: the egress canary {canary}, which its network policy denies,                  stayed reachable for {wait} s; nothing was run"
+                "the sandbox's network was never shown to be locked down within {wait} s: the egress canary {canary}, \
+                 which its network policy denies, did not time out ({last}); nothing was run"
             ));
         }
-        if !said {
+        if !said && !all_dropped {
             out.say(&format!(
-                "gateway-runner: waiting for the network policy to take effect (the egress canary {canary} is still reachable)"
+                "gateway-runner: waiting for the network policy to take effect (the egress canary: {last})"
             ));
             said = true;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Consecutive rounds in which the canary must time out.
+const LOCKED_ROUNDS: u32 = 3;
 
 /// Run the steps in `steps_file`; returns the exit code.
 pub fn run_steps(steps_file: &Path) -> ExitCode {

@@ -200,6 +200,13 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let sandbox: Arc<dyn crate::sandbox::Sandbox> = match file.sandbox.backend.as_str() {
         "kubernetes" => {
             let cfg = file.sandbox.kubernetes.clone();
+            if let Some(c) = &cfg.egress_canary
+                && c.parse::<std::net::SocketAddr>().is_err()
+            {
+                anyhow::bail!(
+                    "[sandbox.kubernetes] egress_canary is {c:?}: it must be an IP:PORT (sandboxes resolve no names)"
+                );
+            }
             if cfg.egress_canary.is_none() {
                 anyhow::bail!(
                     "[sandbox.kubernetes] egress_canary is not set: name an IP:PORT every sandbox's network policy denies                      (the cluster DNS service, e.g. \"10.96.0.10:53\"); sandboxes run nothing until it is unreachable,                      because a NetworkPolicy takes effect only after a pod has started"

@@ -101,6 +101,8 @@ pub struct State {
     pub changes: Vec<(u64, String, String, Value)>,
     /// Watch requests received (each `?watch=true`).
     pub watches: usize,
+    /// Watch streams open now (a client that stopped reading holds one).
+    pub open_watches: usize,
     /// While set, every watch answers at once with an in-stream ERROR event
     /// (this status code, as the real server does when etcd or a webhook
     /// fails mid-watch) and ends.
@@ -1123,7 +1125,9 @@ async fn workload_route(
             };
             let floor = backlog.iter().map(|(rv, _, _)| *rv).max().unwrap_or(since);
             let (resource, ns) = (resource.to_string(), ns.to_string());
+            let open = OpenWatch::new(Arc::clone(st));
             tokio::spawn(async move {
+                let _open = open;
                 let line = |t: &str, o: &Value| {
                     Bytes::from(format!("{}\n", json!({"type": t, "object": o})))
                 };
@@ -1289,6 +1293,27 @@ fn merge(target: &mut Value, patch: &Value) {
             }
         }
         other => *target = other.clone(),
+    }
+}
+
+/// One open watch stream, counted in [`State::open_watches`] until its
+/// serving task ends (the client closed it, or it timed out).
+struct OpenWatch(Arc<Mutex<State>>);
+
+impl OpenWatch {
+    fn new(st: Arc<Mutex<State>>) -> OpenWatch {
+        if let Ok(mut s) = st.lock() {
+            s.open_watches += 1;
+        }
+        OpenWatch(st)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.open_watches = s.open_watches.saturating_sub(1);
+        }
     }
 }
 

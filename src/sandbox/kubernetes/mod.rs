@@ -98,11 +98,11 @@ async fn read_log(
     pod: &str,
     lp: &LogParams,
     retry_for: Duration,
-) -> Result<String, kube::Error> {
+) -> Result<Vec<u8>, kube::Error> {
     let until = Instant::now() + retry_for;
     let mut backoff = Duration::from_millis(100);
     loop {
-        match pods.logs(pod, lp).await {
+        match read_log_bytes(pods, pod, lp).await {
             Ok(log) => return Ok(log),
             Err(e) if transient(&e) && Instant::now() + backoff < until => {
                 tracing::debug!("reading the sandbox log failed ({e}); retrying");
@@ -112,6 +112,26 @@ async fn read_log(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The log as bytes: a sandbox may print anything, and the byte limit may
+/// cut a character in two, so the log is never required to be UTF-8 (the
+/// text form of kube's `logs` fails on one such byte, and all the output
+/// was lost).
+async fn read_log_bytes(
+    pods: &Api<Pod>,
+    pod: &str,
+    lp: &LogParams,
+) -> Result<Vec<u8>, kube::Error> {
+    use futures::AsyncReadExt;
+    let stream = pods.log_stream(pod, lp).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    Ok(bytes)
 }
 
 /// An API error in words: the API server's own status and message.
@@ -142,8 +162,16 @@ struct Seen {
     /// Why the pod has not started yet (its sandbox, a volume, scheduling):
     /// the end when it keeps happening, and what a deadline is blamed on.
     pod_problem: Option<(String, i32)>,
+    /// Repeats of each pod event, by (reason, Event object).
+    pod_events: BTreeMap<(String, String), i32>,
     /// The Job succeeded (`SuccessCriteriaMet` or `Complete`).
     complete: bool,
+    /// The pod is being deleted or disrupted (the Job controller at the
+    /// deadline, an eviction, a drain): its end is not the tool's own.
+    killed: bool,
+    /// The pod failed before its container ran (the kubelet's admission:
+    /// OutOfcpu, NodeAffinity…; an eviction), with its reason.
+    pod_failed: Option<String>,
     /// The Job failed for a reason other than its deadline
     /// (`FailureTarget` or `Failed`: BackoffLimitExceeded, PodFailurePolicy…).
     job_failed: Option<String>,
@@ -162,6 +190,19 @@ impl Seen {
         self.phase = status.phase.clone();
         if status.reason.as_deref() == Some("DeadlineExceeded") {
             self.deadline = true;
+        }
+        let disrupted = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+        if pod.metadata.deletion_timestamp.is_some() || disrupted {
+            self.killed = true;
+        }
+        if status.phase.as_deref() == Some("Failed") {
+            let reason = status.reason.clone().unwrap_or_else(|| "Failed".into());
+            let message = status.message.clone().unwrap_or_default();
+            self.pod_failed = Some(format!("{reason}: {message}"));
         }
         for cs in status.container_statuses.iter().flatten() {
             let Some(state) = &cs.state else { continue };
@@ -241,7 +282,31 @@ impl Seen {
                     "FailedScheduling" => "the sandbox pod could not be scheduled",
                     _ => "the sandbox pod's volumes could not be mounted",
                 };
-                let count = ev.count.unwrap_or(1).max(1);
+                // Repeats are counted over every Event object of the
+                // reason (a new sandbox id each try makes a new object)
+                // and both counts (core `count`, events.k8s.io `series`).
+                let repeats = ev
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.count)
+                    .or(ev.count)
+                    .unwrap_or(1)
+                    .max(1);
+                let key = ev.metadata.name.clone().unwrap_or_default();
+                self.pod_events.insert((reason.to_string(), key), repeats);
+                let total: i32 = self
+                    .pod_events
+                    .iter()
+                    .filter(|((r, _), _)| r == reason)
+                    .map(|(_, n)| *n)
+                    .sum();
+                // Unschedulable for now is normal where nodes are added on
+                // demand: only the deadline ends that.
+                let count = if reason == "FailedScheduling" {
+                    0
+                } else {
+                    total
+                };
                 self.pod_problem = Some((format!("{what} ({reason}): {message}"), count));
             }
             _ => {}
@@ -272,10 +337,32 @@ impl Seen {
         {
             return Some(Ok((None, Ended::Limit("memory".into()))));
         }
-        // The pod's end says how (its exit code); the Job's says that it is
-        // the end (a pod that ended is not yet a Job that did: at its
-        // deadline the controller kills the pod before it marks the Job).
+        // The pod's end says how (its exit code). It is the end on its own
+        // when nobody killed the pod; a killed pod (being deleted, or
+        // disrupted) waits for the Job's verdict: at its deadline the
+        // controller kills the pod before it marks the Job.
         let finished = matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"));
+        if let Some((code, _)) = &self.terminated
+            && finished
+            && !self.killed
+            && self.job_failed.is_none()
+        {
+            return Some(Ok((Some(*code), Ended::Exited)));
+        }
+        // A pod that failed with no container end (the kubelet refused it,
+        // or it was evicted first).
+        if self.terminated.is_none()
+            && let Some(why) = &self.pod_failed
+        {
+            return Some(Err(format!(
+                "the sandbox pod failed before its container ran ({why})"
+            )));
+        }
+        // The Job succeeded and the pod's end was missed (a re-list after
+        // the pod was gone): a success, exit 0.
+        if self.complete && self.terminated.is_none() && self.job_failed.is_none() {
+            return Some(Ok((Some(0), Ended::Exited)));
+        }
         match (&self.terminated, &self.job_failed) {
             (Some((code, _)), Some(why)) if finished => {
                 if *code == 0 {
@@ -315,9 +402,11 @@ enum Update {
 }
 
 /// Follow `api` with kube's watcher (a list, then a watch resumed from the
-/// last version; a re-list when the version is gone; the default backoff,
-/// 0.8 s doubling to 30 s, after every error, in the stream or not),
-/// forwarding objects to `tx` until the receiver is dropped.
+/// last version; a re-list when the version is gone or the stream ends
+/// after an error; the default backoff, 0.8 s doubling to 30 s, after a
+/// watch that fails to start or fails in the stream — kube-runtime resets
+/// it at each new list, so a list that keeps failing is retried about every
+/// 0.8 s), forwarding objects to `tx` until the receiver is dropped.
 fn keep_watching<K, F>(
     api: Api<K>,
     config: watcher::Config,
@@ -331,7 +420,16 @@ where
     tokio::spawn(async move {
         let stream = watcher::watcher(api, config).default_backoff();
         let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
+        loop {
+            // Ends as soon as nobody listens (a watch that only sees its
+            // object deleted would otherwise never notice).
+            let item = tokio::select! {
+                _ = tx.closed() => return,
+                item = stream.next() => match item {
+                    Some(item) => item,
+                    None => return,
+                },
+            };
             let sent = match item {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => tx.send(wrap(o)),
                 Ok(_) => continue,
@@ -342,6 +440,18 @@ where
             }
         }
     })
+}
+
+/// The call's watch tasks, aborted when dropped: at the end, and also when
+/// the call is cancelled (its future dropped mid-wait).
+struct Watchers(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for w in &self.0 {
+            w.abort();
+        }
+    }
 }
 
 /// Deletes the Job and Secret when dropped before [`Cleanup::finish`]
@@ -522,7 +632,7 @@ impl KubernetesSandbox {
 
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let pod_sel = format!("{}={}", manifests::REQUEST, req.name.to_ascii_lowercase());
-        let mut watchers = vec![
+        let mut watchers = Watchers(vec![
             keep_watching(
                 pods.clone(),
                 watcher::Config::default().labels(&pod_sel).timeout(290),
@@ -547,7 +657,7 @@ impl KubernetesSandbox {
                 tx.clone(),
                 |e| Update::Event(Box::new(e)),
             ),
-        ];
+        ]);
         // The pod's own events (the kubelet's: its sandbox, its volumes),
         // watched once the pod has a name.
         let mut pod_events: Option<tokio::sync::mpsc::UnboundedSender<Update>> = Some(tx);
@@ -563,7 +673,7 @@ impl KubernetesSandbox {
                         lost = None;
                         seen.pod(&p);
                         if let (Some(name), Some(tx)) = (&seen.pod, pod_events.take()) {
-                            watchers.push(keep_watching(
+                            watchers.0.push(keep_watching(
                                 events.clone(),
                                 watcher::Config::default()
                                     .fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"))
@@ -589,9 +699,7 @@ impl KubernetesSandbox {
                 break end;
             }
         };
-        for w in watchers {
-            w.abort();
-        }
+        drop(watchers);
         let (exit_code, ended) = match end {
             Ok(e) => e,
             Err(why) => {
@@ -611,7 +719,7 @@ impl KubernetesSandbox {
                 let retry_for = Duration::from_secs(self.cfg.grace_seconds);
                 match read_log(&pods, pod, &lp, retry_for).await {
                     Ok(log) => {
-                        let (o, e) = crate::protocol::unframe(log.as_bytes());
+                        let (o, e) = crate::protocol::unframe(&log);
                         (capped(o, cap), capped(e, cap))
                     }
                     Err(e) => (
