@@ -938,14 +938,7 @@ fn the_kubernetes_backend_without_an_egress_canary_is_refused_at_start() {
         &common::repo().join("policies"),
         "[sandbox]\nbackend = \"kubernetes\"\n[sandbox.kubernetes]\nkubeconfig = \"/nonexistent\"\n",
     );
-    let out = std::process::Command::new(gateway())
-        .arg("--config")
-        .arg(&config)
-        .arg("daemon")
-        .current_dir(dir.path())
-        .env_remove("GATEWAY_HOME")
-        .env_remove("GATEWAY_POLICIES")
-        .env_remove("GATEWAY_CONFIG")
+    let out = Daemon::command(dir.path(), &config)
         .stdin(Stdio::null())
         .output()
         .expect("gateway daemon");

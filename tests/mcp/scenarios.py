@@ -328,6 +328,15 @@ class Tasks(ClientExtension):
             await anyio.sleep(0.2)
 
 
+async def waiting_approval(tasks):
+    """The approval id a task's status says it waits for."""
+    with anyio.fail_after(120):
+        while not any(m and "waiting for a person's approval" in m for _, m in tasks.statuses):
+            await anyio.sleep(0.2)
+    waiting = next(m for _, m in tasks.statuses if m and "waiting for a person's approval" in m)
+    return waiting.split("approval ", 1)[1].split(":", 1)[0]
+
+
 async def task_scenarios(params):
     """A client with the Tasks extension: a pending apply is a task that
     waits for the approval and completes once `gateway approve` grants it."""
@@ -348,11 +357,7 @@ async def task_scenarios(params):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            with anyio.fail_after(120):
-                while not any(m and "waiting for a person's approval" in m for _, m in tasks.statuses):
-                    await anyio.sleep(0.2)
-            waiting = next(m for _, m in tasks.statuses if m and "waiting for a person's approval" in m)
-            approval = waiting.split("approval ", 1)[1].split(":", 1)[0]
+            approval = await waiting_approval(tasks)
             await anyio.sleep(1.5)  # still waiting: nobody has approved
             check("r" not in result, "the task completed before the approval")
             await anyio.to_thread.run_sync(approve, approval)
@@ -373,11 +378,7 @@ async def task_scenarios(params):
         tasks.statuses.clear()
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            with anyio.fail_after(120):
-                while not any(m and "waiting for a person's approval" in m for _, m in tasks.statuses):
-                    await anyio.sleep(0.2)
-            waiting = next(m for _, m in tasks.statuses if m and "waiting for a person's approval" in m)
-            approval = waiting.split("approval ", 1)[1].split(":", 1)[0]
+            approval = await waiting_approval(tasks)
             await anyio.to_thread.run_sync(verdict, "deny", approval)
         r = result["r"]
         check(r.is_error and "was denied: not now" in r.content[0].text, r.content[0].text)

@@ -131,19 +131,26 @@ impl Daemon {
         (dir, config)
     }
 
-    /// Start the daemon on a prepared layout and wait for its socket.
-    pub fn start_in(dir: tempfile::TempDir, config: PathBuf) -> Daemon {
-        let log = dir.path().join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_gateway"))
-            .arg("--config")
-            .arg(&config)
+    /// `gateway daemon` on a prepared layout, with none of the test's
+    /// environment that would change it.
+    pub fn command(dir: &Path, config: &Path) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        c.arg("--config")
+            .arg(config)
             .arg("daemon")
-            .current_dir(dir.path())
+            .current_dir(dir)
             .env_remove("GATEWAY_HOME")
             .env_remove("GATEWAY_POLICIES")
             .env_remove("GATEWAY_CONFIG")
             .env_remove("VAULT_ADDR")
-            .env_remove("VAULT_TOKEN")
+            .env_remove("VAULT_TOKEN");
+        c
+    }
+
+    /// Start the daemon on a prepared layout and wait for its socket.
+    pub fn start_in(dir: tempfile::TempDir, config: PathBuf) -> Daemon {
+        let log = dir.path().join("daemon.log");
+        let child = Daemon::command(dir.path(), &config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
