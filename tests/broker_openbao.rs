@@ -1111,9 +1111,9 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
 /// the real one), in real gVisor for a pod of RuntimeClass `gvisor`; the
 /// container log is what the runner wrote. `connect` is decided as a CNI
 /// enforcing cluster/networkpolicy.yaml would (the fake has no network),
-/// after the runner's lock-down check on the pod's egress canary, which the
-/// policy denies in the sandbox namespace; the answer is framed as the
-/// runner frames it.
+/// with the answer framed as the runner frames it. The runner's lock-down
+/// wait is not played here: it is taken to have passed (a pod's policy
+/// applies here at once), and tests/runner_binary.rs tests it for real.
 fn kubelet(kube: &FakeKube, api_ip: &str, api_port: u16) -> tokio::task::JoinHandle<()> {
     let state = Arc::clone(&kube.state);
     let api = format!("{api_ip}:{api_port}");

@@ -120,10 +120,17 @@ async fn pod_of(c: &Cluster, job: &str) -> String {
     }
 }
 
-/// The kubelet: the container ran and ended.
+/// The kubelet: the container ran, wrote `log` and ended.
 fn terminate(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str, log: &str) {
     c.kube.with(|s| {
         s.logs.insert(pod.into(), log.as_bytes().to_vec());
+    });
+    ended(c, pod, phase, exit_code, reason);
+}
+
+/// The kubelet: the container ended (its log as it is).
+fn ended(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str) {
+    c.kube.with(|s| {
         s.update("pods", NS, pod, |p| {
             p["status"] = json!({"phase": phase, "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
                 "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}]});
@@ -914,7 +921,7 @@ async fn a_log_that_is_not_utf8_is_kept_not_lost() {
         log.extend_from_slice(&"o cut \u{2502}".as_bytes()[..7]);
         s.logs.insert(pod.clone(), log);
     });
-    terminate_keeping_log(&c, &pod);
+    ended(&c, &pod, "Succeeded", 0, "Completed");
     let started = Instant::now();
     let r = run.await.expect("join").expect("ran");
     assert!(r.success());
@@ -925,14 +932,4 @@ async fn a_log_that_is_not_utf8_is_kept_not_lost() {
         "{}",
         r.stderr.text()
     );
-}
-
-/// The kubelet: the container exited 0 (its log already set).
-fn terminate_keeping_log(c: &Cluster, pod: &str) {
-    c.kube.with(|s| {
-        s.update("pods", NS, pod, |p| {
-            p["status"] = json!({"phase": "Succeeded", "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
-                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]});
-        });
-    });
 }

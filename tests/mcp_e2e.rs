@@ -63,7 +63,7 @@ fn run_scenarios(mode: &str, passes: usize) {
 
 #[test]
 fn the_sdks_default_mode_2026_07_28_runs_every_scenario_and_a_task_waits_for_approval() {
-    run_scenarios("auto", 17);
+    run_scenarios("auto", 18);
 }
 
 #[test]

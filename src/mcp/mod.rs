@@ -253,6 +253,42 @@ fn quoted(s: &str) -> String {
     }
 }
 
+/// Records `tool.result` cancelled when a call is dropped (cancelled by
+/// the client or the session's end, or its future aborted) before it
+/// returned: the one way a dropped call is audited, inline or as a task.
+pub(crate) struct CancelledGuard {
+    pipeline: Arc<Pipeline>,
+    request_id: String,
+    tool: String,
+    armed: bool,
+}
+
+impl CancelledGuard {
+    pub(crate) fn new(pipeline: &Arc<Pipeline>, request_id: &str, tool: &str, armed: bool) -> Self {
+        CancelledGuard {
+            pipeline: Arc::clone(pipeline),
+            request_id: request_id.to_string(),
+            tool: tool.to_string(),
+            armed,
+        }
+    }
+
+    /// The call returned (`done`): nothing to record.
+    pub(crate) fn disarm_if(mut self, done: bool) {
+        if done {
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for CancelledGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            record_cancelled(&self.pipeline, &self.request_id, &self.tool);
+        }
+    }
+}
+
 /// Audit a call the client (or the session's end) cancelled.
 fn record_cancelled(pipeline: &Pipeline, request_id: &str, tool: &str) {
     let _ = pipeline.audit.record(
@@ -385,11 +421,13 @@ impl ServerHandler for GatewayServer {
         }));
         let request_id = crate::policy::input::new_request_id();
         let progress = crate::pipeline::Progress::new(Some(tx));
+        let guard = CancelledGuard::new(&self.pipeline, &request_id, &name, true);
         let result = tokio::select! {
             r = self.pipeline.call_with(call, &request_id, &progress) => Some(r),
             _ = ctx.ct.cancelled() => None,
             _ = self.ended.cancelled() => None,
         };
+        guard.disarm_if(result.is_some());
         // Deliver every progress message before the result.
         drop(progress);
         let _ = forward.await;
@@ -409,11 +447,9 @@ impl ServerHandler for GatewayServer {
                 format!("the gateway failed: {e}"),
                 None,
             )),
-            None => {
-                // The call's future was dropped: its sandbox is killed and removed.
-                record_cancelled(&self.pipeline, &request_id, &name);
-                Err(McpError::internal_error("cancelled", None))
-            }
+            // The call's future was dropped (its sandbox killed and removed;
+            // the guard recorded it).
+            None => Err(McpError::internal_error("cancelled", None)),
         }
     }
 

@@ -203,32 +203,31 @@ impl TaskSession {
                         "refused",
                     );
                 }
-                State::Expired => {
-                    return refused(
-                        format!(
-                            "approval {approval_id} expired at {} without being granted; nothing was applied",
-                            a.expires_at
+                ended => {
+                    let (reason, outcome) = match ended {
+                        State::Expired => (
+                            format!(
+                                "approval {approval_id} expired at {} without being granted; nothing was applied",
+                                a.expires_at
+                            ),
+                            "expired",
                         ),
-                        "expired",
-                    );
-                }
-                State::Superseded => {
-                    return refused(
-                        format!(
-                            "approval {approval_id} was superseded by {} (a newer plan of the same call); nothing was applied",
-                            a.superseded_by.as_deref().unwrap_or("a newer approval")
+                        State::Superseded => (
+                            format!(
+                                "approval {approval_id} was superseded by {} (a newer plan of the same call); nothing was applied",
+                                a.superseded_by.as_deref().unwrap_or("a newer approval")
+                            ),
+                            "refused",
                         ),
-                        "refused",
-                    );
-                }
-                State::Spent => {
-                    return refused(
-                        format!(
-                            "approval {approval_id} was already spent by request {}",
-                            a.spent_request_id.as_deref().unwrap_or("(unknown)")
+                        _ => (
+                            format!(
+                                "approval {approval_id} was already spent by request {}",
+                                a.spent_request_id.as_deref().unwrap_or("(unknown)")
+                            ),
+                            "refused",
                         ),
-                        "refused",
-                    );
+                    };
+                    return refused(reason, outcome);
                 }
             }
         }
@@ -254,12 +253,7 @@ impl TaskSession {
         }));
         let pipeline = Arc::clone(&self.pipeline);
         let rid = request_id.to_string();
-        let guard = CancelledGuard {
-            pipeline: Arc::clone(&self.pipeline),
-            request_id: request_id.to_string(),
-            tool: tool.clone(),
-            armed: cancellable,
-        };
+        let guard = super::CancelledGuard::new(&self.pipeline, request_id, &tool, cancellable);
         let run = async move {
             let stages = Progress::new(Some(tx));
             let r = pipeline.call_with(call, &rid, &stages).await;
@@ -338,31 +332,6 @@ fn status_of(r: &CallResult) -> &'static str {
         Outcome::Refused { .. } => "refused",
         Outcome::Completed { ok: true, .. } => "completed",
         Outcome::Completed { ok: false, .. } => "completed with a failure",
-    }
-}
-
-/// Records `tool.result` cancelled when a cancellable call is dropped
-/// (cancelled, or its task aborted) before it returned.
-struct CancelledGuard {
-    pipeline: Arc<Pipeline>,
-    request_id: String,
-    tool: String,
-    armed: bool,
-}
-
-impl CancelledGuard {
-    fn disarm_if(mut self, done: bool) {
-        if done {
-            self.armed = false;
-        }
-    }
-}
-
-impl Drop for CancelledGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            super::record_cancelled(&self.pipeline, &self.request_id, &self.tool);
-        }
     }
 }
 

@@ -302,6 +302,15 @@ class AnyResult(types.Result):
     model_config = ConfigDict(extra="allow")
 
 
+class CancelTask(types.Request[GetTaskParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class TaskCancelled(Exception):
+    pass
+
+
 class Tasks(ClientExtension):
     """The client side of the Tasks extension, which the SDK leaves to
     extensions: declares it, and resolves a task handle by polling tasks/get
@@ -311,6 +320,9 @@ class Tasks(ClientExtension):
     def __init__(self):
         self.statuses = []
         self.handles = []
+        # When set: tasks/cancel once the task has left its wait (the
+        # approval was granted), as an agent that wants the apply undone.
+        self.cancel_after_grant = False
 
     def claims(self):
         return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
@@ -323,9 +335,16 @@ class Tasks(ClientExtension):
             self.statuses.append((task["status"], task.get("statusMessage")))
             if task["status"] == "completed":
                 return types.CallToolResult.model_validate(task["result"])
-            if task["status"] in ("failed", "cancelled"):
-                raise AssertionError(f"task {task['status']}: {task}")
-            await anyio.sleep(0.2)
+            if task["status"] == "cancelled":
+                raise TaskCancelled(task)
+            if task["status"] == "failed":
+                raise AssertionError(f"task failed: {task}")
+            message = task.get("statusMessage") or ""
+            waited = any(m and "waiting for a person's approval" in m for _, m in self.statuses)
+            if self.cancel_after_grant and waited and "waiting for a person's approval" not in message:
+                self.cancel_after_grant = False
+                await ctx.session.send_request(CancelTask(params=GetTaskParams(taskId=handle.task_id)), AnyResult)
+            await anyio.sleep(0.1)
 
 
 async def waiting_approval(tasks):
@@ -373,7 +392,9 @@ async def task_scenarios(params):
         print("PASS a pending apply run as a task waits for the approval and completes, applied, after gateway approve")
 
         # Denied: the task completes with an error result saying so.
-        open(main_tf, "w").write(open(main_tf).read().replace('tier=backend', 'tier=db', 1))
+        # (Read before opening for writing: that truncates the file.)
+        edited = open(main_tf).read().replace('tier=backend', 'tier=db', 1)
+        open(main_tf, "w").write(edited)
         result.clear()
         tasks.statuses.clear()
         async with anyio.create_task_group() as tg:
@@ -386,6 +407,47 @@ async def task_scenarios(params):
         ended = [e["data"] for e in all_events() if e["event"] == "task.ended" and e["data"]["outcome"] == "refused"]
         check(len(ended) == 1 and approval in ended[0]["detail"], ended)
         print("PASS a task whose approval is denied completes with an error result that says so, audited")
+
+        # The agent cancels the task the moment its approval is granted, to
+        # leave the apply half done (resources changed, state not saved).
+        # Once the approval can be spent the apply runs to its end: the
+        # state comes back and the audit has the apply's result.
+        edited = open(main_tf).read().replace('tier=db', 'tier=cache', 1)
+        open(main_tf, "w").write(edited)
+        state = os.path.join(WORKSPACE, MODULE, "terraform.tfstate")
+        result.clear()
+        tasks.statuses.clear()
+        tasks.cancel_after_grant = True
+        cancelled = {}
+
+        async def call_cancelled():
+            try:
+                await c.call_tool("terraform_apply", {"working_dir": MODULE})
+            except TaskCancelled as e:
+                cancelled["task"] = e
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call_cancelled)
+            approval = await waiting_approval(tasks)
+            await anyio.to_thread.run_sync(approve, approval)
+        check("task" in cancelled, "the task was cancelled after the grant")
+        ended = [e["data"] for e in all_events() if e["event"] == "task.ended" and e["data"]["outcome"] == "cancelled"]
+        check(len(ended) == 1 and "runs to its end" in ended[0]["detail"], ended)
+        applied = ended[0]["request_id"]
+        with anyio.fail_after(180):
+            while not audit_events(applied) or audit_events(applied)[-1] != "tool.result":
+                await anyio.sleep(0.2)
+        trail = audit_events(applied)
+        check("approval.spent" in trail and "state.saved" in trail, trail)
+        results = [e["data"] for e in all_events() if e["request_id"] == applied and e["event"] == "tool.result"]
+        check(results[-1]["status"] == "completed" and results[-1]["ok"] is True, results)
+        check(results[-1]["result"]["state"]["change"]["replaced"] == ["terraform_data.web"], results[-1])
+        saved = json.load(open(state))
+        webs = [r for r in saved.get("resources", []) if r.get("name") == "web"]
+        check(webs, json.dumps(saved)[:2000])
+        web = webs[0]["instances"][0]["attributes"]
+        check(web["triggers_replace"]["value"]["labels"] == "app=web,tier=cache", web)
+        print("PASS a task cancelled once its approval is granted still applies to the end: state saved, audited")
 
 
 async def main():
