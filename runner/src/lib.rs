@@ -5,3 +5,4 @@
 
 pub mod protocol;
 pub mod run;
+pub mod sigstack;

@@ -286,6 +286,12 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
             return ExitCode::from(125);
         }
     };
+    // Go takes its signals on this thread's alternate stack: see
+    // crate::sigstack for why Rust's default one is too small under gVisor.
+    if let Err(e) = crate::sigstack::install_roomy_signal_stack() {
+        eprintln!("gateway-runner terraform: cannot set up the signal stack Go needs: {e}");
+        return ExitCode::from(125);
+    }
     let ptrs: Vec<*const std::ffi::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
     let argc = i64::try_from(ptrs.len()).unwrap_or(0);
     // SAFETY: argv points to argc valid NUL-terminated strings that outlive the call.
