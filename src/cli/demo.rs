@@ -59,6 +59,7 @@ fn show(r: &crate::pipeline::CallResult) -> String {
 }
 
 pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    super::dev::ensure_runner()?;
     let repo = std::env::current_dir().context("current dir")?;
     let home = cli.home().join("demo");
     let workspace = home.join("workspace");

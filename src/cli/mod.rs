@@ -5,6 +5,7 @@ mod audit;
 mod control;
 mod daemon;
 mod demo;
+mod dev;
 mod install;
 pub mod out;
 mod policy;

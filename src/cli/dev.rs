@@ -1,0 +1,62 @@
+//! What `cargo run` leaves out: the in-sandbox runner.
+//!
+//! `cargo run --release -- demo` (the README's first command) builds only
+//! the `gateway` binary; the runner is another package of the workspace,
+//! and the sandbox needs it beside the gateway. When the gateway was
+//! started by cargo from its own target dir and the runner is not there,
+//! the pure tools that run sandboxes (`demo`, `verify`, `doctor`) build it
+//! with the same cargo and profile, saying so. The daemon never does: it
+//! takes the runner installed beside it or refuses to start.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+/// Build the runner beside this executable if cargo started us from a
+/// target dir and it is missing there. Does nothing otherwise.
+pub fn ensure_runner() -> anyhow::Result<()> {
+    let me = std::env::current_exe().context("the path of this executable")?;
+    let runner = me.with_file_name("gateway-runner");
+    if runner.is_file() {
+        return Ok(());
+    }
+    // `cargo run` sets CARGO to the cargo it was started with, and
+    // CARGO_MANIFEST_DIR to the package's directory (the repository).
+    let (Some(cargo), Some(manifest_dir)) = (
+        std::env::var_os("CARGO"),
+        std::env::var_os("CARGO_MANIFEST_DIR"),
+    ) else {
+        return Ok(());
+    };
+    let manifest = Path::new(&manifest_dir).join("Cargo.toml");
+    let profile_dir = me.parent().and_then(Path::file_name);
+    let release = match profile_dir.and_then(|p| p.to_str()) {
+        Some("release") => true,
+        Some("debug") => false,
+        _ => return Ok(()),
+    };
+    if !manifest.is_file() {
+        return Ok(());
+    }
+    eprintln!(
+        "gateway: the in-sandbox runner is not built yet (cargo run builds only the gateway): \
+         cargo build{} -p gateway-runner",
+        if release { " --release" } else { "" }
+    );
+    let mut cmd = std::process::Command::new(&cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["-p", "gateway-runner"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("running cargo to build the runner")?;
+    if !status.success() || !runner.is_file() {
+        bail!(
+            "building the runner failed ({status}); build it yourself: cargo build{} -p gateway-runner",
+            if release { " --release" } else { "" }
+        );
+    }
+    Ok(())
+}
