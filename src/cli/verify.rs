@@ -16,6 +16,9 @@ pub struct VerifyArgs {
     /// kubernetes: the namespace whose pod-reader credential is checked.
     #[arg(long, default_value = "demo-app")]
     namespace: String,
+    /// local: how many times Terraform's init, plan and show run in a sandbox.
+    #[arg(long, default_value_t = crate::verify::workload::TERRAFORM_RUNS as u16, value_parser = clap::value_parser!(u16).range(1..=100))]
+    terraform_runs: u16,
 }
 
 pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
@@ -32,10 +35,17 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
             rt.block_on(verify_kubernetes(cli, a))?,
         )
     } else {
+        super::dev::ensure_runner()?;
         let sb = LocalSandbox::new(LocalConfig::default())?;
+        let repo = std::env::current_dir()?;
+        let work = crate::verify::Workload {
+            tools: crate::tools::ToolPaths::discover(&repo),
+            limits: crate::verify::workload::call_limits(&cli.policies, "terraform_plan"),
+            terraform_runs: usize::from(a.terraform_runs),
+        };
         (
             "local backend (gVisor runsc)",
-            rt.block_on(crate::verify::verify_local(&sb, &cli.home())),
+            rt.block_on(crate::verify::verify_local(&sb, &cli.home(), &work)),
         )
     };
     let ok = checks.iter().all(|c| c.pass);

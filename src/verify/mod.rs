@@ -4,6 +4,7 @@
 //! The probe is the static busybox from Debian's busybox-static.
 
 pub mod kubernetes;
+pub mod workload;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -88,8 +89,15 @@ async fn run(
     sb.run(req).await.map_err(|e| e.to_string())
 }
 
+/// The tools a call runs and the limits it gets, for the workload checks.
+pub struct Workload {
+    pub tools: crate::tools::ToolPaths,
+    pub limits: (Limits, Duration, String),
+    pub terraform_runs: usize,
+}
+
 /// Run every check; each is independent.
-pub async fn verify_local(sb: &LocalSandbox, home: &Path) -> Vec<Check> {
+pub async fn verify_local(sb: &LocalSandbox, home: &Path, work: &Workload) -> Vec<Check> {
     if !Path::new(PROBE).is_file() {
         return vec![Check {
             name: "probe",
@@ -105,6 +113,8 @@ pub async fn verify_local(sb: &LocalSandbox, home: &Path) -> Vec<Check> {
         allowed_endpoint(sb).await,
         filesystem(sb, home).await,
         limits(sb).await,
+        workload::terraform(sb, &work.tools, &work.limits, work.terraform_runs).await,
+        workload::kubectl(sb, &work.tools, &work.limits).await,
     ]
 }
 

