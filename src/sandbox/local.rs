@@ -30,6 +30,7 @@ use oci_spec::runtime::{
 };
 use tokio::io::AsyncReadExt;
 
+use super::cgroups::Hierarchy;
 use super::net::NetNs;
 use super::{
     CREDENTIAL_PATH, Captured, Ended, FILES_IN_DIR, Network, RunFuture, SANDBOX_UID, Sandbox,
@@ -75,14 +76,10 @@ fn cgroup_path(name: &str) -> PathBuf {
 /// container; a `runsc run` killed half way through creating it (the call
 /// cancelled at that moment) leaves the cgroup made and no container to
 /// delete. Any process still in it is killed first.
-fn remove_cgroup(name: &str) {
+fn remove_cgroup(cgroups: &Hierarchy, name: &str) {
     let rel = cgroup_path(name);
     let rel = rel.strip_prefix("/").unwrap_or(&rel);
-    let mut dirs = vec![Path::new("/sys/fs/cgroup").join(rel)];
-    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-        dirs.extend(controllers.flatten().map(|c| c.path().join(rel)));
-    }
-    for dir in dirs.iter().filter(|d| d.is_dir()) {
+    for dir in cgroups.all_dirs(rel).iter().filter(|d| d.is_dir()) {
         for _ in 0..20 {
             let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
             for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
@@ -113,68 +110,28 @@ fn remove_state_files(state: &Path, name: &str) {
     }
 }
 
-/// CPU nanoseconds the sandbox's cgroup has used (cgroup v1 cpuacct, or v2 cpu.stat).
-fn cgroup_cpu_ns(name: &str) -> Option<u64> {
-    let rel = cgroup_path(name);
-    let rel = rel.strip_prefix("/").unwrap_or(&rel);
-    let v1 = Path::new("/sys/fs/cgroup/cpuacct")
-        .join(rel)
-        .join("cpuacct.usage");
-    if let Ok(s) = std::fs::read_to_string(&v1) {
-        return s.trim().parse().ok();
-    }
-    let v2 = Path::new("/sys/fs/cgroup").join(rel).join("cpu.stat");
-    let s = std::fs::read_to_string(v2).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|us| us * 1000)
-}
-
-/// The sandbox cgroup's peak memory and failed-charge count (v1
-/// max_usage_in_bytes/failcnt, v2 memory.peak/memory.events max).
-fn cgroup_memory_pressure(name: &str) -> Option<(u64, u64)> {
-    let rel = cgroup_path(name);
-    let rel = rel.strip_prefix("/").unwrap_or(&rel);
-    let read = |p: PathBuf| std::fs::read_to_string(p).ok();
-    let v1 = Path::new("/sys/fs/cgroup/memory").join(rel);
-    if let Some(peak) = read(v1.join("memory.max_usage_in_bytes")) {
-        let fails = read(v1.join("memory.failcnt"))
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        return peak.trim().parse().ok().map(|p| (p, fails));
-    }
-    let v2 = Path::new("/sys/fs/cgroup").join(rel);
-    let peak = read(v2.join("memory.peak"))?.trim().parse().ok()?;
-    let fails = read(v2.join("memory.events"))
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
-        })
-        .unwrap_or(0);
-    Some((peak, fails))
-}
-
 /// Watches the sandbox's cgroup while it runs: resolves when CPU time goes
 /// over `cpu_limit`; records whether memory reached the limit (the cgroup
 /// may be gone by the time the sandbox has been killed for it).
 async fn watch_cgroup(
+    cgroups: Arc<Hierarchy>,
     name: String,
     cpu_limit: Duration,
     memory_limit: u64,
     memory_hit: Arc<AtomicBool>,
 ) {
-    let limit_ns = u64::try_from(cpu_limit.as_nanos()).unwrap_or(u64::MAX);
+    let rel = cgroup_path(&name);
+    let rel = rel.strip_prefix("/").unwrap_or(&rel).to_path_buf();
     let mut tick = 0u32;
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        if let Some((peak, fails)) = cgroup_memory_pressure(&name)
+        if let Some((peak, fails)) = cgroups.memory_pressure(&rel)
             && (fails > 0 || peak >= memory_limit / 10 * 9)
         {
             memory_hit.store(true, Ordering::Relaxed);
         }
         tick += 1;
-        if tick.is_multiple_of(5) && cgroup_cpu_ns(&name).is_some_and(|ns| ns > limit_ns) {
+        if tick.is_multiple_of(5) && cgroups.cpu_used(&rel).is_some_and(|used| used > cpu_limit) {
             return;
         }
     }
@@ -209,6 +166,7 @@ pub struct LocalSandbox {
     runsc: PathBuf,
     root: PathBuf,
     platform: String,
+    cgroups: Arc<Hierarchy>,
 }
 
 impl LocalSandbox {
@@ -253,10 +211,23 @@ impl LocalSandbox {
             super::beneath::private_dir(&dir, 0o700, false)
                 .map_err(|e| SandboxError::Setup(format!("the sandbox root: {e}")))?;
         }
+        // The limits live in cgroups: a host without the controllers
+        // they need cannot hold a sandbox to them, so it gets none.
+        let cgroups = Hierarchy::detect();
+        let missing = cgroups.missing();
+        if !missing.is_empty() {
+            return Err(SandboxError::Cgroups(format!(
+                "the cgroup controller(s) {} that the sandbox's memory and CPU limits need are not available (cgroups: {}); {}",
+                missing.join(", "),
+                cgroups.describe(),
+                super::cgroups::fix_for_missing(&cgroups, &missing)
+            )));
+        }
         let sandbox = LocalSandbox {
             runsc,
             root,
             platform: cfg.platform,
+            cgroups: Arc::new(cgroups),
         };
         let reaped = sandbox.reap_leftovers();
         if !reaped.is_empty() {
@@ -312,6 +283,7 @@ impl LocalSandbox {
                 .unwrap_or_else(|| file_name.clone());
             let mut cleanup = Cleanup {
                 runsc: self.runsc.clone(),
+                cgroups: Arc::clone(&self.cgroups),
                 state: self.state_dir(),
                 name: name.clone(),
                 netns: None,
@@ -630,6 +602,7 @@ impl LocalSandbox {
         )?;
         let mut guard = Cleanup {
             runsc: self.runsc.clone(),
+            cgroups: Arc::clone(&self.cgroups),
             state: self.state_dir(),
             name: req.name.clone(),
             netns: None,
@@ -707,7 +680,7 @@ impl LocalSandbox {
         let stop = tokio::select! {
             s = child.wait() => Stop::Exited(s),
             _ = tokio::time::sleep(req.deadline) => Stop::Deadline,
-            _ = watch_cgroup(req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), cgroup_memory, Arc::clone(&memory_hit)) => Stop::Cpu,
+            _ = watch_cgroup(Arc::clone(&self.cgroups), req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), cgroup_memory, Arc::clone(&memory_hit)) => Stop::Cpu,
         };
         let (status, killed_for) = match stop {
             Stop::Exited(s) => (s?, None),
@@ -808,6 +781,7 @@ impl Sandbox for LocalSandbox {
 /// Removes everything a sandbox left, whatever path the call took.
 struct Cleanup {
     runsc: PathBuf,
+    cgroups: Arc<Hierarchy>,
     state: PathBuf,
     name: String,
     netns: Option<NetNs>,
@@ -834,7 +808,7 @@ impl Cleanup {
         if self.started {
             self.kill();
             self.runsc(&["delete", "--force", &self.name]);
-            remove_cgroup(&self.name);
+            remove_cgroup(&self.cgroups, &self.name);
             remove_state_files(&self.state, &self.name);
             self.started = false;
         }

@@ -7,6 +7,7 @@
 //! default) and [`kubernetes`] (a gVisor Job per call on a cluster).
 
 pub mod beneath;
+pub mod cgroups;
 pub mod kubernetes;
 pub mod local;
 pub mod net;
@@ -40,6 +41,8 @@ pub enum SandboxError {
         "the local sandbox must run as root (runsc and network namespaces need it); running as uid {0}"
     )]
     NotRoot(u32),
+    #[error("this host cannot hold a sandbox to its limits: {0}")]
+    Cgroups(String),
     #[error("invalid sandbox request: {0}")]
     Invalid(String),
     #[error("sandbox setup failed: {0}")]
