@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod db;
+pub mod doctor;
 pub mod identity;
 pub mod mcp;
 pub mod pipeline;

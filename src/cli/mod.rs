@@ -6,6 +6,7 @@ mod control;
 mod daemon;
 mod demo;
 mod dev;
+mod doctor;
 mod install;
 pub mod out;
 mod policy;
@@ -82,6 +83,8 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
     Demo,
+    /// Check the host and the installation; each problem with the command that fixes it.
+    Doctor(doctor::DoctorArgs),
 }
 
 impl Cli {
@@ -152,6 +155,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(a) => return serve::run(&cli, a),
         Command::Client(c) => return install::client(c),
         Command::Daemon(a) => return daemon::run(&cli, a),
+        // The doctor reports a broken configuration instead of stopping at it.
+        Command::Doctor(a) => return doctor::run(&cli, a),
         _ => {}
     }
     let cli = cli.resolve()?;
@@ -181,7 +186,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(a) => return verify::run(&cli, a),
         Command::Vault(c) => return vault::run(&cli, c),
         // Run above, before any configuration is read.
-        Command::Serve(_) | Command::Client(_) | Command::Daemon(_) => {
+        Command::Serve(_) | Command::Client(_) | Command::Daemon(_) | Command::Doctor(_) => {
             return Ok(ExitCode::from(2));
         }
     };

@@ -36,6 +36,7 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<ExitCode> {
         )
     } else {
         super::dev::ensure_runner()?;
+        super::dev::ensure_root("verify")?;
         let sb = LocalSandbox::new(LocalConfig::default())?;
         let repo = std::env::current_dir()?;
         let work = crate::verify::Workload {
