@@ -1,13 +1,11 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     gateway::quiet_library_backtraces();
     // One TLS provider for the whole process (vaultrs and any other rustls
     // user), chosen before anything opens a connection.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = gateway::cli::Cli::parse();
+    let cli = gateway::cli::Cli::parse_shown();
     gateway::cli::init_tracing();
     match gateway::cli::run(cli) {
         Ok(code) => code,

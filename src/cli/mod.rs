@@ -88,6 +88,28 @@ pub enum Command {
 }
 
 impl Cli {
+    /// Parse the command line, with each subcommand's help showing only
+    /// the options it takes: `serve` and `client` refuse the global
+    /// `--policies`, `--home` and `--config` (a caller's flag never changes
+    /// what the daemon does), so their help does not offer them.
+    pub fn parse_shown() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Cli::command();
+        // A subcommand that already has an argument of a global's id does
+        // not get the global pushed into it: give these hidden copies.
+        let hidden: Vec<clap::Arg> = cmd
+            .get_arguments()
+            .filter(|a| a.is_global_set())
+            .map(|a| a.clone().hide(true))
+            .collect();
+        for sub in ["serve", "client"] {
+            let hidden = hidden.clone();
+            cmd = cmd.mut_subcommand(sub, |s| s.args(hidden));
+        }
+        let matches = cmd.get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     /// The state directory in use: flag or env, else the config file, else the default.
     pub fn home(&self) -> PathBuf {
         self.home
@@ -153,6 +175,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     match &cli.command {
         Command::Serve(a) => return serve::run(&cli, a),
+        Command::Client(_) if direct => {
+            anyhow::bail!(
+                "gateway client install takes no --policies, --home or --config (nor their \
+                 GATEWAY_* variables): the config it writes starts `gateway serve`, which \
+                 takes none of them"
+            )
+        }
         Command::Client(c) => return install::client(c),
         Command::Daemon(a) => return daemon::run(&cli, a),
         // The doctor reports a broken configuration instead of stopping at it.
