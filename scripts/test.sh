@@ -2,8 +2,18 @@
 # The whole test suite, as CI runs it (.ci/run runs exactly this):
 # set-up, format and lint checks, the policy set's own checks and Rego unit
 # tests (100% line coverage of policies/ required), the same tests and a
-# matrix of decisions under OPA's own engine, then every Rust test.
+# matrix of decisions under OPA's own engine, every Rust test, and last the
+# README's quick start as written (scripts/readme-check.sh).
 set -euo pipefail
+
+# The sandbox and daemon tests start gVisor and make OS users: root only.
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo -- "$0" "$@"
+  fi
+  echo "scripts/test.sh: run it as root (the tests start gVisor sandboxes and make OS users)" >&2
+  exit 1
+fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -39,3 +49,6 @@ cargo test --benches --locked
 step "cargo test"
 # CI=true: insta never writes snapshots, a mismatch fails.
 CI=true cargo test --lib --bins --tests --locked
+
+step "the README's quick start, as written"
+scripts/readme-check.sh

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::Cli;
-use crate::doctor::{Status, Subject};
+use crate::doctor::{Finding, Status, Subject};
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
@@ -14,13 +14,10 @@ pub struct DoctorArgs {
     json: bool,
 }
 
-pub fn run(cli: &Cli, a: &DoctorArgs) -> anyhow::Result<ExitCode> {
-    super::dev::ensure_runner()?;
-    let config_path = cli
-        .config
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(crate::config::DAEMON_CONFIG));
-    let subject = Subject {
+/// What the doctor looks at: the daemon's configuration at `config_path`
+/// and the tools installed beside this binary.
+pub fn subject(config_path: PathBuf) -> Subject {
+    Subject {
         config: crate::config::GatewayConfig::load(&config_path, true).map_err(|e| {
             use std::error::Error;
             match e.source() {
@@ -31,45 +28,68 @@ pub fn run(cli: &Cli, a: &DoctorArgs) -> anyhow::Result<ExitCode> {
         config_path,
         tools: crate::tools::ToolPaths::installed(),
         probe_platforms: nix::unistd::geteuid().is_root(),
-    };
+    }
+}
+
+/// Every check on `subject`.
+pub fn check(subject: &Subject) -> anyhow::Result<Vec<Finding>> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let findings = rt.block_on(crate::doctor::run(&subject));
+    Ok(rt.block_on(crate::doctor::run(subject)))
+}
+
+/// The findings as an operator reads them; returns how many are problems.
+pub fn print(findings: &[Finding]) -> usize {
     let problems = findings
         .iter()
         .filter(|f| f.status == Status::Problem)
         .count();
-    if a.json {
-        super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&findings)?));
-    } else {
-        let mut text = String::from("gateway doctor\n");
-        for f in &findings {
-            let tag = match f.status {
-                Status::Ok => "ok     ",
-                Status::Note => "note   ",
-                Status::Problem => "PROBLEM",
-            };
-            text.push_str(&format!(
-                "{tag} {:<16} {}\n",
-                f.check,
-                super::out::escaped(&f.detail, true)
-            ));
-            if let Some(fix) = &f.fix {
-                text.push_str(&format!(
-                    "        {:<16} fix: {}\n",
-                    "",
-                    super::out::escaped(fix, true)
-                ));
-            }
-        }
+    let mut text = String::from("gateway doctor\n");
+    for f in findings {
+        let tag = match f.status {
+            Status::Ok => "ok     ",
+            Status::Note => "note   ",
+            Status::Problem => "PROBLEM",
+        };
         text.push_str(&format!(
-            "{} checks, {problems} problem{}\n",
-            findings.len(),
-            if problems == 1 { "" } else { "s" }
+            "{tag} {:<16} {}\n",
+            f.check,
+            super::out::escaped(&f.detail, true)
         ));
-        super::out::print_safe(&text);
+        if let Some(fix) = &f.fix {
+            text.push_str(&format!(
+                "        {:<16} fix: {}\n",
+                "",
+                super::out::escaped(fix, true)
+            ));
+        }
     }
+    text.push_str(&format!(
+        "{} checks, {problems} problem{}\n",
+        findings.len(),
+        if problems == 1 { "" } else { "s" }
+    ));
+    super::out::print_safe(&text);
+    problems
+}
+
+pub fn run(cli: &Cli, a: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    super::dev::ensure_runner()?;
+    let config_path = cli
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(crate::config::DAEMON_CONFIG));
+    let findings = check(&subject(config_path))?;
+    let problems = if a.json {
+        super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&findings)?));
+        findings
+            .iter()
+            .filter(|f| f.status == Status::Problem)
+            .count()
+    } else {
+        print(&findings)
+    };
     Ok(if problems == 0 {
         ExitCode::SUCCESS
     } else {

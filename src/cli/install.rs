@@ -210,13 +210,33 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
     )?;
     println!("wrote {}", unit.display());
     if a.root.is_none() && !a.no_start {
-        run("systemctl", &["daemon-reload"])?;
-        run("systemctl", &["enable", "--now", "gateway.service"])?;
-        println!("gateway.service enabled and started");
+        if Path::new("/run/systemd/system").is_dir() {
+            run("systemctl", &["daemon-reload"])?;
+            run("systemctl", &["enable", "--now", "gateway.service"])?;
+            println!("gateway.service enabled and started");
+        } else {
+            // No systemd (a container, a minimal VM, another init): the
+            // unit is still written for reference; its ExecStart is how
+            // the daemon starts, under whatever supervises services here.
+            println!(
+                "this host does not run systemd: nothing was enabled. Start the daemon as root as the unit would, under your init system or e.g.: nohup {} daemon >>/var/log/gateway.log 2>&1 &",
+                bin.display()
+            );
+        }
     }
     println!(
         "next, as each user (in group gateway; log in again after being added): gateway client install claude-code"
     );
+    if a.root.is_none() {
+        println!();
+        let findings = super::doctor::check(&super::doctor::subject(config.clone()))?;
+        let problems = super::doctor::print(&findings);
+        if problems > 0 {
+            println!(
+                "the installation is written; fix what gateway doctor found above, then run gateway doctor again"
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

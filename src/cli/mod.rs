@@ -6,7 +6,7 @@ mod control;
 mod daemon;
 mod demo;
 mod dev;
-mod doctor;
+pub(crate) mod doctor;
 mod install;
 pub mod out;
 mod policy;
