@@ -14,8 +14,12 @@
 #    Python SDK, started from the config `client install` wrote) plans, asks
 #    to apply, the approver approves with a signature, and the apply runs.
 #
-# Needs root. Leaves the daemon installed (/etc/gateway, /var/lib/gateway)
-# and stops the one it started.
+# Needs root, and a machine whose gateway installation is its own: it
+# installs the daemon for real (/etc/gateway, /var/lib/gateway, the unit,
+# two OS users, an approver key without a passphrase), so it refuses a
+# machine where /etc/gateway exists and was not made by it (CI's machines
+# are fresh). The daemon it starts is stopped at the end; the installation
+# stays, marked as its own.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +27,10 @@ cd "$root"
 say() { printf 'readme-check: %s\n' "$*" >&2; }
 fail() { say "FAILED: $*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || fail "run it as root"
+marker=/etc/gateway/.installed-by-readme-check
+if [ -e /etc/gateway ] && [ ! -e "$marker" ]; then
+  fail "/etc/gateway exists and is not this check's: it would add a throwaway approver key to a real installation. Run it on a machine of its own (CI's), or remove /etc/gateway first"
+fi
 
 # The lines of the fenced block after `<!-- readme-check: NAME -->`.
 block() {
@@ -70,10 +78,18 @@ fi
 
 say "cargo build --release"
 cargo build --release --locked
-say "gateway daemon install --user $agent --approver $approver --approver-key $approver=…"
-# As the unit would start it: stop any daemon this script started before.
-pkill -f "^$root/target/release/gateway daemon\$" 2>/dev/null || true
-target/release/gateway daemon install --user "$agent" --approver "$approver" \
+# A daemon this script started before and that outlived it.
+pidfile=/run/gateway-readme-check.pid
+if [ -s "$pidfile" ]; then
+  kill "$(cat "$pidfile")" 2>/dev/null || true
+  rm -f "$pidfile"
+fi
+say "gateway daemon install --user $agent --approver $approver --approver-key $approver=… --no-start"
+# --no-start: this script starts the daemon itself, as the unit would,
+# whether or not the machine runs systemd.
+mkdir -p /etc/gateway
+touch "$marker"
+target/release/gateway daemon install --no-start --user "$agent" --approver "$approver" \
   --approver-key "$approver=$approver_home/.ssh/gateway_approver.pub" || fail "daemon install"
 
 # The daemon, started as its unit's ExecStart says (no systemd here, or
@@ -84,7 +100,8 @@ log="$(mktemp)"
 # shellcheck disable=SC2086 # ExecStart is a command line, split as systemd splits it
 $exec_start >>"$log" 2>&1 &
 daemon_pid=$!
-trap 'kill "$daemon_pid" 2>/dev/null; wait "$daemon_pid" 2>/dev/null; rm -f "$log"' EXIT
+echo "$daemon_pid" >"$pidfile"
+trap 'kill "$daemon_pid" 2>/dev/null; wait "$daemon_pid" 2>/dev/null; rm -f "$log" "$pidfile"' EXIT
 for _ in $(seq 1 100); do
   [ -S /run/gateway/gateway.sock ] && break
   kill -0 "$daemon_pid" 2>/dev/null || { cat "$log" >&2; fail "the daemon exited"; }

