@@ -16,6 +16,9 @@ use std::time::Duration;
 pub const NEEDED_V1: &[&str] = &["memory", "cpu", "cpuacct"];
 pub const NEEDED_V2: &[&str] = &["memory", "cpu"];
 
+/// Where the cgroup filesystem is mounted.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Version {
     /// One mount per controller (or per group of controllers).
@@ -40,36 +43,59 @@ pub struct Hierarchy {
     named: Vec<PathBuf>,
 }
 
-/// mountinfo escapes spaces, tabs, newlines and backslashes as octal.
-fn unescape(field: &str) -> String {
-    let mut out = String::new();
+/// mountinfo escapes spaces, tabs, newlines and backslashes as octal;
+/// the rest are the path's own bytes.
+fn unescape(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
     let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\'
             && i + 3 < b.len()
-            && let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
         {
-            out.push(char::from(v));
+            out.push(v);
             i += 4;
             continue;
         }
-        out.push(char::from(b[i]));
+        out.push(b[i]);
         i += 1;
     }
-    out
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// The controllers this kernel knows (`/proc/cgroups`' first column): a
+/// v1 mount's options are these, plus options such as `xattr` or
+/// `name=systemd` that name none.
+pub fn kernel_controllers(proc_cgroups: &str) -> Vec<String> {
+    proc_cgroups
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 impl Hierarchy {
     /// The hierarchy this process sees.
     pub fn detect() -> Hierarchy {
         let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        Hierarchy::from_mountinfo(&text)
+        let known =
+            kernel_controllers(&std::fs::read_to_string("/proc/cgroups").unwrap_or_default());
+        Hierarchy::from_mountinfo(&text, Path::new(CGROUP_ROOT), &known)
     }
 
-    /// The hierarchy a mountinfo text describes. A v2 mount's controllers
-    /// are read from its `cgroup.controllers`.
-    pub fn from_mountinfo(text: &str) -> Hierarchy {
+    /// The hierarchy a mountinfo text describes, `root` being where the
+    /// cgroup filesystem is expected (`/sys/fs/cgroup`) and `known` the
+    /// kernel's controllers. A v2 mount's controllers are read from its
+    /// `cgroup.controllers`. As runsc decides it: unified (v2) when `root`
+    /// itself is a cgroup2 mount, whatever v1 mounts (a `net_cls` for a
+    /// VPN, systemd's named one) sit elsewhere; otherwise v1, or hybrid
+    /// when a v2 mount sits beside the v1 controllers.
+    pub fn from_mountinfo(text: &str, root: &Path, known: &[String]) -> Hierarchy {
         let mut v1 = BTreeMap::new();
         let mut v2 = None;
         let mut named = Vec::new();
@@ -83,19 +109,19 @@ impl Hierarchy {
             else {
                 continue;
             };
-            let mount = PathBuf::from(unescape(mount));
+            let mount = unescape(mount);
             match *fstype {
                 "cgroup" => {
                     if opts.split(',').any(|o| o.starts_with("name=")) {
                         named.push(mount.clone());
                     }
                     for c in opts.split(',') {
-                        if c != "rw" && c != "ro" && !c.contains('=') {
+                        if known.iter().any(|k| k == c) {
                             v1.entry(c.to_string()).or_insert_with(|| mount.clone());
                         }
                     }
                 }
-                "cgroup2" if v2.is_none() => {
+                "cgroup2" if v2.is_none() || mount == root => {
                     let controllers: Vec<String> =
                         std::fs::read_to_string(mount.join("cgroup.controllers"))
                             .unwrap_or_default()
@@ -110,7 +136,9 @@ impl Hierarchy {
         // Controllers mounted as v1 are v1's, whatever the v2 mount beside
         // them holds (systemd's hybrid layout leaves it the ones v1 has not
         // taken, such as hugetlb): runsc puts its cgroups in the v1 mounts.
+        let unified_root = v2.as_ref().is_some_and(|(m, _)| m == root);
         let version = match (v1.is_empty(), v2.is_some()) {
+            (_, true) if unified_root => Version::V2,
             (true, true) => Version::V2,
             (false, true) => Version::Hybrid,
             (false, false) => Version::V1,
@@ -253,6 +281,14 @@ pub fn fix_for_missing(h: &Hierarchy, missing: &[&str]) -> String {
 mod tests {
     use super::*;
 
+    /// The controllers of a current kernel's /proc/cgroups.
+    const PROC_CGROUPS: &str = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\ncpu\t1\t60\t1\ncpuacct\t2\t60\t1\nblkio\t6\t60\t1\nmemory\t4\t90\t1\ndevices\t5\t60\t1\nfreezer\t7\t1\t1\nnet_cls\t9\t1\t1\nperf_event\t10\t1\t1\nnet_prio\t9\t1\t1\nhugetlb\t0\t1\t1\npids\t8\t66\t1\nrdma\t11\t1\t1\nmisc\t12\t1\t1\n";
+
+    /// Parse `info` with `root` as /sys/fs/cgroup.
+    fn parse(info: &str, root: &Path) -> Hierarchy {
+        Hierarchy::from_mountinfo(info, root, &kernel_controllers(PROC_CGROUPS))
+    }
+
     /// mountinfo lines as a kernel writes them, for mounts under `root`.
     fn line(id: u32, mount: &Path, fstype: &str, opts: &str) -> String {
         format!(
@@ -276,7 +312,7 @@ mod tests {
             let m = t.path().join(c);
             std::fs::create_dir_all(m.join("gateway/x")).expect("dir");
             let opts = if *c == "systemd" {
-                "rw,name=systemd".to_string()
+                "rw,xattr,name=systemd".to_string()
             } else {
                 format!("rw,{c}")
             };
@@ -294,9 +330,14 @@ mod tests {
         )
         .expect("w");
         std::fs::write(t.path().join("memory/gateway/x/memory.failcnt"), "3\n").expect("w");
-        let h = Hierarchy::from_mountinfo(&info);
+        let h = parse(&info, t.path());
         assert_eq!(h.version, Version::V1);
         assert!(h.missing().is_empty(), "{:?}", h.missing());
+        assert!(
+            !h.controllers().contains(&"xattr".to_string()),
+            "{:?}",
+            h.controllers()
+        );
         assert_eq!(h.cpu_used(x), Some(Duration::from_millis(2500)));
         assert_eq!(h.memory_pressure(x), Some((1_048_576, 3)));
         assert!(!h.controllers().contains(&"name=systemd".to_string()));
@@ -315,7 +356,7 @@ mod tests {
         std::fs::write(both.join("gateway/x/cpuacct.usage"), "7\n").expect("w");
         let info =
             line(40, &both, "cgroup", "rw,cpu,cpuacct") + &line(41, &mem, "cgroup", "rw,memory");
-        let h = Hierarchy::from_mountinfo(&info);
+        let h = parse(&info, t.path());
         assert_eq!(h.version, Version::V1);
         assert!(h.missing().is_empty());
         assert_eq!(
@@ -323,7 +364,7 @@ mod tests {
             Some(Duration::from_nanos(7))
         );
         // Without memory, the limits cannot hold: reported, with the fix.
-        let h = Hierarchy::from_mountinfo(&line(40, &both, "cgroup", "rw,cpu,cpuacct"));
+        let h = parse(&line(40, &both, "cgroup", "rw,cpu,cpuacct"), t.path());
         assert_eq!(h.missing(), vec!["memory"]);
         assert!(fix_for_missing(&h, &h.missing()).contains("mount -t cgroup -o memory"));
     }
@@ -352,7 +393,7 @@ mod tests {
         )
         .expect("w");
         let info = line(30, &root, "cgroup2", "rw,nsdelegate,memory_recursiveprot");
-        let h = Hierarchy::from_mountinfo(&info);
+        let h = parse(&info, &root);
         assert_eq!(h.version, Version::V2);
         assert!(h.missing().is_empty());
         let x = Path::new("gateway/x");
@@ -361,7 +402,7 @@ mod tests {
         assert_eq!(h.all_dirs(x), vec![root.join("gateway/x")]);
         // A root that offers no memory controller is reported with the v2 fix.
         std::fs::write(root.join("cgroup.controllers"), "cpu pids\n").expect("w");
-        let h = Hierarchy::from_mountinfo(&info);
+        let h = parse(&info, &root);
         assert_eq!(h.missing(), vec!["memory"]);
         assert!(
             fix_for_missing(&h, &h.missing())
@@ -383,16 +424,48 @@ mod tests {
             std::fs::create_dir_all(&m).expect("dir");
             info.push_str(&line(40 + i as u32, &m, "cgroup", &format!("rw,{c}")));
         }
-        let h = Hierarchy::from_mountinfo(&info);
+        let h = parse(&info, t.path());
         assert_eq!(h.version, Version::Hybrid);
         assert!(h.missing().is_empty());
-        assert_eq!(Hierarchy::from_mountinfo("").version, Version::None);
+        assert_eq!(parse("", t.path()).version, Version::None);
+    }
+
+    /// A unified host with stray v1 mounts beside it (a VPN client's
+    /// net_cls, systemd's named compatibility hierarchy) is still v2:
+    /// runsc uses the unified tree, and so must the limits' reads.
+    #[test]
+    fn a_v2_root_with_stray_v1_mounts_is_v2() {
+        let t = tempfile::tempdir().expect("tmp");
+        let root = t.path().join("cgroup");
+        std::fs::create_dir_all(&root).expect("dir");
+        std::fs::write(
+            root.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .expect("w");
+        let net_cls = t.path().join("net_cls");
+        let named = t.path().join("systemd");
+        std::fs::create_dir_all(&net_cls).expect("dir");
+        std::fs::create_dir_all(&named).expect("dir");
+        let info = line(30, &root, "cgroup2", "rw,nsdelegate")
+            + &line(50, &net_cls, "cgroup", "rw,net_cls")
+            + &line(51, &named, "cgroup", "rw,xattr,name=systemd");
+        let h = parse(&info, &root);
+        assert_eq!(h.version, Version::V2, "{}", h.describe());
+        assert!(h.missing().is_empty(), "{:?}", h.missing());
+        // The named hierarchy's dir is still cleaned up.
+        assert!(
+            h.all_dirs(Path::new("gateway/x"))
+                .contains(&named.join("gateway/x"))
+        );
     }
 
     #[test]
     fn mount_points_with_escaped_characters() {
-        assert_eq!(unescape("/a\\040b"), "/a b");
-        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/a\\040b"), PathBuf::from("/a b"));
+        assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
+        // Bytes that are not ASCII stay the path's own bytes.
+        assert_eq!(unescape("/caf\u{e9}\\011x"), PathBuf::from("/caf\u{e9}\tx"));
     }
 
     /// This host's own hierarchy: whatever it is, the limits' controllers
