@@ -48,6 +48,11 @@ pub const DAEMON_POLICIES: &str = "/etc/gateway/policies";
 pub const DAEMON_STATE: &str = "/var/lib/gateway";
 pub const DAEMON_SOCKET: &str = "/run/gateway/gateway.sock";
 pub const DAEMON_GROUP: &str = "gateway";
+/// Where `daemon install` puts root's copies of the gateway, the runner and
+/// the tools a call runs (`bin/gateway`, `bin/gateway-runner`, and the
+/// `.tools/` layout `scripts/install-tools.sh` makes, where the daemon
+/// finds them beside its binary).
+pub const DAEMON_LIB: &str = "/usr/local/lib/gateway";
 
 /// `[daemon]`.
 #[derive(Debug, Clone, Default, serde::Deserialize)]

