@@ -71,9 +71,24 @@ pub fn ensure_root(what: &str) -> anyhow::Result<()> {
     if nix::unistd::geteuid().is_root() {
         return Ok(());
     }
-    let Some(sudo) = crate::sandbox::net::which("sudo") else {
+    let sudo = Path::new("/usr/bin/sudo");
+    if !sudo.is_file() {
         bail!("gateway {what} starts gVisor sandboxes (runsc, network namespaces): run it as root");
-    };
+    }
+    // sudo resets the environment: a setting made there would be lost
+    // without a word, so it is refused instead.
+    let set: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("GATEWAY_"))
+        .collect();
+    if !set.is_empty() {
+        bail!(
+            "gateway {what} starts gVisor sandboxes, which needs root, and sudo would drop {}: run it as root with them set (e.g. sudo env {}=… {} {what})",
+            set.join(", "),
+            set[0],
+            std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gateway".into())
+        );
+    }
     let me = std::env::current_exe().context("the path of this executable")?;
     eprintln!("gateway {what} starts gVisor sandboxes, which needs root: running it with sudo");
     use std::os::unix::process::CommandExt;

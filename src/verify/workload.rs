@@ -127,8 +127,12 @@ pub async fn terraform(
     let mut ok = 0;
     let started = Instant::now();
     for i in 1..=runs {
+        // Named as the pipeline names its scratch dirs (work-PID-START-…),
+        // so that a verify killed half way leaves nothing the next start
+        // does not reap.
+        let owner = crate::process::Owner::current();
         let work = match tempfile::Builder::new()
-            .prefix("verify-tf-")
+            .prefix(&format!("work-{}-{}-verify-", owner.pid, owner.start))
             .tempdir_in(sb.scratch_dir())
         {
             Ok(w) => w,
