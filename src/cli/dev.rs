@@ -86,7 +86,9 @@ pub fn ensure_root(what: &str) -> anyhow::Result<()> {
             "gateway {what} starts gVisor sandboxes, which needs root, and sudo would drop {}: run it as root with them set (e.g. sudo env {}=… {} {what})",
             set.join(", "),
             set[0],
-            std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gateway".into())
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "gateway".into())
         );
     }
     let me = std::env::current_exe().context("the path of this executable")?;
