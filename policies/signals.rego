@@ -147,15 +147,22 @@ has_actions_list(rc) if is_array(rc.change.actions)
 
 # --- Apply-time code: provisioners ------------------------------------------
 
-# A provisioner runs a command when its resource is created (or destroyed),
-# with the apply's credential: whatever it does is not in the plan's
-# resource changes. Every provisioner in the configuration, in child modules
-# too, is a signal that names the resource, the provisioner and its command.
+# A provisioner runs a command when its resource is created (a creation-time
+# one) or destroyed (`when = destroy`), with the apply's credential: whatever
+# it does is not in the plan's resource changes. A provisioner in the
+# configuration, in child modules too, is a signal that names the resource,
+# the provisioner and its command, when the plan creates or deletes an
+# instance of its resource (a replace does both). On an update, a read or a
+# no-op nothing runs, and a signal there would teach approvers to click
+# through. The plan's JSON does not say which provisioners are destroy-time,
+# so either action counts for both; a resource the plan does not mention at
+# all keeps its signal (fail closed).
 found contains signal if {
 	some m in config_modules
 	some resource in object.get(m.module, "resources", [])
 	some p in object.get(resource, "provisioners", [])
 	addr := concat("", [m.prefix, resource.address])
+	provisioners_may_run(addr)
 	signal := {
 		"address": addr,
 		"kind": "provisioner",
@@ -165,6 +172,31 @@ found contains signal if {
 		"message": sprintf("%s runs a %s provisioner at apply time (%s): code outside the plan, with the apply's credential", [addr, p.type, provisioner_detail(p)]),
 	}
 }
+
+# Whether the apply creates or deletes an instance of the configuration's
+# resource `addr` (`module.a.type.name`), or the plan does not mention it.
+provisioners_may_run(addr) if {
+	some rc in changes
+	config_address(rc) == addr
+	some action in rc.change.actions
+	action in {"create", "delete"}
+}
+
+provisioners_may_run(addr) if not planned(addr)
+
+planned(addr) if {
+	some rc in changes
+	config_address(rc) == addr
+}
+
+# A resource change's address in the configuration: its module path without
+# instance keys (`module.a["x"].module.b[0]` => `module.a.module.b`), then
+# its type and name.
+config_address(rc) := concat(".", [module_path(rc), rc.type, rc.name]) if {
+	object.get(rc, "module_address", "") != ""
+} else := concat(".", [rc.type, rc.name])
+
+module_path(rc) := regex.replace(rc.module_address, `\[("([^"\\]|\\.)*"|[0-9]+)\]`, "")
 
 # The configuration's modules with the address prefix of each ("" for the
 # root, "module.a.module.b." below), to a depth of config_depth module

@@ -185,7 +185,7 @@ test_signals_are_sorted_and_deterministic if {
 with_config(changes, root_module) := object.union(plan_with(changes), {"configuration": {"root_module": root_module}})
 
 test_a_provisioner_on_a_created_resource_is_a_signal_naming_its_command if {
-	plan := with_config([rc("terraform_data.hook", ["create"], {})], {"resources": [{
+	plan := with_config([rc("terraform_data.hook", ["create"], {"mode": "managed", "type": "terraform_data", "name": "hook"})], {"resources": [{
 		"address": "terraform_data.hook", "mode": "managed", "type": "terraform_data", "name": "hook",
 		"provisioners": [{"type": "local-exec", "expressions": {"command": {"constant_value": "terraform destroy -auto-approve"}}}],
 	}]})
@@ -198,6 +198,41 @@ test_a_provisioner_on_a_created_resource_is_a_signal_naming_its_command if {
 		"message": "terraform_data.hook runs a local-exec provisioner at apply time (command \"terraform destroy -auto-approve\"): code outside the plan, with the apply's credential",
 	}]
 }
+
+# A provisioner runs only where its resource is created (creation-time) or
+# destroyed (destroy-time): an update, a read or a no-op runs none, and a
+# signal there is noise that trains approvers to click through.
+hook_config := {"resources": [{
+	"address": "terraform_data.hook", "mode": "managed", "type": "terraform_data", "name": "hook",
+	"provisioners": [{"type": "local-exec", "expressions": {"command": {"constant_value": "./notify.sh"}}}],
+}]}
+
+hook_change(actions) := rc("terraform_data.hook", actions, {"mode": "managed", "type": "terraform_data", "name": "hook"})
+
+test_a_provisioner_signals_only_where_its_resource_is_created_or_destroyed if {
+	every actions in [["no-op"], ["update"], ["read"]] {
+		[x | some x in sig(with_config([hook_change(actions)], hook_config)); x.kind == "provisioner"] == []
+	}
+	every actions in [["create"], ["delete"], ["delete", "create"], ["create", "delete"]] {
+		[x.address | some x in sig(with_config([hook_change(actions)], hook_config)); x.kind == "provisioner"] == ["terraform_data.hook"]
+	}
+}
+
+# Instances of a module (count, for_each) are the configuration's one
+# resource: module.app["blue"].module.inner[0].terraform_data.b is
+# module.app.module.inner.terraform_data.b.
+test_a_provisioner_in_a_module_instance_follows_that_instances_actions if {
+	config := {"module_calls": {"app": {"module": {"module_calls": {"inner": {"module": {"resources": [{
+		"address": "terraform_data.b", "mode": "managed", "type": "terraform_data", "name": "b",
+		"provisioners": [{"type": "local-exec", "expressions": {}}],
+	}]}}}}}}}
+	[x | some x in sig(with_config([instance_change(["update"])], config)); x.kind == "provisioner"] == []
+	[x.address | some x in sig(with_config([instance_change(["create"])], config)); x.kind == "provisioner"] == ["module.app.module.inner.terraform_data.b"]
+}
+
+instance_change(actions) := rc(`module.app["bl]ue"].module.inner[0].terraform_data.b`, actions, {
+	"module_address": `module.app["bl]ue"].module.inner[0]`, "mode": "managed", "type": "terraform_data", "name": "b",
+})
 
 test_provisioners_in_child_modules_and_of_every_kind_are_signals if {
 	plan := with_config([], {"module_calls": {"app": {"module": {
@@ -249,7 +284,7 @@ test_resources_without_provisioners_raise_nothing if {
 # An apply whose plan only creates, but with a provisioner, is approved
 # under the destructive settings (a reason is required), not the default.
 test_a_provisioner_makes_an_apply_need_the_destructive_approval if {
-	plan := with_config([rc("terraform_data.hook", ["create"], {})], {"resources": [{
+	plan := with_config([rc("terraform_data.hook", ["create"], {"mode": "managed", "type": "terraform_data", "name": "hook"})], {"resources": [{
 		"address": "terraform_data.hook",
 		"provisioners": [{"type": "local-exec", "expressions": {"command": {"constant_value": "true"}}}],
 	}]})

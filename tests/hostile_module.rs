@@ -542,6 +542,63 @@ fn a_provisioner_on_a_created_resource_is_a_signal_the_approver_sees() {
     );
 }
 
+/// A false signal trains approvers to click through: a resource whose
+/// creation-time provisioner already ran is a no-op in the next plan, and
+/// no provisioner runs on a no-op. Real Terraform, real gVisor: the hook
+/// runs the runner's kernel probe (the sandbox has no shell).
+#[test]
+fn a_provisioner_whose_resource_is_not_created_or_destroyed_is_no_signal() {
+    let w = world(false);
+    std::fs::write(
+        w.module.join("hook.tf"),
+        "resource \"terraform_data\" \"hook\" {\n  provisioner \"local-exec\" {\n    interpreter = [\"/opt/gateway/gateway-runner\", \"probe\"]\n    command     = \"kernel\"\n  }\n}\n",
+    )
+    .expect("write");
+    let kinds = |r: &CallResult| -> Vec<String> {
+        let Outcome::PendingApproval { signals, .. } = &r.outcome else {
+            panic!("expected a pending approval: {:?}", r.outcome);
+        };
+        signals
+            .as_array()
+            .expect("signals")
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    s["kind"].as_str().unwrap_or(""),
+                    s["address"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    // Created: the provisioner runs, and the approver is told.
+    let first = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    assert!(
+        kinds(&first).contains(&"provisioner terraform_data.hook".to_string()),
+        "{:?}",
+        kinds(&first)
+    );
+    let id = pending_id(&first);
+    approve(&w, &id);
+    let r = call(
+        &w,
+        "terraform_apply",
+        json!({"working_dir": MODULE, "approval_id": id}),
+    );
+    assert!(
+        matches!(&r.outcome, Outcome::Completed { ok: true, .. }),
+        "the hook's apply: {:?}",
+        r.outcome
+    );
+    // Nothing changes now: the hook is a no-op, and nothing runs.
+    let again = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    assert!(
+        !kinds(&again).iter().any(|k| k.starts_with("provisioner")),
+        "a provisioner signal on a no-op: {:?}",
+        kinds(&again)
+    );
+}
+
 /// Attack: an apply's code writes its live credential into the working
 /// dir, where a later (or concurrent) call's error output would hand it to
 /// the agent. Here the next plan fails on the file it left and Terraform
