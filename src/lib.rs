@@ -20,6 +20,7 @@ pub mod process;
 pub use gateway_runner::protocol;
 pub mod sandbox;
 pub mod secret;
+pub mod text;
 pub mod tools;
 pub mod trust;
 pub mod verify;

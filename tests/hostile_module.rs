@@ -160,10 +160,15 @@ fn world_with(with_credential: bool, sandbox_edits: &[(&str, &str)]) -> World {
         .iter()
         .map(|(old, new)| ("config/sandbox/data.yaml", *old, *new))
         .collect();
+    world_edited(with_credential, &edits)
+}
+
+/// [`world`], with (file, old, new) text replacements in the policies.
+fn world_edited(with_credential: bool, edits: &[(&str, &str, &str)]) -> World {
     // The operator approves by signing with a key the policies list.
     let keys = tempfile::tempdir().expect("keys");
     let operator_key = common::ssh_key(keys.path(), "operator");
-    let policies = common::policies_with_signers(&[("operator", &operator_key)], &edits);
+    let policies = common::policies_with_signers(&[("operator", &operator_key)], edits);
     if with_credential {
         fake_broker::give_the_offline_module_a_credential(policies.path());
     }
@@ -597,6 +602,97 @@ fn a_provisioner_whose_resource_is_not_created_or_destroyed_is_no_signal() {
         "a provisioner signal on a no-op: {:?}",
         kinds(&again)
     );
+}
+
+/// Attack: the agent's client name and the module's provisioner command
+/// carry markup (a mention, a disguised link, a bidi override) into the
+/// approvers' chat. Every field of the notifier's JSON must arrive escaped,
+/// not only its `text`.
+#[test]
+fn a_notifiers_payload_carries_no_markup_from_the_agent_or_the_module() {
+    let out = tempfile::tempdir().expect("out");
+    let file = out.path().join("payload.json");
+    let notifiers = format!(
+        "notifiers:\n  - command: [/bin/sh, -c, \"cat > {}\"]\n",
+        file.display()
+    );
+    let w = world_edited(
+        false,
+        &[("config/approvals/data.yaml", "notifiers: []\n", &notifiers)],
+    );
+    std::fs::write(
+        w.module.join("hook.tf"),
+        "resource \"terraform_data\" \"hook\" {\n  provisioner \"local-exec\" {\n    command = \"<!channel> <https://evil.example/x|open the review> \\u202etxt.exe\"\n  }\n}\n",
+    )
+    .expect("write");
+    // One runtime for the call and the notifier task it spawns.
+    let runtime = rt();
+    let r = runtime
+        .block_on(w.pipeline.call(ToolCall {
+            tool: "terraform_apply".into(),
+            params: json!({"working_dir": MODULE}),
+            principal: Principal {
+                client: "<@U024BE7LH> <!here>".into(),
+                os_user: "agent".into(),
+                uid: 1000,
+                groups: vec![],
+            },
+            workspace: None,
+        }))
+        .expect("call");
+    let _id = pending_id(&r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let payload = loop {
+        if let Ok(t) = std::fs::read_to_string(&file)
+            && !t.is_empty()
+        {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the notifier never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let body: Value = serde_json::from_str(&payload).expect("JSON");
+    // What was sent is what was asked, escaped; nothing raw anywhere.
+    assert_eq!(
+        body["approval"]["client"],
+        "&lt;@U024BE7LH&gt; &lt;!here&gt;"
+    );
+    let hook = body["approval"]["signals"]
+        .as_array()
+        .expect("signals")
+        .iter()
+        .find(|s| s["kind"] == "provisioner")
+        .expect("the provisioner signal");
+    let message = hook["message"].as_str().expect("message");
+    assert!(
+        message.contains("&lt;!channel&gt; &lt;https://evil.example/x|open the review&gt;"),
+        "{message}"
+    );
+    let strings = {
+        fn all(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::String(s) => out.push(s.clone()),
+                Value::Array(a) => a.iter().for_each(|x| all(x, out)),
+                Value::Object(m) => m.iter().for_each(|(k, x)| {
+                    out.push(k.clone());
+                    all(x, out)
+                }),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        all(&body, &mut out);
+        out
+    };
+    for s in &strings {
+        assert!(
+            !s.contains('<') && !s.contains('>') && !s.contains('\u{202e}'),
+            "a raw field in the notifier's payload: {s:?}"
+        );
+    }
 }
 
 /// Attack: an apply's code writes its live credential into the working

@@ -19,42 +19,7 @@ impl Out {
     }
 }
 
-/// Whether `c` is a format character that can hide or reorder text on a
-/// terminal (soft hyphen, bidi marks and overrides, zero-width marks, BOM).
-fn is_format_char(c: char) -> bool {
-    matches!(c as u32,
-        0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064
-        | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB | 0xE0000..=0xE007F)
-}
-
-/// `s` with every control character (C0, DEL, C1: ESC, CSI, OSC, BEL, CR …)
-/// and format character escaped as `\u{..}` (`\r`, and `\n`, `\t` when
-/// `one_line`), so that no text from a module, a sandbox, a cluster or an
-/// MCP client can move the cursor, erase or repaint a line, set a title or
-/// reorder what a person reads. Newlines and tabs are kept unless
-/// `one_line`.
-pub fn escaped(s: &str, one_line: bool) -> String {
-    if !s
-        .chars()
-        .any(|c| (c.is_control() && (one_line || !matches!(c, '\n' | '\t'))) || is_format_char(c))
-    {
-        return s.to_string();
-    }
-    let mut out = String::with_capacity(s.len() + 16);
-    for c in s.chars() {
-        match c {
-            '\n' | '\t' if !one_line => out.push(c),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() || is_format_char(c) => {
-                out.push_str(&format!("\\u{{{:04x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::text::escaped;
 
 /// Write `text` to stdout with control and format characters escaped
 /// (lines and tabs kept): every CLI command prints through this or

@@ -145,15 +145,12 @@ pub fn parse(list: &Value) -> (Vec<(Notifier, Duration)>, Vec<String>) {
     (ok, bad)
 }
 
-/// Escape what Slack's mrkdwn reads as markup (`<`, `>`, `&`): the text
-/// holds the agent's params and the module's resource addresses.
-fn slack_escaped(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// The body every notifier gets.
+/// The body every notifier gets. Every string in it came, or may have come,
+/// from the agent (params, its client's name) or the module (signal
+/// messages, addresses): each field is escaped on its own
+/// ([`crate::text::markup_escaped_json`]: no markup, mention or link, no
+/// control or bidi character), not only `text`, since a consumer may show
+/// any field. Consumers must still treat the payload as untrusted.
 pub fn body(a: &Approval) -> Value {
     let signals = a.signals.as_array().map(Vec::len).unwrap_or(0);
     let changes = a.plan_summary.as_array().map(Vec::len).unwrap_or(0);
@@ -163,14 +160,14 @@ pub fn body(a: &Approval) -> Value {
         a.id, a.requested_by, a.tool, params, changes, signals, a.id, a.expires_at
     );
     json!({
-        "text": slack_escaped(&text),
-        "approval": {
+        "text": crate::text::markup_escaped(&text),
+        "approval": crate::text::markup_escaped_json(&json!({
             "id": a.id, "tool": a.tool, "params": params,
             "requested_by": a.requested_by, "client": a.requested_client,
             "plan_sha256": a.plan_sha256, "changes": changes, "signals": a.signals,
             "approvers_required": a.approvers_required, "expires_at": a.expires_at,
             "show": format!("gateway approvals show {}", a.id),
-        },
+        })),
     })
 }
 
@@ -356,7 +353,7 @@ mod tests {
         );
         assert_eq!(bad.len(), 3);
         assert_eq!(
-            slack_escaped("<!channel> & <http://evil|ok>"),
+            crate::text::markup_escaped("<!channel> & <http://evil|ok>"),
             "&lt;!channel&gt; &amp; &lt;http://evil|ok&gt;"
         );
     }
