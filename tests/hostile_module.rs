@@ -724,6 +724,109 @@ fn a_credential_written_into_the_module_dir_never_reaches_another_call() {
     assert!(!audit.contains(TOKEN));
 }
 
+/// Attack (issue 32, finding 1): the module reads its credential during
+/// plan and hands it back in an encoding the redaction did not know:
+/// reversed, percent-encoded, in a precondition's error message (which
+/// Terraform wraps across lines). None of it reaches the result or the
+/// audit.
+#[test]
+fn a_credential_reversed_or_url_encoded_in_an_error_message_is_redacted() {
+    let w = world(true);
+    std::fs::write(
+        w.module.join("leak.tf"),
+        "variable \"never\" {\n  default = false\n}\nresource \"terraform_data\" \"leak\" {\n  lifecycle {\n    precondition {\n      condition     = var.never\n      error_message = \"r=${strrev(file(\"/run/gateway/credential\"))} u=${urlencode(\"+${file(\"/run/gateway/credential\")}/\")} \"\n    }\n  }\n}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_plan", json!({"working_dir": MODULE}));
+    let text = serde_json::to_string(&r).expect("json");
+    // The plan did run the module's code and failed on its precondition.
+    assert!(text.contains("r=<redacted>"), "{text}");
+    let reversed: String = TOKEN.chars().rev().collect();
+    let audit = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    for (what, hay) in [("the result", &text), ("the audit", &audit)] {
+        for needle in [TOKEN, reversed.as_str()] {
+            assert!(!hay.contains(needle), "{what} holds {needle:?}: {hay}");
+        }
+    }
+}
+
+/// Attack (issue 32, finding 2): an approved, harmless-looking apply whose
+/// output is the credential file would leave the credential at rest in
+/// the agent's repository, in the state. Read at plan time, the value is in
+/// the plan: the plan is refused. Read at apply time only (through a path
+/// not known until then: Terraform itself refuses a file() whose result
+/// changed since the plan), it is in the state only: the state is kept in
+/// quarantine, without the credential, and the result says so.
+#[test]
+fn a_state_holding_the_calls_credential_is_not_written_into_the_workspace() {
+    let w = world(true);
+    let out = w.module.join("out.tf");
+    std::fs::write(
+        &out,
+        "output \"t\" {\n  value = file(\"/run/gateway/credential\")\n}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    assert!(
+        refusal(&r).contains("the plan holds a credential minted for this call"),
+        "{:?}",
+        r.outcome
+    );
+    std::fs::write(
+        &out,
+        "resource \"terraform_data\" \"late\" {}\noutput \"t\" {\n  value = file(terraform_data.late.id != \"\" ? \"/run/gateway/credential\" : \"/nonexistent\")\n}\n",
+    )
+    .expect("write");
+    let r = call(&w, "terraform_apply", json!({"working_dir": MODULE}));
+    let id = pending_id(&r);
+    approve(&w, &id);
+    let r = call(
+        &w,
+        "terraform_apply",
+        json!({"working_dir": MODULE, "approval_id": id}),
+    );
+    let Outcome::Completed {
+        ok,
+        summary,
+        result,
+    } = &r.outcome
+    else {
+        panic!("the apply: {:?}", r.outcome);
+    };
+    assert!(
+        !ok,
+        "an apply whose state is held back is not ok: {summary}"
+    );
+    assert!(
+        summary.contains("it held a credential minted for a call"),
+        "{summary}: {result}"
+    );
+    for f in ["terraform.tfstate", "terraform.tfstate.backup"] {
+        if let Ok(t) = std::fs::read_to_string(w.module.join(f)) {
+            assert!(
+                !t.contains("fake-minted-token"),
+                "{f} in the workspace holds a credential"
+            );
+        }
+    }
+    let text = serde_json::to_string(&r).expect("json");
+    assert!(!text.contains("fake-minted-token"), "{text}");
+    // Kept for the operator, in the gateway's home (owner only), audited.
+    let refused: Vec<Value> = std::fs::read_to_string(w.home.join("audit.jsonl"))
+        .expect("audit")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "state.refused")
+        .collect();
+    assert!(!refused.is_empty(), "no state.refused event");
+    let kept = refused[0]["data"]["kept_at"].as_str().expect("kept_at");
+    let quarantined = std::fs::read_to_string(kept).expect("the quarantined state");
+    assert!(
+        quarantined.contains("\"t\"") && !quarantined.contains("fake-minted-token"),
+        "the quarantine holds what the apply left, without the credential: {quarantined}"
+    );
+}
+
 /// Attack: the plan file the sandbox leaves is a symlink to a host file
 /// (the gateway would copy it into its plans dir and bind the approval to
 /// it), a FIFO (the gateway would hang reading it), or huge. gVisor does

@@ -165,6 +165,9 @@ fn lossy<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
 impl Captured {
     /// Replace every occurrence of `secret` with `<redacted>`: a tool that
     /// prints its credential must not carry it into a result or the audit.
+    /// An occurrence may be wrapped across lines as Terraform wraps its
+    /// diagnostics: a line break, then indentation and the `│` of its box,
+    /// between any two of the secret's bytes.
     pub fn redact(&mut self, secret: &SecretFile) {
         let needle = secret.expose();
         if needle.is_empty() {
@@ -173,12 +176,15 @@ impl Captured {
         let mut out = Vec::with_capacity(self.bytes.len());
         let mut i = 0;
         while i < self.bytes.len() {
-            if self.bytes[i..].starts_with(needle) {
-                out.extend_from_slice(b"<redacted>");
-                i += needle.len();
-            } else {
-                out.push(self.bytes[i]);
-                i += 1;
+            match match_wrapped(&self.bytes, i, needle) {
+                Some(end) => {
+                    out.extend_from_slice(b"<redacted>");
+                    i = end;
+                }
+                None => {
+                    out.push(self.bytes[i]);
+                    i += 1;
+                }
             }
         }
         self.bytes = out;
@@ -230,6 +236,21 @@ fn encodings(secret: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
     if secret.len() >= 8 {
         out.push(Zeroizing::new(hex::encode(secret).into_bytes()));
         out.push(Zeroizing::new(hex::encode_upper(secret).into_bytes()));
+        // Percent-encoding of everything but RFC 3986's unreserved bytes
+        // (what urlencode() and most URL encoders make), upper and lower.
+        for upper in [true, false] {
+            let mut pct = Vec::with_capacity(secret.len() * 3);
+            for &b in secret {
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                    pct.push(b);
+                } else if upper {
+                    pct.extend_from_slice(format!("%{b:02X}").as_bytes());
+                } else {
+                    pct.extend_from_slice(format!("%{b:02x}").as_bytes());
+                }
+            }
+            out.push(Zeroizing::new(pct));
+        }
         for skip in 0..3 {
             let rest = &secret[skip..];
             let whole = &rest[..rest.len() - rest.len() % 3];
@@ -240,10 +261,55 @@ fn encodings(secret: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
                 out.push(Zeroizing::new(engine.encode(whole).into_bytes()));
             }
         }
+        // Each of those backwards too (reverse() costs a module nothing).
+        let reversed: Vec<Zeroizing<Vec<u8>>> = out
+            .iter()
+            .map(|n| Zeroizing::new(n.iter().rev().copied().collect()))
+            .collect();
+        out.extend(reversed);
     }
     out.sort_by_key(|n| std::cmp::Reverse(n.len()));
     out.dedup();
     out
+}
+
+/// Where `needle` ends if it starts at `hay[at]`, allowing a line wrap
+/// (`\r`/`\n`, then spaces, tabs and the box-drawing `│` Terraform frames
+/// its diagnostics with) between any two of its bytes.
+fn match_wrapped(hay: &[u8], at: usize, needle: &[u8]) -> Option<usize> {
+    const BAR: &[u8] = "│".as_bytes();
+    let (mut j, mut k) = (at, 0);
+    while k < needle.len() {
+        let b = *hay.get(j)?;
+        if b == needle[k] {
+            j += 1;
+            k += 1;
+        } else if k > 0 && (b == b'\n' || b == b'\r') {
+            while let Some(&c) = hay.get(j) {
+                if matches!(c, b'\n' | b'\r' | b' ' | b'\t') {
+                    j += 1;
+                } else if hay[j..].starts_with(BAR) {
+                    j += BAR.len();
+                } else {
+                    break;
+                }
+            }
+        } else {
+            return None;
+        }
+    }
+    Some(j)
+}
+
+/// Whether `bytes` hold any of `secrets` in a form [`Captured::redact_all`]
+/// redacts: for files that must not be written where the agent reads them.
+pub fn holds_any(bytes: &[u8], secrets: &[SecretFile]) -> bool {
+    let mut c = Captured {
+        bytes: bytes.to_vec(),
+        truncated: false,
+    };
+    c.redact_all(secrets);
+    c.bytes != bytes
 }
 
 /// Why the sandbox ended.
@@ -495,6 +561,38 @@ mod tests {
             }
         }
         assert_eq!(out.matches("<redacted>").count(), 9, "{out}");
+
+        // Reversed, percent-encoded, and wrapped as Terraform wraps a
+        // diagnostic (a line break, then "│ " between two of its bytes).
+        let t = SecretFile::new(b"hvs.CAESIJ+reversed/secret=".to_vec());
+        let mut c = Captured {
+            bytes: format!(
+                "rev {}\npct {}\nwrapped: hvs.CAESIJ+rev\n│   ersed/secret=\nbase64 reversed {}\n",
+                "=terces/desrever+JISEAC.svh",
+                "hvs.CAESIJ%2Breversed%2Fsecret%3D",
+                base64::engine::general_purpose::STANDARD_NO_PAD
+                    .encode(b"hvs.CAESIJ+reversed/secret=")
+                    .chars()
+                    .rev()
+                    .collect::<String>()
+            )
+            .into_bytes(),
+            truncated: false,
+        };
+        c.redact_all(&[t]);
+        let out = String::from_utf8_lossy(&c.bytes).into_owned();
+        assert_eq!(
+            out,
+            "rev <redacted>\npct <redacted>\nwrapped: <redacted>\nbase64 reversed <redacted>\n"
+        );
+        assert!(holds_any(
+            b"{\"outputs\":{\"t\":{\"value\":\"=terces/desrever+JISEAC.svh\"}}}",
+            &[SecretFile::new(b"hvs.CAESIJ+reversed/secret=".to_vec())]
+        ));
+        assert!(!holds_any(
+            b"{\"outputs\":{}}",
+            &[SecretFile::new(b"hvs.CAESIJ+reversed/secret=".to_vec())]
+        ));
 
         // An AWS credentials file: each value on its own is a secret too.
         let ini = SecretFile::new(

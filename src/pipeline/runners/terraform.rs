@@ -129,6 +129,9 @@ struct MadePlan {
     config_files: Value,
 }
 
+/// What a credential cut out of a sandbox's output or files is replaced with.
+const REDACTED: &[u8] = b"<redacted>";
+
 /// A sandbox step that did not succeed, as a refusal with how it ended and
 /// the end of what it said.
 fn failed(what: &str, r: &crate::sandbox::SandboxResult) -> Stop {
@@ -318,6 +321,15 @@ impl Pipeline {
         let Some(json_bytes) = shown.files_out.get(tools::PLAN_JSON) else {
             return Err(Stop::refused("terraform show wrote no plan JSON"));
         };
+        // A value in the plan made from the credential file (an output, an
+        // attribute) was cut out of its JSON above; the plan file itself
+        // still holds it, and the apply would write it into the module's
+        // state, in the agent's repository. Such a plan is not kept.
+        if json_bytes.windows(REDACTED.len()).any(|w| w == REDACTED) {
+            return Err(Stop::refused(
+                "the plan holds a credential minted for this call in a value (an output or an attribute made from the credential file): it is not kept and cannot be applied; the credential has been revoked",
+            ));
+        }
         let plan = PlanInput::from_bytes(json_bytes, "the saved plan's JSON")
             .map_err(|e| Stop::refused(e.to_string()))?;
         let saved = self.plans.save(&rid, &bin, json_bytes)?;
@@ -645,6 +657,23 @@ impl Pipeline {
                     ))
                 }
                 _ => Ok(facts),
+            });
+            // A state that holds a call's credential (an output or an
+            // attribute made from the credential file) is never written
+            // where the agent reads it, in a git workspace: it stays in
+            // quarantine, for the operator, even once the credential is
+            // revoked (it may not have been).
+            // What came back was already cut of every live credential (in
+            // run_sandbox), so a credential shows here as the marker it was
+            // replaced with; the check for the credential itself stays for
+            // what a future change of that order would let through.
+            let checked = checked.and_then(|facts| {
+                let marked = bytes.windows(REDACTED.len()).any(|w| w == REDACTED);
+                if marked || crate::sandbox::holds_any(bytes, &self.live_secrets.all()) {
+                    Err("it held a credential minted for a call (an output or attribute made from the credential file; cut out of the copy kept aside): it stays in quarantine for the operator, and the module's state is as it was before this apply".to_string())
+                } else {
+                    Ok(facts)
+                }
             });
             let facts = match checked {
                 Ok(f) => f,
