@@ -177,6 +177,7 @@ found contains signal if {
 # resource `addr` (`module.a.type.name`), or the plan does not mention it.
 provisioners_may_run(addr) if {
 	some rc in changes
+	rc.mode == "managed"
 	config_address(rc) == addr
 	some action in rc.change.actions
 	action in {"create", "delete"}
@@ -186,6 +187,7 @@ provisioners_may_run(addr) if not planned(addr)
 
 planned(addr) if {
 	some rc in changes
+	rc.mode == "managed"
 	config_address(rc) == addr
 }
 

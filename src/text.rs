@@ -46,7 +46,9 @@ pub fn escaped(s: &str, one_line: bool) -> String {
 /// one line, then `&`, `<` and `>` as HTML entities, so no mention
 /// (`<!channel>`), link (`<http://…|label>`) or tag survives.
 pub fn markup_escaped(s: &str) -> String {
-    escaped(s, true)
+    // A backslash is doubled first, so that a literal `\u{202e}` in the
+    // input cannot pass for an escaped character.
+    escaped(&s.replace('\\', "\\\\"), true)
         .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -85,5 +87,6 @@ mod tests {
             "ok\\u{202e}txt.exe\\u{200b}\\n&lt;b&gt;"
         );
         assert_eq!(e["&lt;k&gt;"], 1);
+        assert_eq!(markup_escaped("\\u{202e}"), "\\\\u{202e}");
     }
 }

@@ -743,12 +743,13 @@ impl Pipeline {
             let secrets = self.live_secrets.all();
             r.stdout.redact_all(&secrets);
             r.stderr.redact_all(&secrets);
-            // Text files out too (the plan JSON shows outputs' values, a
-            // state holds attributes); a binary plan file keeps its bytes
-            // (it is kept in the gateway's home, and the lease is revoked
-            // below anyway).
-            for bytes in r.files_out.values_mut() {
-                if std::str::from_utf8(bytes).is_ok() {
+            // Files out too (the plan JSON shows outputs' values, a state
+            // holds attributes), text or not (a state with one byte that is
+            // not UTF-8 is still refused, and kept aside, redacted); only a
+            // binary plan file keeps its bytes (it is kept in the gateway's
+            // home, and the lease is revoked below anyway).
+            for (name, bytes) in r.files_out.iter_mut() {
+                if !name.ends_with(".tfplan") {
                     let mut c = crate::sandbox::Captured {
                         bytes: std::mem::take(bytes),
                         truncated: false,

@@ -209,10 +209,30 @@ impl Captured {
                     }
                 }
             }
-            for part in parts {
-                for needle in encodings(&part) {
-                    self.redact(&SecretFile::from_zeroizing(needle));
-                }
+            // A JWT's parts (a Kubernetes token's payload and signature)
+            // are each secret enough to cut out on their own, and every
+            // part is also encoded after being reversed.
+            let jwt_parts: Vec<Zeroizing<Vec<u8>>> = parts
+                .iter()
+                .flat_map(|p| {
+                    p.split(|b| *b == b'.')
+                        .filter(|x| x.len() >= 16 && x.len() < p.len())
+                        .map(|x| Zeroizing::new(x.to_vec()))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            parts.extend(jwt_parts);
+            let reversed: Vec<Zeroizing<Vec<u8>>> = parts
+                .iter()
+                .map(|p| Zeroizing::new(p.iter().rev().copied().collect()))
+                .collect();
+            parts.extend(reversed);
+            let mut needles: Vec<Zeroizing<Vec<u8>>> =
+                parts.iter().flat_map(|p| encodings(p)).collect();
+            needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+            needles.dedup();
+            for needle in needles {
+                self.redact(&SecretFile::from_zeroizing(needle));
             }
         }
     }
@@ -273,9 +293,11 @@ fn encodings(secret: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
     out
 }
 
-/// Where `needle` ends if it starts at `hay[at]`, allowing a line wrap
-/// (`\r`/`\n`, then spaces, tabs and the box-drawing `│` Terraform frames
-/// its diagnostics with) between any two of its bytes.
+/// Where `needle` ends if it starts at `hay[at]`, allowing between any two
+/// of its bytes a line wrap (`\r`/`\n`, then spaces, tabs and the
+/// box-drawing `│` Terraform frames its diagnostics with) or a short
+/// separator (at most [`MAX_GAP`] bytes that are neither ASCII letters nor
+/// digits: a space, a dash, a zero-width space).
 fn match_wrapped(hay: &[u8], at: usize, needle: &[u8]) -> Option<usize> {
     const BAR: &[u8] = "│".as_bytes();
     let (mut j, mut k) = (at, 0);
@@ -284,6 +306,18 @@ fn match_wrapped(hay: &[u8], at: usize, needle: &[u8]) -> Option<usize> {
         if b == needle[k] {
             j += 1;
             k += 1;
+        } else if k > 0 && !b.is_ascii_alphanumeric() && b != b'\n' && b != b'\r' {
+            let mut gap = 0;
+            while let Some(&c) = hay.get(j) {
+                if c == needle[k] || c.is_ascii_alphanumeric() || gap == MAX_GAP {
+                    break;
+                }
+                j += 1;
+                gap += 1;
+            }
+            if hay.get(j) != Some(&needle[k]) {
+                return None;
+            }
         } else if k > 0 && (b == b'\n' || b == b'\r') {
             while let Some(&c) = hay.get(j) {
                 if matches!(c, b'\n' | b'\r' | b' ' | b'\t') {
@@ -300,6 +334,10 @@ fn match_wrapped(hay: &[u8], at: usize, needle: &[u8]) -> Option<usize> {
     }
     Some(j)
 }
+
+/// The most bytes of a separator [`match_wrapped`] skips between two bytes
+/// of a secret.
+const MAX_GAP: usize = 4;
 
 /// Whether `bytes` hold any of `secrets` in a form [`Captured::redact_all`]
 /// redacts: for files that must not be written where the agent reads them.
@@ -584,6 +622,31 @@ mod tests {
         assert_eq!(
             out,
             "rev <redacted>\npct <redacted>\nwrapped: <redacted>\nbase64 reversed <redacted>\n"
+        );
+        // Encodings of the reversed value, separators, a JWT's parts alone.
+        let jwt = SecretFile::new(
+            b"eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0tc2EifQ.c2lnbmF0dXJlLXBhcnQtMTIzNDU2"
+                .to_vec(),
+        );
+        let rev: Vec<u8> = jwt.expose().iter().rev().copied().collect();
+        let text = format!(
+            "a {}\nb {}\nc {}\nd {}\n",
+            base64::engine::general_purpose::STANDARD.encode(&rev),
+            "eyJhbGciOiJSUzI1NiJ9 eyJzdWIiOiJzeXN0ZW0tc2EifQ c2lnbmF0dXJlLXBhcnQtMTIzNDU2",
+            "c2lnbmF0dXJlLXBhcnQtMTIzNDU2",
+            "eyJhbGci\u{200b}OiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0tc2EifQ.c2lnbmF0dXJlLXBhcnQtMTIzNDU2",
+        );
+        let mut c = Captured {
+            bytes: text.into_bytes(),
+            truncated: false,
+        };
+        c.redact_all(&[jwt]);
+        let out = String::from_utf8_lossy(&c.bytes).into_owned();
+        // (A base64 text keeps its last, partial group: at most two bytes
+        // of the secret; a JWT whose dots were replaced loses each part.)
+        assert_eq!(
+            out,
+            "a <redacted>ZQ==\nb <redacted> <redacted> <redacted>\nc <redacted>\nd <redacted>\n"
         );
         assert!(holds_any(
             b"{\"outputs\":{\"t\":{\"value\":\"=terces/desrever+JISEAC.svh\"}}}",
