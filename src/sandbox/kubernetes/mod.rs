@@ -707,9 +707,21 @@ impl KubernetesSandbox {
                 return Err(SandboxError::Setup(why));
             }
         };
-        // The container's log, split back into stdout and stderr.
+        // The container's log, split back into stdout and stderr. The
+        // Job's watch may report its end before the pod's watch has named
+        // the pod (the watches are separate streams): the pod is then
+        // looked up by its label, or its output would be lost without a
+        // word.
+        let pod_name = match seen.pod.clone() {
+            Some(p) => Some(p),
+            None => pods
+                .list(&ListParams::default().labels(&pod_sel))
+                .await
+                .ok()
+                .and_then(|l| l.items.into_iter().find_map(|p| p.metadata.name)),
+        };
         let cap = req.limits.output_bytes;
-        let (stdout, stderr) = match &seen.pod {
+        let (stdout, stderr) = match &pod_name {
             Some(pod) => {
                 let lp = LogParams {
                     container: Some(manifests::CONTAINER.into()),
