@@ -347,6 +347,31 @@ async fn an_api_server_that_goes_away_mid_watch_and_comes_back_is_followed() {
     assert!(eventually(|| gone(&c, "jobs", "gw-req-blip")).await);
 }
 
+/// The Job's watch and the pod's are separate streams: the Job's end can
+/// arrive before the pod's watch has named the pod (here the job
+/// controller makes the pod after the watches' first lists, and the pod
+/// watch lags). Its log must still be read: it was lost without a word
+/// (empty output, no error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ends_before_its_pods_watch_names_the_pod_still_has_its_log_read() {
+    let c = cluster(|_| {}).await;
+    c.kube.with(|s| {
+        s.muted_watches.insert("pods".into());
+        s.pod_creation_delay = std::time::Duration::from_millis(500);
+    });
+    let run = spawn_run(&c, request("req-lag", None));
+    let pod = pod_of(&c, "gw-req-lag").await;
+    terminate(&c, &pod, "Succeeded", 0, "Completed", "o all there\n");
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(
+        r.stdout.text(),
+        "all there\n",
+        "stderr: {}",
+        r.stderr.text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_read_that_fails_transiently_is_retried_and_a_final_refusal_is_reported() {
     let c = cluster(|_| {}).await;

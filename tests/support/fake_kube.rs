@@ -42,7 +42,7 @@
 //! Everything it was asked is recorded so tests can assert on it.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -107,6 +107,13 @@ pub struct State {
     /// (this status code, as the real server does when etcd or a webhook
     /// fails mid-watch) and ends.
     pub watch_error: Option<u16>,
+    /// Resources whose watch streams stay open but deliver nothing while
+    /// listed: one resource's watch lagging behind another's, as the real
+    /// server's separate streams can.
+    pub muted_watches: BTreeSet<String>,
+    /// How long the "job controller" takes to create a Job's pod (zero: at
+    /// once, in the Job's create request).
+    pub pod_creation_delay: Duration,
     /// How long a deleted ServiceAccount's token still authenticates (the
     /// real API server caches successful token authentications for 10 s):
     /// its requests are then forbidden (403), not unauthorized (401).
@@ -1126,12 +1133,21 @@ async fn workload_route(
             let floor = backlog.iter().map(|(rv, _, _)| *rv).max().unwrap_or(since);
             let (resource, ns) = (resource.to_string(), ns.to_string());
             let open = OpenWatch::new(Arc::clone(st));
+            let watch_state = Arc::clone(st);
             tokio::spawn(async move {
                 let _open = open;
                 let line = |t: &str, o: &Value| {
                     Bytes::from(format!("{}\n", json!({"type": t, "object": o})))
                 };
+                let muted = |st: &Arc<Mutex<State>>, r: &str| {
+                    st.lock()
+                        .map(|s| s.muted_watches.contains(r))
+                        .unwrap_or(false)
+                };
                 for (_, t, o) in &backlog {
+                    if muted(&watch_state, &resource) {
+                        continue;
+                    }
                     if tx
                         .send(Ok(hyper::body::Frame::data(line(t, o))))
                         .await
@@ -1149,6 +1165,7 @@ async fn workload_route(
                         c = live.recv() => match c {
                             Ok((rv, t, r, o)) => {
                                 if rv <= floor && since != 0 { continue; }
+                                if muted(&watch_state, &resource) { continue; }
                                 if r == resource && o["metadata"]["namespace"] == ns.as_str()
                                     && matches(&o, labels.as_deref(), fields.as_deref())
                                     && tx.send(Ok(hyper::body::Frame::data(line(&t, &o)))).await.is_err() {
@@ -1210,7 +1227,24 @@ async fn workload_route(
                 Err(r) => return *r,
             };
             if resource == "jobs" {
-                job_controller(&mut s, ns, &created);
+                if s.pod_creation_delay.is_zero() {
+                    job_controller(&mut s, ns, &created);
+                } else {
+                    // The real job controller creates the pod on its own
+                    // time, after the Job is there.
+                    let (st, ns, job, delay) = (
+                        Arc::clone(st),
+                        ns.to_string(),
+                        created.clone(),
+                        s.pod_creation_delay,
+                    );
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        if let Ok(mut s) = st.lock() {
+                            job_controller(&mut s, &ns, &job);
+                        }
+                    });
+                }
             }
             respond(StatusCode::CREATED, created)
         }
