@@ -24,7 +24,10 @@
 //!   as `FailedCreatePodSandBox`). The server can be paused (every
 //!   connection dropped, nothing listening) and resumed on the same port,
 //!   and can answer every watch with an in-stream ERROR event (`watch_error`)
-//!   as the real one does when etcd fails mid-watch;
+//!   as the real one does when etcd fails mid-watch; the job controller can
+//!   take its time to make the pod (`pod_creation_delay`) and one
+//!   resource's watches can lag, delivering nothing (`muted_watches`), as
+//!   the real server's separate watch streams can;
 //! - the real server's token authentication cache: a revoked token is
 //!   forbidden (403) for `token_cache` before it is unauthorized (401);
 //! - TLS with its own CA (the kubeconfig the gateway writes carries it),
