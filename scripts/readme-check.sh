@@ -109,6 +109,12 @@ for _ in $(seq 1 100); do
 done
 [ -S /run/gateway/gateway.sock ] || { cat "$log" >&2; fail "no socket after 10 s"; }
 
+# The doctor, as the README spells it, with the daemon running: no problem.
+doctor="$(block doctor | sed 's/[[:space:]]*#.*$//')"
+[ -n "$doctor" ] || fail "README.md has no block marked <!-- readme-check: doctor -->"
+say "the README's doctor command: $doctor"
+bash -euo pipefail -c "$doctor" || fail "the README's doctor command found a problem: $doctor"
+
 # The agent's repository, with the demo module, as the agent user.
 repo="$agent_home/repo"
 rm -rf "$repo"
