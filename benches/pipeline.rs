@@ -79,6 +79,7 @@ fn bench(c: &mut Criterion) {
         sandbox,
         tools,
     )
+    .map(std::sync::Arc::new)
     .expect("pipeline");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

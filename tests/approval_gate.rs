@@ -36,7 +36,7 @@ struct World {
     policy: Arc<PolicyStore>,
     module: std::path::PathBuf,
     sandbox: Arc<ScriptedSandbox>,
-    pipeline: Pipeline,
+    pipeline: std::sync::Arc<Pipeline>,
 }
 
 fn world() -> World {
@@ -87,7 +87,7 @@ fn world_with(edits: &[(&str, &str, &str)]) -> World {
         policy: store,
         module,
         sandbox,
-        pipeline,
+        pipeline: std::sync::Arc::new(pipeline),
         _dirs: vec![home, workspace, policies, keys],
     }
 }
@@ -282,11 +282,36 @@ async fn the_approval_gate_applies_exactly_the_approved_plan() {
     let state = std::fs::read_to_string(w.module.join("terraform.tfstate")).expect("state back");
     assert!(state.contains("6f1c-lineage"));
 
-    // 6. The same approval again: refused (spent), nothing run.
+    // 6. The same call with the same approval again: that apply's
+    // outcome, read back from the approval (the client may have gone away
+    // while it ran); nothing runs again.
     let r5 = w
         .apply(json!({"working_dir": MODULE, "approval_id": approval_id}))
         .await;
-    assert!(refused(&r5.outcome).contains("spent"), "{:?}", r5.outcome);
+    let Outcome::Completed {
+        ok: true, summary, ..
+    } = &r5.outcome
+    else {
+        panic!("expected the spent apply's outcome, got {:?}", r5.outcome);
+    };
+    assert!(
+        summary.contains("was spent by request") && summary.contains("1 added"),
+        "{summary}"
+    );
+    assert_eq!(w.sandbox.seen().len(), before + 1);
+    // Another user with it: refused, not shown another's outcome.
+    let r6 = w
+        .apply_as(
+            "mallory",
+            1001,
+            json!({"working_dir": MODULE, "approval_id": approval_id}),
+        )
+        .await;
+    assert!(
+        refused(&r6.outcome).contains("only that user"),
+        "{:?}",
+        r6.outcome
+    );
     assert_eq!(w.sandbox.seen().len(), before + 1);
 }
 

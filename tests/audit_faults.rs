@@ -105,7 +105,7 @@ struct World {
     _dirs: Vec<tempfile::TempDir>,
     sandbox: Arc<ScriptedSandbox>,
     broker: Arc<fake_broker::FakeBroker>,
-    pipeline: Pipeline,
+    pipeline: std::sync::Arc<Pipeline>,
 }
 
 fn world() -> World {
@@ -126,7 +126,7 @@ fn world() -> World {
         _dirs: vec![policies, workspace],
         sandbox,
         broker,
-        pipeline,
+        pipeline: Arc::new(pipeline),
     }
 }
 

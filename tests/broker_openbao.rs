@@ -474,7 +474,7 @@ fn rusqlite_update_owner(home: &Path, lease: &str, owner: gateway::broker::lease
     .expect("update")
 }
 
-fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Pipeline {
+fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Arc<Pipeline> {
     let store = Arc::new(PolicyStore::open(
         vec![common::repo().join("policies")],
         LoadOptions::default(),
@@ -491,7 +491,7 @@ fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Pipeline {
         tls_server_name: "kubernetes".into(),
     });
     p.broker = Some(broker);
-    p
+    Arc::new(p)
 }
 
 fn call(ns: &str) -> ToolCall {

@@ -19,7 +19,7 @@ const MODULE: &str = "terraform/offline-demo";
 
 fn pipeline(
     edits: &[(&str, &str, &str)],
-) -> (Vec<tempfile::TempDir>, Arc<ScriptedSandbox>, Pipeline) {
+) -> (Vec<tempfile::TempDir>, Arc<ScriptedSandbox>, Arc<Pipeline>) {
     let policies = common::policies_with(edits);
     let home = tempfile::tempdir().expect("home");
     let (workspace, _module) = common::workspace_with_module(MODULE);
@@ -30,7 +30,7 @@ fn pipeline(
         workspace.path(),
         sandbox.clone(),
     );
-    (vec![policies, home, workspace], sandbox, p)
+    (vec![policies, home, workspace], sandbox, Arc::new(p))
 }
 
 fn plan(params: Value, user: &str, uid: u32) -> ToolCall {

@@ -144,7 +144,7 @@ struct World {
     home: PathBuf,
     workspace: PathBuf,
     module: PathBuf,
-    pipeline: Pipeline,
+    pipeline: std::sync::Arc<Pipeline>,
     sandbox: Arc<Hostile>,
 }
 
@@ -201,7 +201,7 @@ fn world_edited(with_credential: bool, edits: &[(&str, &str, &str)]) -> World {
         workspace: workspace.path().to_path_buf(),
         module,
         _dirs: vec![policies, home, workspace, keys],
-        pipeline,
+        pipeline: std::sync::Arc::new(pipeline),
         sandbox,
     }
 }

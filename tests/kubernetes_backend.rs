@@ -671,6 +671,7 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
         ca_pem: c.kube.ca_pem.clone().into_bytes(),
         tls_server_name: "kubernetes".into(),
     });
+    let p = std::sync::Arc::new(p);
     let call = tokio::spawn(async move {
         p.call(ToolCall {
             tool: "k8s_get_pod_status".into(),

@@ -108,6 +108,7 @@ fn recorded() -> Recorded {
         uid: 1000,
         groups: vec![],
     };
+    let p = std::sync::Arc::new(p);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

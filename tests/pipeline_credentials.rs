@@ -27,7 +27,7 @@ struct Setup {
     _dirs: Vec<tempfile::TempDir>,
     home: std::path::PathBuf,
     workspace: std::path::PathBuf,
-    pipeline: Pipeline,
+    pipeline: std::sync::Arc<Pipeline>,
     broker: Arc<FakeBroker>,
 }
 
@@ -69,7 +69,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
         home: home.path().to_path_buf(),
         workspace: workspace.path().to_path_buf(),
         _dirs: vec![policies, home, workspace],
-        pipeline,
+        pipeline: std::sync::Arc::new(pipeline),
         broker,
     }
 }

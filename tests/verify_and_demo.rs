@@ -86,7 +86,7 @@ fn gateway_demo_runs_the_forces_replacement_scenario_for_real() {
         "!! terraform_data.web will be destroyed and re-created",
         "approved ap-",
         "Applied the approved plan. From the state: 0 added, 1 replaced, 0 removed.\n  replaced: terraform_data.web",
-        "was already spent",
+        "was spent by request",
         "chain verified",
         "demo complete",
     ] {

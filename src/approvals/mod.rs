@@ -23,7 +23,7 @@ use serde_json::Value;
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -107,6 +107,13 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE verdicts_v2 RENAME TO verdicts;
     CREATE INDEX approvals_state ON approvals(state, expires_at_ms);
     CREATE INDEX approvals_call ON approvals(params_sha256, state);
+    "#,
+    // 3: what the apply that spent an approval did (its outcome as the
+    // call returned it, or why it could not end), kept with the approval so
+    // that it can be read again after the client went away.
+    r#"
+    ALTER TABLE approvals ADD COLUMN outcome_json TEXT;
+    ALTER TABLE approvals ADD COLUMN outcome_at_ms INTEGER;
     "#,
 ];
 
@@ -281,6 +288,12 @@ pub struct Approval {
     /// The newer approval of the same call that replaced this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
+    /// How the call that spent it ended (`None` while it runs, and for
+    /// an approval never spent): the outcome as that call returned it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome_at: Option<String>,
     #[serde(skip)]
     pub created_at_ms: i64,
     #[serde(skip)]
@@ -622,6 +635,26 @@ impl ApprovalStore {
             Ok((changed != 1).then(|| Refusal::AlreadySpent { id: id.into() }))
         })
     }
+
+    /// Record how the call that spent approval `id` (request `request_id`)
+    /// ended. Only that call's outcome is taken, once: returns whether it
+    /// was recorded (false: not spent by that request, or recorded already).
+    pub fn record_outcome(
+        &mut self,
+        id: &str,
+        request_id: &str,
+        outcome: &Value,
+    ) -> Result<bool, ApprovalError> {
+        let changed = self
+            .conn
+            .execute(
+                "UPDATE approvals SET outcome_json = ?3, outcome_at_ms = ?4
+                 WHERE id = ?1 AND state = 'spent' AND spent_request_id = ?2 AND outcome_json IS NULL",
+                params![id, request_id, outcome.to_string(), now_ms()],
+            )
+            .map_err(self.db())?;
+        Ok(changed == 1)
+    }
 }
 
 /// The checks and writes of a grant or a denial, inside [`ApprovalStore::change`].
@@ -763,7 +796,8 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         .query_row(
             "SELECT id, tool, params_json, params_sha256, plan_sha256, plan_summary_json, signals_json, request_id,
                     requested_by, requested_client, created_at_ms, expires_at_ms, approvers_required,
-                    reason_required, state, spent_at_ms, spent_request_id, superseded_by
+                    reason_required, state, spent_at_ms, spent_request_id, superseded_by,
+                    outcome_json, outcome_at_ms
              FROM approvals WHERE id = ?1",
             [id],
             |r| {
@@ -773,6 +807,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
                     (r.get::<_, String>(8)?, r.get::<_, String>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?),
                     (r.get::<_, i64>(12)?, r.get::<_, bool>(13)?, r.get::<_, String>(14)?),
                     (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<String>>(16)?, r.get::<_, Option<String>>(17)?),
+                    (r.get::<_, Option<String>>(18)?, r.get::<_, Option<i64>>(19)?),
                 ))
             },
         )
@@ -783,6 +818,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         (by, client, created, expires),
         (required, reason_required, state),
         (spent_at, spent_req, superseded_by),
+        (outcome_json, outcome_at),
     )) = row
     else {
         return Ok(None);
@@ -835,6 +871,8 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         spent_at: spent_at.map(ms_to_rfc3339),
         spent_request_id: spent_req,
         superseded_by,
+        outcome: outcome_json.as_deref().map(json).transpose()?,
+        outcome_at: outcome_at.map(ms_to_rfc3339),
         created_at_ms: created,
         expires_at_ms: expires,
     }))
@@ -976,6 +1014,28 @@ mod tests {
             s.grant(&a.id, &who("carol"), "").expect("db").map(|_| ()),
             Err(Refusal::AlreadySpent { id: a.id.clone() })
         );
+    }
+
+    #[test]
+    fn only_the_spending_request_records_the_outcome_and_only_once() {
+        let (_d, mut s) = store();
+        let (a, _) = s.create(&new(1, MIN30)).expect("create");
+        let done = json!({"status": "completed", "ok": true});
+        // Not spent yet: nothing to record.
+        assert!(!s.record_outcome(&a.id, "req-2", &done).expect("db"));
+        s.grant(&a.id, &who("bob"), "")
+            .expect("db")
+            .expect("granted");
+        spend(&mut s, &a.id).expect("spent");
+        assert_eq!(s.get(&a.id).expect("db").expect("a").outcome, None);
+        // Another request cannot write the spender's outcome.
+        assert!(!s.record_outcome(&a.id, "req-9", &done).expect("db"));
+        assert!(s.record_outcome(&a.id, "req-2", &done).expect("db"));
+        let later = json!({"status": "refused"});
+        assert!(!s.record_outcome(&a.id, "req-2", &later).expect("db"));
+        let read = s.get(&a.id).expect("db").expect("a");
+        assert_eq!(read.outcome, Some(done));
+        assert!(read.outcome_at.is_some());
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub const NAMES: &[&str] = &[
     "state.saved",
     "state.refused",
     "tool.result",
+    "call.detached",
     "task.ended",
     "policy.loaded",
     "policy.load_failed",
@@ -230,6 +231,16 @@ pub enum Event {
     /// `cancelled` / `error`.
     #[serde(rename = "tool.result")]
     ToolResult(Value),
+    /// The client went away (cancelled, disconnected) after the call's
+    /// apply was committed (its approval spent, or an apply that needs
+    /// none about to start): it runs on to its end, and its `tool.result`
+    /// follows.
+    #[serde(rename = "call.detached")]
+    CallDetached {
+        #[serde(skip_serializing_if = "no")]
+        approval_id: Option<String>,
+        detail: String,
+    },
     /// An MCP task ended (recorded under the request that made it): how
     /// (`completed`, `refused`, `cancelled`, `expired`, `failed`), why,
     /// and the request that carried out the approved call, if one did.

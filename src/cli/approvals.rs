@@ -468,6 +468,43 @@ fn render_show(a: &Approval) -> String {
     if let Some(by) = &a.superseded_by {
         let _ = writeln!(o, "\nsuperseded by {by}: the call was planned again");
     }
+    if let Some(rid) = &a.spent_request_id {
+        let _ = writeln!(
+            o,
+            "\nspent by request {rid} at {}",
+            a.spent_at.as_deref().unwrap_or("?")
+        );
+        match &a.outcome {
+            None => {
+                let _ = writeln!(
+                    o,
+                    "  outcome: not recorded yet (the apply is still running, or the gateway stopped before it ended)"
+                );
+            }
+            Some(out) => {
+                let status = out["status"].as_str().unwrap_or("?");
+                let ok = match out["ok"].as_bool() {
+                    Some(true) => " (ok)",
+                    Some(false) => " (failed)",
+                    None => "",
+                };
+                let _ = writeln!(
+                    o,
+                    "  outcome at {}: {}{ok}",
+                    a.outcome_at.as_deref().unwrap_or("?"),
+                    shown(status)
+                );
+                let text = out["summary"]
+                    .as_str()
+                    .or(out["reason"].as_str())
+                    .or(out["error"].as_str())
+                    .unwrap_or("");
+                for line in text.lines() {
+                    let _ = writeln!(o, "  {}", shown(line));
+                }
+            }
+        }
+    }
     for v in &a.verdicts {
         let how = match (v.kind.as_str(), &v.key_fingerprint) {
             ("ssh_key", Some(fp)) => format!(

@@ -309,6 +309,16 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         let deadline = stopped
             .checked_add(grace)
             .unwrap_or_else(|| stopped + crate::daemon::SHUTDOWN_GRACE);
+        // An apply past its point of no return runs on after its session
+        // ended: it is waited for within the same grace, and recorded as
+        // interrupted if it cannot be.
+        let interrupted = pipeline.drain(deadline).await;
+        if interrupted > 0 {
+            tracing::error!(
+                interrupted,
+                "applies still running when the shutdown grace ran out were killed; the audit and their approvals say so"
+            );
+        }
         // Calls cancelled by the stop started their revocations in the
         // background; they are finished here, before the runtime goes.
         if let Some(b) = &broker {

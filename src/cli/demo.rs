@@ -97,7 +97,13 @@ fn scenario(cli: &Cli) -> anyhow::Result<ExitCode> {
     }
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default())?);
     let tools = ToolPaths::discover(&repo);
-    let pipeline = Pipeline::new(policy, home.clone(), workspace.clone(), sandbox, tools)?;
+    let pipeline = Arc::new(Pipeline::new(
+        policy,
+        home.clone(),
+        workspace.clone(),
+        sandbox,
+        tools,
+    )?);
     let agent = Principal::new("gateway-demo", &crate::identity::Caller::this_process());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -209,12 +215,12 @@ fn scenario(cli: &Cli) -> anyhow::Result<ExitCode> {
         json!({"working_dir": MODULE, "approval_id": approval_id}),
     )?;
     say(
-        "6. agent: the same approval again (refused: single use)",
+        "6. agent: the same call with the same approval again (single use: nothing is applied again; the first apply's outcome is returned)",
         &show(&reuse),
     );
     ensure(
-        matches!(&reuse.outcome, Outcome::Refused { reason } if reason.contains("already spent")),
-        "reuse refused",
+        matches!(&reuse.outcome, Outcome::Completed { summary, .. } if summary.contains("was spent by request")),
+        "reuse answered with the spent apply's outcome",
     )?;
 
     let verify = crate::audit::verify::verify_file(

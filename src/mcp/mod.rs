@@ -19,7 +19,8 @@
 //!   the model can correct them. Progress notifications go out when the
 //!   client sent a progress token: each stage and a heartbeat at least
 //!   every 10 s ([`progress`]). Cancellation drops the call, which kills
-//!   its sandbox, and the audit says so.
+//!   its sandbox, and the audit says so — except an apply past its point
+//!   of no return (its approval spent), which the pipeline runs to its end.
 //! - A client that declares the Tasks extension gets a task for the tools
 //!   the catalog marks `task: true`, which waits for a person's approval
 //!   ([`tasks`]).
@@ -253,52 +254,6 @@ fn quoted(s: &str) -> String {
     }
 }
 
-/// Records `tool.result` cancelled when a call is dropped (cancelled by
-/// the client or the session's end, or its future aborted) before it
-/// returned: the one way a dropped call is audited, inline or as a task.
-pub(crate) struct CancelledGuard {
-    pipeline: Arc<Pipeline>,
-    request_id: String,
-    tool: String,
-    armed: bool,
-}
-
-impl CancelledGuard {
-    pub(crate) fn new(pipeline: &Arc<Pipeline>, request_id: &str, tool: &str, armed: bool) -> Self {
-        CancelledGuard {
-            pipeline: Arc::clone(pipeline),
-            request_id: request_id.to_string(),
-            tool: tool.to_string(),
-            armed,
-        }
-    }
-
-    /// The call returned (`done`): nothing to record.
-    pub(crate) fn disarm_if(mut self, done: bool) {
-        if done {
-            self.armed = false;
-        }
-    }
-}
-
-impl Drop for CancelledGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            record_cancelled(&self.pipeline, &self.request_id, &self.tool);
-        }
-    }
-}
-
-/// Audit a call the client (or the session's end) cancelled.
-fn record_cancelled(pipeline: &Pipeline, request_id: &str, tool: &str) {
-    let _ = pipeline.audit.record(
-        request_id,
-        crate::audit::Event::ToolResult(json!({
-            "status": "cancelled", "tool": tool,
-            "detail": "the client cancelled the call; its sandbox was killed and removed"})),
-    );
-}
-
 fn tool_of(name: &str, t: &Value) -> Tool {
     let a = &t["annotations"];
     let annotations = ToolAnnotations::new()
@@ -421,13 +376,13 @@ impl ServerHandler for GatewayServer {
         }));
         let request_id = crate::policy::input::new_request_id();
         let progress = crate::pipeline::Progress::new(Some(tx));
-        let guard = CancelledGuard::new(&self.pipeline, &request_id, &name, true);
+        // A cancel drops the call: the pipeline abandons it, or, once its
+        // apply is committed, lets it run to its end (and audits which).
         let result = tokio::select! {
             r = self.pipeline.call_with(call, &request_id, &progress) => Some(r),
             _ = ctx.ct.cancelled() => None,
             _ = self.ended.cancelled() => None,
         };
-        guard.disarm_if(result.is_some());
         // Deliver every progress message before the result.
         drop(progress);
         let _ = forward.await;
@@ -447,8 +402,8 @@ impl ServerHandler for GatewayServer {
                 format!("the gateway failed: {e}"),
                 None,
             )),
-            // The call's future was dropped (its sandbox killed and removed;
-            // the guard recorded it).
+            // The call's future was dropped (the pipeline recorded what
+            // became of it).
             None => Err(McpError::internal_error("cancelled", None)),
         }
     }

@@ -14,9 +14,9 @@
 //!
 //! `tasks/cancel` and the end of the session drop a running call (its
 //! sandbox is killed and removed, the audit says so) and end a wait (the
-//! approval stays as it is) — except the call made with a granted approval:
-//! once the approval can be spent, that apply runs to its end whatever the
-//! client does, so that no state is lost half way.
+//! approval stays as it is) — except an apply whose approval is spent: the
+//! pipeline runs it to its end whatever the client does, so that no state
+//! is lost half way, and keeps its outcome with the approval.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,7 +82,7 @@ impl TaskSession {
     ) -> (Option<String>, Result<CallToolResult, TaskExit>, End) {
         let started = Instant::now();
         let first_id = crate::policy::input::new_request_id();
-        let first = match self.call(ctx, call.clone(), &first_id, true).await {
+        let first = match self.call(ctx, call.clone(), &first_id, false).await {
             Ok(r) => r,
             Err((exit, end)) => return (Some(first_id), Err(exit), end),
         };
@@ -172,7 +172,7 @@ impl TaskSession {
                     }
                     ctx.set_status_message(format!("approval {approval_id} was granted: applying"));
                     let applied_id = crate::policy::input::new_request_id();
-                    return match self.call(ctx, again, &applied_id, false).await {
+                    return match self.call(ctx, again, &applied_id, true).await {
                         Ok(r) => {
                             let end = End {
                                 outcome: "completed",
@@ -233,49 +233,33 @@ impl TaskSession {
         }
     }
 
-    /// One pipeline call, its stages as the task's status. `cancellable`:
-    /// a cancel (or the session's end) drops it, its sandbox killed and the
-    /// audit told; otherwise it runs to its end on its own and only the
-    /// task stops waiting for it.
+    /// One pipeline call, its stages as the task's status. A cancel (or
+    /// the session's end) drops it: the pipeline abandons it, or runs it to
+    /// its end once its approval is spent (`approved`: the call made with
+    /// one).
     async fn call(
         &self,
         ctx: &TaskContext,
         call: ToolCall,
         request_id: &str,
-        cancellable: bool,
+        approved: bool,
     ) -> Result<CallResult, (TaskExit, End)> {
-        let tool = call.tool.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let status = ctx.clone();
         let forward = tokio::spawn(progress::forward(rx, self.heartbeat, move |note| {
             status.set_status_message(note.message);
             std::future::ready(())
         }));
-        let pipeline = Arc::clone(&self.pipeline);
-        let rid = request_id.to_string();
-        let guard = super::CancelledGuard::new(&self.pipeline, request_id, &tool, cancellable);
-        let run = async move {
-            let stages = Progress::new(Some(tx));
-            let r = pipeline.call_with(call, &rid, &stages).await;
-            drop(stages);
-            let _ = forward.await;
-            r.map_err(|e| e.to_string())
+        let stages = Progress::new(Some(tx));
+        let result = tokio::select! {
+            r = self.pipeline.call_with(call, request_id, &stages) => Some(r.map_err(|e| e.to_string())),
+            _ = ctx.cancelled() => None,
+            _ = self.ended.cancelled() => None,
         };
-        let result = if cancellable {
-            tokio::select! {
-                r = run => Some(r),
-                _ = ctx.cancelled() => None,
-                _ = self.ended.cancelled() => None,
-            }
-        } else {
-            let handle = tokio::spawn(run);
-            tokio::select! {
-                r = handle => Some(r.unwrap_or_else(|e| Err(format!("the call's task failed: {e}")))),
-                _ = ctx.cancelled() => None,
-                _ = self.ended.cancelled() => None,
-            }
-        };
-        guard.disarm_if(result.is_some());
+        // Every status message before the result (a dropped call's progress
+        // was disconnected by the pipeline).
+        drop(stages);
+        let _ = forward.await;
         match result {
             Some(Ok(r)) => Ok(r),
             Some(Err(e)) => {
@@ -289,7 +273,7 @@ impl TaskSession {
                     },
                 ))
             }
-            None if cancellable => Err((
+            None if !approved => Err((
                 TaskExit::Cancelled,
                 End {
                     outcome: "cancelled",
@@ -301,7 +285,7 @@ impl TaskSession {
                 TaskExit::Cancelled,
                 End {
                     outcome: "cancelled",
-                    detail: "the task was cancelled after its approval was granted; the apply runs to its end and the audit has its result".into(),
+                    detail: "the task was cancelled after its approval was granted; once spent, the apply runs to its end and its outcome is kept with the approval (gateway approvals show)".into(),
                     request_id: None,
                 },
             )),

@@ -98,12 +98,19 @@ pub struct Stage {
 
 /// Where progress messages go (the MCP server turns them into progress
 /// notifications, or a task's status, when the client asked for them).
+/// Clones share one sender: when the caller goes away while the call runs
+/// on ([`Commitment`]), [`Progress::disconnect`] drops it for every clone,
+/// so that nothing waits on progress nobody reads.
 #[derive(Debug, Clone, Default)]
-pub struct Progress(Option<tokio::sync::mpsc::UnboundedSender<Stage>>);
+pub struct Progress(Arc<Mutex<Option<tokio::sync::mpsc::UnboundedSender<Stage>>>>);
 
 impl Progress {
     pub fn new(tx: Option<tokio::sync::mpsc::UnboundedSender<Stage>>) -> Progress {
-        Progress(tx)
+        Progress(Arc::new(Mutex::new(tx)))
+    }
+    /// No more messages go out, from any clone.
+    pub fn disconnect(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
     pub fn say(&self, message: impl Into<String>) {
         self.stage(message, None);
@@ -113,7 +120,7 @@ impl Progress {
         self.stage(message, Some(within));
     }
     fn stage(&self, message: impl Into<String>, within: Option<std::time::Duration>) {
-        if let Some(tx) = &self.0 {
+        if let Some(tx) = &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
             let _ = tx.send(Stage {
                 message: message.into(),
                 within,
@@ -146,6 +153,150 @@ pub struct Pipeline {
     admission: admission::Admission,
     /// How long saved plans are kept, in seconds (from the policy).
     plan_retention_seconds: std::sync::atomic::AtomicU64,
+    /// Every call's own task: a call runs on it, not on its caller's
+    /// future, so that one past its point of no return outlives its client.
+    running: tokio_util::task::TaskTracker,
+    /// The calls past their point of no return and still running: request
+    /// id -> the approval they spent (`None`: an apply the policy let run
+    /// without one).
+    applying: Mutex<BTreeMap<String, Option<String>>>,
+}
+
+/// A call's point of no return: its approval spent, or, for an apply the
+/// policy lets run without one, its apply about to start. Until then the
+/// caller going away (cancel, disconnect, its session's end) abandons the
+/// call: its task is aborted, which kills its sandbox and revokes its
+/// credential, and an approval, not spent, stays granted. From then on the
+/// apply is the operator's: it runs to its end on its own task whatever
+/// the client does, its state is written back, and its outcome is kept
+/// with the approval. One lock decides which of the two came first.
+#[derive(Debug, Default)]
+pub struct Commitment(Mutex<CommitState>);
+
+#[derive(Debug, Default)]
+enum CommitState {
+    #[default]
+    Open,
+    Abandoned,
+    /// Committed, with the approval it spent, if any.
+    Committed(Option<String>),
+}
+
+impl Commitment {
+    /// Run `commit` unless the caller has already gone; when it reports
+    /// that it committed (spent `approval_id`, or had nothing to spend),
+    /// the call is past its point of no return.
+    pub(crate) fn commit<T>(
+        &self,
+        approval_id: Option<&str>,
+        commit: impl FnOnce() -> (T, bool),
+    ) -> Result<T, Stop> {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*state, CommitState::Abandoned) {
+            return Err(Stop::refused(match approval_id {
+                Some(id) => format!(
+                    "the client went away before approval {id} was spent; it stays granted and nothing was applied"
+                ),
+                None => "the client went away before the apply started; nothing was applied".into(),
+            }));
+        }
+        let (out, committed) = commit();
+        if committed {
+            *state = CommitState::Committed(approval_id.map(str::to_string));
+        }
+        Ok(out)
+    }
+
+    /// The caller went away: abandons the call (`None`) unless it is
+    /// committed (`Some`, with the approval it spent, if any).
+    fn abandon(&self) -> Option<Option<String>> {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match &*state {
+            CommitState::Committed(id) => Some(id.clone()),
+            _ => {
+                *state = CommitState::Abandoned;
+                None
+            }
+        }
+    }
+}
+
+/// The caller's side of a call running on its own task: when the caller's
+/// future is dropped before the call returned, abandons or detaches it
+/// ([`Commitment`]) and audits which.
+struct CallerGone {
+    pipeline: Arc<Pipeline>,
+    commitment: Arc<Commitment>,
+    /// The call's task while it runs (`None` once it returned).
+    task: Option<tokio::task::JoinHandle<Result<CallResult, PipelineError>>>,
+    progress: Progress,
+    request_id: String,
+    tool: String,
+}
+
+impl Drop for CallerGone {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        if task.is_finished() {
+            return;
+        }
+        self.progress.disconnect();
+        match self.commitment.abandon() {
+            None => {
+                task.abort();
+                // Recorded once the task is gone (its sandbox killed and
+                // removed), not before.
+                let pipeline = Arc::clone(&self.pipeline);
+                let rid = self.request_id.clone();
+                let tool = self.tool.clone();
+                let record = move || {
+                    let _ = pipeline.audit.record(
+                        &rid,
+                        Event::ToolResult(json!({
+                            "status": "cancelled", "tool": tool,
+                            "detail": "the client cancelled the call or went away; its sandbox was killed and removed, nothing was applied"})),
+                    );
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(async move {
+                            let _ = task.await;
+                            record();
+                        });
+                    }
+                    Err(_) => record(),
+                }
+            }
+            Some(approval_id) => {
+                let _ = self.pipeline.audit.record(
+                    &self.request_id,
+                    Event::CallDetached {
+                        approval_id,
+                        detail: "the client cancelled the call or went away once its apply was committed; the apply runs to its end, its state is written back and its outcome is kept with its approval".into(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Keeps a committed call in [`Pipeline`]'s list of applies running until
+/// it ends.
+pub(crate) struct Applying<'a> {
+    pipeline: &'a Pipeline,
+    request_id: String,
+}
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        self.pipeline
+            .applying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.request_id);
+    }
 }
 
 /// The API server as sandboxes see it: by endpoint name, with its CA.
@@ -243,6 +394,8 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the call's task failed: {0}")]
+    Task(String),
 }
 
 /// Why a call stopped before its tool ran to the end: what each stage
@@ -293,6 +446,8 @@ pub struct Call {
     /// Who must own that workspace and module (a daemon session's
     /// caller, unless root); `None` for the pipeline's own workspace.
     pub workspace_owner: Option<u32>,
+    /// Whether the call is past its point of no return.
+    pub commitment: Arc<Commitment>,
 }
 
 impl Call {
@@ -346,11 +501,13 @@ impl Pipeline {
             live_secrets: LiveSecrets::default(),
             admission: admission::Admission::default(),
             plan_retention_seconds: std::sync::atomic::AtomicU64::new(86_400),
+            running: tokio_util::task::TaskTracker::new(),
+            applying: Mutex::new(BTreeMap::new()),
         })
     }
 
     /// Run one call through the whole pipeline.
-    pub async fn call(&self, call: ToolCall) -> Result<CallResult, PipelineError> {
+    pub async fn call(self: &Arc<Self>, call: ToolCall) -> Result<CallResult, PipelineError> {
         let rid = crate::policy::input::new_request_id();
         self.call_with(call, &rid, &Progress::default()).await
     }
@@ -358,11 +515,94 @@ impl Pipeline {
     /// Run one call with a request id chosen by the caller (so that a
     /// cancelled call can still be named) and progress messages. Every
     /// call that gets a request audited ends with its `tool.result`.
+    ///
+    /// The call runs on a task of its own. Dropping this future (the
+    /// client cancelled or went away) aborts it, unless it has spent an
+    /// approval: then it runs to its end ([`Commitment`]).
     pub async fn call_with(
+        self: &Arc<Self>,
+        call: ToolCall,
+        request_id: &str,
+        progress: &Progress,
+    ) -> Result<CallResult, PipelineError> {
+        let commitment = Arc::new(Commitment::default());
+        let tool = call.tool.clone();
+        let task = {
+            let me = Arc::clone(self);
+            let rid = request_id.to_string();
+            let progress = progress.clone();
+            let commitment = Arc::clone(&commitment);
+            self.running
+                .spawn(async move { me.run_call(call, &rid, &progress, commitment).await })
+        };
+        let mut gone = CallerGone {
+            pipeline: Arc::clone(self),
+            commitment,
+            task: Some(task),
+            progress: progress.clone(),
+            request_id: request_id.to_string(),
+            tool,
+        };
+        let r = match gone.task.as_mut() {
+            Some(task) => task.await,
+            None => return Err(PipelineError::Task("the call's task is gone".into())),
+        };
+        gone.task = None;
+        r.map_err(|e| PipelineError::Task(e.to_string()))?
+    }
+
+    /// At shutdown: wait until `deadline` for the calls still running (an
+    /// approved apply runs on after its client went away). An apply still
+    /// running then is recorded as interrupted, in the audit and with its
+    /// approval, before the runtime goes and its sandbox with it. Returns
+    /// how many were.
+    pub async fn drain(&self, deadline: tokio::time::Instant) -> usize {
+        self.running.close();
+        if tokio::time::timeout_at(deadline, self.running.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        let left: Vec<(String, Option<String>)> = self
+            .applying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(r, a)| (r.clone(), a.clone()))
+            .collect();
+        for (rid, approval_id) in &left {
+            let outcome = json!({
+                "status": "interrupted",
+                "reason": "the gateway stopped while the apply ran and its shutdown grace ran out: the sandbox was killed, the state the apply left was not written back and the infrastructure may be half changed; plan again to see where it stands",
+            });
+            let _ = self.audit.record(rid, Event::ToolResult(outcome.clone()));
+            if let Some(id) = approval_id {
+                let _ = self.approvals().record_outcome(id, rid, &outcome);
+            }
+        }
+        left.len()
+    }
+
+    /// Mark a committed call as running until the guard is dropped.
+    pub(crate) fn applying(&self, request_id: &str, approval_id: Option<&str>) -> Applying<'_> {
+        self.applying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(request_id.to_string(), approval_id.map(str::to_string));
+        Applying {
+            pipeline: self,
+            request_id: request_id.to_string(),
+        }
+    }
+
+    /// The body of [`Pipeline::call_with`], on the call's own task.
+    async fn run_call(
         &self,
         call: ToolCall,
         request_id: &str,
         progress: &Progress,
+        commitment: Arc<Commitment>,
     ) -> Result<CallResult, PipelineError> {
         let mut input = DecisionInput::new(call.tool, call.params, call.principal);
         input.request_id = request_id.to_string();
@@ -375,6 +615,7 @@ impl Pipeline {
             progress: progress.clone(),
             workspace: call.workspace.unwrap_or_else(|| self.workspace.clone()),
             workspace_owner,
+            commitment,
         };
         // The call's credentials leave the redaction list however it ends.
         let _secrets = CallSecrets {

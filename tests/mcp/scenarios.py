@@ -144,8 +144,11 @@ async def scenarios(s):
     print("PASS apply with the approval applies the approved plan")
 
     r = await s.call_tool("terraform_apply", {"working_dir": MODULE, "approval_id": approval})
-    check(r.is_error and "already spent" in r.content[0].text, r.content[0].text)
-    print("PASS the same approval again is refused")
+    check(not r.is_error and "was spent by request" in r.content[0].text
+          and r.structured_content["status"] == "completed", r.content[0].text)
+    again = audit_events(rid(r))
+    check("sandbox.started" not in again and "approval.spent" not in again, again)
+    print("PASS the same call with the spent approval returns that apply's outcome; nothing runs again")
 
     r = await s.call_tool("terraform_plan", {"working_dir": "../../etc"})
     check(r.is_error and "contains '..'" in r.content[0].text, r.content[0].text)

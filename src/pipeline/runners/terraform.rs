@@ -93,16 +93,23 @@ impl ToolRunner for Apply {
 
     fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
         Box::pin(async move {
-            // The module is opened and locked before anything else (an
-            // approval is not spent on a module another call holds).
-            let module = p.open_module(call, &first).await?;
-            match call
+            let approval_id = call
                 .input
                 .params
                 .get("approval_id")
                 .and_then(Value::as_str)
-                .map(str::to_string)
+                .map(str::to_string);
+            // The same call again with an approval it already spent: that
+            // apply's outcome (the client may have gone away while it ran).
+            if let Some(id) = &approval_id
+                && let Some(outcome) = p.spent_outcome(call, &first, id).await?
             {
+                return Ok(outcome);
+            }
+            // The module is opened and locked before anything else (an
+            // approval is not spent on a module another call holds).
+            let module = p.open_module(call, &first).await?;
+            match approval_id {
                 None => p.plan_for_approval(call, &first, &module).await,
                 Some(id) => p.apply_approved(call, &first, &module, &id).await,
             }
@@ -152,6 +159,31 @@ fn refused_approval(approval_id: &str, reason: Option<&str>, refusal: Option<Val
         approver: None,
         action: None,
         os_user: None,
+    }
+}
+
+/// An apply's outcome kept with its approval, returned to a later call
+/// with the same approval.
+fn replayed(kept: &Value, approval_id: &str, spender: &str) -> Outcome {
+    let said = format!(
+        "approval {approval_id} was spent by request {spender}; this is that apply's outcome."
+    );
+    match kept["status"].as_str() {
+        Some("completed") => Outcome::Completed {
+            ok: kept["ok"].as_bool().unwrap_or(false),
+            summary: format!("{said}\n{}", kept["summary"].as_str().unwrap_or("")),
+            result: kept["result"].clone(),
+        },
+        status => Outcome::Refused {
+            reason: format!(
+                "{said} It ended {}: {}",
+                status.unwrap_or("without a status"),
+                kept["reason"]
+                    .as_str()
+                    .or(kept["error"].as_str())
+                    .unwrap_or("(no reason recorded)")
+            ),
+        },
     }
 }
 
@@ -407,6 +439,10 @@ impl Pipeline {
         let (made, decision) = self.plan_and_decide(call, first, module).await?;
         let rid = call.request_id().to_string();
         if !decision.approval.required || decision.approval.satisfied {
+            // An apply changes infrastructure: once it starts it runs to
+            // its end, whatever the client does.
+            call.commitment.commit(None, || ((), true))?;
+            let _applying = self.applying(&rid, None);
             return self
                 .apply_saved(
                     &call.progress,
@@ -555,9 +591,15 @@ impl Pipeline {
             return Err(Stop::refused(reason));
         }
         let bound = bound_params(&call.input.params);
-        let spent =
-            self.approvals()
-                .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid)?;
+        // The point of no return: spent only if the client is still there,
+        // and from then on the apply runs to its end whatever it does.
+        let spent = call.commitment.commit(Some(approval_id), || {
+            let r =
+                self.approvals()
+                    .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid);
+            let spent = matches!(r, Ok(Ok(_)));
+            (r, spent)
+        })??;
         if let Err(refusal) = spent {
             self.audit.record(
                 &rid,
@@ -565,6 +607,7 @@ impl Pipeline {
             )?;
             return Err(Stop::refused(refusal.to_string()));
         }
+        let _applying = self.applying(&rid, Some(approval_id));
         self.audit.record(
             &rid,
             Event::ApprovalSpent {
@@ -572,8 +615,71 @@ impl Pipeline {
                 plan_sha256: digest.clone(),
             },
         )?;
-        self.apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
-            .await
+        let result = self
+            .apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
+            .await;
+        // Kept with the approval, for whoever asks after the client left.
+        let kept = match &result {
+            Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
+            Err(Stop::Refused(r)) => json!({"status": "refused", "reason": r.reason}),
+            Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
+            Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
+        };
+        self.approvals().record_outcome(approval_id, &rid, &kept)?;
+        result
+    }
+
+    /// A call with an approval that the same user's same call already
+    /// spent: the outcome of that apply, waited for while it still runs
+    /// here. `None`: not such a call (it goes on, and the store refuses
+    /// what it must).
+    async fn spent_outcome(
+        &self,
+        call: &Call,
+        first: &Decision,
+        approval_id: &str,
+    ) -> Result<Option<Outcome>, Stop> {
+        let bound = bound_params(&call.input.params);
+        let same_call = |a: &crate::approvals::Approval| {
+            a.state == crate::approvals::State::Spent
+                && a.requested_by == call.input.principal.os_user
+                && a.tool == call.input.tool
+                && a.params_sha256 == crate::canonical::call_digest(&call.input.tool, &bound)
+        };
+        let Some(mut approval) = self.approvals().get(approval_id)?.filter(same_call) else {
+            return Ok(None);
+        };
+        let spender = approval.spent_request_id.clone().unwrap_or_default();
+        let waited = Duration::from_secs(first.sandbox.deadline_seconds) + Duration::from_secs(60);
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(kept) = &approval.outcome {
+                return Ok(Some(replayed(kept, approval_id, &spender)));
+            }
+            let running_here = self
+                .applying
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&spender);
+            if !running_here || started.elapsed() > waited {
+                return Err(Stop::refused(format!(
+                    "approval {approval_id} was spent by request {spender}, whose outcome is not recorded{}; `gateway approvals show {approval_id}` shows it once it is",
+                    if running_here {
+                        " yet: that apply is still running"
+                    } else {
+                        " (it ran in a gateway that stopped before it ended)"
+                    }
+                )));
+            }
+            call.progress.say(format!(
+                "approval {approval_id} was spent by request {spender}, whose apply is still running: waiting for its outcome"
+            ));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            approval = match self.approvals().get(approval_id)? {
+                Some(a) => a,
+                None => return Ok(None),
+            };
+        }
     }
 
     /// Apply `bin`, the saved plan file read once by the caller (the bytes
