@@ -39,6 +39,9 @@ pub struct GatewayConfig {
     pub vault: crate::broker::vault::VaultConfig,
     /// How sandboxes reach the Kubernetes API server with a minted token.
     pub kubernetes: Option<crate::broker::kubeconfig::KubernetesConfig>,
+    /// `gateway daemon`: load the policy set from a signed bundle (a file
+    /// or an https:// URL) instead of the policy dir.
+    pub policy_bundle: Option<crate::policy::bundle::BundleConfig>,
 }
 
 /// Where the daemon's files are when neither its flags nor its

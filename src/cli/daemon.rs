@@ -132,13 +132,22 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     );
     crate::daemon::check_all(&trust, &checked, &roots).context("the daemon refuses to start")?;
 
-    let policy = Arc::new(PolicyStore::open(
-        vec![p.policies.clone()],
-        LoadOptions {
-            trust: Some(trust.clone()),
-            ..LoadOptions::default()
-        },
-    ));
+    let opts = LoadOptions {
+        trust: Some(trust.clone()),
+        ..LoadOptions::default()
+    };
+    let (policy, poll) = match &file.policy_bundle {
+        Some(b) => {
+            let source = crate::policy::bundle::BundleSource::from_config(b)
+                .context("the daemon refuses to start: [policy_bundle]")?;
+            let poll = source.poll;
+            (Arc::new(PolicyStore::open_bundle(source, opts)), poll)
+        }
+        None => (
+            Arc::new(PolicyStore::open(vec![p.policies.clone()], opts)),
+            DEFAULT_POLL_INTERVAL,
+        ),
+    };
     let audit = AuditLog::in_home(&p.home)?;
     match policy.current() {
         Ok(set) => {
@@ -156,7 +165,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let watch_audit = AuditLog::in_home(&p.home)?;
-    let _watch = policy.watch(DEFAULT_POLL_INTERVAL, move |ev| {
+    let _watch = policy.watch(poll, move |ev| {
         log_event(ev);
         let event = match ev {
             PolicyEvent::Reloaded { fingerprint, files } => Event::PolicyReloaded {
@@ -284,7 +293,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             "gateway daemon: listening on {} (group {}), policies {}, state {}",
             p.socket.display(),
             p.group,
-            p.policies.display(),
+            match &file.policy_bundle {
+                Some(b) => format!("signed bundle {}", b.source),
+                None => p.policies.display().to_string(),
+            },
             p.home.display()
         );
         let stop = tokio_util::sync::CancellationToken::new();

@@ -475,10 +475,29 @@ pub fn paths_to_check(
 ) -> Vec<(String, PathBuf, bool)> {
     let mut checked: Vec<(String, PathBuf, bool)> = vec![
         ("configuration".into(), config.to_path_buf(), false),
-        ("policy dir".into(), policies.to_path_buf(), true),
         ("state dir".into(), home.to_path_buf(), false),
         ("runner".into(), tools.runner.clone(), false),
     ];
+    match &file.policy_bundle {
+        // The keys are what decides which policy runs: nobody but root may
+        // be able to replace one.
+        Some(b) => {
+            for k in &b.keys {
+                checked.push((
+                    format!("policy bundle key {:?}", k.id),
+                    k.public_key.clone(),
+                    false,
+                ));
+            }
+            if let Some(ca) = &b.ca_file {
+                checked.push(("policy bundle CA".into(), ca.clone(), false));
+            }
+            if !b.source.contains("://") {
+                checked.push(("policy bundle".into(), PathBuf::from(&b.source), false));
+            }
+        }
+        None => checked.push(("policy dir".into(), policies.to_path_buf(), true)),
+    }
     if let Some(me) = exe {
         checked.push(("gateway binary".into(), me.to_path_buf(), false));
     }

@@ -157,6 +157,58 @@ impl Sources {
         hex::encode(h.finalize())
     }
 
+    /// Every policy and data file of a verified bundle, by the rules a
+    /// directory is read with: `.rego` modules, data only from `data.json` /
+    /// `data.yaml` / `data.yml` (mounted at their dir), a top-level
+    /// `schema/` and files that are neither skipped, a hidden policy or data
+    /// file refused. `label` prefixes the names shown in messages.
+    pub fn from_bundle(
+        label: &str,
+        files: &[super::bundle::BundleFile],
+    ) -> Result<Sources, PolicyError> {
+        use super::bundle::{MANIFEST, SIGNATURES};
+        let mut out = Vec::new();
+        for f in files {
+            if f.name == SIGNATURES || f.name == MANIFEST {
+                continue;
+            }
+            let path = PathBuf::from(format!("{label}:{}", f.name));
+            let base = f.name.rsplit('/').next().unwrap_or(&f.name);
+            let Some(kind) = kind_of(base.trim_start_matches('.')) else {
+                continue;
+            };
+            if f.name.split('/').any(|c| c.starts_with('.')) {
+                return Err(PolicyError::Data {
+                    path,
+                    message: "a hidden policy or data file in the bundle (OPA would load it, the gateway does not read hidden files)".into(),
+                });
+            }
+            if kind != FileKind::Rego && !is_data_file(&f.name) {
+                if f.name.starts_with("schema/") {
+                    continue;
+                }
+                return Err(PolicyError::Data {
+                    path,
+                    message: format!(
+                        "OPA reads data only from files named data.json or data.yaml; move it to {}",
+                        suggested_path(&f.name)
+                    ),
+                });
+            }
+            let content = String::from_utf8(f.bytes.clone())
+                .map_err(|_| PolicyError::Encoding { path: path.clone() })?;
+            out.push(SourceFile {
+                display: path.display().to_string(),
+                relative: f.name.clone(),
+                kind,
+                content,
+            });
+        }
+        let sources = Sources { files: out };
+        sources.check_data_leaves_rules_alone()?;
+        Ok(sources)
+    }
+
     pub fn rego_count(&self) -> usize {
         self.files
             .iter()

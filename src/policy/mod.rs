@@ -6,9 +6,11 @@
 //! - [`PolicySet::decide`] evaluates `data.gateway.decision` for one
 //!   [`DecisionInput`] and returns a validated [`Decision`], failing closed;
 //! - [`store::PolicyStore`] keeps the active set and hot-reloads it;
+//! - [`bundle`] reads and verifies signed policy bundles (OPA's format);
 //! - [`plan`] reads Terraform plan JSON for the policy input;
 //! - [`testing`] runs Rego unit tests the way `opa test` does.
 
+pub mod bundle;
 pub mod decision;
 pub mod input;
 pub mod loader;
@@ -60,4 +62,10 @@ pub enum PolicyError {
     Contract(String),
     #[error(transparent)]
     Untrusted(#[from] crate::trust::TrustError),
+    #[error("policy bundle {source_name}: {error}")]
+    Bundle {
+        source_name: String,
+        #[source]
+        error: bundle::BundleError,
+    },
 }

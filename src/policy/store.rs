@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::bundle::BundleSource;
 use super::loader::Sources;
 use super::set::{Evaluation, LoadOptions, PolicySet};
 use super::{Decision, DecisionInput, PolicyError};
@@ -45,8 +46,22 @@ enum Active {
 /// again) plus the (millisecond) reload.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The loading of a policy set, done only when its fingerprint changed.
+type LoadLater<'a> = Box<dyn FnOnce() -> Result<Sources, PolicyError> + 'a>;
+
+/// Where a store's policy set comes from.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// Policy dirs, read as they are: an edit is taken once it has stayed
+    /// the same for two polls (deploy by rename for a whole set at once).
+    Dirs(Vec<PathBuf>),
+    /// A signed bundle: loaded only when its signature and every file's
+    /// digest verify, so that a half-written or tampered one never is.
+    Bundle(Arc<BundleSource>),
+}
+
 pub struct PolicyStore {
-    roots: Vec<PathBuf>,
+    origin: Origin,
     opts: LoadOptions,
     active: RwLock<Arc<Active>>,
     /// Fingerprint of the files last attempted (good or broken), so a broken
@@ -63,7 +78,7 @@ pub struct PolicyStore {
 impl std::fmt::Debug for PolicyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyStore")
-            .field("roots", &self.roots)
+            .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
 }
@@ -72,8 +87,18 @@ impl PolicyStore {
     /// Load the policy set under `roots`. A failure is not an error here: the
     /// store starts broken and denies every call with the load error.
     pub fn open(roots: Vec<PathBuf>, opts: LoadOptions) -> PolicyStore {
+        PolicyStore::open_from(Origin::Dirs(roots), opts)
+    }
+
+    /// Load the policy set from a signed bundle (the same: a failure leaves
+    /// the store broken, denying every call).
+    pub fn open_bundle(source: BundleSource, opts: LoadOptions) -> PolicyStore {
+        PolicyStore::open_from(Origin::Bundle(Arc::new(source)), opts)
+    }
+
+    fn open_from(origin: Origin, opts: LoadOptions) -> PolicyStore {
         let store = PolicyStore {
-            roots,
+            origin,
             opts,
             active: RwLock::new(Arc::new(Active::Broken("policy set not loaded yet".into()))),
             last_seen: RwLock::new(None),
@@ -114,13 +139,66 @@ impl PolicyStore {
     }
 
     /// Every root passes the daemon's trust check (when it makes one).
-    fn check_trust(&self) -> Result<(), PolicyError> {
+    fn check_trust(&self, roots: &[PathBuf]) -> Result<(), PolicyError> {
         if let Some(t) = &self.opts.trust {
-            for root in &self.roots {
+            for root in roots {
                 t.check_tree("policy dir", root)?;
             }
         }
         Ok(())
+    }
+
+    /// Where the set comes from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// What to load now, with its fingerprint; whether a change must
+    /// settle first (dirs) or is taken at once (a bundle, whose signature
+    /// makes a half-written one fail).
+    fn read(&self) -> (String, LoadLater<'_>, bool) {
+        match &self.origin {
+            Origin::Dirs(roots) => {
+                let sources = self.check_trust(roots).and_then(|()| Sources::read(roots));
+                // An unreadable directory is fingerprinted by its error, so
+                // that it too is reported once rather than at every poll.
+                let fingerprint = match &sources {
+                    Ok(s) => s.fingerprint(),
+                    Err(e) => format!("unreadable: {e}"),
+                };
+                (fingerprint, Box::new(move || sources), true)
+            }
+            Origin::Bundle(b) => {
+                let name = b.name();
+                let bad = move |error| PolicyError::Bundle {
+                    source_name: b.name(),
+                    error,
+                };
+                let trusted = match (&b.location, &self.opts.trust) {
+                    (super::bundle::Location::File(p), Some(t)) => {
+                        t.check_path("policy bundle", p).map_err(PolicyError::from)
+                    }
+                    _ => Ok(()),
+                };
+                let fetched = trusted.and_then(|()| b.fetch().map_err(&bad));
+                let fingerprint = match &fetched {
+                    Ok(bytes) => format!("bundle {}", crate::canonical::sha256_hex(bytes)),
+                    Err(e) => format!("unreadable: {e}"),
+                };
+                let load = move || {
+                    let bytes = fetched?;
+                    let (files, verified) = b.open(&bytes).map_err(bad)?;
+                    tracing::info!(
+                        bundle = %name,
+                        key = %verified.key_id,
+                        revision = verified.revision.as_deref().unwrap_or(""),
+                        "policy bundle verified"
+                    );
+                    Sources::from_bundle("bundle", &files)
+                };
+                (fingerprint, Box::new(load), false)
+            }
+        }
     }
 
     /// Reload now if the files changed since the last attempt. Returns what
@@ -136,13 +214,9 @@ impl PolicyStore {
     }
 
     fn load_if_changed(&self, settle: bool) -> Option<PolicyEvent> {
-        let sources = self.check_trust().and_then(|()| Sources::read(&self.roots));
-        // An unreadable directory is fingerprinted by its error, so that it
-        // too is reported once rather than at every poll.
-        let fingerprint = Some(match &sources {
-            Ok(s) => s.fingerprint(),
-            Err(e) => format!("unreadable: {e}"),
-        });
+        let (fingerprint, sources, settles) = self.read();
+        let settle = settle && settles;
+        let fingerprint = Some(fingerprint);
         {
             let seen = self.last_seen.read().map(|s| s.clone()).unwrap_or(None);
             let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
@@ -160,11 +234,12 @@ impl PolicyStore {
         if let Ok(mut seen) = self.last_seen.write() {
             *seen = fingerprint;
         }
-        let loaded = sources.and_then(|s| {
+        let loaded = sources().and_then(|s| {
             if s.rego_count() == 0 {
-                Err(PolicyError::Empty(
-                    self.roots.first().cloned().unwrap_or_default(),
-                ))
+                Err(PolicyError::Empty(match &self.origin {
+                    Origin::Dirs(roots) => roots.first().cloned().unwrap_or_default(),
+                    Origin::Bundle(b) => PathBuf::from(b.name()),
+                }))
             } else {
                 PolicySet::from_sources(&s, &self.opts)
             }
