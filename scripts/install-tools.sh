@@ -33,6 +33,8 @@ OPENBAO_VERSION="2.7.2"
 OPA_BINDINGS_VERSION="0.4.4"
 PYYAML_VERSION="6.0.4"
 JSONSCHEMA_VERSION="4.26.0"
+# Makes the ES256 key tests/opa/bundle_check.py signs an OPA-style bundle with.
+CRYPTOGRAPHY_VERSION="50.0.2"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -108,8 +110,9 @@ install_opa() {
   pip_pin opa-golib-python-bindings "$OPA_BINDINGS_VERSION" --ignore-requires-python
   pip_pin PyYAML "$PYYAML_VERSION"
   pip_pin jsonschema "$JSONSCHEMA_VERSION"
-  "$venv/bin/python" -c 'import opa_bindings, yaml, jsonschema' \
-    || { say "opa_bindings, yaml or jsonschema does not import"; exit 1; }
+  pip_pin cryptography "$CRYPTOGRAPHY_VERSION"
+  "$venv/bin/python" -c 'import opa_bindings, yaml, jsonschema, cryptography' \
+    || { say "opa_bindings, yaml, jsonschema or cryptography does not import"; exit 1; }
 }
 
 want=("$@")
