@@ -315,6 +315,12 @@ fn an_approved_apply_runs_to_its_end_whatever_the_client_does() {
             text.contains(&format!("was spent by request {rid}")),
             "{round}: {text}"
         );
+        assert!(
+            d.events().iter().any(|e| e["event"] == "approval.replayed"
+                && e["data"]["approval_id"] == id.as_str()
+                && e["data"]["spent_by"] == rid.as_str()),
+            "{round}: the replay is not audited"
+        );
         println!(
             "PASS {round}: the apply ({} ms in its sandbox, round {} s) ran to its end, its state was written back, its outcome kept and returned",
             events[completed]["data"]["duration_ms"],

@@ -127,6 +127,37 @@ fn gateway_bundles_verify_under_opas_code_and_opa_signed_ones_load() {
     assert!(
         !o.status.success() && common::stderr(&o).contains("not one of the daemon's bundle keys")
     );
+
+    // YAML data, even signed, is refused: its digest is taken over a JSON
+    // form it does not map onto exactly (`{7: x}` and `{"7": x}` hash the
+    // same and load differently).
+    let mut files = bundle::unpack(&std::fs::read(&ours).expect("ours")).expect("unpack");
+    files.push(bundle::BundleFile {
+        name: "config/extra/data.yaml".into(),
+        bytes: b"7: evil\n".to_vec(),
+    });
+    let key =
+        bundle::SigningKey::from_pem("team-key", "ES256", &std::fs::read(&private).expect("key"))
+            .expect("key");
+    let yaml = dir.path().join("yaml.tar.gz");
+    std::fs::write(
+        &yaml,
+        bundle::pack(&bundle::sign(&files, &key).expect("sign")).expect("pack"),
+    )
+    .expect("write");
+    let o = common::gateway(&dir.path().join("home"))
+        .args(["policy", "verify"])
+        .arg(&yaml)
+        .arg("--public-key")
+        .arg(&public)
+        .args(["--key-id", "team-key"])
+        .output()
+        .expect("verify");
+    assert!(
+        !o.status.success() && common::stderr(&o).contains("YAML data is not accepted in a bundle"),
+        "{}",
+        common::stderr(&o)
+    );
 }
 
 /// The policy events the daemon has audited so far.
@@ -296,4 +327,150 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
         .output()
         .expect("verify");
     assert!(verify.status.success(), "{}", common::stdout(&verify));
+}
+
+/// A test CA and a server certificate for 127.0.0.1, as PEM files in `dir`:
+/// (ca, cert, key).
+fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "policy bundle test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = params.signed_by(&key, &issuer).expect("cert");
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).expect("ca");
+    std::fs::write(&paths.1, cert.pem()).expect("cert");
+    std::fs::write(&paths.2, key.serialize_pem()).expect("key");
+    paths
+}
+
+/// Python's HTTPS file server on a free loopback port, serving `dir`.
+struct HttpsServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpsServer {
+    fn start(dir: &Path, cert: &Path, key: &Path) -> HttpsServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let script = "import http.server, ssl, sys, functools\n\
+            h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n\
+            s = http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[2])), h)\n\
+            c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+            c.load_cert_chain(sys.argv[3], sys.argv[4])\n\
+            s.socket = c.wrap_socket(s.socket, server_side=True)\n\
+            s.serve_forever()\n";
+        let child = Command::new("python3")
+            .args(["-c", script])
+            .arg(dir)
+            .arg(port.to_string())
+            .arg(cert)
+            .arg(key)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python https server");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the HTTPS server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        HttpsServer { child, port }
+    }
+}
+
+impl Drop for HttpsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_daemon_polls_a_bundle_over_https_and_refuses_plain_http() {
+    let keys = tempfile::tempdir().expect("keys");
+    let (private, public) = key(keys.path(), "team");
+    let (ca, cert, tls_key) = tls_files(keys.path());
+    let served = tempfile::tempdir().expect("served");
+    let path = served.path().join("policy.tar.gz");
+    build(
+        &common::repo().join("policies"),
+        &path,
+        &private,
+        "team-key",
+    );
+    let server = HttpsServer::start(served.path(), &cert, &tls_key);
+    let config = |source: &str, ca: Option<&Path>| {
+        format!(
+            "[policy_bundle]\nsource = {source:?}\npoll_seconds = 1\n{}[[policy_bundle.keys]]\nid = \"team-key\"\nalgorithm = \"ES256\"\npublic_key = {public:?}\n",
+            ca.map(|c| format!("ca_file = {c:?}\n")).unwrap_or_default()
+        )
+    };
+    // Plain HTTP is refused at start: the network could replay an older
+    // signed bundle.
+    let (dir, cfg) = daemon::Daemon::layout(
+        &common::repo().join("policies"),
+        &config(
+            &format!("http://127.0.0.1:{}/policy.tar.gz", server.port),
+            None,
+        ),
+    );
+    let out = daemon::Daemon::command(dir.path(), &cfg)
+        .output()
+        .expect("daemon");
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("only a file path or an https:// URL"),
+        "{}",
+        common::stderr(&out)
+    );
+
+    // Without the CA the server is not trusted: nothing loads, every call
+    // would be denied.
+    let url = format!("https://127.0.0.1:{}/policy.tar.gz", server.port);
+    let untrusted = daemon::Daemon::start(&common::repo().join("policies"), &config(&url, None));
+    let ev = next_policy_event(&untrusted, 0);
+    assert_eq!(ev["event"], "policy.load_failed", "{ev:#}");
+    drop(untrusted);
+
+    // With it: loaded, then a tampered bundle on the server is refused.
+    let d = daemon::Daemon::start(&common::repo().join("policies"), &config(&url, Some(&ca)));
+    let ev = next_policy_event(&d, 0);
+    assert_eq!(ev["event"], "policy.loaded", "{ev:#}\n{}", d.log());
+    let mut files = bundle::unpack(&std::fs::read(&path).expect("bundle")).expect("unpack");
+    let f = files
+        .iter_mut()
+        .find(|f| f.name == "calls.rego")
+        .expect("calls.rego");
+    f.bytes.extend_from_slice(b"\n# edited on the server\n");
+    put(&path, &bundle::pack(&files).expect("pack"));
+    let ev = next_policy_event(&d, 1);
+    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
+    assert!(
+        ev["data"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("calls.rego: digest mismatch"),
+        "{ev:#}"
+    );
 }

@@ -22,6 +22,7 @@ pub const NAMES: &[&str] = &[
     "approval.refused",
     "approval.spent",
     "approval.superseded",
+    "approval.replayed",
     "approval.notified",
     "approval.notify_failed",
     "credential.issued",
@@ -231,6 +232,14 @@ pub enum Event {
     /// `cancelled` / `error`.
     #[serde(rename = "tool.result")]
     ToolResult(Value),
+    /// A call made again with an approval it already spent: nothing ran;
+    /// the result is the spending request's outcome, returned again.
+    #[serde(rename = "approval.replayed")]
+    ApprovalReplayed {
+        approval_id: String,
+        spent_by: String,
+        status: String,
+    },
     /// The client went away (cancelled, disconnected) after the call's
     /// apply was committed (its approval spent, or an apply that needs
     /// none about to start): it runs on to its end, and its `tool.result`

@@ -27,6 +27,10 @@ use crate::sandbox::local::{LocalConfig, LocalSandbox};
 use crate::tools::ToolPaths;
 use crate::trust::Trust;
 
+/// At shutdown, how long the revocation of this process's leases may take
+/// at least, after the grace the calls had.
+const REVOKE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
     /// The socket to listen on [default: [daemon] socket, else /run/gateway/gateway.sock].
@@ -334,7 +338,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         // Calls cancelled by the stop started their revocations in the
         // background; they are finished here, before the runtime goes.
         if let Some(b) = &broker {
-            let (done, left) = b.revoke_own_by(&pipeline.audit, deadline).await;
+            // Revocation has its own time, even when an apply took the
+            // whole grace.
+            let revoke_by = deadline.max(tokio::time::Instant::now() + REVOKE_AT_SHUTDOWN);
+            let (done, left) = b.revoke_own_by(&pipeline.audit, revoke_by).await;
             if left > 0 {
                 tracing::error!(
                     revoked = done,

@@ -208,7 +208,16 @@ fn build(cli: &Cli, a: &BuildArgs) -> anyhow::Result<ExitCode> {
             crate::policy::loader::FileKind::Yaml => {
                 let value = regorus::Value::from_yaml_str(&f.content)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", f.display))?;
-                let json = serde_json::to_vec(&value)?;
+                let json = serde_json::to_value(&value)?;
+                // JSON keys are strings: YAML keys that are numbers or
+                // booleans would load differently from the bundle.
+                if regorus::Value::from(json.clone()) != value {
+                    bail!(
+                        "{}: a key that is not a string (a number or a boolean) cannot be carried as JSON data; quote it",
+                        f.display
+                    );
+                }
+                let json = serde_json::to_vec(&json)?;
                 let dir = f.relative.rsplit_once('/').map(|(d, _)| d);
                 let name = match dir {
                     Some(d) => format!("{d}/data.json"),

@@ -160,6 +160,9 @@ pub struct Pipeline {
     /// id -> the approval they spent (`None`: an apply the policy let run
     /// without one).
     applying: Mutex<BTreeMap<String, Option<String>>>,
+    /// Calls the shutdown recorded as interrupted: their own end, should it
+    /// still come, is not recorded a second time.
+    interrupted: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// A call's point of no return: its approval spent, or, for an apply the
@@ -262,8 +265,11 @@ impl Drop for CallerGone {
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
                         rt.spawn(async move {
-                            let _ = task.await;
-                            record();
+                            // Only a call the abort really stopped: one that
+                            // returned first has its own tool.result.
+                            if task.await.is_err_and(|e| e.is_cancelled()) {
+                                record();
+                            }
                         });
                     }
                     Err(_) => record(),
@@ -503,6 +509,7 @@ impl Pipeline {
             plan_retention_seconds: std::sync::atomic::AtomicU64::new(86_400),
             running: tokio_util::task::TaskTracker::new(),
             applying: Mutex::new(BTreeMap::new()),
+            interrupted: Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -564,13 +571,15 @@ impl Pipeline {
         {
             return 0;
         }
-        let left: Vec<(String, Option<String>)> = self
-            .applying
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(r, a)| (r.clone(), a.clone()))
-            .collect();
+        // Claimed here, under both locks, so that an apply ending now
+        // records either its own end or this one, never both.
+        let left: Vec<(String, Option<String>)> = {
+            let mut applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
+            let mut interrupted = self.interrupted.lock().unwrap_or_else(|p| p.into_inner());
+            let left: Vec<_> = std::mem::take(&mut *applying).into_iter().collect();
+            interrupted.extend(left.iter().map(|(r, _)| r.clone()));
+            left
+        };
         for (rid, approval_id) in &left {
             let outcome = json!({
                 "status": "interrupted",
@@ -794,10 +803,17 @@ impl Pipeline {
         tool: &str,
         outcome: Outcome,
     ) -> Result<CallResult, PipelineError> {
-        self.audit.record(
-            request_id,
-            Event::ToolResult(serde_json::to_value(&outcome).unwrap_or(Value::Null)),
-        )?;
+        let claimed = self
+            .interrupted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(request_id);
+        if !claimed {
+            self.audit.record(
+                request_id,
+                Event::ToolResult(serde_json::to_value(&outcome).unwrap_or(Value::Null)),
+            )?;
+        }
         Ok(CallResult {
             request_id: request_id.to_string(),
             tool: tool.to_string(),

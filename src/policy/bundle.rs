@@ -683,6 +683,13 @@ impl BundleSource {
             .iter()
             .map(VerificationKey::load)
             .collect::<Result<Vec<_>, _>>()?;
+        let mut ids = BTreeSet::new();
+        if let Some(k) = keys.iter().find(|k| !ids.insert(k.id.as_str())) {
+            return Err(BundleError::Refused(format!(
+                "[policy_bundle] names key id {:?} twice: a signature's kid must name one key",
+                k.id
+            )));
+        }
         let ca_pem = c
             .ca_file
             .as_ref()

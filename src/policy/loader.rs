@@ -195,6 +195,15 @@ impl Sources {
                     ),
                 });
             }
+            if kind == FileKind::Yaml {
+                // Its digest is taken over a JSON form YAML does not map
+                // onto exactly (keys that are numbers or booleans become
+                // strings): what is signed must be what is loaded.
+                return Err(PolicyError::Data {
+                    path,
+                    message: "YAML data is not accepted in a bundle: carry it as data.json (gateway policy build converts it)".into(),
+                });
+            }
             let content = String::from_utf8(f.bytes.clone())
                 .map_err(|_| PolicyError::Encoding { path: path.clone() })?;
             out.push(SourceFile {

@@ -593,13 +593,16 @@ impl Pipeline {
         let bound = bound_params(&call.input.params);
         // The point of no return: spent only if the client is still there,
         // and from then on the apply runs to its end whatever it does.
-        let spent = call.commitment.commit(Some(approval_id), || {
+        let (spent, applying) = call.commitment.commit(Some(approval_id), || {
             let r =
                 self.approvals()
                     .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid);
             let spent = matches!(r, Ok(Ok(_)));
-            (r, spent)
-        })??;
+            // Registered under the same lock: a repeated call sees it running.
+            let applying = spent.then(|| self.applying(&rid, Some(approval_id)));
+            ((r, applying), spent)
+        })?;
+        let spent = spent?;
         if let Err(refusal) = spent {
             self.audit.record(
                 &rid,
@@ -607,17 +610,22 @@ impl Pipeline {
             )?;
             return Err(Stop::refused(refusal.to_string()));
         }
-        let _applying = self.applying(&rid, Some(approval_id));
-        self.audit.record(
+        let _applying = applying;
+        // From here every end, a failure of the audit included, leaves an
+        // outcome with the approval.
+        let result = match self.audit.record(
             &rid,
             Event::ApprovalSpent {
                 approval_id: approval_id.into(),
                 plan_sha256: digest.clone(),
             },
-        )?;
-        let result = self
-            .apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
-            .await;
+        ) {
+            Ok(_) => {
+                self.apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
+                    .await
+            }
+            Err(e) => Err(Stop::from(e)),
+        };
         // Kept with the approval, for whoever asks after the client left.
         let kept = match &result {
             Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
@@ -625,7 +633,9 @@ impl Pipeline {
             Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
             Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
         };
-        self.approvals().record_outcome(approval_id, &rid, &kept)?;
+        if let Err(e) = self.approvals().record_outcome(approval_id, &rid, &kept) {
+            tracing::error!(approval_id, request_id = %rid, "the apply's outcome could not be kept with its approval: {e}");
+        }
         result
     }
 
@@ -654,6 +664,14 @@ impl Pipeline {
         let started = std::time::Instant::now();
         loop {
             if let Some(kept) = &approval.outcome {
+                self.audit.record(
+                    call.request_id(),
+                    Event::ApprovalReplayed {
+                        approval_id: approval_id.into(),
+                        spent_by: spender.clone(),
+                        status: kept["status"].as_str().unwrap_or("").to_string(),
+                    },
+                )?;
                 return Ok(Some(replayed(kept, approval_id, &spender)));
             }
             let running_here = self
