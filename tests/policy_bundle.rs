@@ -216,6 +216,7 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     let d = daemon::Daemon::start(&common::repo().join("policies"), &extra);
     let first = next_policy_event(&d, 0);
     assert_eq!(first["event"], "policy.loaded", "{first:#}");
+    assert_eq!(first["data"]["signed"]["key_id"], "team-key", "{first:#}");
     let mut seen = 1;
     let good = std::fs::read(&path).expect("bundle");
 
@@ -322,6 +323,13 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     put(&path, &std::fs::read(&next).expect("next"));
     let ev = next_policy_event(&d, seen);
     assert_eq!(ev["event"], "policy.reloaded", "{ev:#}");
+    assert_eq!(ev["data"]["signed"]["key_id"], "team-key", "{ev:#}");
+    assert!(
+        ev["data"]["signed"]["revision"]
+            .as_str()
+            .is_some_and(|r| r.len() == 64),
+        "{ev:#}"
+    );
     let verify = common::gateway(&d.home)
         .args(["audit", "verify"])
         .output()

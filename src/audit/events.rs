@@ -262,11 +262,22 @@ pub enum Event {
         request_id: Option<String>,
     },
     #[serde(rename = "policy.loaded")]
-    PolicyLoaded { fingerprint: String, files: usize },
+    PolicyLoaded {
+        fingerprint: String,
+        files: usize,
+        /// From a signed bundle: `{key_id, revision}`.
+        #[serde(skip_serializing_if = "no")]
+        signed: Option<Value>,
+    },
     #[serde(rename = "policy.load_failed")]
     PolicyLoadFailed { error: String },
     #[serde(rename = "policy.reloaded")]
-    PolicyReloaded { fingerprint: String, files: usize },
+    PolicyReloaded {
+        fingerprint: String,
+        files: usize,
+        #[serde(skip_serializing_if = "no")]
+        signed: Option<Value>,
+    },
     /// A changed policy set did not load; `active` is the set still used.
     #[serde(rename = "policy.reload_failed")]
     PolicyReloadFailed {

@@ -160,6 +160,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 Event::PolicyLoaded {
                     fingerprint: set.fingerprint.clone(),
                     files: set.files.len(),
+                    signed: set.signed.as_ref().map(|s| serde_json::json!(s)),
                 },
             )?;
         }
@@ -172,9 +173,14 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let _watch = policy.watch(poll, move |ev| {
         log_event(ev);
         let event = match ev {
-            PolicyEvent::Reloaded { fingerprint, files } => Event::PolicyReloaded {
+            PolicyEvent::Reloaded {
+                fingerprint,
+                files,
+                signed,
+            } => Event::PolicyReloaded {
                 fingerprint: fingerprint.clone(),
                 files: *files,
+                signed: signed.as_ref().map(|s| serde_json::json!(s)),
             },
             PolicyEvent::ReloadFailed { error, active } => Event::PolicyReloadFailed {
                 error: error.clone(),

@@ -431,7 +431,7 @@ struct Payload {
 }
 
 /// What a verified bundle is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Verified {
     /// The key it was signed with.
     pub key_id: String,

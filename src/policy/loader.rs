@@ -45,6 +45,8 @@ pub struct SourceFile {
 #[derive(Debug, Clone, Default)]
 pub struct Sources {
     pub files: Vec<SourceFile>,
+    /// For a signed bundle: the key that signed it and its revision.
+    pub signed: Option<super::bundle::Verified>,
 }
 
 impl Sources {
@@ -94,7 +96,10 @@ impl Sources {
                 files.push(file);
             }
         }
-        let sources = Sources { files };
+        let sources = Sources {
+            files,
+            signed: None,
+        };
         sources.check_data_leaves_rules_alone()?;
         Ok(sources)
     }
@@ -213,7 +218,10 @@ impl Sources {
                 content,
             });
         }
-        let sources = Sources { files: out };
+        let sources = Sources {
+            files: out,
+            signed: None,
+        };
         sources.check_data_leaves_rules_alone()?;
         Ok(sources)
     }

@@ -48,6 +48,8 @@ pub struct PolicySet {
     /// The files the set was built from, as displayed in messages.
     pub files: Vec<String>,
     pub budget: Duration,
+    /// For a set loaded from a signed bundle: the key and the revision.
+    pub signed: Option<super::bundle::Verified>,
 }
 
 /// The outcome of one decision.
@@ -145,6 +147,7 @@ impl PolicySet {
             fingerprint: sources.fingerprint(),
             files: sources.files.iter().map(|f| f.display.clone()).collect(),
             budget: opts.budget,
+            signed: sources.signed.clone(),
         })
     }
 

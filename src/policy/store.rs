@@ -26,8 +26,13 @@ use super::{Decision, DecisionInput, PolicyError};
 /// What the store reports about (re)loads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicyEvent {
-    /// A new policy set is active.
-    Reloaded { fingerprint: String, files: usize },
+    /// A new policy set is active (`signed`: the key and revision of the
+    /// bundle it came from).
+    Reloaded {
+        fingerprint: String,
+        files: usize,
+        signed: Option<super::bundle::Verified>,
+    },
     /// A changed policy set failed to load; the previous one stays active
     /// (or, if none ever loaded, every call stays denied).
     ReloadFailed {
@@ -194,7 +199,9 @@ impl PolicyStore {
                         revision = verified.revision.as_deref().unwrap_or(""),
                         "policy bundle verified"
                     );
-                    Sources::from_bundle("bundle", &files)
+                    let mut sources = Sources::from_bundle("bundle", &files)?;
+                    sources.signed = Some(verified);
+                    Ok(sources)
                 };
                 (fingerprint, Box::new(load), false)
             }
@@ -249,6 +256,7 @@ impl PolicyStore {
                 let ev = PolicyEvent::Reloaded {
                     fingerprint: set.fingerprint.clone(),
                     files: set.files.len(),
+                    signed: set.signed.clone(),
                 };
                 self.swap(Active::Ready(Arc::new(set)));
                 ev
@@ -328,7 +336,9 @@ impl Drop for WatchHandle {
 /// by the server).
 pub fn log_event(ev: &PolicyEvent) {
     match ev {
-        PolicyEvent::Reloaded { fingerprint, files } => {
+        PolicyEvent::Reloaded {
+            fingerprint, files, ..
+        } => {
             tracing::info!(event = "policy.reloaded", fingerprint = %fingerprint, files, "policy set reloaded");
         }
         PolicyEvent::ReloadFailed { error, active } => {
