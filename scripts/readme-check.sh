@@ -4,6 +4,9 @@
 #
 # 1. The main job: the command in the README block marked
 #    `<!-- readme-check: main -->`, run verbatim by bash.
+# 1b. The policy author's signed-bundle commands (the block marked
+#    `<!-- readme-check: bundle -->`), verbatim, in a scratch dir holding a
+#    copy of the policies, with the release build's `gateway` on PATH.
 # 2. The client path of "Use it from an MCP client" (the block marked
 #    `<!-- readme-check: client -->`): every command of that block must still
 #    be in it (checked below), and each is run here as the person it is
@@ -47,6 +50,19 @@ say "the README's main command: $main"
 if ! bash -euo pipefail -c "$main"; then
   fail "the README's main command failed: $main"
 fi
+
+# 1b. The policy author's bundle commands, as written, in a scratch dir
+# holding a copy of the policies, with this build's gateway first on PATH.
+bundle="$(block bundle)"
+[ -n "$bundle" ] || fail "README.md has no block marked <!-- readme-check: bundle -->"
+bundle_dir="$(mktemp -d)"
+cp -r "$root/policies" "$bundle_dir/policies"
+say "the README's bundle commands"
+if ! (cd "$bundle_dir" && PATH="$root/target/release:$PATH" bash -euo pipefail -c "$bundle"); then
+  rm -rf "$bundle_dir"
+  fail "the README's bundle commands failed"
+fi
+rm -rf "$bundle_dir"
 
 # 2. The client path. Its commands, as the README spells them:
 client="$(block client)"
