@@ -312,7 +312,8 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
         "{ev:#}"
     );
 
-    // 5. A new set, properly signed: loaded.
+    // 5. A new set, properly signed: loaded. Then the bundle it replaced,
+    // put back: signed before it, a rollback, refused.
     let edited = tempfile::tempdir().expect("edited");
     common::copy_dir(&common::repo().join("policies"), edited.path());
     let catalog = edited.path().join("config/tools/data.yaml");
@@ -328,6 +329,17 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
         ev["data"]["signed"]["revision"]
             .as_str()
             .is_some_and(|r| r.len() == 64),
+        "{ev:#}"
+    );
+    seen += 1;
+    put(&path, &good);
+    let ev = next_policy_event(&d, seen);
+    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
+    assert!(
+        ev["data"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("an older policy put back is refused"),
         "{ev:#}"
     );
     let verify = common::gateway(&d.home)

@@ -428,6 +428,10 @@ struct Payload {
     keyid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     scope: Option<String>,
+    /// When it was signed (seconds since the epoch): `gateway policy sign`
+    /// sets it; OPA's signer does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<i64>,
 }
 
 /// What a verified bundle is.
@@ -437,6 +441,9 @@ pub struct Verified {
     pub key_id: String,
     /// The manifest's `revision`, if it has one.
     pub revision: Option<String>,
+    /// When it was signed (the JWT's `iat`), if the signer said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_at: Option<i64>,
 }
 
 /// Verify a bundle's signature and every file's digest against `keys`.
@@ -521,6 +528,7 @@ pub fn verify(files: &[BundleFile], keys: &[VerificationKey]) -> Result<Verified
     Ok(Verified {
         key_id,
         revision: manifest(files)?.and_then(|m| m.revision),
+        signed_at: payload.iat,
     })
 }
 
@@ -611,6 +619,7 @@ pub fn sign(files: &[BundleFile], key: &SigningKey) -> Result<Vec<BundleFile>, B
         // The deprecated claim too, for OPA versions that read only it.
         keyid: Some(key.id.clone()),
         scope: None,
+        iat: Some(chrono::Utc::now().timestamp()),
     };
     let token = jsonwebtoken::encode(&header, &payload, &key.key)
         .map_err(|e| BundleError::Signature(format!("signing: {e}")))?;
@@ -657,6 +666,9 @@ pub struct BundleSource {
     ca_pem: Option<Vec<u8>>,
     /// How often the daemon reads it again.
     pub poll: std::time::Duration,
+    /// The newest signing time of a bundle this daemon has accepted: one
+    /// signed before it is a rollback and refused.
+    newest: std::sync::Arc<std::sync::Mutex<Option<i64>>>,
 }
 
 impl BundleSource {
@@ -709,6 +721,7 @@ impl BundleSource {
             keys,
             ca_pem,
             poll: std::time::Duration::from_secs(c.poll_seconds.unwrap_or(default).max(1)),
+            newest: Default::default(),
         })
     }
 
@@ -759,9 +772,22 @@ impl BundleSource {
     }
 
     /// Unpack and verify `bytes`: the bundle's files and what signed them.
+    /// A bundle signed before the newest one accepted is refused: putting
+    /// an older signed policy back is a rollback (an operator who means it
+    /// signs that policy again).
     pub fn open(&self, bytes: &[u8]) -> Result<(Vec<BundleFile>, Verified), BundleError> {
         let files = unpack(bytes)?;
         let verified = verify(&files, &self.keys)?;
+        let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        match (verified.signed_at, *newest) {
+            (Some(at), Some(seen)) if at < seen => {
+                return Err(BundleError::Signature(format!(
+                    "it was signed at {at}, before the bundle already accepted (signed at {seen}): an older policy put back is refused; sign it again to deploy it"
+                )));
+            }
+            (Some(at), seen) => *newest = Some(seen.map_or(at, |s| s.max(at))),
+            (None, _) => {}
+        }
         Ok((files, verified))
     }
 }
@@ -882,12 +908,10 @@ mod tests {
         let packed = pack(&signed).expect("pack");
         let v = verify(&unpack(&packed).expect("unpack"), keys).expect("verifies");
         assert_eq!(
-            v,
-            Verified {
-                key_id: "k1".into(),
-                revision: Some("r1".into())
-            }
+            (v.key_id.as_str(), v.revision.as_deref()),
+            ("k1", Some("r1"))
         );
+        assert!(v.signed_at.is_some_and(|t| t > 1_700_000_000));
         // Reformatting a structured file keeps its digest (OPA's rule).
         let mut reformatted = signed.clone();
         reformatted[2].bytes = b"{\n  \"limit\" : 3\n}\n".to_vec();
@@ -958,6 +982,7 @@ mod tests {
                     files: listed,
                     keyid: None,
                     scope: None,
+                    iat: None,
                 },
                 &jsonwebtoken::EncodingKey::from_secret(kp_pub.as_bytes()),
             )
