@@ -46,6 +46,9 @@ block() {
 # 1. The main job, as written.
 main="$(block main)"
 [ -n "$main" ] || fail "README.md has no block marked <!-- readme-check: main -->"
+# The main job is exactly what this check knows it to be.
+[ "$main" = 'scripts/bootstrap.sh && cargo run --release -- demo' ] ||
+  fail "the README's main command is no longer 'scripts/bootstrap.sh && cargo run --release -- demo' (update scripts/readme-check.sh with it): $main"
 say "the README's main command: $main"
 if ! bash -euo pipefail -c "$main"; then
   fail "the README's main command failed: $main"
@@ -128,6 +131,8 @@ done
 # The doctor, as the README spells it, with the daemon running: no problem.
 doctor="$(block doctor | sed 's/[[:space:]]*#.*$//')"
 [ -n "$doctor" ] || fail "README.md has no block marked <!-- readme-check: doctor -->"
+[ "$doctor" = 'cargo run --release -- doctor' ] ||
+  fail "the README's doctor command is no longer 'cargo run --release -- doctor' (update scripts/readme-check.sh with it): $doctor"
 say "the README's doctor command: $doctor"
 bash -euo pipefail -c "$doctor" || fail "the README's doctor command found a problem: $doctor"
 

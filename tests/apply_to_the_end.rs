@@ -327,11 +327,7 @@ fn an_approved_apply_runs_to_its_end_whatever_the_client_does() {
             round_started.elapsed().as_secs()
         );
     }
-    let verify = common::gateway(&d.home)
-        .args(["audit", "verify"])
-        .output()
-        .expect("verify");
-    assert!(verify.status.success(), "{}", common::stdout(&verify));
+    d.assert_audit_verifies();
 }
 
 /// SIGTERM to the daemon while an approved apply runs: it waits for the

@@ -152,11 +152,7 @@ fn an_unprivileged_user_plans_waits_for_another_users_approval_and_applies() {
         .filter(|e| e["event"] == "session.refused")
         .collect();
     assert_eq!(refused.len(), 2, "the two foreign workspaces: {refused:#?}");
-    let verify = common::gateway(&d.home)
-        .args(["audit", "verify"])
-        .output()
-        .expect("verify");
-    assert!(verify.status.success(), "{}", common::stdout(&verify));
+    d.assert_audit_verifies();
 }
 
 /// The daemon refuses to start on a policy dir, config or state that

@@ -190,6 +190,18 @@ fn next_policy_event(d: &daemon::Daemon, before: usize) -> serde_json::Value {
     }
 }
 
+/// The next policy event is a refused reload saying `why`.
+fn refused(d: &daemon::Daemon, seen: &mut usize, why: &str) -> serde_json::Value {
+    let ev = next_policy_event(d, *seen);
+    *seen += 1;
+    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
+    assert!(
+        ev["data"]["error"].as_str().unwrap_or("").contains(why),
+        "not {why:?}: {ev:#}"
+    );
+    ev
+}
+
 fn put(path: &Path, bytes: &[u8]) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).expect("write");
@@ -223,16 +235,7 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     // 1. Half a bundle written in place, left unchanged for longer than
     // two polls: refused, the loaded set stays.
     std::fs::write(&path, &good[..good.len() / 2]).expect("half");
-    let ev = next_policy_event(&d, seen);
-    seen += 1;
-    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("gzipped tar"),
-        "{ev:#}"
-    );
+    let ev = refused(&d, &mut seen, "gzipped tar");
     assert_eq!(ev["data"]["active"], first["data"]["fingerprint"]);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
@@ -250,16 +253,7 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     let text = String::from_utf8(f.bytes.clone()).expect("utf8");
     f.bytes = format!("{text}\n# waived\n").into_bytes();
     put(&path, &bundle::pack(&files).expect("pack"));
-    let ev = next_policy_event(&d, seen);
-    seen += 1;
-    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("approvals.rego: digest mismatch"),
-        "{ev:#}"
-    );
+    refused(&d, &mut seen, "approvals.rego: digest mismatch");
 
     // 3. A file added that the signature does not list.
     let mut files = bundle::unpack(&good).expect("unpack");
@@ -268,14 +262,10 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
         bytes: b"package gateway.zz\n".to_vec(),
     });
     put(&path, &bundle::pack(&files).expect("pack"));
-    let ev = next_policy_event(&d, seen);
-    seen += 1;
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("zz.rego is in the bundle but not in its signature"),
-        "{ev:#}"
+    refused(
+        &d,
+        &mut seen,
+        "zz.rego is in the bundle but not in its signature",
     );
 
     // 4. Signed, but with a key the daemon does not have; and unsigned.
@@ -287,30 +277,14 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
         "team-key",
     );
     put(&path, &std::fs::read(&other).expect("other"));
-    let ev = next_policy_event(&d, seen);
-    seen += 1;
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("does not verify"),
-        "{ev:#}"
-    );
+    refused(&d, &mut seen, "does not verify");
     let unsigned: Vec<_> = bundle::unpack(&good)
         .expect("unpack")
         .into_iter()
         .filter(|f| f.name != bundle::SIGNATURES)
         .collect();
     put(&path, &bundle::pack(&unsigned).expect("pack"));
-    let ev = next_policy_event(&d, seen);
-    seen += 1;
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("only signed bundles"),
-        "{ev:#}"
-    );
+    refused(&d, &mut seen, "only signed bundles");
 
     // 5. A new set, properly signed: loaded. Then the bundle it replaced,
     // put back: signed before it, a rollback, refused.
@@ -333,20 +307,8 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     );
     seen += 1;
     put(&path, &good);
-    let ev = next_policy_event(&d, seen);
-    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("an older policy put back is refused"),
-        "{ev:#}"
-    );
-    let verify = common::gateway(&d.home)
-        .args(["audit", "verify"])
-        .output()
-        .expect("verify");
-    assert!(verify.status.success(), "{}", common::stdout(&verify));
+    refused(&d, &mut seen, "an older policy put back is refused");
+    d.assert_audit_verifies();
 }
 
 /// A test CA and a server certificate for 127.0.0.1, as PEM files in `dir`:
@@ -484,13 +446,5 @@ fn the_daemon_polls_a_bundle_over_https_and_refuses_plain_http() {
         .expect("calls.rego");
     f.bytes.extend_from_slice(b"\n# edited on the server\n");
     put(&path, &bundle::pack(&files).expect("pack"));
-    let ev = next_policy_event(&d, 1);
-    assert_eq!(ev["event"], "policy.reload_failed", "{ev:#}");
-    assert!(
-        ev["data"]["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("calls.rego: digest mismatch"),
-        "{ev:#}"
-    );
+    refused(&d, &mut 1, "calls.rego: digest mismatch");
 }

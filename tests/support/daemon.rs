@@ -201,6 +201,19 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `gateway audit verify` passes on the daemon's audit log.
+    pub fn assert_audit_verifies(&self) {
+        let verify = super::common::gateway(&self.home)
+            .args(["audit", "verify"])
+            .output()
+            .expect("verify");
+        assert!(
+            verify.status.success(),
+            "{}",
+            super::common::stdout(&verify)
+        );
+    }
+
     /// Send the daemon SIGTERM and wait up to `within` for it to exit.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let _ = Command::new("kill")
