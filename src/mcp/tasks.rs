@@ -82,7 +82,7 @@ impl TaskSession {
     ) -> (Option<String>, Result<CallToolResult, TaskExit>, End) {
         let started = Instant::now();
         let first_id = crate::policy::input::new_request_id();
-        let first = match self.call(ctx, call.clone(), &first_id, false).await {
+        let first = match self.call(ctx, call.clone(), &first_id).await {
             Ok(r) => r,
             Err((exit, end)) => return (Some(first_id), Err(exit), end),
         };
@@ -172,7 +172,7 @@ impl TaskSession {
                     }
                     ctx.set_status_message(format!("approval {approval_id} was granted: applying"));
                     let applied_id = crate::policy::input::new_request_id();
-                    return match self.call(ctx, again, &applied_id, true).await {
+                    return match self.call(ctx, again, &applied_id).await {
                         Ok(r) => {
                             let end = End {
                                 outcome: "completed",
@@ -185,6 +185,13 @@ impl TaskSession {
                             (Some(first.request_id.clone()), Ok(to_result(&r)), end)
                         }
                         Err((exit, mut end)) => {
+                            if end.outcome == "cancelled" {
+                                // Whether the cancel came before or after the
+                                // spend was settled when the call was dropped:
+                                // the store says which.
+                                end.detail =
+                                    self.cancelled_after_grant(approval_id, &applied_id).await;
+                            }
                             end.request_id = Some(applied_id);
                             (Some(first.request_id.clone()), Err(exit), end)
                         }
@@ -233,16 +240,42 @@ impl TaskSession {
         }
     }
 
+    /// What a task cancelled once its approval was granted left behind: the
+    /// apply runs to its end if the approval was spent by its call (the
+    /// pipeline settled that when the call was dropped), else nothing was
+    /// applied and the approval stays granted.
+    async fn cancelled_after_grant(&self, approval_id: &str, applied_id: &str) -> String {
+        let pipeline = Arc::clone(&self.pipeline);
+        let id = approval_id.to_string();
+        let approval = tokio::task::spawn_blocking(move || pipeline.approval(&id)).await;
+        match approval {
+            Ok(Ok(Some(a))) if a.spent_request_id.as_deref() == Some(applied_id) => format!(
+                "the task was cancelled after approval {approval_id} was spent; the apply runs to its end and its outcome is kept with the approval (gateway approvals show {approval_id})"
+            ),
+            Ok(Ok(Some(a))) => format!(
+                "the task was cancelled after approval {approval_id} was granted, before it was spent; nothing was applied and the approval is {}",
+                a.state.as_str()
+            ),
+            Ok(Ok(None)) => format!(
+                "the task was cancelled after approval {approval_id} was granted; the approval is no longer recorded"
+            ),
+            Ok(Err(e)) => format!(
+                "the task was cancelled after approval {approval_id} was granted; whether it was spent cannot be read: {e} (gateway approvals show {approval_id})"
+            ),
+            Err(e) => format!(
+                "the task was cancelled after approval {approval_id} was granted; whether it was spent cannot be read: {e} (gateway approvals show {approval_id})"
+            ),
+        }
+    }
+
     /// One pipeline call, its stages as the task's status. A cancel (or
     /// the session's end) drops it: the pipeline abandons it, or runs it to
-    /// its end once its approval is spent (`approved`: the call made with
-    /// one).
+    /// its end once its approval is spent ([`Self::cancelled_after_grant`]).
     async fn call(
         &self,
         ctx: &TaskContext,
         call: ToolCall,
         request_id: &str,
-        approved: bool,
     ) -> Result<CallResult, (TaskExit, End)> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let status = ctx.clone();
@@ -273,19 +306,11 @@ impl TaskSession {
                     },
                 ))
             }
-            None if !approved => Err((
-                TaskExit::Cancelled,
-                End {
-                    outcome: "cancelled",
-                    detail: "the task was cancelled while its call ran; the sandbox was killed and removed".into(),
-                    request_id: None,
-                },
-            )),
             None => Err((
                 TaskExit::Cancelled,
                 End {
                     outcome: "cancelled",
-                    detail: "the task was cancelled after its approval was granted; once spent, the apply runs to its end and its outcome is kept with the approval (gateway approvals show)".into(),
+                    detail: "the task was cancelled while its call ran; the sandbox was killed and removed".into(),
                     request_id: None,
                 },
             )),
