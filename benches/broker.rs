@@ -70,12 +70,7 @@ fn bench(c: &mut Criterion) {
     let input = DecisionInput::new(
         "k8s_get_pod_status",
         serde_json::json!({"namespace": "demo-app"}),
-        Principal {
-            client: "bench".into(),
-            os_user: "bench".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        Principal::os_user("bench".into(), "bench".into(), 1000, vec![]),
     );
     let scope = set
         .decide(&input)

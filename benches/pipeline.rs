@@ -85,12 +85,7 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("rt");
-    let principal = Principal {
-        client: "bench".into(),
-        os_user: "bench".into(),
-        uid: 1000,
-        groups: vec![],
-    };
+    let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
     let call = |tool: &str, params: serde_json::Value| ToolCall {
         tool: tool.into(),
         params,

@@ -61,12 +61,7 @@ fn bench(c: &mut Criterion) {
     gateway::quiet_library_backtraces();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let set = PolicySet::load(&[root.join("policies")], &LoadOptions::default()).expect("policies");
-    let principal = Principal {
-        client: "bench".into(),
-        os_user: "bench".into(),
-        uid: 1000,
-        groups: vec![],
-    };
+    let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
 
     let request = DecisionInput::new(
         "k8s_get_pod_status",

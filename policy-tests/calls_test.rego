@@ -3,7 +3,7 @@ package gateway_test.calls
 import data.gateway.calls
 
 call(bytes, user, total, minute) := {
-	"tool": "k8s_get_pod_status", "client": "test", "os_user": "alice", "uid": 1001, "groups": ["alice"],
+	"tool": "k8s_get_pod_status", "client": "test", "kind": "os_user", "user": "alice", "os_user": "alice", "uid": 1001, "groups": ["alice"],
 	"params_bytes": bytes, "running": {"user": user, "total": total}, "last_minute": {"user": minute},
 }
 
@@ -49,7 +49,7 @@ test_saved_plans_outlive_every_approval if {
 	}
 }
 
-tasks(n, user) := {"tool": "terraform_apply", "client": "test", "os_user": user, "uid": 1001, "tasks": {"session": n}}
+tasks(n, user) := {"tool": "terraform_apply", "client": "test", "kind": "os_user", "user": user, "os_user": user, "uid": 1001, "tasks": {"session": n}}
 
 test_a_session_may_hold_up_to_eight_tasks if {
 	calls.task_allowed with input as tasks(0, "alice")
@@ -65,4 +65,23 @@ test_a_user_exception_raises_the_task_limit if {
 
 test_no_count_no_task if {
 	not calls.task_allowed with input as {"tool": "terraform_apply"}
+}
+
+sso_call(user, running) := {
+	"tool": "k8s_get_pod_status", "client": "claude-code", "kind": "sso", "user": user,
+	"issuer": "https://idp.example", "groups": ["developers"],
+	"params_bytes": 10, "running": {"user": running, "total": running}, "last_minute": {"user": 0},
+}
+
+test_an_sso_identity_has_the_same_limits_by_its_username if {
+	calls.verdict.admit with input as sso_call("alice@example.com", 3)
+	calls.verdict.reasons == ["alice@example.com already has 4 call(s) running, the most allowed at once (data.config.calls.running_per_user); wait for one to finish"] with input as sso_call("alice@example.com", 4)
+	calls.verdict.admit with input as sso_call("alice@example.com", 5) with data.config.calls.sso_users as {"alice@example.com": {"running_per_user": 6}}
+}
+
+test_an_sso_name_never_takes_an_os_users_exception if {
+	# An IdP username that equals an OS user's name ("alice") gets the
+	# default, not alice's exception.
+	not calls.verdict.admit with input as sso_call("alice", 5) with data.config.calls.users as {"alice": {"running_per_user": 6}}
+	calls.verdict.admit with input as call(10, 5, 5, 0) with data.config.calls.users as {"alice": {"running_per_user": 6}}
 }

@@ -28,6 +28,10 @@ command -v ps >/dev/null 2>&1 || need+=(procps)
 # ssh-keygen: `gateway approve` signs approvals with it (ssh-keygen -Y
 # sign), and the approval tests make keys and re-check signatures with it.
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+# Node.js and npm: the OpenID provider the SSO tests start (npm
+# oidc-provider, tests/oidc/).
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then

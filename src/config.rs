@@ -42,6 +42,9 @@ pub struct GatewayConfig {
     /// `gateway daemon`: load the policy set from a signed bundle (a file
     /// or an https:// URL) instead of the policy dir.
     pub policy_bundle: Option<crate::policy::bundle::BundleConfig>,
+    /// `gateway daemon`: also serve remote MCP over HTTPS, for agents
+    /// signed in with an OpenID provider (README.md: team gateway).
+    pub http: Option<crate::http::HttpConfig>,
 }
 
 /// Where the daemon's files are when neither its flags nor its

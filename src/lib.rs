@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod doctor;
+pub mod http;
 pub mod identity;
 pub mod mcp;
 pub mod pipeline;

@@ -132,12 +132,7 @@ impl World {
         let call = ToolCall {
             tool: "terraform_apply".into(),
             params,
-            principal: Principal {
-                client: "test-agent".into(),
-                os_user: user.into(),
-                uid,
-                groups: vec![],
-            },
+            principal: Principal::os_user("test-agent".into(), user.into(), uid, vec![]),
             workspace: None,
         };
         self.pipeline.call(call).await.expect("call")

@@ -134,12 +134,7 @@ fn plan_call() -> ToolCall {
     ToolCall {
         tool: "terraform_plan".into(),
         params: json!({"working_dir": MODULE}),
-        principal: Principal {
-            client: "test-agent".into(),
-            os_user: "alice".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        principal: Principal::os_user("test-agent".into(), "alice".into(), 1000, vec![]),
         workspace: None,
     }
 }

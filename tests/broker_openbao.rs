@@ -116,12 +116,7 @@ fn pod_reader() -> CredentialScope {
 }
 
 fn principal() -> Principal {
-    Principal {
-        client: "test".into(),
-        os_user: "alice".into(),
-        uid: 1000,
-        groups: vec![],
-    }
+    Principal::os_user("test".into(), "alice".into(), 1000, vec![])
 }
 
 fn kubeconfig(w: &World, token_file: &Path) -> PathBuf {

@@ -37,12 +37,7 @@ fn plan(params: Value, user: &str, uid: u32) -> ToolCall {
     ToolCall {
         tool: "terraform_plan".into(),
         params,
-        principal: Principal {
-            client: "test-agent".into(),
-            os_user: user.into(),
-            uid,
-            groups: vec![],
-        },
+        principal: Principal::os_user("test-agent".into(), user.into(), uid, vec![]),
         workspace: None,
     }
 }

@@ -217,12 +217,7 @@ fn call(w: &World, tool: &str, params: Value) -> CallResult {
     rt().block_on(w.pipeline.call(ToolCall {
         tool: tool.into(),
         params,
-        principal: Principal {
-            client: "test".into(),
-            os_user: "agent".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        principal: Principal::os_user("test".into(), "agent".into(), 1000, vec![]),
         workspace: None,
     }))
     .expect("call")
@@ -631,12 +626,12 @@ fn a_notifiers_payload_carries_no_markup_from_the_agent_or_the_module() {
         .block_on(w.pipeline.call(ToolCall {
             tool: "terraform_apply".into(),
             params: json!({"working_dir": MODULE}),
-            principal: Principal {
-                client: "<@U024BE7LH> <!here>".into(),
-                os_user: "agent".into(),
-                uid: 1000,
-                groups: vec![],
-            },
+            principal: Principal::os_user(
+                "<@U024BE7LH> <!here>".into(),
+                "agent".into(),
+                1000,
+                vec![],
+            ),
             workspace: None,
         }))
         .expect("call");
@@ -1146,12 +1141,7 @@ fn a_second_call_on_a_busy_module_is_refused_after_the_policys_wait() {
     );
     w.sandbox.on(Phase::Plan, "sleep 6");
     let rt = rt();
-    let principal = Principal {
-        client: "test".into(),
-        os_user: "agent".into(),
-        uid: 1000,
-        groups: vec![],
-    };
+    let principal = Principal::os_user("test".into(), "agent".into(), 1000, vec![]);
     let plan = || ToolCall {
         tool: "terraform_plan".into(),
         params: json!({"working_dir": MODULE}),

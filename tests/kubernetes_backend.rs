@@ -676,12 +676,12 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
         p.call(ToolCall {
             tool: "k8s_get_pod_status".into(),
             params: json!({"namespace": "demo-app"}),
-            principal: gateway::policy::Principal {
-                client: "test".into(),
-                os_user: "alice".into(),
-                uid: 1000,
-                groups: vec![],
-            },
+            principal: gateway::policy::Principal::os_user(
+                "test".into(),
+                "alice".into(),
+                1000,
+                vec![],
+            ),
             workspace: None,
         })
         .await

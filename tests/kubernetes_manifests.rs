@@ -102,12 +102,7 @@ fn recorded() -> Recorded {
         ca_pem: b"-----BEGIN CERTIFICATE-----\nTEST-CA\n-----END CERTIFICATE-----\n".to_vec(),
         tls_server_name: "kubernetes".into(),
     });
-    let principal = Principal {
-        client: "test".into(),
-        os_user: "alice".into(),
-        uid: 1000,
-        groups: vec![],
-    };
+    let principal = Principal::os_user("test".into(), "alice".into(), 1000, vec![]);
     let p = std::sync::Arc::new(p);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -78,12 +78,7 @@ fn plan() -> ToolCall {
     ToolCall {
         tool: "terraform_plan".into(),
         params: json!({"working_dir": "terraform/offline-demo"}),
-        principal: Principal {
-            client: "test".into(),
-            os_user: "alice".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
         workspace: None,
     }
 }

@@ -33,12 +33,7 @@ fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
     let mut input = DecisionInput::new(
         "terraform_apply",
         serde_json::json!({"working_dir": "terraform/offline-demo"}),
-        Principal {
-            client: "snapshot".into(),
-            os_user: "alice".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        Principal::os_user("snapshot".into(), "alice".into(), 1000, vec![]),
     );
     input.request_id = "req-snapshot".into();
     input.now = "2026-11-29T10:00:00Z".into();

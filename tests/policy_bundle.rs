@@ -311,34 +311,6 @@ fn the_daemon_loads_only_a_bundle_whose_signature_and_digests_verify() {
     d.assert_audit_verifies();
 }
 
-/// A test CA and a server certificate for 127.0.0.1, as PEM files in `dir`:
-/// (ca, cert, key).
-fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "policy bundle test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
-    let cert = params.signed_by(&key, &issuer).expect("cert");
-    let paths = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    std::fs::write(&paths.0, ca_cert.pem()).expect("ca");
-    std::fs::write(&paths.1, cert.pem()).expect("cert");
-    std::fs::write(&paths.2, key.serialize_pem()).expect("key");
-    paths
-}
-
 /// Python's HTTPS file server on a free loopback port, serving `dir`.
 struct HttpsServer {
     child: std::process::Child,
@@ -392,7 +364,7 @@ impl Drop for HttpsServer {
 fn the_daemon_polls_a_bundle_over_https_and_refuses_plain_http() {
     let keys = tempfile::tempdir().expect("keys");
     let (private, public) = key(keys.path(), "team");
-    let (ca, cert, tls_key) = tls_files(keys.path());
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
     let served = tempfile::tempdir().expect("served");
     let path = served.path().join("policy.tar.gz");
     build(

@@ -16,12 +16,7 @@ fn pod_status(ns: &str) -> DecisionInput {
     DecisionInput::new(
         "k8s_get_pod_status",
         serde_json::json!({"namespace": ns}),
-        Principal {
-            client: "test".into(),
-            os_user: "alice".into(),
-            uid: 1000,
-            groups: vec![],
-        },
+        Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
     )
 }
 

@@ -300,6 +300,21 @@ pub enum Event {
     /// workspace the caller does not own, a command not served).
     #[serde(rename = "session.refused")]
     SessionRefused { caller: Value, reason: String },
+    /// An HTTP request refused before anything ran: no token, a token that
+    /// does not verify (its reason), a foreign Host or Origin, a token in
+    /// the query string. `remote` is the peer address; `token` what the
+    /// refused token said of itself (issuer, subject, kid, algorithm),
+    /// never the token.
+    #[serde(rename = "http.refused")]
+    HttpRefused {
+        status: u16,
+        reason: String,
+        remote: String,
+        method: String,
+        path: String,
+        #[serde(skip_serializing_if = "no")]
+        token: Option<Value>,
+    },
 }
 
 /// A person's verdict on an approval.

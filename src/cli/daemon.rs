@@ -310,6 +310,28 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             p.home.display()
         );
         let stop = tokio_util::sync::CancellationToken::new();
+        if let Some(h) = &file.http {
+            // Remote calls run in one workspace, checked like a socket
+            // session's (below a workspace root, none of the daemon's paths).
+            let workspace = daemon
+                .admit_workspace(&crate::identity::Caller::this_process(), &h.workspace)
+                .map_err(|e| anyhow::anyhow!("[http] workspace: {e}"))
+                .context("the daemon refuses to start")?;
+            let server = crate::http::HttpServer::new(
+                h,
+                Arc::clone(&pipeline),
+                workspace,
+                daemon.heartbeat,
+                stop.child_token(),
+            )
+            .context("the daemon refuses to start")?;
+            for e in server.verifier().warm().await {
+                tracing::warn!("an issuer's signing keys could not be fetched at start (tried again on the first token): {e}");
+            }
+            let listener = server.bind().await.context("the daemon refuses to start")?;
+            eprintln!("gateway daemon: serving MCP over HTTP at {}", server.describe());
+            tokio::spawn(Arc::new(server).serve(listener, stop.clone()));
+        }
         let signals = stop.clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};

@@ -348,16 +348,32 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = base.get("principal") {
         let Some(given) = p.as_object() else {
             bail!(
-                "`principal` in --input must be an object {{\"client\", \"os_user\", \"uid\", \"groups\"}}"
+                "`principal` in --input must be an object {{\"client\", \"os_user\", \"uid\", \"groups\"}} or an SSO principal {{\"kind\": \"sso\", ...}}"
             );
         };
+        // An SSO principal has no OS user; an OS user given is its `user`.
+        if given.get("kind").and_then(|k| k.as_str()) == Some("sso")
+            && let Some(m) = principal.as_object_mut()
+        {
+            m.remove("os_user");
+            m.remove("uid");
+            m.remove("user");
+        }
+        if given.contains_key("os_user")
+            && !given.contains_key("user")
+            && let Some(m) = principal.as_object_mut()
+        {
+            m.remove("user");
+        }
         for (k, v) in given {
             principal[k] = v.clone();
         }
     }
-    let principal: Principal = serde_json::from_value(principal).context(
-        "`principal` in --input must be {\"client\": string, \"os_user\": string, \"uid\": number, \"groups\": [string]}",
-    )?;
+    let principal: Principal = serde_json::from_value::<Principal>(principal)
+        .context(
+            "`principal` in --input must be {\"client\": string, \"os_user\": string, \"uid\": number, \"groups\": [string]} (an OS user) or {\"kind\": \"sso\", \"client\", \"user\", \"groups\", \"issuer\", \"subject\", \"email\", \"client_id\"}",
+        )?
+        .normalized();
     let mut input = DecisionInput::new(tool, params, principal);
     if let Some(serde_json::Value::String(id)) = base.get("request_id") {
         input.request_id = id.clone();

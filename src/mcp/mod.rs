@@ -52,14 +52,33 @@ pub use schema::{input_schema, output_schema};
 use crate::pipeline::{Outcome, Pipeline, ToolCall};
 use crate::policy::Principal;
 
+/// How a session's caller is known.
+#[derive(Debug, Clone)]
+enum Identity {
+    /// An OS user, as the kernel named it.
+    Os(crate::identity::Caller),
+    /// Each request's verified bearer token ([`SsoPrincipal`]).
+    Bearer,
+}
+
+/// The principal an HTTP request's bearer token proved, which the HTTP
+/// transport puts in the request's extensions after verifying it (the
+/// client's name is filled in from the MCP request).
+#[derive(Debug, Clone)]
+pub struct SsoPrincipal(pub Principal);
+
 /// What a session shows: the tools a principal may see, by name.
 type Catalog = Map<String, Value>;
 
 pub struct GatewayServer {
     pipeline: Arc<Pipeline>,
-    /// The OS user on the other end, as the kernel said (the daemon's
-    /// socket peer), or this process's user.
-    caller: crate::identity::Caller,
+    /// Who is on the other end: an OS user as the kernel said (the
+    /// daemon's socket peer, or this process's user), or whoever each HTTP
+    /// request's verified token names.
+    identity: Identity,
+    /// An HTTP session's identity, from its first request: a session is
+    /// never used by another identity (its id is not a credential).
+    bound: Arc<Mutex<Option<String>>>,
     /// Where this session's `working_dir`s are resolved (`None`: the
     /// pipeline's own).
     workspace: Option<std::path::PathBuf>,
@@ -100,9 +119,26 @@ impl GatewayServer {
         caller: crate::identity::Caller,
         workspace: Option<std::path::PathBuf>,
     ) -> GatewayServer {
+        GatewayServer::with_identity(pipeline, Identity::Os(caller), workspace)
+    }
+
+    /// A session of the HTTP transport: each request's principal is the
+    /// one its verified bearer token proves ([`SsoPrincipal`], put in the
+    /// request's extensions by the transport), in the transport's
+    /// `workspace`.
+    pub fn for_http(pipeline: Arc<Pipeline>, workspace: std::path::PathBuf) -> GatewayServer {
+        GatewayServer::with_identity(pipeline, Identity::Bearer, Some(workspace))
+    }
+
+    fn with_identity(
+        pipeline: Arc<Pipeline>,
+        identity: Identity,
+        workspace: Option<std::path::PathBuf>,
+    ) -> GatewayServer {
         GatewayServer {
             pipeline,
-            caller,
+            identity,
+            bound: Arc::new(Mutex::new(None)),
             workspace,
             ended: tokio_util::sync::CancellationToken::new(),
             heartbeat: DEFAULT_HEARTBEAT,
@@ -124,8 +160,37 @@ impl GatewayServer {
         self.ended.clone()
     }
 
-    fn principal(&self, ctx: &RequestContext<RoleServer>) -> Principal {
-        Principal::new(client_name(ctx), &self.caller)
+    fn principal(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
+        match &self.identity {
+            Identity::Os(caller) => Ok(Principal::new(client_name(ctx), caller)),
+            Identity::Bearer => {
+                let Some(SsoPrincipal(p)) = ctx
+                    .extensions
+                    .get::<hyper::http::request::Parts>()
+                    .and_then(|parts| parts.extensions.get::<SsoPrincipal>())
+                else {
+                    return Err(McpError::invalid_request(
+                        "this request carries no verified identity",
+                        None,
+                    ));
+                };
+                let mut p = p.clone();
+                p.client = client_name(ctx);
+                let id = p.id();
+                let mut bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+                match &*bound {
+                    Some(b) if *b != id => {
+                        return Err(McpError::invalid_request(
+                            "this MCP session belongs to another identity; start your own session",
+                            None,
+                        ));
+                    }
+                    Some(_) => {}
+                    None => *bound = Some(id),
+                }
+                Ok(p)
+            }
+        }
     }
 
     /// The tools this principal may see, as the policy describes them.
@@ -138,6 +203,12 @@ impl GatewayServer {
     /// say, the call is answered in its own response.
     /// Counts the task as made when it is.
     fn task_allowed(&self, principal: &Principal, tool: &str) -> bool {
+        // Over HTTP a 2026-07-28 request has no session for a task to live
+        // in: the call is answered in its own response (a pending apply
+        // says how to call again with its approval).
+        if matches!(self.identity, Identity::Bearer) {
+            return false;
+        }
         let Ok(set) = self.pipeline.policy.current() else {
             return false;
         };
@@ -149,7 +220,8 @@ impl GatewayServer {
             made.pop_front();
         }
         let input = json!({
-            "tool": tool, "client": principal.client, "os_user": principal.os_user,
+            "tool": tool, "client": principal.client, "kind": principal.kind,
+            "user": principal.user, "os_user": principal.os_user,
             "uid": principal.uid, "tasks": {"session": made.len()},
         });
         let allowed = matches!(
@@ -204,6 +276,15 @@ const MAX_LISTENS: usize = 4;
 /// One open listen stream, counted until it ends.
 struct ListenSlot(Arc<std::sync::atomic::AtomicUsize>);
 
+/// A session's server goes when its session does (the socket's
+/// connection closed, an HTTP session ended or expired, a stateless
+/// request answered): what it still watches or runs for the session ends.
+impl Drop for GatewayServer {
+    fn drop(&mut self) {
+        self.ended.cancel();
+    }
+}
+
 impl Drop for ListenSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
@@ -224,7 +305,13 @@ fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpErr
 /// session, not by the request: a session that made the handshake keeps
 /// what it said then, whatever a later request's `_meta` claims.
 fn modern(ctx: &RequestContext<RoleServer>) -> bool {
+    // Over stateless HTTP the transport stands in a peer of its own: the
+    // request's `_meta` says which era it is.
     ctx.peer.peer_info().is_none()
+        || ctx
+            .meta
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= "2026-07-28")
 }
 
 /// The longest client name kept (in characters); the rest is cut.
@@ -296,7 +383,7 @@ impl ServerHandler for GatewayServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let principal = self.principal(&ctx);
+        let principal = self.principal(&ctx)?;
         let catalog = self.catalog(&principal)?;
         let tools = catalog.iter().map(|(name, t)| tool_of(name, t)).collect();
         if !modern(&ctx) {
@@ -325,7 +412,7 @@ impl ServerHandler for GatewayServer {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let principal = self.principal(&ctx);
+        let principal = self.principal(&ctx)?;
         let name = request.name.to_string();
         let call = ToolCall {
             tool: name.clone(),
@@ -429,7 +516,7 @@ impl ServerHandler for GatewayServer {
             ));
         }
         let _open = ListenSlot(Arc::clone(&self.listens));
-        let principal = self.principal(sub.request_context());
+        let principal = self.principal(sub.request_context())?;
         let mut before = self.catalog(&principal).ok();
         let mut swaps = self.pipeline.policy.swaps();
         loop {

@@ -25,9 +25,9 @@ const MAX_COUNTED: usize = 10_000;
 
 #[derive(Debug, Default)]
 struct Counts {
-    running: BTreeMap<u32, usize>,
+    running: BTreeMap<String, usize>,
     total: usize,
-    started: BTreeMap<u32, VecDeque<Instant>>,
+    started: BTreeMap<String, VecDeque<Instant>>,
 }
 
 /// The running and recent calls, by OS user id.
@@ -59,7 +59,8 @@ pub struct Settings {
 #[derive(Debug)]
 pub struct Admitted<'a> {
     admission: &'a Admission,
-    uid: u32,
+    /// The principal's [`crate::policy::Principal::id`].
+    who: String,
 }
 
 impl Drop for Admitted<'_> {
@@ -69,10 +70,10 @@ impl Drop for Admitted<'_> {
             .counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = c.running.get_mut(&self.uid) {
+        if let Some(n) = c.running.get_mut(&self.who) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                c.running.remove(&self.uid);
+                c.running.remove(&self.who);
             }
         }
         c.total = c.total.saturating_sub(1);
@@ -105,10 +106,12 @@ impl Admission {
     ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
         let mut size = ByteCount(0);
         let _ = serde_json::to_writer(&mut size, &input.params);
-        let uid = input.principal.uid;
+        // Counted per identity: an OS user and an SSO identity never share
+        // a count, whatever their names.
+        let who = input.principal.id();
         let now = Instant::now();
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let recent = c.started.entry(uid).or_default();
+        let recent = c.started.entry(who.clone()).or_default();
         while recent
             .front()
             .is_some_and(|t| now.duration_since(*t) >= WINDOW)
@@ -119,11 +122,14 @@ impl Admission {
         let query = json!({
             "tool": input.tool,
             "client": input.principal.client,
+            "kind": input.principal.kind,
+            "user": input.principal.user,
             "os_user": input.principal.os_user,
-            "uid": uid,
+            "uid": input.principal.uid,
+            "issuer": input.principal.issuer,
             "groups": input.principal.groups,
             "params_bytes": size.0,
-            "running": {"user": c.running.get(&uid).copied().unwrap_or(0), "total": c.total},
+            "running": {"user": c.running.get(&who).copied().unwrap_or(0), "total": c.total},
             "last_minute": {"user": last_minute},
         });
         let verdict = set
@@ -147,7 +153,7 @@ impl Admission {
         // Forget users with nothing in the window, so the map stays small.
         c.started.retain(|_, q| !q.is_empty());
         // Bounded: a caller past any sane rate stays past it.
-        let recent = c.started.entry(uid).or_default();
+        let recent = c.started.entry(who.clone()).or_default();
         if recent.len() < MAX_COUNTED {
             recent.push_back(now);
         }
@@ -159,13 +165,13 @@ impl Admission {
             };
             return (cap, Err(why));
         }
-        *c.running.entry(uid).or_insert(0) += 1;
+        *c.running.entry(who.clone()).or_insert(0) += 1;
         c.total += 1;
         (
             cap,
             Ok(Admitted {
                 admission: self,
-                uid,
+                who,
             }),
         )
     }
@@ -191,12 +197,7 @@ mod tests {
         DecisionInput::new(
             "k8s_get_pod_status",
             params,
-            Principal {
-                client: "test".into(),
-                os_user: format!("user{uid}"),
-                uid,
-                groups: vec![],
-            },
+            Principal::os_user("test".into(), format!("user{uid}"), uid, vec![]),
         )
     }
 

@@ -616,7 +616,7 @@ impl Pipeline {
         let mut input = DecisionInput::new(call.tool, call.params, call.principal);
         input.request_id = request_id.to_string();
         let workspace_owner = match (&call.workspace, input.principal.uid) {
-            (Some(_), uid) if uid != 0 => Some(uid),
+            (Some(_), Some(uid)) if uid != 0 => Some(uid),
             _ => None,
         };
         let mut call = Call {

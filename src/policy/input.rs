@@ -3,33 +3,112 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Who is making the call.
+/// How a principal's identity was proven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrincipalKind {
+    /// An OS user, as the kernel named the daemon socket's peer (or the
+    /// real user of a direct command's process).
+    #[default]
+    OsUser,
+    /// A bearer token of a configured OpenID issuer, checked by the HTTP
+    /// transport (signature, issuer, audience, lifetime).
+    Sso,
+}
+
+/// Who is making the call: identity as data for the policy, whatever
+/// proved it (README.md: the policy contract).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Principal {
+    /// How the identity was proven: `os_user` or `sso`.
+    #[serde(default)]
+    pub kind: PrincipalKind,
     /// The MCP client's name, as the client said it: a claim, not an
     /// identity (any process can say any name).
     pub client: String,
+    /// The name the policy knows this person by: the OS user's name, or
+    /// an SSO identity's username claim (its e-mail by default).
+    #[serde(default)]
+    pub user: String,
     /// The OS user on the other end of the daemon's socket, named from the
     /// uid the kernel reported (`SO_PEERCRED`); for a direct command, the
     /// real user of the process.
-    pub os_user: String,
-    /// That user's uid.
-    pub uid: u32,
-    /// That user's groups, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_user: Option<String>,
+    /// That OS user's uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// The user's groups, by name: the OS user's (primary first), or the
+    /// token's groups claim.
     pub groups: Vec<String>,
+    /// SSO: the token's issuer (`iss`), as configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    /// SSO: the token's subject (`sub`), stable for one person at one issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// SSO: the token's e-mail claim, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    /// SSO: the OAuth client the token was issued to (`client_id`, else
+    /// `azp`): which application holds it, as the issuer says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 impl Principal {
     /// The principal of `caller` speaking through a client that says its
     /// name is `client`.
     pub fn new(client: impl Into<String>, caller: &crate::identity::Caller) -> Principal {
+        Principal::os_user(
+            client.into(),
+            caller.user.clone(),
+            caller.uid,
+            caller.groups.clone(),
+        )
+    }
+
+    /// An OS user's principal.
+    pub fn os_user(client: String, os_user: String, uid: u32, groups: Vec<String>) -> Principal {
         Principal {
-            client: client.into(),
-            os_user: caller.user.clone(),
-            uid: caller.uid,
-            groups: caller.groups.clone(),
+            kind: PrincipalKind::OsUser,
+            client,
+            user: os_user.clone(),
+            os_user: Some(os_user),
+            uid: Some(uid),
+            groups,
+            issuer: None,
+            subject: None,
+            email: None,
+            client_id: None,
         }
+    }
+
+    /// Who this is, as one string no other identity can have: an OS user
+    /// is its name (which cannot contain `:`), an SSO identity
+    /// `sso:<issuer>#<subject>`. Approvals record their requester by it:
+    /// only that identity may spend one, and its grants never count.
+    pub fn id(&self) -> String {
+        match self.kind {
+            PrincipalKind::OsUser => self.os_user.clone().unwrap_or_else(|| self.user.clone()),
+            PrincipalKind::Sso => format!(
+                "sso:{}#{}",
+                self.issuer.as_deref().unwrap_or(""),
+                self.subject.as_deref().unwrap_or("")
+            ),
+        }
+    }
+
+    /// A principal read from a document (`gateway policy eval --principal`):
+    /// an OS user's `user` is its `os_user` when not given.
+    pub fn normalized(mut self) -> Principal {
+        if self.user.is_empty()
+            && let Some(u) = &self.os_user
+        {
+            self.user = u.clone();
+        }
+        self
     }
 }
 
@@ -118,12 +197,30 @@ impl DecisionInput {
         obj.insert(s("request_id"), s(&self.request_id));
         obj.insert(s("now"), s(&self.now));
         let mut principal = std::collections::BTreeMap::new();
-        principal.insert(s("client"), s(&self.principal.client));
-        principal.insert(s("os_user"), s(&self.principal.os_user));
+        let p = &self.principal;
         principal.insert(
-            s("uid"),
-            regorus::Value::from(u64::from(self.principal.uid)),
+            s("kind"),
+            s(match p.kind {
+                PrincipalKind::OsUser => "os_user",
+                PrincipalKind::Sso => "sso",
+            }),
         );
+        principal.insert(s("client"), s(&p.client));
+        principal.insert(s("user"), s(&p.user));
+        if let Some(uid) = p.uid {
+            principal.insert(s("uid"), regorus::Value::from(u64::from(uid)));
+        }
+        for (k, v) in [
+            ("os_user", &p.os_user),
+            ("issuer", &p.issuer),
+            ("subject", &p.subject),
+            ("email", &p.email),
+            ("client_id", &p.client_id),
+        ] {
+            if let Some(v) = v {
+                principal.insert(s(k), s(v));
+            }
+        }
         principal.insert(
             s("groups"),
             regorus::Value::from(
@@ -209,12 +306,12 @@ mod tests {
         let mut input = DecisionInput::new(
             "terraform_apply",
             json!({"working_dir": "terraform/offline-demo"}),
-            Principal {
-                client: "test".into(),
-                os_user: "alice".into(),
-                uid: 1000,
-                groups: vec!["alice".into(), "ops".into()],
-            },
+            Principal::os_user(
+                "test".into(),
+                "alice".into(),
+                1000,
+                vec!["alice".into(), "ops".into()],
+            ),
         );
         input.plan = Some(PlanInput::new(
             json!({"format_version": "1.2", "resource_changes": [{"address": "a"}]}),

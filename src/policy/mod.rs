@@ -22,7 +22,7 @@ pub mod testing;
 pub use decision::{
     Annotations, ApprovalRequirement, CredentialScope, Decision, SandboxLimits, Signal,
 };
-pub use input::{DecisionInput, PlanInput, Principal};
+pub use input::{DecisionInput, PlanInput, Principal, PrincipalKind};
 pub use set::{Evaluation, PolicySet};
 pub use store::{PolicyEvent, PolicyStore};
 

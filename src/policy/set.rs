@@ -334,12 +334,7 @@ mod tests {
         DecisionInput::new(
             "t",
             json!({}),
-            Principal {
-                client: "test".into(),
-                os_user: "u".into(),
-                uid: 1000,
-                groups: vec![],
-            },
+            Principal::os_user("test".into(), "u".into(), 1000, vec![]),
         )
     }
 
@@ -373,12 +368,7 @@ decision := {
         let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default())
             .expect("defaults load");
         let tools = set
-            .tool_list(&Principal {
-                client: "c".into(),
-                os_user: "u".into(),
-                uid: 1000,
-                groups: vec![],
-            })
+            .tool_list(&Principal::os_user("c".into(), "u".into(), 1000, vec![]))
             .expect("tool list");
         let names: Vec<&str> = tools.keys().map(String::as_str).collect();
         assert_eq!(
@@ -392,12 +382,7 @@ decision := {
         )
         .expect("loads");
         let err = other
-            .tool_list(&Principal {
-                client: "c".into(),
-                os_user: "u".into(),
-                uid: 1000,
-                groups: vec![],
-            })
+            .tool_list(&Principal::os_user("c".into(), "u".into(), 1000, vec![]))
             .expect_err("not an object");
         assert!(err.to_string().contains("must be an object"), "{err}");
     }

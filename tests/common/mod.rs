@@ -167,3 +167,31 @@ pub fn c_libterraform(dir: &Path, source: &str) -> PathBuf {
     assert!(st.success(), "cc failed");
     lib
 }
+
+/// A test CA and a server certificate for 127.0.0.1, as PEM files in `dir`:
+/// (ca, cert, key).
+pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "policy bundle test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = params.signed_by(&key, &issuer).expect("cert");
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).expect("ca");
+    std::fs::write(&paths.1, cert.pem()).expect("cert");
+    std::fs::write(&paths.2, key.serialize_pem()).expect("key");
+    paths
+}

@@ -463,7 +463,7 @@ impl Pipeline {
             plan_summary: changes.clone(),
             signals: signals.clone(),
             request_id: rid.clone(),
-            requested_by: call.input.principal.os_user.clone(),
+            requested_by: call.input.principal.id(),
             requested_client: call.input.principal.client.clone(),
             approvers_required: decision.approval.approvers,
             ttl: Duration::from_secs(decision.approval.ttl_seconds),
@@ -529,7 +529,7 @@ impl Pipeline {
         // An approval is bound to the user who asked for it, as it is to
         // the tool, params and plan: another user cannot spend it (nor
         // apply someone else's plan in their own workspace).
-        if approval.requested_by != call.input.principal.os_user {
+        if approval.requested_by != call.input.principal.id() {
             let reason = format!(
                 "approval {approval_id} was requested by {}; only that user's calls can use it",
                 approval.requested_by
@@ -652,7 +652,7 @@ impl Pipeline {
         let bound = bound_params(&call.input.params);
         let same_call = |a: &crate::approvals::Approval| {
             a.state == crate::approvals::State::Spent
-                && a.requested_by == call.input.principal.os_user
+                && a.requested_by == call.input.principal.id()
                 && a.tool == call.input.tool
                 && a.params_sha256 == crate::canonical::call_digest(&call.input.tool, &bound)
         };

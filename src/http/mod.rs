@@ -1,0 +1,621 @@
+//! The HTTP transport (`[http]`): remote MCP over HTTPS for a team's
+//! agents, as the MCP specification 2026-07-28 describes it — streamable
+//! HTTP (rmcp's server: stateless for 2026-07-28 clients, sessions for
+//! older ones) behind an OAuth 2.1 resource server ([`auth`]).
+//!
+//! A request reaches the MCP server only after, in this order: its `Host`
+//! is one this gateway is named by and its `Origin`, when it has one, is
+//! allowed (DNS rebinding); it carries no token in its query string; its
+//! bearer token verifies. Every refusal is an HTTP status with a reason
+//! (and `WWW-Authenticate` for a 401) and an `http.refused` audit event;
+//! nothing of the call has started. The principal the token proves goes
+//! to the one pipeline as data for the policy; this transport decides
+//! nothing else.
+//!
+//! Also served: the Protected Resource Metadata (RFC 9728) at
+//! `/.well-known/oauth-protected-resource` (and the same with the
+//! resource's path appended), and `/healthz`.
+
+pub mod auth;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::http::{HeaderValue, Request, Response, StatusCode, header};
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditLog, Event};
+use crate::mcp::{GatewayServer, SsoPrincipal};
+use crate::pipeline::Pipeline;
+
+pub use auth::{AuthError, IssuerConfig, Verifier};
+
+/// Requests larger than this are refused (413) unless `[http]
+/// max_request_bytes` says otherwise.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// A TLS handshake must end within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `[http]`: where and how the daemon serves remote MCP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `ADDRESS:PORT` to listen on.
+    pub listen: String,
+    /// This gateway's MCP endpoint as clients reach it, e.g.
+    /// `https://gateway.example/mcp`: the resource identifier tokens must
+    /// be issued for (their `aud`), and the path it is served at.
+    pub resource: String,
+    /// PEM certificate chain and key for TLS.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP (no TLS): only on a loopback address, for a TLS
+    /// proxy in front of the gateway on the same host.
+    #[serde(default)]
+    pub plain_http: bool,
+    /// `Host` values accepted (default: the resource's authority).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Browser `Origin`s accepted (`scheme://host:port`); a request with
+    /// any other Origin is refused. Default: none (agents send no Origin).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// The directory remote calls' `working_dir`s are resolved in (the
+    /// team's modules, checked out on the gateway's host).
+    pub workspace: PathBuf,
+    /// Sessions for clients older than 2026-07-28 (their handshake);
+    /// 2026-07-28 requests are stateless either way.
+    #[serde(default = "yes")]
+    pub legacy_sessions: bool,
+    #[serde(default = "default_max_request_bytes")]
+    pub max_request_bytes: usize,
+    /// A name for the resource metadata's `resource_name`.
+    #[serde(default)]
+    pub resource_name: Option<String>,
+    /// The OpenID providers whose access tokens are accepted.
+    #[serde(default)]
+    pub issuers: Vec<IssuerConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_request_bytes() -> usize {
+    DEFAULT_MAX_REQUEST_BYTES
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("[http] {0}")]
+    Config(String),
+    #[error("[http] listen {0}: {1}")]
+    Bind(String, std::io::Error),
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// The listener's state: checks, then rmcp's service.
+pub struct HttpServer {
+    resource: String,
+    resource_path: String,
+    metadata_url: String,
+    metadata: Bytes,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    verifier: Verifier,
+    audit: Arc<AuditLog>,
+    mcp: StreamableHttpService<GatewayServer, LocalSessionManager>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    listen: SocketAddr,
+}
+
+impl HttpServer {
+    /// Check `config` and build the server (nothing is bound yet).
+    pub fn new(
+        config: &HttpConfig,
+        pipeline: Arc<Pipeline>,
+        workspace: PathBuf,
+        heartbeat: Duration,
+        stop: CancellationToken,
+    ) -> Result<HttpServer, HttpError> {
+        let bad = |m: String| HttpError::Config(m);
+        let listen: SocketAddr = config
+            .listen
+            .parse()
+            .map_err(|e| bad(format!("listen {:?}: {e} (ADDRESS:PORT)", config.listen)))?;
+        let url = reqwest::Url::parse(&config.resource)
+            .map_err(|e| bad(format!("resource {:?}: {e}", config.resource)))?;
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(bad(format!(
+                "resource {:?} must have no query or fragment (RFC 8707)",
+                config.resource
+            )));
+        }
+        let tls = match (&config.tls_cert, &config.tls_key, config.plain_http) {
+            (Some(cert), Some(key), false) => Some(tls_acceptor(cert, key)?),
+            (None, None, true) => {
+                if !listen.ip().is_loopback() {
+                    return Err(bad(format!(
+                        "plain_http is only allowed on a loopback address, not {listen}: bearer tokens would cross the network in clear (name tls_cert and tls_key)"
+                    )));
+                }
+                None
+            }
+            (_, _, true) => {
+                return Err(bad(
+                    "plain_http and tls_cert/tls_key both given: choose one".into(),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    "tls_cert and tls_key are both needed (or plain_http = true on a loopback address)".into(),
+                ));
+            }
+        };
+        if url.scheme() != "https" && !(url.scheme() == "http" && tls.is_none()) {
+            return Err(bad(format!(
+                "resource {:?} must be an https:// URL",
+                config.resource
+            )));
+        }
+        if config.issuers.is_empty() {
+            return Err(bad(
+                "no [[http.issuers]]: name the OpenID provider whose tokens are accepted".into(),
+            ));
+        }
+        let verifier =
+            Verifier::new(&config.issuers, &config.resource).map_err(|e| bad(e.to_string()))?;
+        let authority = match (url.host_str(), url.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            _ => return Err(bad(format!("resource {:?} has no host", config.resource))),
+        };
+        let allowed_hosts = if config.allowed_hosts.is_empty() {
+            vec![authority.clone()]
+        } else {
+            config.allowed_hosts.clone()
+        };
+        let resource_path = match url.path() {
+            "" => "/".to_string(),
+            p => p.to_string(),
+        };
+        let origin = url.origin().ascii_serialization();
+        let metadata_url = if resource_path == "/" {
+            format!("{origin}/.well-known/oauth-protected-resource")
+        } else {
+            format!("{origin}/.well-known/oauth-protected-resource{resource_path}")
+        };
+        let mut meta = json!({
+            "resource": config.resource,
+            "authorization_servers": verifier.issuer_ids(),
+            "bearer_methods_supported": ["header"],
+        });
+        if let Some(n) = &config.resource_name {
+            meta["resource_name"] = json!(n);
+        }
+        let scopes: Vec<String> = config
+            .issuers
+            .iter()
+            .flat_map(|i| i.required_scopes.clone())
+            .collect();
+        if !scopes.is_empty() {
+            meta["scopes_supported"] = json!(scopes);
+        }
+        let mcp_config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(config.legacy_sessions)
+            .with_allowed_hosts(allowed_hosts.clone())
+            .with_allowed_origins(config.allowed_origins.clone())
+            .enforce_origin_validation()
+            .with_max_request_body_bytes(config.max_request_bytes)
+            .with_cancellation_token(stop);
+        let audit = Arc::clone(&pipeline.audit);
+        let mcp = StreamableHttpService::new(
+            move || {
+                Ok(
+                    GatewayServer::for_http(Arc::clone(&pipeline), workspace.clone())
+                        .with_heartbeat(heartbeat),
+                )
+            },
+            Arc::new(LocalSessionManager::default()),
+            mcp_config,
+        );
+        Ok(HttpServer {
+            resource: config.resource.clone(),
+            resource_path,
+            metadata_url,
+            metadata: Bytes::from(meta.to_string()),
+            allowed_hosts,
+            allowed_origins: config.allowed_origins.clone(),
+            verifier,
+            audit,
+            mcp,
+            tls,
+            listen,
+        })
+    }
+}
+
+impl HttpServer {
+    /// Bind the configured address.
+    pub async fn bind(&self) -> Result<tokio::net::TcpListener, HttpError> {
+        tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|e| HttpError::Bind(self.listen.to_string(), e))
+    }
+
+    /// What the listener says it serves, for the daemon's start line.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({}), issuers {}",
+            self.resource,
+            if self.tls.is_some() {
+                "TLS"
+            } else {
+                "plain HTTP on loopback"
+            },
+            self.verifier.issuer_ids().join(", ")
+        )
+    }
+
+    /// The token verifier (to fetch the issuers' keys at start).
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// Accept connections until `stop` is cancelled.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        stop: CancellationToken,
+    ) {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, remote)) => {
+                        let me = Arc::clone(&self);
+                        let stop = stop.clone();
+                        conns.spawn(async move { me.connection(stream, remote, stop).await });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accepting an HTTP connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                _ = stop.cancelled() => break,
+            }
+        }
+        conns.abort_all();
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        stream: tokio::net::TcpStream,
+        remote: SocketAddr,
+        stop: CancellationToken,
+    ) {
+        let _ = stream.set_nodelay(true);
+        match &self.tls {
+            Some(acceptor) => {
+                let tls =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%remote, "TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                self.http1(hyper_util::rt::TokioIo::new(tls), remote, stop)
+                    .await;
+            }
+            None => {
+                self.http1(hyper_util::rt::TokioIo::new(stream), remote, stop)
+                    .await
+            }
+        }
+    }
+
+    async fn http1<I>(self: Arc<Self>, io: I, remote: SocketAddr, stop: CancellationToken)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let me = Arc::clone(&self);
+        let service = hyper::service::service_fn(move |req| {
+            let me = Arc::clone(&me);
+            async move { Ok::<_, Infallible>(me.handle(req, remote).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
+            .serve_connection(io, service);
+        tokio::pin!(conn);
+        tokio::select! {
+            r = conn.as_mut() => if let Err(e) = r {
+                tracing::debug!(%remote, "HTTP connection: {e}");
+            },
+            _ = stop.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+            }
+        }
+    }
+
+    /// One request: the checks in order, then MCP.
+    async fn handle(
+        &self,
+        mut req: Request<hyper::body::Incoming>,
+        remote: SocketAddr,
+    ) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        if path == "/healthz" {
+            return plain(StatusCode::OK, "ok\n");
+        }
+        if path == "/.well-known/oauth-protected-resource"
+            || path
+                == format!(
+                    "/.well-known/oauth-protected-resource{}",
+                    self.resource_path
+                )
+        {
+            return match *req.method() {
+                hyper::Method::GET | hyper::Method::HEAD => {
+                    let mut r = Response::new(Full::new(self.metadata.clone()).boxed());
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                _ => plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
+            };
+        }
+        if path != self.resource_path {
+            return plain(StatusCode::NOT_FOUND, "not found\n");
+        }
+        let refuse = |status: StatusCode, reason: String, token: Option<auth::TokenFacts>| {
+            let _ = self.audit.record(
+                "",
+                Event::HttpRefused {
+                    status: status.as_u16(),
+                    reason: reason.clone(),
+                    remote: remote.to_string(),
+                    method: req.method().to_string(),
+                    path: path.clone(),
+                    token: token.map(|t| json!(t)),
+                },
+            );
+            reason
+        };
+        // DNS rebinding: a page elsewhere must not reach this gateway by a
+        // name of its own, nor from a browser origin not allowed.
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()));
+        if !host.as_deref().is_some_and(|h| self.host_allowed(h)) {
+            let why = refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the Host {:?} is not a name of this gateway ([http] allowed_hosts)",
+                    host.as_deref().map(|h| clip(h, 100)).unwrap_or_default()
+                ),
+                None,
+            );
+            return plain(StatusCode::FORBIDDEN, &format!("{why}\n"));
+        }
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let o = origin.to_str().unwrap_or("");
+            if !self.allowed_origins.iter().any(|a| a == o) {
+                let why = refuse(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "the Origin {:?} is not allowed ([http] allowed_origins)",
+                        clip(o, 100)
+                    ),
+                    None,
+                );
+                return plain(StatusCode::FORBIDDEN, &format!("{why}\n"));
+            }
+        }
+        if req.uri().query().is_some_and(query_has_token) {
+            let why = refuse(
+                StatusCode::BAD_REQUEST,
+                "a token in the URL's query is refused: URLs end up in logs and histories; send it in the Authorization header".into(),
+                None,
+            );
+            return self.challenge(StatusCode::BAD_REQUEST, "invalid_request", &why);
+        }
+        let token = match bearer(req.headers()) {
+            Ok(t) => t,
+            Err(why) => {
+                let why = refuse(StatusCode::UNAUTHORIZED, why, None);
+                return self.challenge(StatusCode::UNAUTHORIZED, "", &why);
+            }
+        };
+        let principal = match self.verifier.verify(&token, "").await {
+            Ok(p) => p,
+            Err((e, facts)) => {
+                let (status, code) = match &e {
+                    AuthError::InvalidToken(_) | AuthError::Config(_) => {
+                        (StatusCode::UNAUTHORIZED, "invalid_token")
+                    }
+                    AuthError::InsufficientScope(_) => {
+                        (StatusCode::FORBIDDEN, "insufficient_scope")
+                    }
+                    AuthError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, ""),
+                };
+                let why = refuse(status, e.to_string(), Some(facts));
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    return plain(status, &format!("{why}\n"));
+                }
+                return self.challenge(status, code, &why);
+            }
+        };
+        // 2026-07-28: every request names its method in a header that
+        // proxies route on (rmcp checks that it matches the body).
+        let modern = req
+            .headers()
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v >= "2026-07-28");
+        if modern
+            && req.method() == hyper::Method::POST
+            && !req.headers().contains_key("mcp-method")
+        {
+            let why = refuse(
+                StatusCode::BAD_REQUEST,
+                "a 2026-07-28 request must carry its Mcp-Method header".into(),
+                None,
+            );
+            return plain(StatusCode::BAD_REQUEST, &format!("{why}\n"));
+        }
+        // The token never goes further than this.
+        req.headers_mut().remove(header::AUTHORIZATION);
+        req.extensions_mut().insert(SsoPrincipal(principal));
+        self.mcp.handle(req).await
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        let host = host.to_ascii_lowercase();
+        self.allowed_hosts.iter().any(|a| {
+            let a = a.to_ascii_lowercase();
+            // An allowed name without a port allows it on any port.
+            a == host || (!a.contains(':') && host.rsplit_once(':').is_some_and(|(h, _)| h == a))
+        })
+    }
+
+    /// A 401/403/400 with `WWW-Authenticate` naming the resource metadata
+    /// (MCP authorization; RFC 6750 §3).
+    fn challenge(&self, status: StatusCode, error: &str, why: &str) -> Response<Body> {
+        let quoted = |s: &str| {
+            s.replace(['"', '\\'], "'")
+                .replace(|c: char| c.is_control(), " ")
+        };
+        let mut v = format!("Bearer resource_metadata=\"{}\"", self.metadata_url);
+        if !error.is_empty() {
+            v.push_str(&format!(
+                ", error=\"{error}\", error_description=\"{}\"",
+                quoted(why)
+            ));
+        }
+        let mut r = plain(status, &format!("{why}\n"));
+        if let Ok(h) = HeaderValue::from_str(&v) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, h);
+        }
+        r
+    }
+}
+
+/// The bearer token of `Authorization`, or why there is none.
+fn bearer(headers: &hyper::http::HeaderMap) -> Result<String, String> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(v) = values.next() else {
+        return Err("no bearer token: sign in with the authorization server this gateway names in its resource metadata".into());
+    };
+    if values.next().is_some() {
+        return Err("more than one Authorization header".into());
+    }
+    let v = v
+        .to_str()
+        .map_err(|_| "the Authorization header is not text".to_string())?;
+    match v.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim().to_string())
+        }
+        _ => Err("the Authorization header is not a Bearer token".into()),
+    }
+}
+
+/// Whether a query string carries a token (`access_token`, RFC 6750 §2.3).
+fn query_has_token(q: &str) -> bool {
+    q.split('&').any(|kv| {
+        let k = kv.split('=').next().unwrap_or("");
+        k.eq_ignore_ascii_case("access_token") || k.eq_ignore_ascii_case("token")
+    })
+}
+
+fn clip(s: &str, n: usize) -> String {
+    s.chars().filter(|c| !c.is_control()).take(n).collect()
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(text.to_string())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The TLS acceptor for `cert` and `key` (PEM).
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor, HttpError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |m: String| HttpError::Config(m);
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| bad(format!("tls_cert {}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(bad(format!("tls_cert {}: no certificate", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|_| {
+        bad(format!(
+            "tls_key {}: no private key could be read",
+            key.display()
+        ))
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("TLS: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| bad(format!("tls_cert/tls_key: {e}")))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_found_in_the_header_only() {
+        let mut h = hyper::http::HeaderMap::new();
+        assert!(bearer(&h).is_err());
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert!(bearer(&h).is_err());
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer abc.def"),
+        );
+        assert_eq!(bearer(&h).as_deref(), Ok("abc.def"));
+        h.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        assert!(bearer(&h).is_err());
+        assert!(query_has_token("a=1&access_token=x"));
+        assert!(query_has_token("Access_Token=x"));
+        assert!(!query_has_token("a=1&b=2"));
+    }
+}

@@ -1,0 +1,613 @@
+//! Remote MCP over HTTPS with single sign-on, end to end with the real
+//! components: `gateway daemon` (as root) serving `[http]` with TLS from a
+//! CA made here, the certified `oidc-provider` (npm) issuing JWT access
+//! tokens for the gateway's resource through the authorization-code flow,
+//! the official MCP Python SDK as the agent (2026-07-28 stateless and the
+//! legacy session), real gVisor and Terraform behind the pipeline.
+//!
+//! The attacker holds what an agent can get: its own person's token, and
+//! tokens it forges or alters (expired, early, for another audience or
+//! issuer, unsigned, HMAC-signed with the issuer's public key, with a key
+//! id the issuer never had, oversized, malformed), sent in the query
+//! string, from a foreign Origin or Host, or without the 2026-07-28 method
+//! header. Each is refused with a status and a reason, audited as
+//! `http.refused`, and starts no call.
+
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use daemon::{APPROVER, Daemon};
+use serde_json::{Value, json};
+
+const CLIENT_ID: &str = "agent-cli";
+const REDIRECT: &str = "http://127.0.0.1:53682/callback";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn python() -> PathBuf {
+    let p = common::repo().join(".tools/venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/install-tools.sh",
+        p.display()
+    );
+    p
+}
+
+/// The test OpenID provider (tests/oidc/provider.mjs), on `port`.
+struct Provider {
+    child: Child,
+    issuer: String,
+}
+
+impl Provider {
+    fn start(
+        dir: &Path,
+        port: u16,
+        keys: &[(&Path, &str)],
+        resource: &str,
+        tls: (&Path, &Path),
+    ) -> Provider {
+        let modules = common::repo().join("tests/oidc/node_modules/oidc-provider");
+        assert!(
+            modules.exists(),
+            "{} is missing: run scripts/install-tools.sh oidc",
+            modules.display()
+        );
+        let issuer = format!("https://127.0.0.1:{port}");
+        let config = json!({
+            "issuer": issuer,
+            "port": port,
+            "tls": {"cert": tls.0, "key": tls.1},
+            "keys": keys.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            "kids": keys.iter().map(|(_, k)| k).collect::<Vec<_>>(),
+            "resource": resource,
+            "other_resources": ["https://other.example/mcp"],
+            "users": {
+                "alice": {"email": "alice@example.com", "groups": ["developers"]},
+                "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
+            },
+            "clients": [{
+                "client_id": CLIENT_ID,
+                "token_endpoint_auth_method": "none",
+                "redirect_uris": [REDIRECT],
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"],
+            }],
+            "access_token_ttl": 600,
+        });
+        let path = dir.join(format!("provider-{port}-{}.json", keys[0].1));
+        std::fs::write(&path, config.to_string()).expect("provider config");
+        let mut child = Command::new("node")
+            .arg(common::repo().join("tests/oidc/provider.mjs"))
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node (scripts/bootstrap.sh installs nodejs)");
+        let out = child.stdout.take().expect("stdout");
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        out.read_line(&mut line).expect("provider output");
+        assert!(
+            line.contains("ready"),
+            "the provider did not start: {line:?}"
+        );
+        // What it says later is drained (a closed pipe would kill it).
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        Provider { child, issuer }
+    }
+
+    /// An access token for `user`, through the authorization-code flow.
+    fn login(&self, user: &str, resource: &str, ca: &Path) -> String {
+        let out = Command::new(python())
+            .arg(common::repo().join("tests/oidc/login.py"))
+            .args([
+                "--issuer",
+                &self.issuer,
+                "--client-id",
+                CLIENT_ID,
+                "--redirect-uri",
+                REDIRECT,
+            ])
+            .args(["--user", user, "--resource", resource])
+            .arg("--ca")
+            .arg(ca)
+            .output()
+            .expect("login.py");
+        assert!(out.status.success(), "login: {}", common::stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("token response");
+        v["access_token"]
+            .as_str()
+            .expect("access_token")
+            .to_string()
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A token signed with `key` (the issuer's own private key: what an
+/// attacker cannot have, used here to vary one claim at a time).
+fn forge(key_pem: &str, kid: &str, claims: &Value) -> String {
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    h.kid = Some(kid.into());
+    h.typ = Some("at+jwt".into());
+    let k = jsonwebtoken::EncodingKey::from_ec_pem(key_pem.as_bytes()).expect("ec key");
+    jsonwebtoken::encode(&h, claims, &k).expect("encode")
+}
+
+fn b64(v: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v)
+}
+
+struct Http {
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    url: String,
+}
+
+struct Answer {
+    status: u16,
+    www_authenticate: String,
+    body: String,
+}
+
+impl Http {
+    fn post(
+        &self,
+        url: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Answer {
+        self.rt.block_on(async {
+            let mut r = self
+                .client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream");
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            let resp = r.body(body.to_string()).send().await.expect("request");
+            let status = resp.status().as_u16();
+            let www_authenticate = resp
+                .headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let body = resp.text().await.unwrap_or_default();
+            Answer {
+                status,
+                www_authenticate,
+                body,
+            }
+        })
+    }
+
+    fn get(&self, url: &str) -> (u16, String) {
+        self.rt.block_on(async {
+            let r = self.client.get(url).send().await.expect("get");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+    }
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}})
+}
+
+fn sdk(
+    url: &str,
+    token: &str,
+    ca: &Path,
+    mode: &str,
+    step: &str,
+    approval: Option<&str>,
+) -> (bool, String) {
+    let mut c = Command::new(python());
+    c.arg(common::repo().join("tests/mcp/http_scenarios.py"))
+        .args([url, token])
+        .arg(ca)
+        .args([mode, step]);
+    if let Some(a) = approval {
+        c.arg(a);
+    }
+    let out = c.output().expect("http_scenarios.py");
+    (
+        out.status.success(),
+        format!("{}{}", common::stdout(&out), common::stderr(&out)),
+    )
+}
+
+fn last_json(out: &str) -> Value {
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_token() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    // The issuer's signing keys (P-256), the second for the rotation.
+    let signing: Vec<(PathBuf, String)> = (0..2)
+        .map(|i| {
+            let k = rcgen::KeyPair::generate().expect("key");
+            let p = keys.path().join(format!("sign-{i}.pem"));
+            std::fs::write(&p, k.serialize_pem()).expect("write key");
+            (p, k.serialize_pem())
+        })
+        .collect();
+    let gw_port = free_port();
+    let idp_port = free_port();
+    let resource = format!("https://127.0.0.1:{gw_port}/mcp");
+    let provider = Provider::start(
+        keys.path(),
+        idp_port,
+        &[(&signing[0].0, "key-0")],
+        &resource,
+        (&cert, &tls_key),
+    );
+
+    // The remote workspace: the team's modules on the gateway's host.
+    let workspace = tempfile::tempdir().expect("workspace");
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &workspace.path().join("terraform/offline-demo"),
+    );
+    let extra = format!(
+        "[http]\nlisten = \"127.0.0.1:{gw_port}\"\nresource = {resource:?}\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\n\
+         [[http.issuers]]\nissuer = {iss:?}\nca_file = {ca:?}\nleeway_seconds = 5\n",
+        ws = workspace.path(),
+        iss = provider.issuer,
+    );
+    let policies = common::repo().join("policies");
+    let (dir, config) = Daemon::layout(&policies, &extra);
+    let d = Daemon::start_in(dir, config);
+    let started = Instant::now();
+    while !d.log().contains("serving MCP over HTTP") {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let pem = std::fs::read(&ca).expect("ca");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
+        .build()
+        .expect("client");
+    let http = Http {
+        rt,
+        client,
+        url: resource.clone(),
+    };
+
+    // Discovery: the resource metadata names the issuer.
+    let (status, body) = http.get(&format!(
+        "https://127.0.0.1:{gw_port}/.well-known/oauth-protected-resource/mcp"
+    ));
+    assert_eq!(status, 200, "{body}");
+    let meta: Value = serde_json::from_str(&body).expect("metadata");
+    assert_eq!(meta["resource"], resource.as_str());
+    assert_eq!(meta["authorization_servers"], json!([provider.issuer]));
+
+    // A real token for alice, from the provider's sign-in.
+    let alice = provider.login("alice", &resource, &ca);
+    let ok = http.post(&http.url, Some(&alice), &[], &initialize());
+    assert_eq!(ok.status, 200, "{}", ok.body);
+
+    // Every bad token and request: a status, a reason, an audit event.
+    let base = json!({
+        "iss": provider.issuer, "sub": "alice", "aud": resource, "iat": now(),
+        "exp": now() + 300, "email": "alice@example.com", "groups": ["developers"],
+        "client_id": CLIENT_ID,
+    });
+    let with = |k: &str, v: Value| {
+        let mut c = base.clone();
+        c[k] = v;
+        c
+    };
+    let key0 = &signing[0].1;
+    let public_jwk = {
+        let (_, body) = http.get(&format!("{}/jwks", provider.issuer));
+        body
+    };
+    let hs256_with_public_key = {
+        let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        h.kid = Some("key-0".into());
+        jsonwebtoken::encode(
+            &h,
+            &base,
+            &jsonwebtoken::EncodingKey::from_secret(public_jwk.as_bytes()),
+        )
+        .expect("hs256")
+    };
+    let unsigned = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none","typ":"at+jwt","kid":"key-0"}"#),
+        b64(base.to_string().as_bytes())
+    );
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("no token", String::new(), 401, "no bearer token"),
+        (
+            "expired",
+            forge(key0, "key-0", &with("exp", json!(now() - 60))),
+            401,
+            "expired",
+        ),
+        (
+            "not yet valid",
+            forge(key0, "key-0", &with("nbf", json!(now() + 600))),
+            401,
+            "not valid yet",
+        ),
+        (
+            "another audience",
+            forge(
+                key0,
+                "key-0",
+                &with("aud", json!("https://other.example/mcp")),
+            ),
+            401,
+            "another audience",
+        ),
+        (
+            "another issuer",
+            forge(key0, "key-0", &with("iss", json!("https://evil.example"))),
+            401,
+            "not one this gateway trusts",
+        ),
+        ("alg none", unsigned, 401, "not a JWT"),
+        (
+            "HS256 with the public key",
+            hs256_with_public_key,
+            401,
+            "HS256",
+        ),
+        ("unknown kid", forge(key0, "key-9", &base), 401, "not among"),
+        (
+            "oversized",
+            format!("{}{}", forge(key0, "key-0", &base), "A".repeat(20_000)),
+            401,
+            "more than the",
+        ),
+        ("malformed", "not.a.jwt".into(), 401, "not a JWT"),
+        (
+            "no sub",
+            forge(key0, "key-0", &{
+                let mut c = base.clone();
+                c.as_object_mut().map(|m| m.remove("sub"));
+                c
+            }),
+            401,
+            "sub",
+        ),
+        (
+            "altered payload",
+            {
+                let t = forge(key0, "key-0", &base);
+                let parts: Vec<&str> = t.split('.').collect();
+                format!(
+                    "{}.{}.{}",
+                    parts[0],
+                    b64(with("sub", json!("root")).to_string().as_bytes()),
+                    parts[2]
+                )
+            },
+            401,
+            "signature",
+        ),
+    ];
+    let refused_before = count(&d, "http.refused");
+    let requests_before = count(&d, "tool.request");
+    for (what, token, status, reason) in &cases {
+        let a = http.post(
+            &http.url,
+            (!token.is_empty()).then_some(token.as_str()),
+            &[],
+            &initialize(),
+        );
+        assert_eq!(a.status, *status, "{what}: {}", a.body);
+        assert!(
+            a.body.contains(reason),
+            "{what}: {:?} lacks {reason:?}",
+            a.body
+        );
+        assert!(
+            a.www_authenticate
+                .starts_with("Bearer resource_metadata=\"https://127.0.0.1:"),
+            "{what}: {:?}",
+            a.www_authenticate
+        );
+        let ev = last(&d, "http.refused");
+        assert!(
+            ev["data"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(reason)),
+            "{what}: {ev:#}"
+        );
+        assert!(
+            !ev.to_string().contains(token.get(..40).unwrap_or("-none-")) || token.len() < 40,
+            "{what}: the audit holds the token"
+        );
+    }
+    let keys_fetched = Instant::now();
+    // A token in the URL, a foreign Origin, a foreign Host, a 2026-07-28
+    // request without its method header.
+    let a = http.post(
+        &format!("{}?access_token={alice}", http.url),
+        None,
+        &[],
+        &initialize(),
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body.contains("query"), "{}", a.body);
+    let a = http.post(
+        &http.url,
+        Some(&alice),
+        &[("origin", "https://evil.example")],
+        &initialize(),
+    );
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(a.body.contains("Origin"), "{}", a.body);
+    let a = http.post(
+        &http.url,
+        Some(&alice),
+        &[("host", "evil.example")],
+        &initialize(),
+    );
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(a.body.contains("Host"), "{}", a.body);
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "probe", "version": "1"}}}});
+    let a = http.post(
+        &http.url,
+        Some(&alice),
+        &[("mcp-protocol-version", "2026-07-28")],
+        &list,
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body.contains("Mcp-Method"), "{}", a.body);
+    assert_eq!(
+        count(&d, "http.refused") - refused_before,
+        cases.len() + 4,
+        "one audit event per refusal"
+    );
+    assert_eq!(
+        count(&d, "tool.request"),
+        requests_before,
+        "no refused request started a call"
+    );
+
+    // The official SDK, both eras, as alice: the policy's tools, a denial,
+    // a plan and an apply that waits for a person.
+    let (ok, out) = sdk(&resource, &alice, &ca, "legacy", "plan", None);
+    assert!(ok, "{out}");
+    let (ok, out) = sdk(&resource, &alice, &ca, "auto", "plan", None);
+    assert!(ok, "{out}");
+    let approval = last_json(&out)["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_string();
+    let request_id = last_json(&out)["request_id"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let request = d
+        .events()
+        .into_iter()
+        .find(|e| e["event"] == "tool.request" && e["request_id"] == request_id.as_str())
+        .expect("the apply's tool.request");
+    let p = &request["data"]["principal"];
+    assert_eq!(p["kind"], "sso", "{request:#}");
+    assert_eq!(p["user"], "alice@example.com", "{request:#}");
+    assert_eq!(p["subject"], "alice", "{request:#}");
+    assert_eq!(p["issuer"], provider.issuer.as_str(), "{request:#}");
+    assert_eq!(p["groups"], json!(["developers"]), "{request:#}");
+    assert_eq!(p["client"], "sdk-over-https", "{request:#}");
+    assert!(
+        p.get("os_user").is_none() && p.get("uid").is_none(),
+        "{request:#}"
+    );
+
+    // Another person's token cannot spend alice's approval, granted or not.
+    let bob = provider.login("bob", &resource, &ca);
+    let approver_home = daemon::owned_dir(APPROVER);
+    let out = daemon::as_user(
+        APPROVER,
+        approver_home.path(),
+        &[("GATEWAY_SOCKET", &d.socket)],
+        &PathBuf::from(env!("CARGO_BIN_EXE_gateway")),
+    )
+    .args(["approve", &approval, "--reason", "reviewed"])
+    .output()
+    .expect("approve");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    let (_, out) = sdk(&resource, &bob, &ca, "auto", "apply", Some(&approval));
+    let r = last_json(&out);
+    assert_eq!(r["is_error"], true, "{out}");
+    assert!(
+        r["text"].as_str().is_some_and(|t| t.contains("request")),
+        "{out}"
+    );
+    // Alice's own token spends it: the apply runs.
+    let (ok, out) = sdk(&resource, &alice, &ca, "auto", "apply", Some(&approval));
+    assert!(ok, "{out}");
+    let r = last_json(&out);
+    assert_eq!(r["result"]["status"], "completed", "{out}");
+
+    // The issuer rotates its signing key: a token under the new key is
+    // accepted (the keys are fetched again for the unknown kid); one under
+    // the retired key no longer is.
+    let old = alice;
+    while keys_fetched.elapsed() < Duration::from_secs(32) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(provider);
+    let provider = Provider::start(
+        keys.path(),
+        idp_port,
+        &[(&signing[1].0, "key-1")],
+        &resource,
+        (&cert, &tls_key),
+    );
+    let fresh = provider.login("alice", &resource, &ca);
+    let a = http.post(&http.url, Some(&fresh), &[], &initialize());
+    assert_eq!(a.status, 200, "a token under the new key: {}", a.body);
+    let a = http.post(&http.url, Some(&old), &[], &initialize());
+    assert_eq!(a.status, 401, "a token under the retired key: {}", a.body);
+    assert!(a.body.contains("not among"), "{}", a.body);
+    d.assert_audit_verifies();
+}
+
+fn count(d: &Daemon, event: &str) -> usize {
+    d.events().iter().filter(|e| e["event"] == event).count()
+}
+
+fn last(d: &Daemon, event: &str) -> Value {
+    d.events()
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == event)
+        .unwrap_or(Value::Null)
+}
