@@ -27,6 +27,7 @@ fn bench(c: &mut Criterion) {
         request_id: "req-bench".into(),
         requested_by: "alice".into(),
         requested_client: "bench".into(),
+        requester: serde_json::Value::Null,
         approvers_required: 1,
         ttl: Duration::from_secs(1800),
         reason_required: false,

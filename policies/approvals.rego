@@ -40,7 +40,7 @@ spend_call := call_facts(input.tool, input.params, data.gateway.signals.signals)
 
 # A grant that counts for this call now.
 counts(a) if {
-	not is_requester(a, object.get(input.approval, "requested_by", ""))
+	not is_requester(a, requester_names(input.approval))
 	admitted(a)
 	in_scope(a, spend_call)
 }
@@ -52,13 +52,37 @@ person(id) := object.get(object.get(cfg.identity, "owners", {}), id.name, id.nam
 
 person(id) := id.name if id.kind != "ssh_key"
 
-# The requester, by any name: its OS user, a key listed under its name
+# Every name the requester goes by: the identity that requested the call
+# (`requested_by`: an OS user's name, or `sso:<issuer>#<subject>`) and, for
+# an SSO requester (`requester`), its username, its e-mail, that e-mail's
+# local part (an OS user or key principal named like it is taken to be the
+# same person: a wrong guess only refuses a grant) and the OS user
+# identity.sso_people names for its username.
+requester_names(approval) := {n |
+	some n in array.concat([object.get(approval, "requested_by", "")], sso_names(object.get(approval, "requester", null)))
+	n != ""
+}
+
+sso_names(r) := names if {
+	is_object(r)
+	r.kind == "sso"
+	email := object.get(r, "email", "")
+	names := [
+		r.user, email, split(email, "@")[0],
+		object.get(object.get(cfg.identity, "sso_people", {}), r.user, ""),
+	]
+} else := []
+
+# The requester, by any of its names: its OS user, a key listed under one
 # (among any of the key's principals), or a key its OS user owns.
-is_requester(id, requester) if id.name == requester
+is_requester(id, names) if id.name in names
 
-is_requester(id, requester) if requester in object.get(id, ["key", "principals"], [])
+is_requester(id, names) if {
+	some p in object.get(id, ["key", "principals"], [])
+	p in names
+}
 
-is_requester(id, requester) if person(id) == requester
+is_requester(id, names) if person(id) in names
 
 # An OS user who also submitted a signed grant that counts, counts once:
 # as the signer.
@@ -144,7 +168,7 @@ in_scope(id, call) if {
 
 # A verdict on a stored approval, asked by `gateway approve` / `gateway deny`
 # with input {"verdict": "grant"|"deny", "approver": identity, "approval":
-# {"id", "tool", "params", "requested_by", "signals", "verdicts": [{"approver",
+# {"id", "tool", "params", "requested_by", "requester", "signals", "verdicts": [{"approver",
 # "verdict", "kind", "os_user"}]}}. Allowed when no rule below refuses it.
 verdict_call := call_facts(input.approval.tool, input.approval.params, input.approval.signals)
 
@@ -161,7 +185,7 @@ not_admitted_hint := {
 
 verdict_refusals contains msg if {
 	input.verdict == "grant"
-	is_requester(input.approver, input.approval.requested_by)
+	is_requester(input.approver, requester_names(input.approval))
 	msg := sprintf("%s requested this call and cannot approve it (an approval needs someone the requester cannot act as)", [input.approval.requested_by])
 }
 
@@ -205,7 +229,7 @@ verdict_refusals contains msg if {
 # The requester may always deny (withdraw) its own call.
 own_withdrawal if {
 	input.verdict == "deny"
-	is_requester(input.approver, input.approval.requested_by)
+	is_requester(input.approver, requester_names(input.approval))
 }
 
 # Allowed only with no refusal and an identity that is admitted (or the

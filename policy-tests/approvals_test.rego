@@ -202,3 +202,38 @@ test_a_signers_grant_that_does_not_count_does_not_swallow_its_submitters if {
 	carol := user("carol", ["carol", "gateway-approvers"])
 	approvals.requirement.satisfied with input as presented("approved", [carol, carol_key]) with data.config.approvals.identity.keys as false
 }
+
+sso_approval(approver) := {
+	"id": "ap-sso", "tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"},
+	"requested_by": "sso:https://idp.example#00u1abc", "signals": [], "verdicts": [], "state": "pending",
+	"requester": {"kind": "sso", "user": "alice@example.com", "email": "alice@example.com", "issuer": "https://idp.example", "subject": "00u1abc"},
+}
+
+os_approver(name) := {"name": name, "kind": "os_user", "os_user": name, "groups": [name, "gateway-approvers"]}
+
+test_an_sso_requester_never_approves_its_own_call_as_its_os_user if {
+	# alice requested over HTTPS as alice@example.com; her OS user alice
+	# (an approver) is taken to be her.
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "daemon", "approver": os_approver("alice"), "approval": sso_approval("alice")}
+	not r.allow
+	contains(r.reasons[0], "requested this call and cannot approve it")
+	# Another person may.
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "daemon", "approver": os_approver("carol"), "approval": sso_approval("carol")}
+}
+
+test_an_sso_requester_linked_by_sso_people_is_refused_under_any_os_name if {
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "daemon", "approver": os_approver("al"), "approval": sso_approval("al")}
+		with data.config.approvals.identity.sso_people as {"alice@example.com": "al"}
+	not r.allow
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "daemon", "approver": os_approver("al"), "approval": sso_approval("al")}
+}
+
+test_an_sso_requester_may_withdraw_its_call_as_its_os_user if {
+	approvals.verdict.allow with input as {"verdict": "deny", "channel": "daemon", "approver": {"name": "alice", "kind": "os_user", "os_user": "alice", "groups": ["alice"]}, "approval": sso_approval("alice")}
+}
+
+test_a_key_under_the_sso_requesters_email_does_not_count if {
+	key := {"name": "alice@example.com", "kind": "ssh_key", "os_user": "bob", "key": {"principals": ["alice@example.com"], "fingerprint": "SHA256:x", "type": "ssh-ed25519"}}
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "daemon", "approver": key, "approval": sso_approval("x")}
+	not r.allow
+}

@@ -29,6 +29,7 @@ fn new_approval(requested_by: &str, approvers: u32) -> NewApproval {
         request_id: "req-identity".into(),
         requested_by: requested_by.into(),
         requested_client: "test".into(),
+        requester: serde_json::Value::Null,
         approvers_required: approvers,
         ttl: Duration::from_secs(1800),
         reason_required: false,

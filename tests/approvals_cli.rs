@@ -34,6 +34,7 @@ fn new_approval(requested_by: &str, approvers: u32, reason_required: bool) -> Ne
         request_id: "req-cli-test".into(),
         requested_by: requested_by.into(),
         requested_client: "claude-desktop".into(),
+        requester: serde_json::Value::Null,
         approvers_required: approvers,
         ttl: Duration::from_secs(1800),
         reason_required,

@@ -77,6 +77,8 @@ impl Provider {
             "users": {
                 "alice": {"email": "alice@example.com", "groups": ["developers"]},
                 "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
+                // An SSO user who is also an approver's OS user on the host.
+                "eve": {"email": format!("{APPROVER}@example.com"), "groups": ["developers"]},
             },
             "clients": [{
                 "client_id": CLIENT_ID,
@@ -126,7 +128,15 @@ impl Provider {
             .arg(ca)
             .output()
             .expect("login.py");
-        assert!(out.status.success(), "login: {}", common::stderr(&out));
+        let said = common::stderr(&out);
+        assert!(
+            out.status.success(),
+            "login of {user}: {}",
+            said.lines()
+                .filter(|l| l.contains("login.py") || l.contains("<pre>"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
         let v: Value = serde_json::from_slice(&out.stdout).expect("token response");
         v["access_token"]
             .as_str()
@@ -152,9 +162,13 @@ fn now() -> u64 {
 /// A token signed with `key` (the issuer's own private key: what an
 /// attacker cannot have, used here to vary one claim at a time).
 fn forge(key_pem: &str, kid: &str, claims: &Value) -> String {
+    forge_typed(key_pem, kid, "at+jwt", claims)
+}
+
+fn forge_typed(key_pem: &str, kid: &str, typ: &str, claims: &Value) -> String {
     let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
     h.kid = Some(kid.into());
-    h.typ = Some("at+jwt".into());
+    h.typ = Some(typ.into());
     let k = jsonwebtoken::EncodingKey::from_ec_pem(key_pem.as_bytes()).expect("ec key");
     jsonwebtoken::encode(&h, claims, &k).expect("encode")
 }
@@ -290,6 +304,7 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     );
     let extra = format!(
         "[http]\nlisten = \"127.0.0.1:{gw_port}\"\nresource = {resource:?}\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\n\
+         audited_refusals_per_minute = 1000\n\
          [[http.issuers]]\nissuer = {iss:?}\nca_file = {ca:?}\nleeway_seconds = 5\n",
         ws = workspace.path(),
         iss = provider.issuer,
@@ -348,6 +363,7 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     let hs256_with_public_key = {
         let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
         h.kid = Some("key-0".into());
+        h.typ = Some("at+jwt".into());
         jsonwebtoken::encode(
             &h,
             &base,
@@ -398,6 +414,18 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
             "HS256",
         ),
         ("unknown kid", forge(key0, "key-9", &base), 401, "not among"),
+        (
+            "not an access token (an ID token's typ)",
+            forge_typed(key0, "key-0", "JWT", &base),
+            401,
+            "not an access token",
+        ),
+        (
+            "an unverified e-mail as the username",
+            forge(key0, "key-0", &with("email_verified", json!(false))),
+            401,
+            "not verified",
+        ),
         (
             "oversized",
             format!("{}{}", forge(key0, "key-0", &base), "A".repeat(20_000)),
@@ -545,18 +573,76 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         "{request:#}"
     );
 
-    // Another person's token cannot spend alice's approval, granted or not.
-    let bob = provider.login("bob", &resource, &ca);
+    // eve, whose e-mail names the approver's OS user, asks for an apply:
+    // that OS user is taken to be her and cannot approve it.
     let approver_home = daemon::owned_dir(APPROVER);
-    let out = daemon::as_user(
-        APPROVER,
-        approver_home.path(),
-        &[("GATEWAY_SOCKET", &d.socket)],
-        &PathBuf::from(env!("CARGO_BIN_EXE_gateway")),
-    )
-    .args(["approve", &approval, "--reason", "reviewed"])
-    .output()
-    .expect("approve");
+    let approve = |id: &str| {
+        daemon::as_user(
+            APPROVER,
+            approver_home.path(),
+            &[("GATEWAY_SOCKET", &d.socket)],
+            &PathBuf::from(env!("CARGO_BIN_EXE_gateway")),
+        )
+        .args(["approve", id, "--reason", "reviewed"])
+        .output()
+        .expect("approve")
+    };
+    let eve = provider.login("eve", &resource, &ca);
+    let (ok, out) = sdk(&resource, &eve, &ca, "auto", "plan", None);
+    assert!(ok, "{out}");
+    let eves = last_json(&out)["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_string();
+    let out = approve(&eves);
+    let said = format!("{}{}", common::stdout(&out), common::stderr(&out));
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("requested this call and cannot approve it"),
+        "{said}"
+    );
+
+    let bob = provider.login("bob", &resource, &ca);
+    // A legacy session is its first identity's: another token naming it,
+    // for any method, finds no session.
+    let session = http.rt.block_on(async {
+        let r = http
+            .client
+            .post(&http.url)
+            .bearer_auth(&alice)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(initialize().to_string())
+            .send()
+            .await
+            .expect("initialize");
+        r.headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .expect("a session id")
+    });
+    for method in ["POST", "DELETE"] {
+        let a = http.rt.block_on(async {
+            let r = http
+                .client
+                .request(method.parse().expect("method"), &http.url)
+                .bearer_auth(&bob)
+                .header("mcp-session-id", &session)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).to_string())
+                .send()
+                .await
+                .expect("request");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        });
+        assert_eq!(a.0, 404, "{method} with another's session: {}", a.1);
+        assert!(a.1.contains("no session of yours"), "{}", a.1);
+    }
+
+    // Another person's token cannot spend alice's approval, granted or not.
+    let out = approve(&approval);
     assert!(
         out.status.success(),
         "{}{}",
@@ -610,4 +696,46 @@ fn last(d: &Daemon, event: &str) -> Value {
         .rev()
         .find(|e| e["event"] == event)
         .unwrap_or(Value::Null)
+}
+
+/// A client without a token cannot fill the audit log: past the per-minute
+/// budget of one address its refusals are answered but not written one by
+/// one.
+#[test]
+fn refusals_of_one_address_are_audited_up_to_a_budget() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    let port = free_port();
+    let resource = format!("https://127.0.0.1:{port}/mcp");
+    let workspace = tempfile::tempdir().expect("workspace");
+    // An issuer nobody serves: no token will verify, none is needed here.
+    let extra = format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nresource = {resource:?}\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\naudited_refusals_per_minute = 5\n\
+         [[http.issuers]]\nissuer = \"https://127.0.0.1:9\"\n",
+        ws = workspace.path(),
+    );
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), &extra);
+    let d = Daemon::start_in(dir, config);
+    let started = Instant::now();
+    while !d.log().contains("serving MCP over HTTP") {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pem = std::fs::read(&ca).expect("ca");
+    let http = Http {
+        rt: tokio::runtime::Runtime::new().expect("runtime"),
+        client: reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
+            .build()
+            .expect("client"),
+        url: resource.clone(),
+    };
+    for _ in 0..20 {
+        let a = http.post(&http.url, None, &[], &initialize());
+        assert_eq!(a.status, 401, "{}", a.body);
+        assert!(a.body.contains("no bearer token"), "{}", a.body);
+    }
+    assert_eq!(count(&d, "http.refused"), 5, "{:#?}", d.events());
+    d.assert_audit_verifies();
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -114,6 +114,13 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE approvals ADD COLUMN outcome_json TEXT;
     ALTER TABLE approvals ADD COLUMN outcome_at_ms INTEGER;
+    "#,
+    // 4: who requested the call, as the policy knows them ({kind, user,
+    // email, issuer, subject}): an SSO requester's id is not a name its
+    // other identities (an OS user, a key) carry, so the policy needs its
+    // names to keep its own grant from counting.
+    r#"
+    ALTER TABLE approvals ADD COLUMN requester_json TEXT;
     "#,
 ];
 
@@ -223,6 +230,9 @@ pub struct NewApproval {
     pub request_id: String,
     pub requested_by: String,
     pub requested_client: String,
+    /// The requester as the policy knows them (`{kind, user, email,
+    /// issuer, subject}`), or null.
+    pub requester: Value,
     pub approvers_required: u32,
     pub ttl: Duration,
     pub reason_required: bool,
@@ -277,6 +287,9 @@ pub struct Approval {
     pub request_id: String,
     pub requested_by: String,
     pub requested_client: String,
+    /// The requester as the policy knows them (null for approvals made
+    /// before schema 4: their `requested_by` is an OS user's name).
+    pub requester: Value,
     pub created_at: String,
     pub expires_at: String,
     pub approvers_required: u32,
@@ -441,8 +454,8 @@ impl ApprovalStore {
         tx.execute(
             "INSERT INTO approvals (id, tool, params_json, params_sha256, plan_sha256, plan_summary_json,
                 signals_json, request_id, requested_by, requested_client, created_at_ms, expires_at_ms,
-                approvers_required, reason_required, state)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'pending')",
+                approvers_required, reason_required, state, requester_json)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'pending', ?15)",
             params![
                 id,
                 new.tool,
@@ -458,6 +471,7 @@ impl ApprovalStore {
                 now.saturating_add(ttl_ms),
                 new.approvers_required.max(1),
                 new.reason_required,
+                (!new.requester.is_null()).then(|| new.requester.to_string()),
             ],
         )
         .map_err(db)?;
@@ -797,7 +811,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
             "SELECT id, tool, params_json, params_sha256, plan_sha256, plan_summary_json, signals_json, request_id,
                     requested_by, requested_client, created_at_ms, expires_at_ms, approvers_required,
                     reason_required, state, spent_at_ms, spent_request_id, superseded_by,
-                    outcome_json, outcome_at_ms
+                    outcome_json, outcome_at_ms, requester_json
              FROM approvals WHERE id = ?1",
             [id],
             |r| {
@@ -807,7 +821,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
                     (r.get::<_, String>(8)?, r.get::<_, String>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?),
                     (r.get::<_, i64>(12)?, r.get::<_, bool>(13)?, r.get::<_, String>(14)?),
                     (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<String>>(16)?, r.get::<_, Option<String>>(17)?),
-                    (r.get::<_, Option<String>>(18)?, r.get::<_, Option<i64>>(19)?),
+                    (r.get::<_, Option<String>>(18)?, r.get::<_, Option<i64>>(19)?, r.get::<_, Option<String>>(20)?),
                 ))
             },
         )
@@ -818,7 +832,7 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         (by, client, created, expires),
         (required, reason_required, state),
         (spent_at, spent_req, superseded_by),
-        (outcome_json, outcome_at),
+        (outcome_json, outcome_at, requester_json),
     )) = row
     else {
         return Ok(None);
@@ -862,6 +876,11 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         request_id,
         requested_by: by,
         requested_client: client,
+        requester: requester_json
+            .as_deref()
+            .map(json)
+            .transpose()?
+            .unwrap_or(Value::Null),
         created_at: ms_to_rfc3339(created),
         expires_at: ms_to_rfc3339(expires),
         approvers_required: u32::try_from(required).unwrap_or(1),
@@ -946,6 +965,7 @@ mod tests {
             request_id: "req-1".into(),
             requested_by: "alice".into(),
             requested_client: "test".into(),
+            requester: serde_json::Value::Null,
             approvers_required: approvers,
             ttl,
             reason_required: false,

@@ -46,6 +46,7 @@ pub const NAMES: &[&str] = &[
     "policy.reload_failed",
     "session.opened",
     "session.refused",
+    "http.refused",
     "audit.recovered",
     "audit.head_lost",
 ];
@@ -314,6 +315,10 @@ pub enum Event {
         path: String,
         #[serde(skip_serializing_if = "no")]
         token: Option<Value>,
+        /// Refusals of the same address not audited one by one since the
+        /// last that was (past the per-minute budget).
+        #[serde(skip_serializing_if = "no")]
+        not_audited_before: Option<u64>,
     },
 }
 

@@ -701,7 +701,8 @@ pub fn verdict(
         "approver": proof::identity_json(&approver, &caller.groups),
         "approval": {
             "id": approval.id, "tool": approval.tool, "params": approval.params,
-            "requested_by": approval.requested_by, "signals": approval.signals,
+            "requested_by": approval.requested_by, "requester": approval.requester,
+            "signals": approval.signals,
             "state": approval.state.as_str(), "verdicts": verdicts,
         },
     });

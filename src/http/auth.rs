@@ -68,6 +68,16 @@ pub struct IssuerConfig {
     /// Scopes a token must carry (`scope` or `scp`); none by default.
     #[serde(default)]
     pub required_scopes: Vec<String>,
+    /// Require the JWT access-token type (`typ: at+jwt`, RFC 9068), so
+    /// that an ID token or another JWT of the issuer is never taken for
+    /// one. Turn off only for a provider that types its access tokens
+    /// otherwise (`JWT`).
+    #[serde(default = "yes")]
+    pub require_at_jwt: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_username_claim() -> String {
@@ -122,7 +132,11 @@ struct Issuer {
     audience: String,
     algorithms: Vec<Algorithm>,
     http: reqwest::Client,
-    keys: tokio::sync::Mutex<Keys>,
+    /// The keys held; read by every token, written only by a refresh.
+    keys: std::sync::RwLock<Keys>,
+    /// One refresh at a time, the network call made without `keys` held
+    /// (tokens whose key is held keep being served meanwhile).
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -200,10 +214,11 @@ impl Verifier {
                 config: c.clone(),
                 algorithms,
                 http,
-                keys: tokio::sync::Mutex::new(Keys {
+                keys: std::sync::RwLock::new(Keys {
                     jwks_uri: c.jwks_uri.clone(),
                     ..Keys::default()
                 }),
+                refreshing: tokio::sync::Mutex::new(()),
             });
         }
         Ok(Verifier {
@@ -224,8 +239,8 @@ impl Verifier {
     pub async fn warm(&self) -> Vec<String> {
         let mut errs = Vec::new();
         for i in self.issuers.iter() {
-            let mut keys = i.keys.lock().await;
-            if let Err(e) = i.refresh(&mut keys).await {
+            let _gate = i.refreshing.lock().await;
+            if let Err(e) = i.refresh().await {
                 errs.push(e.to_string());
             }
         }
@@ -255,7 +270,7 @@ impl Verifier {
             )
         })?;
         facts.alg = Some(format!("{:?}", header.alg));
-        facts.kid = header.kid.clone();
+        facts.kid = header.kid.as_deref().map(|k| truncate(k, 100));
         // The issuer it claims picks the keys (checked again below).
         let claimed = unverified_claims(token);
         facts.iss = claimed
@@ -282,6 +297,23 @@ impl Verifier {
                 facts,
             ));
         };
+        if issuer.config.require_at_jwt
+            && !header.typ.as_deref().is_some_and(|t| {
+                t.eq_ignore_ascii_case("at+jwt") || t.eq_ignore_ascii_case("application/at+jwt")
+            })
+        {
+            return Err((
+                AuthError::InvalidToken(format!(
+                    "the token's type is {:?}, not an access token (at+jwt)",
+                    header
+                        .typ
+                        .as_deref()
+                        .map(|t| truncate(t, 40))
+                        .unwrap_or_default()
+                )),
+                facts,
+            ));
+        }
         if !issuer.algorithms.contains(&header.alg) {
             return Err((
                 AuthError::InvalidToken(format!(
@@ -356,6 +388,19 @@ impl Verifier {
                     facts.clone(),
                 )
             })?;
+        // An e-mail the provider says it has not verified names nobody.
+        if (issuer.config.username_claim == issuer.config.email_claim
+            || issuer.config.username_claim == "email")
+            && claims.get("email_verified") == Some(&Value::Bool(false))
+        {
+            return Err((
+                AuthError::InvalidToken(
+                    "the token's e-mail is not verified (email_verified: false), and it is the username"
+                        .into(),
+                ),
+                facts,
+            ));
+        }
         let groups = match claim(&claims, &issuer.config.groups_claim) {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -432,48 +477,85 @@ impl Issuer {
     /// The key for `kid`: from the keys held, else (a rotation) from the
     /// issuer's JWKS fetched again, at most once per [`MIN_REFRESH`].
     async fn key_for(&self, kid: Option<&str>) -> Result<(Jwk, DecodingKey), AuthError> {
-        let mut keys = self.keys.lock().await;
-        let stale = keys.fetched.is_none_or(|t| t.elapsed() >= KEYS_MAX_AGE);
-        if let Some(k) = keys.find(kid)
+        let held = |this: &Self| {
+            let k = this.keys.read().unwrap_or_else(|e| e.into_inner());
+            (
+                k.find(kid),
+                k.fetched.is_none_or(|t| t.elapsed() >= KEYS_MAX_AGE),
+                k.fetched.is_none_or(|t| t.elapsed() >= MIN_REFRESH),
+            )
+        };
+        let (found, stale, may_fetch) = held(self);
+        if let Some(k) = &found
             && !stale
         {
-            return Ok(k);
+            return Ok(k.clone());
         }
-        let may_fetch = keys.fetched.is_none_or(|t| t.elapsed() >= MIN_REFRESH);
-        if may_fetch && let Err(e) = self.refresh(&mut keys).await {
+        if !may_fetch {
+            return found.ok_or_else(|| self.not_among(kid));
+        }
+        let _gate = match self.refreshing.try_lock() {
+            Ok(g) => g,
+            Err(_) => {
+                // Another token is fetching: a key held (if stale) serves,
+                // else wait for that fetch and look again.
+                if let Some(k) = found {
+                    return Ok(k);
+                }
+                drop(self.refreshing.lock().await);
+                return held(self).0.ok_or_else(|| self.not_among(kid));
+            }
+        };
+        // A refresh that ended while this one waited counts.
+        let (found, _, may_fetch) = held(self);
+        if !may_fetch {
+            return found.ok_or_else(|| self.not_among(kid));
+        }
+        if let Err(e) = self.refresh().await {
             // Keys already held still serve while the issuer is away.
-            if let Some(k) = keys.find(kid) {
+            if let Some(k) = found {
                 tracing::warn!(issuer = %self.config.issuer, "its keys could not be fetched again: {e}");
                 return Ok(k);
             }
             return Err(e);
         }
-        keys.find(kid).ok_or_else(|| {
-            AuthError::InvalidToken(match kid {
-                Some(k) => format!(
-                    "the token's key {:?} is not among {}'s keys",
-                    truncate(k, 100),
-                    self.config.issuer
-                ),
-                None => format!(
-                    "the token names no key and {} has no key without a name",
-                    self.config.issuer
-                ),
-            })
+        held(self).0.ok_or_else(|| self.not_among(kid))
+    }
+
+    fn not_among(&self, kid: Option<&str>) -> AuthError {
+        AuthError::InvalidToken(match kid {
+            Some(k) => format!(
+                "the token's key {:?} is not among {}'s keys",
+                truncate(k, 100),
+                self.config.issuer
+            ),
+            None => format!(
+                "the token names no key and {} has no key without a name",
+                self.config.issuer
+            ),
         })
     }
 
-    async fn refresh(&self, keys: &mut Keys) -> Result<(), AuthError> {
-        // Counted as a fetch even when it fails: an issuer that is down is
-        // not asked again for every token.
-        keys.fetched = Some(Instant::now());
+    /// Fetch the issuer's keys (its caller holds `refreshing`); `keys` is
+    /// locked only to read the JWKS address and to put the new keys in.
+    async fn refresh(&self) -> Result<(), AuthError> {
+        let known_uri = {
+            let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+            // Counted as a fetch even when it fails: an issuer that is down
+            // is not asked again for every token.
+            k.fetched = Some(Instant::now());
+            k.jwks_uri.clone()
+        };
         let unavailable =
             |m: String| AuthError::Unavailable(format!("{}: {m}", self.config.issuer));
-        let jwks_uri = match &keys.jwks_uri {
-            Some(u) => u.clone(),
+        let jwks_uri = match known_uri {
+            Some(u) => u,
             None => {
                 let u = self.discover().await.map_err(unavailable)?;
-                keys.jwks_uri = Some(u.clone());
+                self.keys
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .jwks_uri = Some(u.clone());
                 u
             }
         };
@@ -506,8 +588,9 @@ impl Issuer {
             }
         }
         tracing::info!(issuer = %self.config.issuer, keys = by_kid.len() + unnamed.len(), "fetched the issuer's signing keys");
-        keys.by_kid = by_kid;
-        keys.unnamed = unnamed;
+        let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        k.by_kid = by_kid;
+        k.unnamed = unnamed;
         Ok(())
     }
 
@@ -621,6 +704,7 @@ mod tests {
             algorithms: algs.iter().map(|s| s.to_string()).collect(),
             leeway_seconds: 60,
             required_scopes: vec![],
+            require_at_jwt: true,
         }
     }
 

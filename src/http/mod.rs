@@ -87,6 +87,27 @@ pub struct HttpConfig {
     /// The OpenID providers whose access tokens are accepted.
     #[serde(default)]
     pub issuers: Vec<IssuerConfig>,
+    /// Connections open at once, in all and from one address; more are
+    /// closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    #[serde(default = "default_max_connections_per_address")]
+    pub max_connections_per_address: usize,
+    /// Refusals of one address audited one by one each minute; the rest
+    /// are counted into the next one audited.
+    #[serde(default = "default_audited_refusals")]
+    pub audited_refusals_per_minute: u32,
+}
+
+fn default_audited_refusals() -> u32 {
+    AUDITED_REFUSALS_PER_MINUTE
+}
+
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_max_connections_per_address() -> usize {
+    64
 }
 
 fn yes() -> bool {
@@ -119,6 +140,31 @@ pub struct HttpServer {
     mcp: StreamableHttpService<GatewayServer, LocalSessionManager>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     listen: SocketAddr,
+    /// Refusals audited per peer address in the current minute.
+    refusals: std::sync::Mutex<RefusalCounts>,
+    /// Connections open, in all and per peer address.
+    conns: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    max_connections: usize,
+    max_connections_per_address: usize,
+    audited_refusals_per_minute: u32,
+    /// A legacy session's identity ([`crate::policy::Principal::id`]), by
+    /// its `Mcp-Session-Id`: every request naming the session must be
+    /// that identity's, whatever its method.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// By default, at most this many refusals of one peer address are audited
+/// one by one each minute; the rest are counted into the next one recorded.
+pub const AUDITED_REFUSALS_PER_MINUTE: u32 = 30;
+/// Sessions remembered at most (the oldest half is forgotten past it: a
+/// forgotten session's requests are refused, never served unbound).
+const MAX_SESSIONS: usize = 100_000;
+
+#[derive(Default)]
+struct RefusalCounts {
+    /// Per address: the minute's start, refusals audited in it, refusals
+    /// not audited since the last one that was.
+    by_address: std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32, u64)>,
 }
 
 impl HttpServer {
@@ -243,6 +289,12 @@ impl HttpServer {
             mcp,
             tls,
             listen,
+            refusals: Default::default(),
+            conns: Default::default(),
+            max_connections: config.max_connections,
+            max_connections_per_address: config.max_connections_per_address,
+            audited_refusals_per_minute: config.audited_refusals_per_minute,
+            sessions: Default::default(),
         })
     }
 }
@@ -285,9 +337,17 @@ impl HttpServer {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, remote)) => {
+                        let Some(slot) = ConnSlot::take(&self, remote.ip()) else {
+                            // Over the caps: closed before the handshake.
+                            drop(stream);
+                            continue;
+                        };
                         let me = Arc::clone(&self);
                         let stop = stop.clone();
-                        conns.spawn(async move { me.connection(stream, remote, stop).await });
+                        conns.spawn(async move {
+                            let _slot = slot;
+                            me.connection(stream, remote, stop).await
+                        });
                     }
                     Err(e) => {
                         tracing::warn!("accepting an HTTP connection: {e}");
@@ -386,18 +446,9 @@ impl HttpServer {
         if path != self.resource_path {
             return plain(StatusCode::NOT_FOUND, "not found\n");
         }
+        let method = clip(req.method().as_str(), 16);
         let refuse = |status: StatusCode, reason: String, token: Option<auth::TokenFacts>| {
-            let _ = self.audit.record(
-                "",
-                Event::HttpRefused {
-                    status: status.as_u16(),
-                    reason: reason.clone(),
-                    remote: remote.to_string(),
-                    method: req.method().to_string(),
-                    path: path.clone(),
-                    token: token.map(|t| json!(t)),
-                },
-            );
+            self.audit_refusal(remote, status, &reason, &method, &path, token);
             reason
         };
         // DNS rebinding: a page elsewhere must not reach this gateway by a
@@ -485,10 +536,108 @@ impl HttpServer {
             );
             return plain(StatusCode::BAD_REQUEST, &format!("{why}\n"));
         }
+        // A legacy session is its first identity's, for every method (its
+        // event replay, its notifications, its DELETE).
+        let who = principal.id();
+        let session = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(id) = &session {
+            let owner = self
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned();
+            if owner.as_deref() != Some(who.as_str()) {
+                let why = refuse(
+                    StatusCode::NOT_FOUND,
+                    "no session of yours has that Mcp-Session-Id; start a new one".into(),
+                    None,
+                );
+                return plain(StatusCode::NOT_FOUND, &format!("{why}\n"));
+            }
+        }
+        let deleting = req.method() == hyper::Method::DELETE;
         // The token never goes further than this.
         req.headers_mut().remove(header::AUTHORIZATION);
         req.extensions_mut().insert(SsoPrincipal(principal));
-        self.mcp.handle(req).await
+        let response = self.mcp.handle(req).await;
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        match (&session, deleting) {
+            (Some(id), true) if response.status().is_success() => {
+                sessions.remove(id);
+            }
+            (None, _) => {
+                if let Some(new) = response
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+                {
+                    if sessions.len() >= MAX_SESSIONS {
+                        let drop: Vec<String> =
+                            sessions.keys().take(MAX_SESSIONS / 2).cloned().collect();
+                        for k in drop {
+                            sessions.remove(&k);
+                        }
+                    }
+                    sessions.insert(new.to_string(), who);
+                }
+            }
+            _ => {}
+        }
+        response
+    }
+
+    /// Audit a refusal: one by one up to `audited_refusals_per_minute` per
+    /// peer address each minute; past that they are counted, and the next
+    /// one audited says how many were not (a client without a token must
+    /// not be able to fill the disk with fsynced lines).
+    fn audit_refusal(
+        &self,
+        remote: SocketAddr,
+        status: StatusCode,
+        reason: &str,
+        method: &str,
+        path: &str,
+        token: Option<auth::TokenFacts>,
+    ) {
+        let suppressed = {
+            let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            if r.by_address.len() > 10_000 {
+                r.by_address.retain(|_, (start, _, skipped)| {
+                    start.elapsed() < Duration::from_secs(60) || *skipped > 0
+                });
+            }
+            let e = r
+                .by_address
+                .entry(remote.ip())
+                .or_insert((std::time::Instant::now(), 0, 0));
+            if e.0.elapsed() >= Duration::from_secs(60) {
+                e.0 = std::time::Instant::now();
+                e.1 = 0;
+            }
+            if e.1 >= self.audited_refusals_per_minute {
+                e.2 += 1;
+                return;
+            }
+            e.1 += 1;
+            std::mem::take(&mut e.2)
+        };
+        let _ = self.audit.record(
+            "",
+            Event::HttpRefused {
+                status: status.as_u16(),
+                reason: reason.to_string(),
+                remote: remote.to_string(),
+                method: method.to_string(),
+                path: clip(path, 200),
+                token: token.map(|t| json!(t)),
+                not_audited_before: (suppressed > 0).then_some(suppressed),
+            },
+        );
     }
 
     fn host_allowed(&self, host: &str) -> bool {
@@ -595,6 +744,40 @@ fn tls_acceptor(
         .map_err(|e| bad(format!("tls_cert/tls_key: {e}")))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// One open connection, counted until dropped.
+struct ConnSlot {
+    server: Arc<HttpServer>,
+    ip: std::net::IpAddr,
+}
+
+impl ConnSlot {
+    fn take(server: &Arc<HttpServer>, ip: std::net::IpAddr) -> Option<ConnSlot> {
+        let mut c = server.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let total: usize = c.values().sum();
+        let mine = c.get(&ip).copied().unwrap_or(0);
+        if total >= server.max_connections || mine >= server.max_connections_per_address {
+            return None;
+        }
+        *c.entry(ip).or_insert(0) += 1;
+        Some(ConnSlot {
+            server: Arc::clone(server),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut c = self.server.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

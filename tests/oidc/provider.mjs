@@ -75,14 +75,10 @@ const provider = new Provider(config.issuer, {
   },
   pkce: { required: () => true },
   ttl: { AccessToken: config.access_token_ttl || 300 },
-  // A consent already given is enough (the tests sign in, then consent once).
-  loadExistingGrant: async (ctx) => {
-    const grantId = ctx.oidc.result?.consent?.grantId
-      || ctx.oidc.session.grantIdFor(ctx.oidc.client.clientId);
-    return grantId ? ctx.oidc.provider.Grant.find(grantId) : undefined;
-  },
 });
 provider.proxy = false;
+// A failure of the provider itself is said on stderr (the page hides it).
+provider.on('server_error', (ctx, err) => process.stderr.write(`oidc-provider: server_error: ${err.stack}\n`));
 
 const server = https.createServer(
   { cert: readFileSync(config.tls.cert), key: readFileSync(config.tls.key) },

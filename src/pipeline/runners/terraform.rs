@@ -465,6 +465,7 @@ impl Pipeline {
             request_id: rid.clone(),
             requested_by: call.input.principal.id(),
             requested_client: call.input.principal.client.clone(),
+            requester: requester_facts(&call.input.principal),
             approvers_required: decision.approval.approvers,
             ttl: Duration::from_secs(decision.approval.ttl_seconds),
             reason_required: decision.approval.reason_required,
@@ -569,6 +570,7 @@ impl Pipeline {
         call.input.approval = Some(json!({
             "id": approval.id, "status": approval.state.as_str(),
             "requested_by": approval.requested_by,
+            "requester": approval.requester,
             "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
             "identities": identities,
         }));
@@ -942,4 +944,22 @@ pub fn summarize(changes: &Value, decision: &Decision) -> String {
         s.push_str(&format!("\n  !! {}", sig.message));
     }
     s
+}
+
+/// The requester as the approvals policy knows them: the names its other
+/// identities might carry are the policy's to derive.
+fn requester_facts(p: &crate::policy::Principal) -> Value {
+    let mut m = serde_json::Map::new();
+    m.insert("kind".into(), json!(p.kind));
+    m.insert("user".into(), json!(p.user));
+    for (k, v) in [
+        ("email", &p.email),
+        ("issuer", &p.issuer),
+        ("subject", &p.subject),
+    ] {
+        if let Some(v) = v {
+            m.insert(k.into(), json!(v));
+        }
+    }
+    Value::Object(m)
 }
