@@ -77,6 +77,7 @@ impl Provider {
             "users": {
                 "alice": {"email": "alice@example.com", "groups": ["developers"]},
                 "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
+                "carol": {"email": "carol@example.com", "groups": ["developers"]},
                 // An SSO user who is also an approver's OS user on the host.
                 "eve": {"email": format!("{APPROVER}@example.com"), "groups": ["developers"]},
             },
@@ -540,6 +541,88 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         count(&d, "tool.request"),
         requests_before,
         "no refused request started a call"
+    );
+
+    // `gateway client install --url` writes the remote entry each client
+    // expects, with no secret in it; the SDK below connects to the URL the
+    // Claude Code entry names.
+    let configs = tempfile::tempdir().expect("configs");
+    let install = |client: &str, file: &str, url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .args(["client", "install", client, "--url", url, "--file"])
+            .arg(configs.path().join(file))
+            .output()
+            .expect("client install")
+    };
+    let mut named = String::new();
+    for (client, file, key, want) in [
+        (
+            "claude-code",
+            "claude.json",
+            "mcpServers",
+            json!({"type": "http", "url": resource}),
+        ),
+        (
+            "cursor",
+            "cursor.json",
+            "mcpServers",
+            json!({"url": resource}),
+        ),
+        (
+            "vscode",
+            "vscode.json",
+            "servers",
+            json!({"type": "http", "url": resource}),
+        ),
+    ] {
+        let out = install(client, file, &resource);
+        assert!(out.status.success(), "{client}: {}", common::stderr(&out));
+        let text = std::fs::read_to_string(configs.path().join(file)).expect("config");
+        let doc: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(doc[key]["gateway"], want, "{client}: {text}");
+        assert!(
+            !text.contains(&alice[..20]) && !text.to_lowercase().contains("bearer"),
+            "{text}"
+        );
+        if client == "claude-code" {
+            named = doc[key]["gateway"]["url"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+        }
+    }
+    let out = install("claude-desktop", "desktop.json", &resource);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("Connectors"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = install("cursor", "plain.json", "http://gateway.example/mcp");
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("https://"),
+        "{}",
+        common::stderr(&out)
+    );
+
+    // The SDK's own OAuth client, given no token: it discovers, registers
+    // and signs carol in by itself from the gateway's 401.
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/mcp/http_oauth.py"))
+        .arg(&named)
+        .arg(&ca)
+        .arg("carol")
+        .output()
+        .expect("http_oauth.py");
+    let said = format!("{}{}", common::stdout(&out), common::stderr(&out));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("PASS the SDK found the issuer"), "{said}");
+    assert!(
+        d.events().iter().any(|e| e["event"] == "tool.request"
+            && e["data"]["principal"]["user"] == "carol@example.com"
+            && e["data"]["principal"]["client"] == "sdk-oauth-client"),
+        "carol's call is audited as hers"
     );
 
     // The official SDK, both eras, as alice: the policy's tools, a denial,

@@ -70,8 +70,13 @@ pub struct ClientInstallArgs {
     #[arg(long, value_name = "FILE")]
     file: Option<PathBuf>,
     /// The daemon's socket, when it is not the default one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "url")]
     socket: Option<PathBuf>,
+    /// A team gateway's MCP endpoint (`https://gateway.example/mcp`): the
+    /// client reaches it over HTTPS and signs its person in itself (OAuth,
+    /// from the gateway's resource metadata). No token is written.
+    #[arg(long, conflicts_with = "workspace")]
+    url: Option<String>,
 }
 
 const UNIT: &str = "[Unit]
@@ -428,6 +433,10 @@ pub fn client(c: &ClientCommand) -> anyhow::Result<ExitCode> {
             (None, None) => Ok(std::env::current_dir()?.display().to_string()),
         }
     };
+    if let Some(url) = &a.url {
+        let (file, key, entry) = remote_entry(&a.client, url, &home)?;
+        return write_entry(a.file.clone().unwrap_or(file), key, entry);
+    }
     let (file, key, entry) = match a.client {
         // Claude Code starts a project's MCP servers in the project dir,
         // which `serve` takes as the workspace.
@@ -465,7 +474,53 @@ pub fn client(c: &ClientCommand) -> anyhow::Result<ExitCode> {
         args.push("--socket".into());
         args.push(sock.display().to_string().into());
     }
-    let file = a.file.clone().unwrap_or(file);
+    write_entry(a.file.clone().unwrap_or(file), key, entry)
+}
+
+/// The entry a client expects for a remote (streamable HTTP) server.
+fn remote_entry(
+    client: &Client,
+    url: &str,
+    home: &Path,
+) -> anyhow::Result<(PathBuf, &'static str, Value)> {
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("--url {url:?}"))?;
+    let loopback = parsed.host_str().is_some_and(|h| {
+        h == "localhost"
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if parsed.scheme() != "https" && !(parsed.scheme() == "http" && loopback) {
+        bail!("--url {url:?}: a gateway is reached over https:// (plain http only on this host)");
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() || parsed.query().is_some() {
+        bail!("--url {url:?}: no credentials or query in the URL (the client signs in by itself)");
+    }
+    Ok(match client {
+        Client::ClaudeCode => (
+            home.join(".claude.json"),
+            "mcpServers",
+            json!({"type": "http", "url": url}),
+        ),
+        Client::Cursor => (
+            home.join(".cursor/mcp.json"),
+            "mcpServers",
+            json!({"url": url}),
+        ),
+        Client::Vscode => (
+            home.join(".config/Code/User/mcp.json"),
+            "servers",
+            json!({"type": "http", "url": url}),
+        ),
+        Client::ClaudeDesktop => bail!(
+            "Claude Desktop takes remote servers from its own settings, not its config file: \
+             add {url} under Settings > Connectors > Add custom connector"
+        ),
+    })
+}
+
+/// Put `entry` as the `gateway` server under `key` in `file` (JSON), the
+/// rest of the file kept.
+fn write_entry(file: PathBuf, key: &str, entry: Value) -> anyhow::Result<ExitCode> {
     let mut doc: Value = match std::fs::read_to_string(&file) {
         Ok(t) if !t.trim().is_empty() => serde_json::from_str(&t).with_context(|| {
             format!(

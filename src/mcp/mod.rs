@@ -305,13 +305,12 @@ fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpErr
 /// session, not by the request: a session that made the handshake keeps
 /// what it said then, whatever a later request's `_meta` claims.
 fn modern(ctx: &RequestContext<RoleServer>) -> bool {
-    // Over stateless HTTP the transport stands in a peer of its own: the
-    // request's `_meta` says which era it is.
-    ctx.peer.peer_info().is_none()
-        || ctx
-            .meta
-            .protocol_version()
-            .is_some_and(|v| v.as_str() >= "2026-07-28")
+    // Over stateless HTTP the transport stands in a peer of its own, whose
+    // version is the request's header; a handshake's negotiated version is
+    // never renamed by a later request's `_meta`.
+    ctx.peer
+        .peer_info()
+        .is_none_or(|i| i.protocol_version.as_str() >= "2026-07-28")
 }
 
 /// The longest client name kept (in characters); the rest is cut.

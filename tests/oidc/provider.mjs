@@ -46,8 +46,17 @@ const provider = new Provider(config.issuer, {
   },
   claims: { openid: ['sub'], email: ['email', 'email_verified'], groups: ['groups'] },
   scopes: ['openid', 'offline_access', 'email', 'groups', 'mcp'],
+  // Clients that register themselves (MCP clients do, RFC 7591) sign with
+  // the algorithm the keys make.
+  clientDefaults: {
+    grant_types: ['authorization_code'],
+    id_token_signed_response_alg: alg(jwks.keys[0]),
+    response_types: ['code'],
+    token_endpoint_auth_method: 'none',
+  },
   features: {
     devInteractions: { enabled: true },
+    registration: { enabled: true },
     deviceFlow: { enabled: true },
     resourceIndicators: {
       enabled: true,
