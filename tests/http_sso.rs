@@ -542,6 +542,36 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         requests_before,
         "no refused request started a call"
     );
+    // A token that expires while its call runs: the call, accepted when the
+    // token was valid, ends; the same request replayed after the expiry
+    // (and the leeway of 5 s) is refused and starts nothing.
+    let short_exp = now() + 2;
+    let short = forge(key0, "key-0", &with("exp", json!(short_exp)));
+    let plan = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "terraform_plan", "arguments": {"working_dir": "terraform/offline-demo"},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {},
+                  "io.modelcontextprotocol/clientInfo": {"name": "replayer", "version": "1"}}}});
+    let modern = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "terraform_plan"),
+    ];
+    let first = http.post(&http.url, Some(&short), &modern, &plan);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(first.body.contains("\"completed\""), "{}", first.body);
+    while now() <= short_exp + 5 + 1 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let requests = count(&d, "tool.request");
+    let again = http.post(&http.url, Some(&short), &modern, &plan);
+    assert_eq!(again.status, 401, "{}", again.body);
+    assert!(again.body.contains("expired"), "{}", again.body);
+    assert_eq!(
+        count(&d, "tool.request"),
+        requests,
+        "the replay started nothing"
+    );
 
     // `gateway client install --url` writes the remote entry each client
     // expects, with no secret in it; the SDK below connects to the URL the
