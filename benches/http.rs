@@ -301,7 +301,8 @@ fn bench(c: &mut Criterion) {
                 let started = Instant::now();
                 let mut latencies: Vec<Duration> = rt.block_on(async {
                     let mut set = tokio::task::JoinSet::new();
-                    for (c, t) in people.iter().cloned() {
+                    for (c, t) in &people {
+                        let (c, t) = (c.clone(), t.clone());
                         let request = request.clone();
                         set.spawn(async move {
                             let t0 = Instant::now();
