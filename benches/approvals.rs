@@ -33,6 +33,7 @@ fn bench(c: &mut Criterion) {
         reason_required: false,
     };
     let bob = Approver {
+        identity: None,
         name: "bob".into(),
         kind: "os_user",
         os_user: "bob".into(),

@@ -217,6 +217,9 @@ fn bench(c: &mut Criterion) {
         Arc::clone(&pipeline),
         workspace.path().to_path_buf(),
         gateway::mcp::DEFAULT_HEARTBEAT,
+        Arc::new(|_, _| {
+            gateway::daemon::wire::Reply::refused("no operator commands in this bench")
+        }),
         stop.clone(),
     )
     .expect("server");

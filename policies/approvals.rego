@@ -84,6 +84,19 @@ is_requester(id, names) if {
 
 is_requester(id, names) if person(id) in names
 
+# An SSO approver is the requester under its id, its e-mail's local part,
+# or the OS user identity.sso_people names for it.
+is_requester(id, names) if {
+	id.kind == "sso"
+	some n in [
+		object.get(id, "id", ""),
+		split(object.get(id, "email", ""), "@")[0],
+		object.get(object.get(cfg.identity, "sso_people", {}), id.name, ""),
+	]
+	n != ""
+	n in names
+}
+
 # An OS user who also submitted a signed grant that counts, counts once:
 # as the signer.
 counted_as_signer(id, ids) if {
@@ -121,6 +134,11 @@ requirement := {
 #                                      signers below; name = its principal
 #   {"name", "kind": "os_user", "os_user", "groups"}
 #                                      the OS user the kernel named
+#   {"name", "kind": "sso", "id", "issuer", "subject", "email", "groups"}
+#                                      a bearer token the HTTP transport
+#                                      verified (name = its username; groups
+#                                      as the token gave them when the
+#                                      verdict was given)
 # The keys whose signatures identify approvers (git's allowed_signers
 # format). The gateway checks signatures against exactly this text.
 allowed_signers := object.get(data.config, ["approvers", "allowed_signers"], "")
@@ -140,6 +158,19 @@ admitted(id) if {
 	id.kind == "os_user"
 	some g in id.groups
 	g in cfg.identity.groups
+}
+
+# SSO identities by their own lists: an IdP group never stands for an OS
+# group of the same name.
+admitted(id) if {
+	id.kind == "sso"
+	id.name in object.get(cfg.identity, "sso_users", [])
+}
+
+admitted(id) if {
+	id.kind == "sso"
+	some g in id.groups
+	g in object.get(cfg.identity, "sso_groups", [])
 }
 
 # What an approver's scope is matched against.
@@ -258,11 +289,26 @@ default may_approve := false
 
 may_approve if input.channel == "direct"
 
-may_approve if input.os_user in cfg.identity.users
+may_approve if {
+	object.get(input, "kind", "os_user") != "sso"
+	input.os_user in cfg.identity.users
+}
 
 may_approve if {
+	object.get(input, "kind", "os_user") != "sso"
 	some g in input.groups
 	g in cfg.identity.groups
+}
+
+may_approve if {
+	input.kind == "sso"
+	input.user in object.get(cfg.identity, "sso_users", [])
+}
+
+may_approve if {
+	input.kind == "sso"
+	some g in input.groups
+	g in object.get(cfg.identity, "sso_groups", [])
 }
 
 # Which operator command a caller may run through the daemon (input as for

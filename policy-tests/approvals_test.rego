@@ -237,3 +237,47 @@ test_a_key_under_the_sso_requesters_email_does_not_count if {
 	r := approvals.verdict with input as {"verdict": "grant", "channel": "daemon", "approver": key, "approval": sso_approval("x")}
 	not r.allow
 }
+
+sso_approver(name, email, groups) := {
+	"name": name, "kind": "sso", "os_user": "", "id": sprintf("sso:https://idp.example#%s", [name]),
+	"issuer": "https://idp.example", "subject": name, "email": email, "groups": groups,
+}
+
+test_an_sso_approver_is_admitted_by_its_own_lists_only if {
+	bob := sso_approver("bob@example.com", "bob@example.com", ["gateway-approvers"])
+	# An IdP group named like the OS approvers' group is not that group.
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
+	not r.allow
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
+		with data.config.approvals.identity.sso_groups as ["gateway-approvers"]
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
+		with data.config.approvals.identity.sso_users as ["bob@example.com"]
+}
+
+test_an_sso_approver_never_approves_a_call_of_its_own_under_any_name if {
+	# alice over SSO, her own call (requested over SSO, or as OS user alice).
+	alice := sso_approver("alice@example.com", "alice@example.com", ["approvers"])
+	mine := object.union(sso_approval("x"), {"requested_by": "sso:https://idp.example#alice@example.com"})
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": alice, "approval": mine}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+	contains(r.reasons[0], "cannot approve it")
+	os_call := object.union(stored, {"requested_by": "alice", "requester": null})
+	r2 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": alice, "approval": os_call}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+	contains(r2.reasons[0], "cannot approve it")
+	# Named in sso_people: the OS user it also is.
+	al := sso_approver("al@corp.example", "al@corp.example", ["approvers"])
+	r3 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": al, "approval": os_call}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_people as {"al@corp.example": "alice"}
+	contains(r3.reasons[0], "cannot approve it")
+}
+
+test_an_sso_caller_may_approve_by_its_own_lists if {
+	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": ["approvers"], "channel": "http"}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": [], "channel": "http"}
+		with data.config.approvals.identity.sso_users as ["bob@example.com"]
+	not approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "os_user": "bob", "groups": ["gateway-approvers"], "channel": "http"}
+		with data.config.approvals.identity.users as ["bob"]
+}

@@ -56,6 +56,7 @@ fn spend(store: &mut ApprovalStore, id: &str) -> Result<(), Refusal> {
 
 fn os_user(name: &str) -> Approver {
     Approver {
+        identity: None,
         name: name.into(),
         kind: "os_user",
         os_user: name.into(),

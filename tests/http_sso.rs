@@ -75,7 +75,7 @@ impl Provider {
             "resource": resource,
             "other_resources": ["https://other.example/mcp"],
             "users": {
-                "alice": {"email": "alice@example.com", "groups": ["developers"]},
+                "alice": {"email": "alice@example.com", "groups": ["developers", "gateway-approvers"]},
                 "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
                 "carol": {"email": "carol@example.com", "groups": ["developers"]},
                 // An SSO user who is also an approver's OS user on the host.
@@ -310,8 +310,13 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         ws = workspace.path(),
         iss = provider.issuer,
     );
-    let policies = common::repo().join("policies");
-    let (dir, config) = Daemon::layout(&policies, &extra);
+    // SSO identities in the IdP group gateway-approvers may approve.
+    let policies = common::policies_with(&[(
+        "config/approvals/data.yaml",
+        "  sso_groups: []\n",
+        "  sso_groups: [gateway-approvers]\n",
+    )]);
+    let (dir, config) = Daemon::layout(policies.path(), &extra);
     let d = Daemon::start_in(dir, config);
     let started = Instant::now();
     while !d.log().contains("serving MCP over HTTP") {
@@ -679,7 +684,7 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     assert_eq!(p["user"], "alice@example.com", "{request:#}");
     assert_eq!(p["subject"], "alice", "{request:#}");
     assert_eq!(p["issuer"], provider.issuer.as_str(), "{request:#}");
-    assert_eq!(p["groups"], json!(["developers"]), "{request:#}");
+    assert_eq!(p["groups"], json!(["developers", "gateway-approvers"]), "{request:#}");
     assert_eq!(p["client"], "sdk-over-https", "{request:#}");
     assert!(
         p.get("os_user").is_none() && p.get("uid").is_none(),
@@ -754,14 +759,60 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         assert!(a.1.contains("no session of yours"), "{}", a.1);
     }
 
-    // Another person's token cannot spend alice's approval, granted or not.
-    let out = approve(&approval);
+    // Approvals over the network, with each person's own token
+    // (`gateway approve` with GATEWAY_URL): alice, an approver, cannot
+    // approve her own call; carol is not an approver; bob is, and does.
+    let remote = |token: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .args(args)
+            .env("GATEWAY_URL", &resource)
+            .env("GATEWAY_TOKEN", token)
+            .env("GATEWAY_CA_FILE", &ca)
+            .env_remove("GATEWAY_HOME")
+            .env_remove("GATEWAY_SOCKET")
+            .output()
+            .expect("gateway")
+    };
+    let said = |o: &std::process::Output| format!("{}{}", common::stdout(o), common::stderr(o));
+    let out = remote(&alice, &["approve", &approval, "--reason", "mine"]);
+    assert!(!out.status.success(), "{}", said(&out));
     assert!(
-        out.status.success(),
-        "{}{}",
-        common::stdout(&out),
-        common::stderr(&out)
+        said(&out).contains("requested this call and cannot approve it"),
+        "{}",
+        said(&out)
     );
+    let carol = provider.login("carol", &resource, &ca);
+    let out = remote(&carol, &["approve", &approval, "--reason", "sure"]);
+    assert!(!out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("is not an approver"), "{}", said(&out));
+    let out = remote(&carol, &["approvals", "--json"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        !common::stdout(&out).contains(&approval),
+        "carol sees only her own: {}",
+        said(&out)
+    );
+    let out = remote(&bob, &["approvals", "--json"]);
+    assert!(common::stdout(&out).contains(&approval), "{}", said(&out));
+    let out = remote(
+        &bob,
+        &["approve", &approval, "--reason", "reviewed over SSO"],
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("approved"), "{}", said(&out));
+    let granted = last(&d, "approval.granted");
+    assert_eq!(granted["data"]["kind"], "sso", "{granted:#}");
+    assert_eq!(
+        granted["data"]["approver"], "bob@example.com",
+        "{granted:#}"
+    );
+    assert_eq!(granted["data"]["identity"]["subject"], "bob", "{granted:#}");
+    // A token in no good standing is refused before any command runs.
+    let out = remote("not-a-token", &["approve", &approval, "--reason", "x"]);
+    assert!(!out.status.success());
+    assert!(said(&out).contains("401"), "{}", said(&out));
+
+    // Another person's token cannot spend alice's approval, granted or not.
     let (_, out) = sdk(&resource, &bob, &ca, "auto", "apply", Some(&approval));
     let r = last_json(&out);
     assert_eq!(r["is_error"], true, "{out}");

@@ -23,7 +23,7 @@ use serde_json::Value;
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -121,6 +121,34 @@ const MIGRATIONS: &[&str] = &[
     // names to keep its own grant from counting.
     r#"
     ALTER TABLE approvals ADD COLUMN requester_json TEXT;
+    "#,
+    // 5: a verdict may be given by an SSO identity (a bearer token the HTTP
+    // transport verified): its kind is `sso` and the identity it proved
+    // ({issuer, subject, email, groups}) is kept with it, for the policy of
+    // the spend to judge again. SQLite cannot change a CHECK: the table is
+    // rebuilt.
+    r#"
+    CREATE TABLE verdicts_v5 (
+        approval_id     TEXT NOT NULL REFERENCES approvals(id),
+        approver        TEXT NOT NULL,
+        verdict         TEXT NOT NULL CHECK (verdict IN ('grant', 'deny')),
+        reason          TEXT NOT NULL,
+        at_ms           INTEGER NOT NULL,
+        kind            TEXT NOT NULL CHECK (kind IN ('os_user', 'ssh_key', 'legacy', 'sso')),
+        os_user         TEXT NOT NULL,
+        key_fingerprint TEXT,
+        public_key      TEXT,
+        statement       TEXT,
+        signature       TEXT,
+        identity_json   TEXT,
+        UNIQUE (approval_id, approver, verdict)
+    );
+    INSERT INTO verdicts_v5 (approval_id, approver, verdict, reason, at_ms, kind, os_user,
+            key_fingerprint, public_key, statement, signature)
+        SELECT approval_id, approver, verdict, reason, at_ms, kind, os_user,
+            key_fingerprint, public_key, statement, signature FROM verdicts;
+    DROP TABLE verdicts;
+    ALTER TABLE verdicts_v5 RENAME TO verdicts;
     "#,
 ];
 
@@ -250,8 +278,13 @@ pub struct Verdict {
     /// `os_user` (the user the kernel named), or `legacy` (a name given
     /// before identities were proven; never counted).
     pub kind: String,
-    /// The OS user who submitted it, as the kernel named them.
+    /// The OS user who submitted it, as the kernel named them (empty for
+    /// an SSO identity).
     pub os_user: String,
+    /// `sso`: the identity its token proved (`{issuer, subject, email,
+    /// groups}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_fingerprint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,10 +301,13 @@ pub struct Verdict {
 #[derive(Debug, Clone)]
 pub struct Approver {
     pub name: String,
-    /// `ssh_key` or `os_user`.
+    /// `ssh_key`, `os_user` or `sso`.
     pub kind: &'static str,
     pub os_user: String,
     pub signed: Option<(signature::Signer, signature::Signed)>,
+    /// `sso`: what the verified token proved (`{issuer, subject, email,
+    /// groups}`), kept with the verdict.
+    pub identity: Option<Value>,
 }
 
 /// An approval as read (with its effective state: expiry is applied).
@@ -715,7 +751,8 @@ fn decide_in(
     };
     tx.execute(
         "INSERT INTO verdicts (approval_id, approver, verdict, reason, at_ms, kind, os_user, key_fingerprint,
-            public_key, statement, signature) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            public_key, statement, signature, identity_json)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             id,
             approver.name,
@@ -728,6 +765,7 @@ fn decide_in(
             signer.map(|s| s.public_key.clone()),
             signed.map(|s| s.statement.clone()),
             signed.map(|s| s.signature.clone()),
+            approver.identity.as_ref().map(|v| v.to_string()),
         ],
     )
     .map_err(db)?;
@@ -846,7 +884,8 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
         stored
     };
     let mut stmt = conn.prepare(
-        "SELECT approver, verdict, reason, at_ms, kind, os_user, key_fingerprint, public_key, statement, signature
+        "SELECT approver, verdict, reason, at_ms, kind, os_user, key_fingerprint, public_key, statement, signature,
+                identity_json
          FROM verdicts WHERE approval_id = ?1 ORDER BY at_ms, rowid",
     )?;
     let verdicts = stmt
@@ -862,6 +901,9 @@ fn read_approval(conn: &Connection, id: &str, now: i64) -> Result<Option<Approva
                 public_key: r.get(7)?,
                 statement: r.get(8)?,
                 signature: r.get(9)?,
+                identity: r
+                    .get::<_, Option<String>>(10)?
+                    .and_then(|t| serde_json::from_str(&t).ok()),
             })
         })?
         .collect::<Result<Vec<_>, _>>()?;
@@ -974,6 +1016,7 @@ mod tests {
 
     fn who(name: &str) -> Approver {
         Approver {
+            identity: None,
             name: name.into(),
             kind: "os_user",
             os_user: name.into(),

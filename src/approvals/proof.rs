@@ -85,6 +85,7 @@ pub fn check_signed(
 pub fn signed_approver(signer: Signer, signed: Signed, os_user: &str) -> Approver {
     Approver {
         name: signer.principals[0].clone(),
+        identity: None,
         kind: "ssh_key",
         os_user: os_user.into(),
         signed: Some((signer, signed)),
@@ -94,6 +95,13 @@ pub fn signed_approver(signer: Signer, signed: Signed, os_user: &str) -> Approve
 /// The identity as the policy reads it (`input.approver`, and the items of
 /// `input.approval.identities`).
 pub fn identity_json(a: &Approver, groups: &[String]) -> Value {
+    if a.kind == "sso" {
+        let mut id = a.identity.clone().unwrap_or_else(|| json!({}));
+        id["name"] = json!(a.name);
+        id["kind"] = json!("sso");
+        id["os_user"] = json!("");
+        return id;
+    }
     match &a.signed {
         Some((s, _)) => json!({
             "name": a.name, "kind": a.kind, "os_user": a.os_user,
@@ -164,6 +172,15 @@ fn proven_again(
             json!({"name": v.approver, "kind": "os_user", "os_user": v.os_user,
                                   "groups": groups_of(&v.approver)}),
         ),
+        // What its token proved when it was given (the provider cannot be
+        // asked again without one), judged by the policy of now.
+        "sso" => v.identity.as_ref().map(|i| {
+            let mut id = i.clone();
+            id["name"] = json!(v.approver);
+            id["kind"] = json!("sso");
+            id["os_user"] = json!("");
+            id
+        }),
         _ => None,
     }
 }

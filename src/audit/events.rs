@@ -330,8 +330,13 @@ pub struct Verdict {
     pub approver: String,
     /// `ssh_key` or `os_user`: how it was proven.
     pub kind: String,
-    /// Who submitted it, as the kernel named them.
+    /// Who submitted it, as the kernel named them (empty for an SSO
+    /// identity).
     pub os_user: String,
+    /// `sso`: the identity its token proved (`{id, issuer, subject, email,
+    /// groups}`).
+    #[serde(skip_serializing_if = "no")]
+    pub identity: Option<Value>,
     pub reason: String,
     pub state: String,
     pub grants: u32,

@@ -12,7 +12,6 @@ use super::out::{Out, errln, out, outln};
 use crate::approvals::{Approval, ApprovalStore, Approver, State, proof};
 use crate::audit::events::Verdict;
 use crate::audit::{AuditLog, Event, scrub::scrub};
-use crate::identity::Caller;
 use crate::policy::PolicySet;
 use crate::policy::set::LoadOptions;
 
@@ -566,7 +565,7 @@ fn refuse(
     id: &str,
     why: String,
     approver: Option<String>,
-    caller: &Caller,
+    caller: &crate::daemon::Asker,
     o: &mut Out,
 ) -> anyhow::Result<u8> {
     audit.record(
@@ -577,7 +576,7 @@ fn refuse(
             refusal: None,
             approver,
             action: None,
-            os_user: Some(caller.user.clone()),
+            os_user: caller.os_user().map(str::to_string),
         },
     )?;
     errln!(o, "gateway: refused: {why}");
@@ -603,7 +602,7 @@ pub fn verdict(
     cli: &Cli,
     a: &VerdictArgs,
     grant: bool,
-    caller: &Caller,
+    caller: &crate::daemon::Asker,
     channel: &str,
     set: &PolicySet,
     o: &mut Out,
@@ -638,7 +637,7 @@ pub fn verdict(
                 crate::approvals::now_ms(),
             ) {
                 Ok((signer, st)) if a.reason.is_empty() || a.reason == st.reason => (
-                    proof::signed_approver(signer, signed, &caller.user),
+                    proof::signed_approver(signer, signed, caller.os_user().unwrap_or("")),
                     st.reason,
                 ),
                 Ok(_) => {
@@ -653,10 +652,14 @@ pub fn verdict(
         }
         (None, None) => (
             Approver {
-                name: caller.user.clone(),
-                kind: "os_user",
-                os_user: caller.user.clone(),
+                name: caller.name().to_string(),
+                kind: match caller {
+                    crate::daemon::Asker::Os(_) => "os_user",
+                    crate::daemon::Asker::Sso(_) => "sso",
+                },
+                os_user: caller.os_user().unwrap_or("").to_string(),
                 signed: None,
+                identity: caller.sso_identity(),
             },
             a.reason.clone(),
         ),
@@ -698,7 +701,7 @@ pub fn verdict(
     let input = json!({
         "verdict": verdict,
         "channel": channel,
-        "approver": proof::identity_json(&approver, &caller.groups),
+        "approver": proof::identity_json(&approver, caller.groups()),
         "approval": {
             "id": approval.id, "tool": approval.tool, "params": approval.params,
             "requested_by": approval.requested_by, "requester": approval.requester,
@@ -753,7 +756,8 @@ pub fn verdict(
                 approval_id: approval.id.clone(),
                 approver: who.clone(),
                 kind: approver.kind.into(),
-                os_user: caller.user.clone(),
+                os_user: caller.os_user().unwrap_or("").to_string(),
+                identity: approver.identity.clone(),
                 reason: reason.clone(),
                 state: approval.state.as_str().into(),
                 grants: approval.grants(),
@@ -808,7 +812,7 @@ pub fn verdict(
                     refusal: Some(json!(refusal)),
                     approver: Some(who.clone()),
                     action: Some(if grant { "approve" } else { "deny" }.into()),
-                    os_user: Some(caller.user.clone()),
+                    os_user: caller.os_user().map(str::to_string),
                 },
             )?;
             errln!(o, "gateway: refused: {refusal}");

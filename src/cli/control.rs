@@ -13,8 +13,9 @@ use tokio::io::{AsyncWriteExt, BufReader};
 
 use super::Cli;
 use super::out::Out;
+use crate::daemon::Asker;
 use crate::daemon::wire::{self, Hello, Reply};
-use crate::identity::{Caller, VIA_DAEMON};
+use crate::identity::VIA_DAEMON;
 use crate::policy::PolicySet;
 
 /// The socket the CLI talks to: `GATEWAY_SOCKET`, else the default.
@@ -45,6 +46,9 @@ pub fn ask(argv: Vec<String>) -> anyhow::Result<Reply> {
 /// (what `gateway approve` signs for must come from the real daemon, not a
 /// socket the caller's environment points elsewhere).
 pub fn ask_checked(argv: Vec<String>, root_only: bool) -> anyhow::Result<Reply> {
+    if let Some(url) = std::env::var("GATEWAY_URL").ok().filter(|u| !u.is_empty()) {
+        return ask_remote(&url, argv);
+    }
     let socket = socket_path();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,6 +77,77 @@ pub fn ask_checked(argv: Vec<String>, root_only: bool) -> anyhow::Result<Reply> 
         let reply: Reply =
             serde_json::from_str(&line).context("the daemon's answer is not a reply")?;
         anyhow::Ok(reply)
+    })
+}
+
+/// A team gateway (`GATEWAY_URL`, its MCP endpoint): the command goes over
+/// HTTPS to `<url>/control` with the person's access token
+/// (`GATEWAY_TOKEN`, or the file `GATEWAY_TOKEN_FILE` names), checked by
+/// the gateway like an agent's; `GATEWAY_CA_FILE` adds a CA to the
+/// system's. The server's certificate is what stands for the daemon here.
+fn ask_remote(url: &str, argv: Vec<String>) -> anyhow::Result<Reply> {
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("GATEWAY_URL {url:?}"))?;
+    let loopback = parsed.host_str().is_some_and(|h| {
+        h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    });
+    anyhow::ensure!(
+        parsed.scheme() == "https" || (parsed.scheme() == "http" && loopback),
+        "GATEWAY_URL {url:?}: a team gateway is reached over https://"
+    );
+    let token = match std::env::var("GATEWAY_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+    {
+        Some(t) => t,
+        None => {
+            let file = std::env::var_os("GATEWAY_TOKEN_FILE")
+                .filter(|f| !f.is_empty())
+                .context("GATEWAY_URL is set but there is no token: set GATEWAY_TOKEN, or GATEWAY_TOKEN_FILE to a file holding your access token for the gateway")?;
+            std::fs::read_to_string(&file)
+                .with_context(|| {
+                    format!(
+                        "reading GATEWAY_TOKEN_FILE {}",
+                        PathBuf::from(&file).display()
+                    )
+                })?
+                .trim()
+                .to_string()
+        }
+    };
+    let control = format!("{}/control", url.trim_end_matches('/'));
+    let ca = std::env::var_os("GATEWAY_CA_FILE").filter(|f| !f.is_empty());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut b = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(ca) = &ca {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("GATEWAY_CA_FILE {}", PathBuf::from(ca).display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).context("GATEWAY_CA_FILE")? {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        let r = b
+            .build()?
+            .post(&control)
+            .bearer_auth(&token)
+            .json(&serde_json::json!({ "argv": argv }))
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot reach the gateway at {control}: {}", e.without_url())
+            })?;
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        if !status.is_success() {
+            bail!("the gateway refused ({status}): {}", text.trim());
+        }
+        serde_json::from_str::<Reply>(&text).context("the gateway's answer is not a reply")
     })
 }
 
@@ -181,7 +256,7 @@ enum ServedVault {
 pub fn serve_command(
     own: &Cli,
     store: &crate::policy::PolicyStore,
-    caller: &Caller,
+    caller: &Asker,
     argv: Vec<String>,
 ) -> Reply {
     let parsed = match Served::try_parse_from(&argv) {
@@ -229,9 +304,12 @@ pub fn serve_command(
 /// Ask `data.gateway.approvals.RULE` about `caller` (and `command`):
 /// `may_approve` (approve, and see every user's approvals) or `may_run`
 /// (run this operator command). Anything but `true` is no.
-fn allowed(set: &PolicySet, rule: &str, caller: &Caller, command: &str) -> bool {
-    let input = serde_json::json!({"os_user": caller.user, "uid": caller.uid,
-        "groups": caller.groups, "channel": VIA_DAEMON, "command": command});
+fn allowed(set: &PolicySet, rule: &str, caller: &Asker, command: &str) -> bool {
+    let channel = match caller {
+        Asker::Os(_) => VIA_DAEMON,
+        Asker::Sso(_) => "http",
+    };
+    let input = caller.policy_input(channel, command);
     set.eval_rule(
         &format!("data.gateway.approvals.{rule}"),
         regorus::Value::from(input),
@@ -242,7 +320,7 @@ fn allowed(set: &PolicySet, rule: &str, caller: &Caller, command: &str) -> bool 
 fn run(
     own: &Cli,
     set: &PolicySet,
-    caller: &Caller,
+    caller: &Asker,
     cmd: ServedCommand,
     o: &mut Out,
 ) -> anyhow::Result<u8> {
@@ -251,7 +329,7 @@ fn run(
         if !allowed(set, "may_run", caller, command) {
             bail!(
                 "{command} is for approvers, and {} is not one (data.config.approvals.identity)",
-                caller.user
+                caller.name()
             );
         }
         Ok(())
@@ -259,9 +337,8 @@ fn run(
     match cmd {
         ServedCommand::Approvals(a) => {
             may_run("approvals")?;
-            let only_of =
-                (!allowed(set, "may_approve", caller, "approvals")).then_some(caller.user.as_str());
-            super::approvals::list(own, &a, only_of, o)
+            let only_of = (!allowed(set, "may_approve", caller, "approvals")).then(|| caller.id());
+            super::approvals::list(own, &a, only_of.as_deref(), o)
         }
         ServedCommand::Approve(a) | ServedCommand::Deny(a) if a.names_files() => bail!(
             "--key, --signature and --statement are read by the gateway command on the caller's side, \

@@ -280,6 +280,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let store = Arc::clone(&pipeline.policy);
     let control: crate::daemon::ControlHandler =
         Arc::new(move |caller, argv| super::control::serve_command(&own, &store, caller, argv));
+    let control_for_http = Arc::clone(&control);
     let mut daemon = Daemon::new(Arc::clone(&pipeline), guarded, roots, control);
     if let Some(s) = file.daemon.progress_seconds {
         if !(1..=crate::mcp::MAX_HEARTBEAT.as_secs()).contains(&s) {
@@ -322,6 +323,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 Arc::clone(&pipeline),
                 workspace,
                 daemon.heartbeat,
+                Arc::clone(&control_for_http),
                 stop.child_token(),
             )
             .context("the daemon refuses to start")?;

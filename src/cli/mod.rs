@@ -204,9 +204,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 approvals::statement_direct(&cli, a.id(), verdict, reason, valid_for)
             });
             match (approvals::load_policies(&cli), signed) {
-                (Ok(set), Ok(signed)) => {
-                    approvals::verdict(&cli, &signed, grant, &me, DIRECT, &set, &mut o)
-                }
+                (Ok(set), Ok(signed)) => approvals::verdict(
+                    &cli,
+                    &signed,
+                    grant,
+                    &crate::daemon::Asker::Os(me.clone()),
+                    DIRECT,
+                    &set,
+                    &mut o,
+                ),
                 (Err(e), _) | (_, Err(e)) => Err(e),
             }
         }

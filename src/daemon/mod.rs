@@ -37,7 +37,71 @@ use wire::{Ack, Hello, Reply};
 
 /// Runs one operator command for a caller (the CLI's own code, handed in
 /// so that the daemon does not depend on the command line).
-pub type ControlHandler = Arc<dyn Fn(&Caller, Vec<String>) -> Reply + Send + Sync>;
+pub type ControlHandler = Arc<dyn Fn(&Asker, Vec<String>) -> Reply + Send + Sync>;
+
+/// Who asks for an operator command: an OS user the kernel named (the
+/// socket's peer, or a direct command's own user), or an SSO identity whose
+/// bearer token the HTTP transport verified.
+#[derive(Debug, Clone)]
+pub enum Asker {
+    Os(Caller),
+    Sso(crate::policy::Principal),
+}
+
+impl Asker {
+    /// The name the policy knows them by.
+    pub fn name(&self) -> &str {
+        match self {
+            Asker::Os(c) => &c.user,
+            Asker::Sso(p) => &p.user,
+        }
+    }
+
+    /// As an approval's requester is recorded
+    /// ([`crate::policy::Principal::id`]).
+    pub fn id(&self) -> String {
+        match self {
+            Asker::Os(c) => c.user.clone(),
+            Asker::Sso(p) => p.id(),
+        }
+    }
+
+    /// The OS user, when it is one.
+    pub fn os_user(&self) -> Option<&str> {
+        match self {
+            Asker::Os(c) => Some(&c.user),
+            Asker::Sso(_) => None,
+        }
+    }
+
+    pub fn groups(&self) -> &[String] {
+        match self {
+            Asker::Os(c) => &c.groups,
+            Asker::Sso(p) => &p.groups,
+        }
+    }
+
+    /// The input of `data.gateway.approvals.may_approve|may_run`.
+    pub fn policy_input(&self, channel: &str, command: &str) -> serde_json::Value {
+        match self {
+            Asker::Os(c) => serde_json::json!({"kind": "os_user", "user": c.user,
+                "os_user": c.user, "uid": c.uid, "groups": c.groups,
+                "channel": channel, "command": command}),
+            Asker::Sso(p) => serde_json::json!({"kind": "sso", "user": p.user,
+                "issuer": p.issuer, "subject": p.subject, "email": p.email,
+                "groups": p.groups, "channel": channel, "command": command}),
+        }
+    }
+
+    /// The identity an SSO approver's verdict keeps (`None` for an OS user).
+    pub fn sso_identity(&self) -> Option<serde_json::Value> {
+        match self {
+            Asker::Os(_) => None,
+            Asker::Sso(p) => Some(serde_json::json!({"id": p.id(), "issuer": p.issuer,
+                "subject": p.subject, "email": p.email, "groups": p.groups})),
+        }
+    }
+}
 
 /// How long a caller has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -280,7 +344,7 @@ impl Daemon {
         match (hello, workspace) {
             (Ok(Hello::Control { argv }), _) => {
                 let control = Arc::clone(&self.control);
-                let reply = tokio::task::spawn_blocking(move || control(&caller, argv))
+                let reply = tokio::task::spawn_blocking(move || control(&Asker::Os(caller), argv))
                     .await
                     .unwrap_or_else(|e| Reply::refused(format!("the command failed: {e}")));
                 let _ = write.write_all(&wire::line(&reply)).await;

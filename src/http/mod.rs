@@ -151,7 +151,14 @@ pub struct HttpServer {
     /// its `Mcp-Session-Id`: every request naming the session must be
     /// that identity's, whatever its method.
     sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Operator commands (approvals, approve, deny) for SSO identities, at
+    /// `<resource path>/control`.
+    control: crate::daemon::ControlHandler,
+    control_path: String,
 }
+
+/// The largest operator command accepted (its JSON).
+const MAX_CONTROL_BYTES: usize = 64 * 1024;
 
 /// By default, at most this many refusals of one peer address are audited
 /// one by one each minute; the rest are counted into the next one recorded.
@@ -174,6 +181,7 @@ impl HttpServer {
         pipeline: Arc<Pipeline>,
         workspace: PathBuf,
         heartbeat: Duration,
+        control: crate::daemon::ControlHandler,
         stop: CancellationToken,
     ) -> Result<HttpServer, HttpError> {
         let bad = |m: String| HttpError::Config(m);
@@ -237,6 +245,7 @@ impl HttpServer {
             "" => "/".to_string(),
             p => p.to_string(),
         };
+        let resource_path_for_control = resource_path.trim_end_matches('/').to_string();
         let origin = url.origin().ascii_serialization();
         let metadata_url = if resource_path == "/" {
             format!("{origin}/.well-known/oauth-protected-resource")
@@ -295,6 +304,8 @@ impl HttpServer {
             max_connections_per_address: config.max_connections_per_address,
             audited_refusals_per_minute: config.audited_refusals_per_minute,
             sessions: Default::default(),
+            control,
+            control_path: format!("{}/control", resource_path_for_control),
         })
     }
 }
@@ -443,7 +454,8 @@ impl HttpServer {
                 _ => plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
             };
         }
-        if path != self.resource_path {
+        let is_control = path == self.control_path;
+        if path != self.resource_path && !is_control {
             return plain(StatusCode::NOT_FOUND, "not found\n");
         }
         let method = clip(req.method().as_str(), 16);
@@ -518,6 +530,9 @@ impl HttpServer {
                 return self.challenge(status, code, &why);
             }
         };
+        if is_control {
+            return self.control(req, principal).await;
+        }
         // 2026-07-28: every request names its method in a header that
         // proxies route on (rmcp checks that it matches the body).
         let modern = req
@@ -638,6 +653,59 @@ impl HttpServer {
                 not_audited_before: (suppressed > 0).then_some(suppressed),
             },
         );
+    }
+
+    /// An operator command of an SSO identity (`gateway approve|deny|
+    /// approvals` with `GATEWAY_URL`): `{"argv": [...]}` in, the reply
+    /// (`{code, stdout, stderr}`) out. The command is parsed and judged as
+    /// on the socket; the identity is the token's, never the argv's.
+    async fn control(
+        &self,
+        req: Request<hyper::body::Incoming>,
+        principal: crate::policy::Principal,
+    ) -> Response<Body> {
+        if req.method() != hyper::Method::POST {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
+        }
+        let body = match http_body_util::Limited::new(req.into_body(), MAX_CONTROL_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return plain(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("an operator command is at most {MAX_CONTROL_BYTES} bytes\n"),
+                );
+            }
+        };
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Command {
+            argv: Vec<String>,
+        }
+        let argv = match serde_json::from_slice::<Command>(&body) {
+            Ok(c) => c.argv,
+            Err(e) => {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the body is not {{\"argv\": [strings]}}: {e}\n"),
+                );
+            }
+        };
+        let control = Arc::clone(&self.control);
+        let asker = crate::daemon::Asker::Sso(principal);
+        let reply = tokio::task::spawn_blocking(move || control(&asker, argv))
+            .await
+            .unwrap_or_else(|e| {
+                crate::daemon::wire::Reply::refused(format!("the command failed: {e}"))
+            });
+        let mut r = Response::new(Full::new(Bytes::from(json!(reply).to_string())).boxed());
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
     }
 
     fn host_allowed(&self, host: &str) -> bool {
