@@ -87,6 +87,13 @@ impl Provider {
                 "redirect_uris": [REDIRECT],
                 "grant_types": ["authorization_code", "refresh_token"],
                 "response_types": ["code"],
+            }, {
+                // gateway login: the device grant, no redirect.
+                "client_id": "gateway-cli",
+                "token_endpoint_auth_method": "none",
+                "redirect_uris": [],
+                "grant_types": ["urn:ietf:params:oauth:grant-type:device_code"],
+                "response_types": [],
             }],
             "access_token_ttl": 600,
         });
@@ -684,7 +691,11 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     assert_eq!(p["user"], "alice@example.com", "{request:#}");
     assert_eq!(p["subject"], "alice", "{request:#}");
     assert_eq!(p["issuer"], provider.issuer.as_str(), "{request:#}");
-    assert_eq!(p["groups"], json!(["developers", "gateway-approvers"]), "{request:#}");
+    assert_eq!(
+        p["groups"],
+        json!(["developers", "gateway-approvers"]),
+        "{request:#}"
+    );
     assert_eq!(p["client"], "sdk-over-https", "{request:#}");
     assert!(
         p.get("os_user").is_none() && p.get("uid").is_none(),
@@ -792,12 +803,76 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         "carol sees only her own: {}",
         said(&out)
     );
-    let out = remote(&bob, &["approvals", "--json"]);
-    assert!(common::stdout(&out).contains(&approval), "{}", said(&out));
-    let out = remote(
-        &bob,
-        &["approve", &approval, "--reason", "reviewed over SSO"],
+    // bob signs in with `gateway login` (the device grant: the code shown
+    // on the terminal, confirmed in a browser), which keeps his token in a
+    // file only he can read; approve reads it from there.
+    let bob_token = configs.path().join("bob/token");
+    let mut login = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args([
+            "login",
+            "--issuer",
+            &provider.issuer,
+            "--client-id",
+            "gateway-cli",
+        ])
+        .args(["--resource", &resource, "--ca-file"])
+        .arg(&ca)
+        .arg("--token-file")
+        .arg(&bob_token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gateway login");
+    let mut shown = BufReader::new(login.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains(" open ") {
+        line.clear();
+        assert!(
+            shown.read_line(&mut line).expect("login output") > 0,
+            "gateway login ended"
+        );
+    }
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("https://"))
+        .expect("a sign-in address")
+        .to_string();
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/oidc/login.py"))
+        .args(["--device", &url, "--user", "bob", "--ca"])
+        .arg(&ca)
+        .output()
+        .expect("device sign-in");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut shown, &mut rest);
+    assert!(login.wait().expect("login").success(), "{rest}");
+    assert!(rest.contains("signed in"), "{rest}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&bob_token)
+        .expect("token file")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "the token file is the user's alone: {mode:o}"
     );
+    let remote_from_file = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .args(args)
+            .env("GATEWAY_URL", &resource)
+            .env("GATEWAY_TOKEN_FILE", &bob_token)
+            .env("GATEWAY_CA_FILE", &ca)
+            .env_remove("GATEWAY_TOKEN")
+            .env_remove("GATEWAY_HOME")
+            .env_remove("GATEWAY_SOCKET")
+            .output()
+            .expect("gateway")
+    };
+    let out = remote_from_file(&["approvals", "--json"]);
+    assert!(common::stdout(&out).contains(&approval), "{}", said(&out));
+    let out = remote_from_file(&["approve", &approval, "--reason", "reviewed over SSO"]);
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("approved"), "{}", said(&out));
     let granted = last(&d, "approval.granted");

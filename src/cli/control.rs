@@ -103,7 +103,9 @@ fn ask_remote(url: &str, argv: Vec<String>) -> anyhow::Result<Reply> {
         None => {
             let file = std::env::var_os("GATEWAY_TOKEN_FILE")
                 .filter(|f| !f.is_empty())
-                .context("GATEWAY_URL is set but there is no token: set GATEWAY_TOKEN, or GATEWAY_TOKEN_FILE to a file holding your access token for the gateway")?;
+                .map(PathBuf::from)
+                .or_else(|| super::login::default_token_file().filter(|f| f.exists()))
+                .context("GATEWAY_URL is set but there is no token: run gateway login, or set GATEWAY_TOKEN or GATEWAY_TOKEN_FILE")?;
             std::fs::read_to_string(&file)
                 .with_context(|| {
                     format!(

@@ -8,6 +8,7 @@ mod demo;
 mod dev;
 pub(crate) mod doctor;
 mod install;
+mod login;
 pub mod out;
 mod policy;
 mod serve;
@@ -68,6 +69,9 @@ pub enum Command {
     /// Evaluate, test and check policies.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Sign in at the team's OpenID provider for a remote gateway (a code
+    /// to confirm in any browser); the token is kept for `gateway approve`.
+    Login(login::LoginArgs),
     /// Pending approvals and what they would do (`approvals show ID`).
     Approvals(approvals::ApprovalsArgs),
     /// Approve a pending call (a person, out of band; never the agent).
@@ -183,6 +187,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )
         }
         Command::Client(c) => return install::client(c),
+        Command::Login(a) => return login::run(a),
         Command::Daemon(a) => return daemon::run(&cli, a),
         // The doctor reports a broken configuration instead of stopping at it.
         Command::Doctor(a) => return doctor::run(&cli, a),
@@ -221,7 +226,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(a) => return verify::run(&cli, a),
         Command::Vault(c) => return vault::run(&cli, c),
         // Run above, before any configuration is read.
-        Command::Serve(_) | Command::Client(_) | Command::Daemon(_) | Command::Doctor(_) => {
+        Command::Serve(_)
+        | Command::Client(_)
+        | Command::Daemon(_)
+        | Command::Doctor(_)
+        | Command::Login(_) => {
             return Ok(ExitCode::from(2));
         }
     };

@@ -7,6 +7,11 @@ would (the provider's sign-in and consent forms, cookies, redirects).
         --redirect-uri URI --user alice --resource https://gw/mcp
 
 Prints the token response as JSON on stdout. Also importable: `login(...)`.
+
+    python tests/oidc/login.py --device URL --ca CA.pem --user bob
+
+completes a device sign-in (RFC 8628) that a device started elsewhere
+(`gateway login` shows URL): the code's confirmation, sign-in and consent.
 """
 
 import argparse
@@ -54,6 +59,47 @@ def authorize(http, authorization_url, redirect_uri, user):
     raise RuntimeError("too many redirects")
 
 
+def hidden_inputs(html, form_id):
+    """The hidden fields of the form with this id."""
+    form = re.search(r'<form[^>]*id="' + re.escape(form_id) + r'"[^>]*>(.*?)</form>', html, re.S)
+    if not form:
+        return None, None
+    action = re.search(r'action="([^"]+)"', form.group(0)).group(1)
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"/?>', form.group(1)))
+    return action, fields
+
+
+def device(http, url, user):
+    """Follow a device sign-in page through the code's confirmation,
+    sign-in and consent to the provider's success page."""
+    r = http.get(url)
+    for _ in range(30):
+        while r.status_code in (302, 303):
+            url = urljoin(url, r.headers["location"])
+            r = http.get(url)
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: {r.status_code} {r.text[:500]}")
+        if "Sign-in Success" in r.text:
+            return
+        action, fields = hidden_inputs(r.text, "op.deviceConfirmForm")
+        if action is None and "document.forms[0].submit()" in r.text:
+            # A page that submits itself (what a browser would do at once).
+            form = re.search(r"<form[^>]*>(.*?)</form>", r.text, re.S)
+            action = re.search(r'action="([^"]+)"', form.group(0)).group(1)
+            fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"/?>', form.group(1)))
+        if action is None:
+            prompt = re.search(r'name="prompt" value="(\w+)"', r.text)
+            action_m = re.search(r'<form[^>]*action="([^"]+)"', r.text)
+            if not prompt or not action_m:
+                raise RuntimeError(f"no form at {url}: {r.text[:500]}")
+            action, fields = action_m.group(1), {"prompt": prompt.group(1)}
+            if fields["prompt"] == "login":
+                fields.update(login=user, password="test")
+        url = urljoin(url, action)
+        r = http.post(url, data=fields)
+    raise RuntimeError("too many steps")
+
+
 def login(issuer, ca, client_id, redirect_uri, user, resource, scope="openid email groups mcp"):
     with httpx.Client(verify=ca, follow_redirects=False, timeout=30) as http:
         meta = http.get(issuer.rstrip("/") + "/.well-known/openid-configuration").json()
@@ -96,14 +142,20 @@ def login(issuer, ca, client_id, redirect_uri, user, resource, scope="openid ema
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--issuer", required=True)
+    p.add_argument("--issuer")
     p.add_argument("--ca", required=True)
-    p.add_argument("--client-id", required=True)
-    p.add_argument("--redirect-uri", required=True)
+    p.add_argument("--client-id")
+    p.add_argument("--redirect-uri")
     p.add_argument("--user", required=True)
-    p.add_argument("--resource", required=True)
+    p.add_argument("--resource")
+    p.add_argument("--device")
     a = p.parse_args()
     try:
+        if a.device:
+            with httpx.Client(verify=a.ca, follow_redirects=False, timeout=30) as http:
+                device(http, a.device, a.user)
+            print(json.dumps({"device": "confirmed"}))
+            return
         print(json.dumps(login(a.issuer, a.ca, a.client_id, a.redirect_uri, a.user, a.resource)))
     except RuntimeError as e:
         print(f"login.py: {e}", file=sys.stderr)
