@@ -12,6 +12,8 @@
 #                        PyYAML and jsonschema, for scripts/opa-conformance.py
 #   tests/oidc/node_modules  the OpenID provider the SSO tests start (npm
 #                        oidc-provider, the versions tests/oidc/package-lock.json pins)
+#   tests/inspector/node_modules  the MCP Inspector, whose CLI the HTTP tests
+#                        drive the gateway with (tests/inspector/package-lock.json)
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
 set -euo pipefail
@@ -117,26 +119,38 @@ install_opa() {
     || { say "opa_bindings, yaml, jsonschema or cryptography does not import"; exit 1; }
 }
 
-install_oidc() {
-  local dir="$root/tests/oidc"
+npm_ci() { # dir what
+  local dir="$1"
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     say "node and npm are missing: apt-get install nodejs npm (scripts/bootstrap.sh does)"
     exit 1
   fi
-  if [ -f "$dir/node_modules/oidc-provider/package.json" ] \
+  if [ -d "$dir/node_modules" ] \
     && cmp -s "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed"; then
-    say "oidc-provider already installed"
+    say "$2 already installed"
   else
-    say "installing oidc-provider from the npm registry (tests/oidc/package-lock.json)"
+    say "installing $2 from the npm registry ($dir/package-lock.json)"
     (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
     cp "$dir/package-lock.json" "$dir/node_modules/.package-lock.json.installed"
   fi
+}
+
+install_oidc() {
+  local dir="$root/tests/oidc"
+  npm_ci "$dir" oidc-provider
   node -e "import('$dir/node_modules/oidc-provider/lib/index.js').then(() => {})" \
     || { say "oidc-provider does not load under $(node --version)"; exit 1; }
 }
 
+install_inspector() {
+  local dir="$root/tests/inspector"
+  npm_ci "$dir" "the MCP Inspector"
+  "$dir/node_modules/.bin/mcp-inspector" --version >/dev/null \
+    || { say "the MCP Inspector does not run under $(node --version)"; exit 1; }
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc inspector)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
@@ -145,6 +159,7 @@ for t in "${want[@]}"; do
     openbao) install_openbao ;;
     opa) install_opa ;;
     oidc) install_oidc ;;
+    inspector) install_inspector ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -901,6 +901,88 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     let r = last_json(&out);
     assert_eq!(r["result"]["status"], "completed", "{out}");
 
+    // The MCP Inspector's CLI, with alice's token as a header: the same
+    // tools, the same denial, and plan -> bob's approval over HTTPS ->
+    // apply of a change that replaces a resource.
+    let inspector = |args: &[&str]| {
+        let bin = common::repo().join("tests/inspector/node_modules/.bin/mcp-inspector");
+        assert!(
+            bin.exists(),
+            "{} is missing: run scripts/install-tools.sh inspector",
+            bin.display()
+        );
+        let out = Command::new(bin)
+            .args(["--cli", &resource, "--transport", "http", "--header"])
+            .arg(format!("Authorization: Bearer {alice}"))
+            .args(args)
+            .env("NODE_EXTRA_CA_CERTS", &ca)
+            .env("HOME", configs.path())
+            .output()
+            .expect("mcp-inspector");
+        // (It exits non-zero for a result with isError, as it should.)
+        let text = common::stdout(&out);
+        serde_json::from_str::<Value>(&text)
+            .unwrap_or_else(|e| panic!("inspector {args:?} printed no JSON ({e}): {text}"))
+    };
+    let listed = inspector(&["--method", "tools/list"]);
+    assert!(listed.to_string().contains("terraform_apply"), "{listed}");
+    let denied = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "k8s_get_pod_status",
+        "--tool-arg",
+        "namespace=kube-system",
+    ]);
+    assert_eq!(denied["isError"], true, "{denied}");
+    assert!(
+        denied.to_string().contains("not in the allowlist"),
+        "{denied}"
+    );
+    let main_tf = workspace.path().join("terraform/offline-demo/main.tf");
+    let text = std::fs::read_to_string(&main_tf).expect("main.tf");
+    std::fs::write(
+        &main_tf,
+        text.replacen(
+            "labels = \"app=web\"",
+            "labels = \"app=web,via=inspector\"",
+            1,
+        ),
+    )
+    .expect("edit");
+    let pending = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "terraform_apply",
+        "--tool-arg",
+        "working_dir=terraform/offline-demo",
+    ]);
+    assert_eq!(
+        pending["structuredContent"]["status"], "pending_approval",
+        "{pending}"
+    );
+    let second = pending["structuredContent"]["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_string();
+    let out = remote_from_file(&["approve", &second, "--reason", "the inspector's change"]);
+    assert!(out.status.success(), "{}", said(&out));
+    let applied = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "terraform_apply",
+        "--tool-arg",
+        "working_dir=terraform/offline-demo",
+        &format!("approval_id={second}"),
+    ]);
+    assert_eq!(
+        applied["structuredContent"]["status"], "completed",
+        "{applied}"
+    );
+    assert!(applied.to_string().contains("replaced"), "{applied}");
+
     // The issuer rotates its signing key: a token under the new key is
     // accepted (the keys are fetched again for the unknown kid); one under
     // the retired key no longer is.
