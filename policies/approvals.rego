@@ -50,7 +50,17 @@ counts(a) if {
 # it (so that one person's account and key count once).
 person(id) := object.get(object.get(cfg.identity, "owners", {}), id.name, id.name) if id.kind == "ssh_key"
 
-person(id) := id.name if id.kind != "ssh_key"
+person(id) := id.name if not id.kind in {"ssh_key", "sso"}
+
+# An SSO identity is the person identity.sso_people names for it, else the
+# person its e-mail's (or username's) local part names: bob@corp.example
+# and the OS user bob count once (two people who share a local part count
+# once too: fewer grants, never more).
+person(id) := object.get(
+	object.get(cfg.identity, "sso_people", {}),
+	id.name,
+	split(object.get(id, "email", id.name), "@")[0],
+) if id.kind == "sso"
 
 # Every name the requester goes by: the identity that requested the call
 # (`requested_by`: an OS user's name, or `sso:<issuer>#<subject>`) and, for
@@ -163,14 +173,23 @@ admitted(id) if {
 # SSO identities by their own lists: an IdP group never stands for an OS
 # group of the same name.
 admitted(id) if {
-	id.kind == "sso"
+	sso_client_may_approve(id)
 	id.name in object.get(cfg.identity, "sso_users", [])
 }
 
 admitted(id) if {
-	id.kind == "sso"
+	sso_client_may_approve(id)
 	some g in id.groups
 	g in object.get(cfg.identity, "sso_groups", [])
+}
+
+# An SSO verdict counts only from a token issued to a client listed in
+# identity.sso_clients (the approvers' command, e.g. gateway login's
+# client): an agent's MCP token, issued to the agent's client, never
+# approves, even its person's.
+sso_client_may_approve(id) if {
+	id.kind == "sso"
+	object.get(id, "client_id", "") in object.get(cfg.identity, "sso_clients", [])
 }
 
 # What an approver's scope is matched against.
@@ -301,12 +320,12 @@ may_approve if {
 }
 
 may_approve if {
-	input.kind == "sso"
+	sso_client_may_approve(input)
 	input.user in object.get(cfg.identity, "sso_users", [])
 }
 
 may_approve if {
-	input.kind == "sso"
+	sso_client_may_approve(input)
 	some g in input.groups
 	g in object.get(cfg.identity, "sso_groups", [])
 }
@@ -320,7 +339,17 @@ default may_run := false
 
 may_run if may_approve
 
-may_run if input.command in cfg.identity.anyone
+may_run if {
+	object.get(input, "kind", "os_user") != "sso"
+	input.command in cfg.identity.anyone
+}
+
+# Over HTTPS, anyone with a valid token may list the approvals they asked
+# for (and only those); the other operator commands are the approvers'.
+may_run if {
+	input.kind == "sso"
+	input.command == "approvals"
+}
 
 # Who is told when an approval is requested (data.config.approvals.notifiers):
 # a list of {"webhook": URL} (a JSON body with a Slack-compatible "text"),

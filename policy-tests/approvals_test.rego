@@ -241,6 +241,7 @@ test_a_key_under_the_sso_requesters_email_does_not_count if {
 sso_approver(name, email, groups) := {
 	"name": name, "kind": "sso", "os_user": "", "id": sprintf("sso:https://idp.example#%s", [name]),
 	"issuer": "https://idp.example", "subject": name, "email": email, "groups": groups,
+	"client_id": "gateway-cli",
 }
 
 test_an_sso_approver_is_admitted_by_its_own_lists_only if {
@@ -250,8 +251,10 @@ test_an_sso_approver_is_admitted_by_its_own_lists_only if {
 	not r.allow
 	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
 		with data.config.approvals.identity.sso_groups as ["gateway-approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
 		with data.config.approvals.identity.sso_users as ["bob@example.com"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 }
 
 test_an_sso_approver_never_approves_a_call_of_its_own_under_any_name if {
@@ -260,24 +263,67 @@ test_an_sso_approver_never_approves_a_call_of_its_own_under_any_name if {
 	mine := object.union(sso_approval("x"), {"requested_by": "sso:https://idp.example#alice@example.com"})
 	r := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": alice, "approval": mine}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 	contains(r.reasons[0], "cannot approve it")
 	os_call := object.union(stored, {"requested_by": "alice", "requester": null})
 	r2 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": alice, "approval": os_call}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 	contains(r2.reasons[0], "cannot approve it")
 	# Named in sso_people: the OS user it also is.
 	al := sso_approver("al@corp.example", "al@corp.example", ["approvers"])
 	r3 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": al, "approval": os_call}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 		with data.config.approvals.identity.sso_people as {"al@corp.example": "alice"}
 	contains(r3.reasons[0], "cannot approve it")
 }
 
 test_an_sso_caller_may_approve_by_its_own_lists if {
-	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": ["approvers"], "channel": "http"}
+	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": ["approvers"], "channel": "http", "client_id": "gateway-cli"}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
-	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": [], "channel": "http"}
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": [], "channel": "http", "client_id": "gateway-cli"}
 		with data.config.approvals.identity.sso_users as ["bob@example.com"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	# An agent's token (another client) is no approver's.
+	not approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "groups": ["approvers"], "channel": "http", "client_id": "claude-code"}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 	not approvals.may_approve with input as {"kind": "sso", "user": "bob@example.com", "os_user": "bob", "groups": ["gateway-approvers"], "channel": "http"}
 		with data.config.approvals.identity.users as ["bob"]
+}
+
+test_an_agents_mcp_token_never_approves_even_its_approvers if {
+	bob := object.union(sso_approver("bob@example.com", "bob@example.com", ["approvers"]), {"client_id": "agent-cli"})
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	not r.allow
+	contains(r.reasons[0], "is not an approver")
+}
+
+test_one_person_over_the_socket_and_over_sso_counts_once if {
+	# bob granted as OS user bob and again as bob@corp.example over HTTPS.
+	ids := [
+		{"name": "bob", "kind": "os_user", "os_user": "bob", "groups": ["gateway-approvers"]},
+		object.union(sso_approver("bob@corp.example", "bob@corp.example", ["approvers"]), {}),
+	]
+	a := {"id": "a1", "status": "approved", "requested_by": "alice", "identities": ids}
+	c := {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "principal": {"client": "c", "os_user": "alice"}, "approval": a}
+	approvals.approvers == {"bob"} with input as c
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	# Named otherwise, sso_people says who it is.
+	ids2 := [ids[0], object.union(sso_approver("rob@corp.example", "rob@corp.example", ["approvers"]), {})]
+	approvals.approvers == {"bob"} with input as object.union(c, {"approval": object.union(a, {"identities": ids2})})
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+		with data.config.approvals.identity.sso_people as {"rob@corp.example": "bob"}
+}
+
+test_over_https_anyone_lists_only_their_own_and_runs_nothing_else if {
+	approvals.may_run with input as {"kind": "sso", "user": "carol@example.com", "groups": [], "channel": "http", "command": "approvals"}
+	not approvals.may_run with input as {"kind": "sso", "user": "carol@example.com", "groups": [], "channel": "http", "command": "audit"}
+		with data.config.approvals.identity.anyone as ["approvals", "audit"]
 }

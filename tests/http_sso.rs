@@ -320,8 +320,8 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     // SSO identities in the IdP group gateway-approvers may approve.
     let policies = common::policies_with(&[(
         "config/approvals/data.yaml",
-        "  sso_groups: []\n",
-        "  sso_groups: [gateway-approvers]\n",
+        "  sso_groups: []\n  sso_clients: []\n",
+        "  sso_groups: [gateway-approvers]\n  sso_clients: [gateway-cli]\n",
     )]);
     let (dir, config) = Daemon::layout(policies.path(), &extra);
     let d = Daemon::start_in(dir, config);
@@ -870,6 +870,26 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
             .output()
             .expect("gateway")
     };
+    // bob's agent holds bob's MCP token (issued to the agent's client):
+    // with it the agent cannot approve anything, though bob is an approver.
+    let out = remote(
+        &bob,
+        &["approve", &approval, "--reason", "my agent says so"],
+    );
+    assert!(!out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("is not an approver"), "{}", said(&out));
+    // Nor does a token go to a gateway it was not issued for (a GATEWAY_URL
+    // someone planted): the command refuses before sending it.
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["approvals"])
+        .env("GATEWAY_URL", "https://127.0.0.1:9/mcp")
+        .env("GATEWAY_TOKEN_FILE", &bob_token)
+        .env_remove("GATEWAY_TOKEN")
+        .env_remove("GATEWAY_HOME")
+        .output()
+        .expect("gateway");
+    assert!(!out.status.success());
+    assert!(said(&out).contains("not sending it"), "{}", said(&out));
     let out = remote_from_file(&["approvals", "--json"]);
     assert!(common::stdout(&out).contains(&approval), "{}", said(&out));
     let out = remote_from_file(&["approve", &approval, "--reason", "reviewed over SSO"]);
@@ -883,9 +903,13 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
     );
     assert_eq!(granted["data"]["identity"]["subject"], "bob", "{granted:#}");
     // A token in no good standing is refused before any command runs.
-    let out = remote("not-a-token", &["approve", &approval, "--reason", "x"]);
-    assert!(!out.status.success());
-    assert!(said(&out).contains("401"), "{}", said(&out));
+    let a = http.post(
+        &format!("{resource}/control"),
+        Some("not-a-token"),
+        &[],
+        &json!({"argv": ["approve", approval, "--reason", "x"]}),
+    );
+    assert_eq!(a.status, 401, "{}", a.body);
 
     // Another person's token cannot spend alice's approval, granted or not.
     let (_, out) = sdk(&resource, &bob, &ca, "auto", "apply", Some(&approval));

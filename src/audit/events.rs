@@ -99,6 +99,10 @@ pub enum Event {
         action: Option<String>,
         #[serde(skip_serializing_if = "no")]
         os_user: Option<String>,
+        /// An SSO caller's identity (`{id, issuer, subject, email,
+        /// client_id, groups}`).
+        #[serde(skip_serializing_if = "no")]
+        identity: Option<Value>,
     },
     /// A newer plan of the same call replaced a pending or approved
     /// approval: it can no longer be granted or spent.

@@ -577,6 +577,7 @@ fn refuse(
             approver,
             action: None,
             os_user: caller.os_user().map(str::to_string),
+            identity: caller.sso_identity(),
         },
     )?;
     errln!(o, "gateway: refused: {why}");
@@ -813,6 +814,7 @@ pub fn verdict(
                     approver: Some(who.clone()),
                     action: Some(if grant { "approve" } else { "deny" }.into()),
                     os_user: caller.os_user().map(str::to_string),
+                    identity: caller.sso_identity(),
                 },
             )?;
             errln!(o, "gateway: refused: {refusal}");

@@ -15,7 +15,6 @@ use super::Cli;
 use super::out::Out;
 use crate::daemon::Asker;
 use crate::daemon::wire::{self, Hello, Reply};
-use crate::identity::VIA_DAEMON;
 use crate::policy::PolicySet;
 
 /// The socket the CLI talks to: `GATEWAY_SOCKET`, else the default.
@@ -117,6 +116,20 @@ fn ask_remote(url: &str, argv: Vec<String>) -> anyhow::Result<Reply> {
                 .to_string()
         }
     };
+    // The token goes only to the gateway it was issued for: a GATEWAY_URL
+    // someone else set (a planted .envrc) does not get it.
+    let audience = token_audience(&token);
+    anyhow::ensure!(
+        audience
+            .iter()
+            .any(|a| a.trim_end_matches('/') == url.trim_end_matches('/')),
+        "the token is for {}, not for GATEWAY_URL {url}: not sending it (run gateway login for this gateway)",
+        if audience.is_empty() {
+            "no audience it names".to_string()
+        } else {
+            audience.join(", ")
+        }
+    );
     let control = format!("{}/control", url.trim_end_matches('/'));
     let ca = std::env::var_os("GATEWAY_CA_FILE").filter(|f| !f.is_empty());
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -151,6 +164,30 @@ fn ask_remote(url: &str, argv: Vec<String>) -> anyhow::Result<Reply> {
         }
         serde_json::from_str::<Reply>(&text).context("the gateway's answer is not a reply")
     })
+}
+
+/// The audiences a JWT access token names (unverified: only to decide
+/// where this client may send it).
+fn token_audience(token: &str) -> Vec<String> {
+    use base64::Engine;
+    let claims: serde_json::Value = token
+        .split('.')
+        .nth(1)
+        .and_then(|p| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(p.trim_end_matches('='))
+                .ok()
+        })
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    match &claims["aud"] {
+        serde_json::Value::String(a) => vec![a.clone()],
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn print(reply: Reply) -> ExitCode {
@@ -307,11 +344,7 @@ pub fn serve_command(
 /// `may_approve` (approve, and see every user's approvals) or `may_run`
 /// (run this operator command). Anything but `true` is no.
 fn allowed(set: &PolicySet, rule: &str, caller: &Asker, command: &str) -> bool {
-    let channel = match caller {
-        Asker::Os(_) => VIA_DAEMON,
-        Asker::Sso(_) => "http",
-    };
-    let input = caller.policy_input(channel, command);
+    let input = caller.policy_input(caller.channel(), command);
     set.eval_rule(
         &format!("data.gateway.approvals.{rule}"),
         regorus::Value::from(input),
@@ -347,10 +380,10 @@ fn run(
              never by the daemon: run `gateway approve` itself, not a hand-made request"
         ),
         ServedCommand::Approve(a) => {
-            super::approvals::verdict(own, &a, true, caller, VIA_DAEMON, set, o)
+            super::approvals::verdict(own, &a, true, caller, caller.channel(), set, o)
         }
         ServedCommand::Deny(a) => {
-            super::approvals::verdict(own, &a, false, caller, VIA_DAEMON, set, o)
+            super::approvals::verdict(own, &a, false, caller, caller.channel(), set, o)
         }
         ServedCommand::Audit(a) if a.names_a_file() => {
             bail!("--file is not accepted through the daemon: it reads its own audit log")

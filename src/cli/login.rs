@@ -62,11 +62,25 @@ pub fn run(a: &LoginArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let (token, expires_in) = rt.block_on(device_flow(a))?;
-    if let Some(d) = file.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("chmod 700 {}", d.display()))?;
+    if let Some(d) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        if !d.exists() {
+            // Made here: the user's own, 0700 (never a chmod of a directory
+            // that was there already, such as a shared one).
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+                .with_context(|| format!("creating {}", d.display()))?;
+        }
+        let meta = std::fs::symlink_metadata(d).with_context(|| format!("{}", d.display()))?;
+        anyhow::ensure!(
+            meta.is_dir()
+                && meta.uid() == nix::unistd::getuid().as_raw()
+                && meta.mode() & 0o022 == 0,
+            "{} is not a directory of yours that only you can write: keep the token elsewhere (--token-file)",
+            d.display()
+        );
     }
     // Written whole, owner-only, in place of any older one.
     let tmp = file.with_extension("new");

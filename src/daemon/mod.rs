@@ -89,7 +89,16 @@ impl Asker {
                 "channel": channel, "command": command}),
             Asker::Sso(p) => serde_json::json!({"kind": "sso", "user": p.user,
                 "issuer": p.issuer, "subject": p.subject, "email": p.email,
-                "groups": p.groups, "channel": channel, "command": command}),
+                "client_id": p.client_id, "groups": p.groups,
+                "channel": channel, "command": command}),
+        }
+    }
+
+    /// The channel it came by, as the policy reads it.
+    pub fn channel(&self) -> &'static str {
+        match self {
+            Asker::Os(_) => crate::identity::VIA_DAEMON,
+            Asker::Sso(_) => "http",
         }
     }
 
@@ -98,7 +107,8 @@ impl Asker {
         match self {
             Asker::Os(_) => None,
             Asker::Sso(p) => Some(serde_json::json!({"id": p.id(), "issuer": p.issuer,
-                "subject": p.subject, "email": p.email, "groups": p.groups})),
+                "subject": p.subject, "email": p.email, "client_id": p.client_id,
+                "groups": p.groups})),
         }
     }
 }

@@ -159,6 +159,7 @@ fn refused_approval(approval_id: &str, reason: Option<&str>, refusal: Option<Val
         approver: None,
         action: None,
         os_user: None,
+        identity: None,
     }
 }
 
