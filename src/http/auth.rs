@@ -14,15 +14,14 @@
 //! one the key is for, never taken from the token alone.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde::Deserialize;
 use serde_json::Value;
 
+use crate::config::http::IssuerConfig;
 use crate::policy::{Principal, PrincipalKind};
 
 /// The largest token looked at (bytes of the header value).
@@ -31,72 +30,6 @@ pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 pub const MIN_REFRESH: Duration = Duration::from_secs(30);
 /// Keys are fetched again when older than this, on the next token.
 pub const KEYS_MAX_AGE: Duration = Duration::from_secs(3600);
-
-/// `[[http.issuers]]`: one OpenID provider whose access tokens the gateway
-/// accepts.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IssuerConfig {
-    /// The issuer identifier, exactly as its tokens' `iss` and its metadata
-    /// say it (https://).
-    pub issuer: String,
-    /// The `aud` its tokens must carry (default: `[http] resource`).
-    #[serde(default)]
-    pub audience: Option<String>,
-    /// Where its keys are (default: from its metadata).
-    #[serde(default)]
-    pub jwks_uri: Option<String>,
-    /// A PEM file of CA certificates its HTTPS is checked against, besides
-    /// the system's.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// The claim the policy knows the person by (`principal.user`).
-    #[serde(default = "default_username_claim")]
-    pub username_claim: String,
-    /// The claim with the person's groups (a list of strings, or one
-    /// string); a dotted path reaches into objects (`realm_access.roles`).
-    #[serde(default = "default_groups_claim")]
-    pub groups_claim: String,
-    #[serde(default = "default_email_claim")]
-    pub email_claim: String,
-    /// Signature algorithms accepted (asymmetric only).
-    #[serde(default = "default_algorithms")]
-    pub algorithms: Vec<String>,
-    /// Clock skew allowed on `exp` and `nbf`, at most 300 s.
-    #[serde(default = "default_leeway")]
-    pub leeway_seconds: u64,
-    /// Scopes a token must carry (`scope` or `scp`); none by default.
-    #[serde(default)]
-    pub required_scopes: Vec<String>,
-    /// Require the JWT access-token type (`typ: at+jwt`, RFC 9068), so
-    /// that an ID token or another JWT of the issuer is never taken for
-    /// one. Turn off only for a provider that types its access tokens
-    /// otherwise (`JWT`).
-    #[serde(default = "yes")]
-    pub require_at_jwt: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn default_username_claim() -> String {
-    "email".into()
-}
-fn default_groups_claim() -> String {
-    "groups".into()
-}
-fn default_email_claim() -> String {
-    "email".into()
-}
-fn default_algorithms() -> Vec<String> {
-    ["RS256", "PS256", "ES256", "EdDSA"]
-        .map(String::from)
-        .to_vec()
-}
-fn default_leeway() -> u64 {
-    60
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -698,9 +631,9 @@ mod tests {
             audience: None,
             jwks_uri: None,
             ca_file: None,
-            username_claim: default_username_claim(),
-            groups_claim: default_groups_claim(),
-            email_claim: default_email_claim(),
+            username_claim: crate::config::http::default_username_claim(),
+            groups_claim: crate::config::http::default_groups_claim(),
+            email_claim: crate::config::http::default_email_claim(),
             algorithms: algs.iter().map(|s| s.to_string()).collect(),
             leeway_seconds: 60,
             required_scopes: vec![],

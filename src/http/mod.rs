@@ -38,84 +38,13 @@ use crate::audit::{AuditLog, Event};
 use crate::mcp::{GatewayServer, SsoPrincipal};
 use crate::pipeline::Pipeline;
 
-pub use auth::{AuthError, IssuerConfig, Verifier};
+pub use crate::config::http::{
+    AUDITED_REFUSALS_PER_MINUTE, DEFAULT_MAX_REQUEST_BYTES, HttpConfig, IssuerConfig,
+};
+pub use auth::{AuthError, Verifier};
 
-/// Requests larger than this are refused (413) unless `[http]
-/// max_request_bytes` says otherwise.
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// A TLS handshake must end within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `[http]`: where and how the daemon serves remote MCP.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpConfig {
-    /// `ADDRESS:PORT` to listen on.
-    pub listen: String,
-    /// This gateway's MCP endpoint as clients reach it, e.g.
-    /// `https://gateway.example/mcp`: the resource identifier tokens must
-    /// be issued for (their `aud`), and the path it is served at.
-    pub resource: String,
-    /// PEM certificate chain and key for TLS.
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
-    /// Serve plain HTTP (no TLS): only on a loopback address, for a TLS
-    /// proxy in front of the gateway on the same host.
-    #[serde(default)]
-    pub plain_http: bool,
-    /// `Host` values accepted (default: the resource's authority).
-    #[serde(default)]
-    pub allowed_hosts: Vec<String>,
-    /// Browser `Origin`s accepted (`scheme://host:port`); a request with
-    /// any other Origin is refused. Default: none (agents send no Origin).
-    #[serde(default)]
-    pub allowed_origins: Vec<String>,
-    /// The directory remote calls' `working_dir`s are resolved in (the
-    /// team's modules, checked out on the gateway's host).
-    pub workspace: PathBuf,
-    /// Sessions for clients older than 2026-07-28 (their handshake);
-    /// 2026-07-28 requests are stateless either way.
-    #[serde(default = "yes")]
-    pub legacy_sessions: bool,
-    #[serde(default = "default_max_request_bytes")]
-    pub max_request_bytes: usize,
-    /// A name for the resource metadata's `resource_name`.
-    #[serde(default)]
-    pub resource_name: Option<String>,
-    /// The OpenID providers whose access tokens are accepted.
-    #[serde(default)]
-    pub issuers: Vec<IssuerConfig>,
-    /// Connections open at once, in all and from one address; more are
-    /// closed at once.
-    #[serde(default = "default_max_connections")]
-    pub max_connections: usize,
-    #[serde(default = "default_max_connections_per_address")]
-    pub max_connections_per_address: usize,
-    /// Refusals of one address audited one by one each minute; the rest
-    /// are counted into the next one audited.
-    #[serde(default = "default_audited_refusals")]
-    pub audited_refusals_per_minute: u32,
-}
-
-fn default_audited_refusals() -> u32 {
-    AUDITED_REFUSALS_PER_MINUTE
-}
-
-fn default_max_connections() -> usize {
-    1024
-}
-fn default_max_connections_per_address() -> usize {
-    64
-}
-
-fn yes() -> bool {
-    true
-}
-fn default_max_request_bytes() -> usize {
-    DEFAULT_MAX_REQUEST_BYTES
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -160,9 +89,6 @@ pub struct HttpServer {
 /// The largest operator command accepted (its JSON).
 const MAX_CONTROL_BYTES: usize = 64 * 1024;
 
-/// By default, at most this many refusals of one peer address are audited
-/// one by one each minute; the rest are counted into the next one recorded.
-pub const AUDITED_REFUSALS_PER_MINUTE: u32 = 30;
 /// Sessions remembered at most (the oldest half is forgotten past it: a
 /// forgotten session's requests are refused, never served unbound).
 const MAX_SESSIONS: usize = 100_000;

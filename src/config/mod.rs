@@ -1,5 +1,7 @@
 //! Paths and settings shared by every command.
 
+pub mod http;
+
 use std::path::PathBuf;
 
 /// The gateway's state directory (approvals, audit log, saved plans) when
@@ -44,7 +46,7 @@ pub struct GatewayConfig {
     pub policy_bundle: Option<crate::policy::bundle::BundleConfig>,
     /// `gateway daemon`: also serve remote MCP over HTTPS, for agents
     /// signed in with an OpenID provider (README.md: team gateway).
-    pub http: Option<crate::http::HttpConfig>,
+    pub http: Option<http::HttpConfig>,
 }
 
 /// Where the daemon's files are when neither its flags nor its
