@@ -13,6 +13,9 @@
 //!
 //! Run as root: `cargo bench --bench http`.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,48 +29,11 @@ use gateway::sandbox::local::{LocalConfig, LocalSandbox};
 use gateway::tools::ToolPaths;
 use serde_json::{Value, json};
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read dir") {
-        let e = e.expect("entry");
-        let dest = to.join(e.file_name());
-        if e.file_type().expect("type").is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("port")
-}
-
-/// A CA, and a server certificate for 127.0.0.1 it signed (PEM files).
-fn tls(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("p");
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("ip")));
-    let cert = params.signed_by(&key, &issuer).expect("cert");
-    let paths = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    std::fs::write(&paths.0, ca.pem()).expect("ca");
-    std::fs::write(&paths.1, cert.pem()).expect("cert");
-    std::fs::write(&paths.2, key.serialize_pem()).expect("key");
-    paths
 }
 
 /// Serve `body` at every path over HTTPS (the issuer's JWKS).
@@ -142,7 +108,7 @@ fn bench(c: &mut Criterion) {
     // The default policies, with the per-user rates lifted (a bench makes
     // thousands of calls; 200 people call at once).
     let policies = tempfile::tempdir().expect("policies");
-    copy_dir(&repo.join("policies"), policies.path());
+    common::copy_dir(&repo.join("policies"), policies.path());
     let calls = policies.path().join("config/calls/data.yaml");
     let text = std::fs::read_to_string(&calls).expect("calls");
     for from in [
@@ -186,7 +152,7 @@ fn bench(c: &mut Criterion) {
         .expect("rt");
 
     // The issuer: an ES256 key, its JWKS served over HTTPS.
-    let (ca, cert, key) = tls(dir.path());
+    let (ca, cert, key) = common::tls_files(dir.path());
     let signing = rcgen::KeyPair::generate().expect("signing key");
     let point = signing.public_key_raw();
     let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);

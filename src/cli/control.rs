@@ -169,17 +169,7 @@ fn ask_remote(url: &str, argv: Vec<String>) -> anyhow::Result<Reply> {
 /// The audiences a JWT access token names (unverified: only to decide
 /// where this client may send it).
 fn token_audience(token: &str) -> Vec<String> {
-    use base64::Engine;
-    let claims: serde_json::Value = token
-        .split('.')
-        .nth(1)
-        .and_then(|p| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(p.trim_end_matches('='))
-                .ok()
-        })
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let claims = crate::http::auth::unverified_claims(token);
     match &claims["aud"] {
         serde_json::Value::String(a) => vec![a.clone()],
         serde_json::Value::Array(a) => a

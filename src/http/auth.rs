@@ -602,8 +602,9 @@ fn claim<'a>(claims: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// The payload of a JWT, unverified: only to pick the issuer whose keys
-/// then verify it, and to name a refused token in the audit.
-fn unverified_claims(token: &str) -> Value {
+/// then verify it, to name a refused token in the audit, and (the CLI) to
+/// decide which gateway a token may be sent to.
+pub fn unverified_claims(token: &str) -> Value {
     use base64::Engine;
     token
         .split('.')
