@@ -79,12 +79,34 @@ struct Keys {
     unnamed: Vec<(Jwk, DecodingKey)>,
     fetched: Option<Instant>,
     jwks_uri: Option<String>,
+    /// Counts the fetches: a token verified under an older fetch is
+    /// checked again (its key may have been withdrawn).
+    generation: u64,
+}
+
+/// The most tokens kept verified (one a person, give or take).
+pub const MAX_VERIFIED: usize = 4096;
+
+/// A token that verified: what it proved, until when, under which keys.
+#[derive(Clone)]
+struct Verified {
+    principal: Principal,
+    /// The token's `exp`, in seconds since the epoch.
+    exp: i64,
+    issuer: usize,
+    generation: u64,
 }
 
 /// Every configured issuer.
 #[derive(Clone)]
 pub struct Verifier {
     issuers: Arc<Vec<Issuer>>,
+    /// Tokens already verified, by the SHA-256 of the token: an agent
+    /// sends the same token with every request, and an ES256 signature
+    /// costs more to check than the policy does to decide. An entry is
+    /// used only before the token's `exp` (with the issuer's leeway) and
+    /// while the keys it verified under are the ones held and not too old.
+    verified: Arc<std::sync::Mutex<HashMap<[u8; 32], Verified>>>,
 }
 
 impl Verifier {
@@ -156,6 +178,7 @@ impl Verifier {
         }
         Ok(Verifier {
             issuers: Arc::new(issuers),
+            verified: Arc::default(),
         })
     }
 
@@ -186,6 +209,53 @@ impl Verifier {
         token: &str,
         client: &str,
     ) -> Result<Principal, (AuthError, TokenFacts)> {
+        use sha2::Digest;
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        if let Some(mut principal) = self.still_verified(&digest) {
+            principal.client = client.to_string();
+            return Ok(principal);
+        }
+        let v = self.verify_signed(token, client).await?;
+        let principal = v.principal.clone();
+        let mut kept = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= MAX_VERIFIED {
+            let now = chrono::Utc::now().timestamp();
+            kept.retain(|_, v| v.exp >= now);
+            if kept.len() >= MAX_VERIFIED {
+                kept.clear();
+            }
+        }
+        kept.insert(digest, v);
+        Ok(principal)
+    }
+
+    /// What a token verified before still proves: nothing once it has
+    /// expired (by the issuer's leeway, as at its first check), or once its
+    /// issuer's keys were fetched again or are old enough to be.
+    fn still_verified(&self, digest: &[u8; 32]) -> Option<Principal> {
+        let v = self
+            .verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(digest)
+            .cloned()?;
+        let issuer = self.issuers.get(v.issuer)?;
+        let now = chrono::Utc::now().timestamp();
+        if v.exp.saturating_add(issuer.config.leeway_seconds as i64) < now {
+            return None;
+        }
+        let keys = issuer.keys.read().unwrap_or_else(|e| e.into_inner());
+        (keys.generation == v.generation
+            && keys.fetched.is_some_and(|t| t.elapsed() < KEYS_MAX_AGE))
+        .then_some(v.principal)
+    }
+
+    /// The full check of a token: its signature, then its claims.
+    async fn verify_signed(
+        &self,
+        token: &str,
+        client: &str,
+    ) -> Result<Verified, (AuthError, TokenFacts)> {
         let mut facts = TokenFacts::default();
         if token.len() > MAX_TOKEN_BYTES {
             return Err((
@@ -214,11 +284,9 @@ impl Verifier {
             .get("sub")
             .and_then(Value::as_str)
             .map(|s| truncate(s, 200));
-        let Some(issuer) = self
-            .issuers
-            .iter()
-            .find(|i| Some(i.config.issuer.as_str()) == claimed.get("iss").and_then(Value::as_str))
-        else {
+        let Some((index, issuer)) = self.issuers.iter().enumerate().find(|(_, i)| {
+            Some(i.config.issuer.as_str()) == claimed.get("iss").and_then(Value::as_str)
+        }) else {
             return Err((
                 AuthError::InvalidToken(format!(
                     "the token's issuer {} is not one this gateway trusts",
@@ -256,7 +324,7 @@ impl Verifier {
                 facts,
             ));
         }
-        let (jwk, key) = issuer
+        let (jwk, key, generation) = issuer
             .key_for(header.kid.as_deref())
             .await
             .map_err(|e| (e, facts.clone()))?;
@@ -391,7 +459,17 @@ impl Verifier {
                 .and_then(Value::as_str)
                 .map(str::to_string)
         };
-        Ok(Principal {
+        // `exp` is there and a number: the validation required it.
+        let exp = claims
+            .get("exp")
+            .and_then(|e| e.as_i64().or_else(|| e.as_f64().map(|f| f.floor() as i64)));
+        let Some(exp) = exp else {
+            return Err((
+                AuthError::InvalidToken("the token's exp is not a number".into()),
+                facts,
+            ));
+        };
+        let principal = Principal {
             kind: PrincipalKind::Sso,
             client: client.to_string(),
             user: user.to_string(),
@@ -402,14 +480,23 @@ impl Verifier {
             subject: Some(subject.to_string()),
             email: text(&issuer.config.email_claim),
             client_id: text("client_id").or_else(|| text("azp")),
+        };
+        Ok(Verified {
+            principal,
+            exp,
+            issuer: index,
+            generation,
         })
     }
 }
 
+/// A key held: the JWK, its decoding key, and the fetch it came from.
+type Held = (Jwk, DecodingKey, u64);
+
 impl Issuer {
     /// The key for `kid`: from the keys held, else (a rotation) from the
     /// issuer's JWKS fetched again, at most once per [`MIN_REFRESH`].
-    async fn key_for(&self, kid: Option<&str>) -> Result<(Jwk, DecodingKey), AuthError> {
+    async fn key_for(&self, kid: Option<&str>) -> Result<Held, AuthError> {
         let held = |this: &Self| {
             let k = this.keys.read().unwrap_or_else(|e| e.into_inner());
             (
@@ -524,6 +611,7 @@ impl Issuer {
         let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
         k.by_kid = by_kid;
         k.unnamed = unnamed;
+        k.generation += 1;
         Ok(())
     }
 
@@ -581,15 +669,16 @@ impl Issuer {
 }
 
 impl Keys {
-    fn find(&self, kid: Option<&str>) -> Option<(Jwk, DecodingKey)> {
-        match kid {
-            Some(k) => self.by_kid.get(k).cloned(),
-            None if self.unnamed.len() == 1 => self.unnamed.first().cloned(),
+    fn find(&self, kid: Option<&str>) -> Option<Held> {
+        let found = match kid {
+            Some(k) => self.by_kid.get(k),
+            None if self.unnamed.len() == 1 => self.unnamed.first(),
             None if self.unnamed.is_empty() && self.by_kid.len() == 1 => {
-                self.by_kid.values().next().cloned()
+                self.by_kid.values().next()
             }
             None => None,
-        }
+        };
+        found.map(|(j, d)| (j.clone(), d.clone(), self.generation))
     }
 }
 

@@ -50,7 +50,19 @@ pub struct PolicySet {
     pub budget: Duration,
     /// For a set loaded from a signed bundle: the key and the revision.
     pub signed: Option<super::bundle::Verified>,
+    /// Tool lists made lately, by principal (see [`PolicySet::tool_list`]).
+    tool_lists: std::sync::Mutex<std::collections::HashMap<String, (Instant, ToolList)>>,
 }
+
+/// The tools a principal is shown, by name.
+pub type ToolList = serde_json::Map<String, serde_json::Value>;
+
+/// How long a tool list is reused for the same principal. The list only
+/// shapes what a client is shown (every call is decided again); a policy
+/// that shows tools by the hour is late by at most this much.
+pub const TOOL_LIST_REUSE: Duration = Duration::from_secs(2);
+/// The most principals whose tool list is kept.
+const TOOL_LISTS_KEPT: usize = 1024;
 
 /// The outcome of one decision.
 #[derive(Debug, Clone)]
@@ -148,6 +160,7 @@ impl PolicySet {
             files: sources.files.iter().map(|f| f.display.clone()).collect(),
             budget: opts.budget,
             signed: sources.signed.clone(),
+            tool_lists: Default::default(),
         })
     }
 
@@ -221,13 +234,32 @@ impl PolicySet {
     /// `data.gateway.tool_list` for a principal: the tools it may see, by
     /// name, as the policy describes them (title, description, tier,
     /// annotations, params).
-    pub fn tool_list(
-        &self,
-        principal: &super::Principal,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, PolicyError> {
+    pub fn tool_list(&self, principal: &super::Principal) -> Result<ToolList, PolicyError> {
         let input = serde_json::json!({"principal": principal});
+        // A session lists its tools and then calls them, each call
+        // checking the list again: one evaluation serves them all for
+        // [`TOOL_LIST_REUSE`] (this set's own: a reload starts afresh).
+        let key = input.to_string();
+        let reuse = |kept: &std::collections::HashMap<String, (Instant, ToolList)>| {
+            kept.get(&key)
+                .filter(|(at, _)| at.elapsed() < TOOL_LIST_REUSE)
+                .map(|(_, l)| l.clone())
+        };
+        if let Some(l) = reuse(&self.tool_lists.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(l);
+        }
         match self.eval_rule(super::TOOL_LIST_RULE, regorus::Value::from(input))? {
-            serde_json::Value::Object(m) => Ok(m),
+            serde_json::Value::Object(m) => {
+                let mut kept = self.tool_lists.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.len() >= TOOL_LISTS_KEPT {
+                    kept.retain(|_, (at, _)| at.elapsed() < TOOL_LIST_REUSE);
+                    if kept.len() >= TOOL_LISTS_KEPT {
+                        kept.clear();
+                    }
+                }
+                kept.insert(key, (Instant::now(), m.clone()));
+                Ok(m)
+            }
             other => Err(PolicyError::Contract(format!(
                 "{} must be an object of tools by name, got {}",
                 super::TOOL_LIST_RULE,
@@ -385,6 +417,32 @@ decision := {
             .tool_list(&Principal::os_user("c".into(), "u".into(), 1000, vec![]))
             .expect_err("not an object");
         assert!(err.to_string().contains("must be an object"), "{err}");
+    }
+
+    #[test]
+    fn a_reused_tool_list_is_the_one_made_for_that_principal() {
+        let rego = format!(
+            "{ALLOW_ALL}\ntool_list := {{\"mine\": {{}}}} if input.principal.user == \"alice\"\n\
+             else := {{\"theirs\": {{}}}}\n"
+        );
+        let set = set_from(&[("d.rego", &rego)], &LoadOptions::default()).expect("loads");
+        let alice = Principal::os_user("c".into(), "alice".into(), 1000, vec![]);
+        let bob = Principal::os_user("c".into(), "bob".into(), 1001, vec![]);
+        for _ in 0..2 {
+            let a = set.tool_list(&alice).expect("alice's list");
+            let b = set.tool_list(&bob).expect("bob's list");
+            assert_eq!(a.keys().collect::<Vec<_>>(), ["mine"]);
+            assert_eq!(b.keys().collect::<Vec<_>>(), ["theirs"]);
+        }
+        // Reused for a while, then made again.
+        let kept = set
+            .tool_lists
+            .lock()
+            .expect("lock")
+            .get(&serde_json::json!({"principal": alice}).to_string())
+            .map(|(at, _)| *at)
+            .expect("alice's list is kept");
+        assert!(kept.elapsed() < TOOL_LIST_REUSE);
     }
 
     #[test]
