@@ -32,6 +32,12 @@ command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 # oidc-provider, tests/oidc/).
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# The README check's team part: a test CA and certificates (openssl), added
+# to the system's trust store (ca-certificates), and the metadata fetched
+# with curl, as the README does.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v update-ca-certificates >/dev/null 2>&1 || need+=(ca-certificates)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then

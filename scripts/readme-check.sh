@@ -120,7 +120,32 @@ log="$(mktemp)"
 $exec_start >>"$log" 2>&1 &
 daemon_pid=$!
 echo "$daemon_pid" >"$pidfile"
-trap 'kill "$daemon_pid" 2>/dev/null; wait "$daemon_pid" 2>/dev/null; rm -f "$log" "$pidfile"' EXIT
+team_dir=""
+provider_pid=""
+hosts_mark="# gateway readme-check"
+trusted_ca=/usr/local/share/ca-certificates/gateway-readme-check.crt
+cleanup() {
+  kill "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid" 2>/dev/null
+  rm -f "$log" "$pidfile"
+  if [ -n "$provider_pid" ]; then
+    kill "$provider_pid" 2>/dev/null
+    wait "$provider_pid" 2>/dev/null
+  fi
+  # /etc/hosts may be a bind mount (containers): rewritten in place.
+  if grep -q "$hosts_mark" /etc/hosts 2>/dev/null; then
+    local kept
+    kept="$(grep -v "$hosts_mark" /etc/hosts)"
+    printf '%s\n' "$kept" >/etc/hosts
+  fi
+  if [ -e "$trusted_ca" ]; then
+    rm -f "$trusted_ca"
+    update-ca-certificates --fresh >/dev/null 2>&1
+  fi
+  [ -z "$team_dir" ] || rm -rf "$team_dir"
+  return 0
+}
+trap cleanup EXIT
 for _ in $(seq 1 100); do
   [ -S /run/gateway/gateway.sock ] && break
   kill -0 "$daemon_pid" 2>/dev/null || { cat "$log" >&2; fail "the daemon exited"; }
@@ -163,3 +188,174 @@ applied="$(cd "$repo" && as "$agent" "${client_py[@]}" apply "$id")" || fail "th
 grep -q '^APPLIED ' <<<"$applied" || fail "not applied: $applied"
 [ -s "$repo/terraform/offline-demo/terraform.tfstate" ] || fail "no state written back into the agent's repository"
 say "ok: $applied"
+
+# 3. The team gateway: the blocks marked team-config (added to
+# /etc/gateway/gateway.toml), team-policy (who approves from the network)
+# and team (the commands), with a real OpenID provider (npm oidc-provider,
+# tests/oidc/provider.mjs) as login.example.com. What CI cannot do as a
+# company does, it does as the README says: the two names are loopback
+# addresses in /etc/hosts, the listen address is the one gateway.example
+# resolves to, a test CA made here is added to the system's trust store,
+# the daemon is restarted as its unit starts it, the people's browser
+# sign-ins are played by tests/oidc/login.py, and `ap-…` is the id the
+# agent was given.
+team_config="$(block team-config)"
+team_policy="$(block team-policy)"
+team="$(block team)"
+if [ -z "$team_config" ] || [ -z "$team_policy" ] || [ -z "$team" ]; then
+  fail "README.md lacks a block marked <!-- readme-check: team-config -->, team-policy or team"
+fi
+# shellcheck disable=SC2016 # the lines as the README spells them, unexpanded
+expected_team=(
+  'sudo systemctl restart gateway'
+  'curl -fsS https://gateway.example/.well-known/oauth-protected-resource/mcp'
+  'gateway client install claude-code --url https://gateway.example/mcp'
+  'export GATEWAY_URL=https://gateway.example/mcp'
+  'gateway login --issuer https://login.example.com --client-id gateway-cli'
+  'gateway approvals'
+  'gateway approve ap-… --reason "reviewed the replace of web" --key ~/.ssh/gateway_approver'
+)
+team_lines="$(sed 's/[[:space:]]*#.*$//; s/[[:space:]]*$//' <<<"$team")"
+for line in "${expected_team[@]}"; do
+  grep -qxF -- "$line" <<<"$team_lines" ||
+    fail "the README's team block no longer says: $line (update scripts/readme-check.sh with it)"
+done
+grep -qx 'listen = "0.0.0.0:443"' <<<"$team_config" ||
+  fail "the README's team-config block no longer listens on 0.0.0.0:443 (update scripts/readme-check.sh with it)"
+url=https://gateway.example/mcp
+issuer=https://login.example.com
+
+team_dir="$(mktemp -d)"
+chmod 755 "$team_dir"
+say "a test CA and certificates for gateway.example and login.example.com, the CA in the system's trust store"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj "/CN=gateway readme-check CA" -keyout "$team_dir/ca.key" -out "$team_dir/ca.pem" \
+  -addext "basicConstraints=critical,CA:true" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null ||
+  fail "openssl: the test CA"
+for name in gateway.example login.example.com; do
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$name" \
+    -keyout "$team_dir/$name.key" -out "$team_dir/$name.csr" 2>/dev/null || fail "openssl: $name's key"
+  printf 'subjectAltName=DNS:%s\nbasicConstraints=critical,CA:false\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' \
+    "$name" >"$team_dir/$name.ext"
+  openssl x509 -req -in "$team_dir/$name.csr" -CA "$team_dir/ca.pem" -CAkey "$team_dir/ca.key" \
+    -CAcreateserial -days 2 -extfile "$team_dir/$name.ext" -out "$team_dir/$name.pem" 2>/dev/null ||
+    fail "openssl: $name's certificate"
+done
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$team_dir/signing.pem" 2>/dev/null ||
+  fail "openssl: the provider's signing key"
+chmod 644 "$team_dir"/*
+cp "$team_dir/ca.pem" "$trusted_ca"
+update-ca-certificates >/dev/null 2>&1 || fail "update-ca-certificates"
+printf '127.0.0.2 login.example.com %s\n127.0.0.3 gateway.example %s\n' "$hosts_mark" "$hosts_mark" >>/etc/hosts
+
+say "the OpenID provider as $issuer (oidc-provider, tests/oidc/provider.mjs)"
+[ -d "$root/tests/oidc/node_modules/oidc-provider" ] ||
+  fail "tests/oidc/node_modules is missing: scripts/install-tools.sh oidc"
+cat >"$team_dir/provider.json" <<JSON_END
+{"issuer": "$issuer", "host": "127.0.0.2", "port": 443,
+ "tls": {"cert": "$team_dir/login.example.com.pem", "key": "$team_dir/login.example.com.key"},
+ "keys": ["$team_dir/signing.pem"], "resource": "$url",
+ "users": {"alice": {"email": "alice@example.com", "groups": ["developers"]},
+           "$approver": {"email": "$approver@example.com", "groups": ["gateway-approvers"]}},
+ "clients": [{"client_id": "gateway-cli", "token_endpoint_auth_method": "none", "redirect_uris": [],
+              "grant_types": ["urn:ietf:params:oauth:grant-type:device_code"], "response_types": []}],
+ "access_token_ttl": 600}
+JSON_END
+node "$root/tests/oidc/provider.mjs" "$team_dir/provider.json" >"$team_dir/provider.log" 2>&1 &
+provider_pid=$!
+for _ in $(seq 1 100); do
+  grep -q "ready" "$team_dir/provider.log" && break
+  kill -0 "$provider_pid" 2>/dev/null || { cat "$team_dir/provider.log" >&2; fail "the provider exited"; }
+  sleep 0.1
+done
+grep -q "ready" "$team_dir/provider.log" || fail "the provider is not ready after 10 s"
+
+say "the team-config block into /etc/gateway/gateway.toml, the team-policy block into the policy"
+install -d -m 0700 /etc/gateway/tls
+install -m 0644 "$team_dir/gateway.example.pem" /etc/gateway/tls/cert.pem
+install -m 0600 "$team_dir/gateway.example.key" /etc/gateway/tls/key.pem
+ws_module=/srv/gateway/workspace/terraform/offline-demo
+rm -rf "$ws_module"
+mkdir -p "$ws_module"
+cp "$root"/terraform/offline-demo/*.tf "$ws_module/"
+if grep -q '^\[http\]' /etc/gateway/gateway.toml; then
+  # This check's own, from a run before: replaced.
+  kept="$(sed '/^\[http\]/,$d' /etc/gateway/gateway.toml)"
+  printf '%s\n' "$kept" >/etc/gateway/gateway.toml
+fi
+{
+  printf '\n'
+  printf '%s\n' "${team_config/listen = \"0.0.0.0:443\"/listen = \"127.0.0.3:443\"}"
+} >>/etc/gateway/gateway.toml
+approvals_data=/etc/gateway/policies/config/approvals/data.yaml
+while IFS= read -r line; do
+  key="${line%%:*}"
+  key="${key#"${key%%[![:space:]]*}"}"
+  grep -qx "  $key: \[\]" "$approvals_data" || fail "$approvals_data has no empty $key to set"
+  kept="$(awk -v k="  $key: []" -v l="$line" '$0 == k { print l; next } { print }' "$approvals_data")"
+  printf '%s\n' "$kept" >"$approvals_data"
+done <<<"$team_policy"
+
+say "sudo systemctl restart gateway (the daemon restarted as its unit starts it)"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+: >"$log"
+# shellcheck disable=SC2086 # ExecStart is a command line, split as systemd splits it
+$exec_start >>"$log" 2>&1 &
+daemon_pid=$!
+echo "$daemon_pid" >"$pidfile"
+for _ in $(seq 1 100); do
+  grep -q "serving MCP over HTTP" "$log" && break
+  kill -0 "$daemon_pid" 2>/dev/null || { cat "$log" >&2; fail "the daemon exited"; }
+  sleep 0.1
+done
+grep -q "serving MCP over HTTP" "$log" || { cat "$log" >&2; fail "no HTTPS listener after 10 s"; }
+
+say "curl -fsS https://gateway.example/.well-known/oauth-protected-resource/mcp"
+metadata="$(curl -fsS https://gateway.example/.well-known/oauth-protected-resource/mcp)" || fail "the metadata"
+grep -qF "\"$issuer\"" <<<"$metadata" || fail "the metadata does not name $issuer: $metadata"
+
+team_path="$root/target/release:/usr/local/bin:/usr/bin:/bin"
+as_team() {
+  local u="$1"
+  shift
+  runuser -u "$u" -- env -i PATH="$team_path" HOME="$(getent passwd "$u" | cut -d: -f6)" USER="$u" \
+    GATEWAY_URL="$url" "$@"
+}
+
+say "gateway client install claude-code --url $url (as $agent)"
+(cd "$repo" && as_team "$agent" gateway client install claude-code --url "$url") || fail "client install --url"
+team_py=("$root/.tools/venv-user/bin/python" "$root/scripts/readme-team-client.py" alice)
+say "alice's agent over HTTPS (the SDK signs her in): terraform_plan, then terraform_apply"
+request="$(cd "$repo" && as "$agent" "${team_py[@]}" request)" || { cat "$log" >&2; fail "the remote request"; }
+id="$(sed -n 's/^APPROVAL //p' <<<"$request")"
+[ -n "$id" ] || fail "no approval id in: $request"
+
+say "gateway login --issuer $issuer --client-id gateway-cli (as $approver)"
+as_team "$approver" gateway login --issuer "$issuer" --client-id gateway-cli 2>"$team_dir/login.out" &
+login_pid=$!
+sign_in=""
+for _ in $(seq 1 100); do
+  sign_in="$(grep -o 'https://[^ ]*' "$team_dir/login.out" | head -n1 || true)"
+  [ -n "$sign_in" ] && break
+  kill -0 "$login_pid" 2>/dev/null || { cat "$team_dir/login.out" >&2; fail "gateway login ended"; }
+  sleep 0.1
+done
+[ -n "$sign_in" ] || fail "gateway login showed no address: $(cat "$team_dir/login.out")"
+"$root/.tools/venv/bin/python" "$root/tests/oidc/login.py" --device "$sign_in" --user "$approver" \
+  --ca /etc/ssl/certs/ca-certificates.crt >/dev/null || fail "the device sign-in"
+wait "$login_pid" || fail "gateway login: $(cat "$team_dir/login.out")"
+
+say "gateway approvals (as $approver, over HTTPS)"
+listed="$(cd "$approver_home" && as_team "$approver" gateway approvals)" || fail "gateway approvals"
+grep -qF "$id" <<<"$listed" || fail "$id is not among the approvals: $listed"
+
+say "gateway approve $id --reason … --key ~/.ssh/gateway_approver (as $approver, over HTTPS)"
+(cd "$approver_home" && as_team "$approver" gateway approve "$id" --reason "reviewed the replace of web" \
+  --key "$approver_home/.ssh/gateway_approver") || fail "the remote approve"
+
+say "alice's agent over HTTPS: terraform_apply with the approval"
+applied="$(cd "$repo" && as "$agent" "${team_py[@]}" apply "$id")" || { cat "$log" >&2; fail "the remote apply"; }
+grep -q '^APPLIED ' <<<"$applied" || fail "not applied: $applied"
+[ -s "$ws_module/terraform.tfstate" ] || fail "no state in the team workspace"
+say "ok (team): $applied"

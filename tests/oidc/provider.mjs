@@ -6,7 +6,7 @@
 //
 //   node tests/oidc/provider.mjs CONFIG.json
 //
-// CONFIG: {"issuer", "port", "tls": {"cert", "key"}, "keys": [PEM paths,
+// CONFIG: {"issuer", "port", "host" (default 127.0.0.1), "tls": {"cert", "key"}, "keys": [PEM paths,
 // the first signs], "resource", "users": {"login": {"email", "groups"}},
 // "clients": [client metadata], "access_token_ttl"}. Prints one line,
 // "oidc-provider: ready <issuer>", once it listens.
@@ -93,7 +93,7 @@ const server = https.createServer(
   { cert: readFileSync(config.tls.cert), key: readFileSync(config.tls.key) },
   provider.callback(),
 );
-server.listen(config.port, '127.0.0.1', () => {
+server.listen(config.port, config.host || '127.0.0.1', () => {
   process.stdout.write(`oidc-provider: ready ${config.issuer}\n`);
 });
 process.on('SIGTERM', () => server.close(() => process.exit(0)));
