@@ -79,9 +79,12 @@ struct Keys {
     unnamed: Vec<(Jwk, DecodingKey)>,
     fetched: Option<Instant>,
     jwks_uri: Option<String>,
-    /// Counts the fetches: a token verified under an older fetch is
-    /// checked again (its key may have been withdrawn).
+    /// Counts the changes of the key set: a token verified under an older
+    /// set is checked again (its key may have been withdrawn).
     generation: u64,
+    /// The key set last fetched, as JSON (a fetch that brings the same
+    /// keys changes nothing).
+    fetched_set: String,
 }
 
 /// The most tokens kept verified (one a person, give or take).
@@ -91,8 +94,9 @@ pub const MAX_VERIFIED: usize = 4096;
 #[derive(Clone)]
 struct Verified {
     principal: Principal,
-    /// The token's `exp`, in seconds since the epoch.
+    /// The token's `exp` and `nbf`, in seconds since the epoch.
     exp: i64,
+    nbf: Option<i64>,
     issuer: usize,
     generation: u64,
 }
@@ -210,6 +214,15 @@ impl Verifier {
         client: &str,
     ) -> Result<Principal, (AuthError, TokenFacts)> {
         use sha2::Digest;
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err((
+                AuthError::InvalidToken(format!(
+                    "the token is {} bytes, more than the {MAX_TOKEN_BYTES} accepted",
+                    token.len()
+                )),
+                TokenFacts::default(),
+            ));
+        }
         let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         if let Some(mut principal) = self.still_verified(&digest) {
             principal.client = client.to_string();
@@ -241,7 +254,10 @@ impl Verifier {
             .cloned()?;
         let issuer = self.issuers.get(v.issuer)?;
         let now = chrono::Utc::now().timestamp();
-        if v.exp.saturating_add(issuer.config.leeway_seconds as i64) < now {
+        let leeway = issuer.config.leeway_seconds as i64;
+        if v.exp.saturating_add(leeway) < now
+            || v.nbf.is_some_and(|n| n > now.saturating_add(leeway))
+        {
             return None;
         }
         let keys = issuer.keys.read().unwrap_or_else(|e| e.into_inner());
@@ -463,6 +479,9 @@ impl Verifier {
         let exp = claims
             .get("exp")
             .and_then(|e| e.as_i64().or_else(|| e.as_f64().map(|f| f.floor() as i64)));
+        let nbf = claims
+            .get("nbf")
+            .and_then(|e| e.as_i64().or_else(|| e.as_f64().map(|f| f.ceil() as i64)));
         let Some(exp) = exp else {
             return Err((
                 AuthError::InvalidToken("the token's exp is not a number".into()),
@@ -484,6 +503,7 @@ impl Verifier {
         Ok(Verified {
             principal,
             exp,
+            nbf,
             issuer: index,
             generation,
         })
@@ -584,6 +604,7 @@ impl Issuer {
             .await
             .and_then(|v| serde_json::from_value(v).map_err(|e| format!("its JWKS: {e}")))
             .map_err(unavailable)?;
+        let fetched_set = serde_json::to_string(&set.keys).unwrap_or_default();
         let mut by_kid = HashMap::new();
         let mut unnamed = Vec::new();
         for jwk in set.keys {
@@ -611,7 +632,10 @@ impl Issuer {
         let mut k = self.keys.write().unwrap_or_else(|e| e.into_inner());
         k.by_kid = by_kid;
         k.unnamed = unnamed;
-        k.generation += 1;
+        if k.fetched_set != fetched_set {
+            k.generation += 1;
+            k.fetched_set = fetched_set;
+        }
         Ok(())
     }
 

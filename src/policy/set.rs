@@ -3,6 +3,7 @@
 use std::num::NonZeroU32;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use regorus::utils::limits::{ExecutionTimerConfig, LimitError};
@@ -51,7 +52,7 @@ pub struct PolicySet {
     /// For a set loaded from a signed bundle: the key and the revision.
     pub signed: Option<super::bundle::Verified>,
     /// Tool lists made lately, by principal (see [`PolicySet::tool_list`]).
-    tool_lists: std::sync::Mutex<std::collections::HashMap<String, (Instant, ToolList)>>,
+    tool_lists: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<ToolList>)>>,
 }
 
 /// The tools a principal is shown, by name.
@@ -61,8 +62,9 @@ pub type ToolList = serde_json::Map<String, serde_json::Value>;
 /// shapes what a client is shown (every call is decided again); a policy
 /// that shows tools by the hour is late by at most this much.
 pub const TOOL_LIST_REUSE: Duration = Duration::from_secs(2);
-/// The most principals whose tool list is kept.
-const TOOL_LISTS_KEPT: usize = 1024;
+/// The most principals whose tool list is kept (a client names itself, so
+/// one person can make many principals: the lists expire on every insert).
+const TOOL_LISTS_KEPT: usize = 256;
 
 /// The outcome of one decision.
 #[derive(Debug, Clone)]
@@ -240,24 +242,23 @@ impl PolicySet {
         // checking the list again: one evaluation serves them all for
         // [`TOOL_LIST_REUSE`] (this set's own: a reload starts afresh).
         let key = input.to_string();
-        let reuse = |kept: &std::collections::HashMap<String, (Instant, ToolList)>| {
-            kept.get(&key)
-                .filter(|(at, _)| at.elapsed() < TOOL_LIST_REUSE)
-                .map(|(_, l)| l.clone())
-        };
-        if let Some(l) = reuse(&self.tool_lists.lock().unwrap_or_else(|e| e.into_inner())) {
-            return Ok(l);
+        let reused = self
+            .tool_lists
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < TOOL_LIST_REUSE)
+            .map(|(_, l)| Arc::clone(l));
+        if let Some(l) = reused {
+            return Ok(Arc::unwrap_or_clone(l));
         }
         match self.eval_rule(super::TOOL_LIST_RULE, regorus::Value::from(input))? {
             serde_json::Value::Object(m) => {
                 let mut kept = self.tool_lists.lock().unwrap_or_else(|e| e.into_inner());
-                if kept.len() >= TOOL_LISTS_KEPT {
-                    kept.retain(|_, (at, _)| at.elapsed() < TOOL_LIST_REUSE);
-                    if kept.len() >= TOOL_LISTS_KEPT {
-                        kept.clear();
-                    }
+                kept.retain(|_, (at, _)| at.elapsed() < TOOL_LIST_REUSE);
+                if kept.len() < TOOL_LISTS_KEPT {
+                    kept.insert(key, (Instant::now(), Arc::new(m.clone())));
                 }
-                kept.insert(key, (Instant::now(), m.clone()));
                 Ok(m)
             }
             other => Err(PolicyError::Contract(format!(
