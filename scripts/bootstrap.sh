@@ -38,6 +38,9 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v update-ca-certificates >/dev/null 2>&1 || need+=(ca-certificates)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# PostgreSQL: the shared store of a team gateway; the store tests start
+# their own server from its binaries (tests/support/postgres.rs).
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,0 +1,306 @@
+//! [`Db`] on PostgreSQL, shared by every replica of a team gateway: each
+//! write is a SERIALIZABLE transaction (run again when PostgreSQL gives it
+//! up for a concurrent one), so a store's read-check-write is as if it
+//! were alone, across processes and hosts.
+//!
+//! The client is the `postgres` crate (synchronous, over tokio-postgres):
+//! stores are called from synchronous code; inside an async runtime a call
+//! runs on a scoped thread of its own, since the client drives a runtime
+//! of its own. A lost connection is made again on the next call; while
+//! the database is away every call fails, with the database's reason.
+//! Schemas are versioned with `refinery`, one history table per store,
+//! under an advisory lock so that replicas starting together migrate once.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use postgres::types::{IsNull, ToSql, Type};
+use postgres::{Client, Config, IsolationLevel, NoTls};
+
+use super::{Body, Db, DbError, End, Row, SqlValue, Tx};
+
+/// How many times a transaction PostgreSQL gave up is run again.
+const RETRIES: u32 = 30;
+/// The advisory lock key migrations hold ("gateway" in ASCII).
+const MIGRATION_LOCK: i64 = 0x0067_6174_6577_6179;
+
+pub struct PostgresDb {
+    config: Config,
+    describe: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl std::fmt::Debug for PostgresDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresDb")
+            .field("at", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresDb {
+    /// A database from a libpq connection string or URL (its password, if
+    /// any, is never shown). Connects at once: a database that cannot be
+    /// reached is an error here, not at the first call.
+    pub fn connect(conninfo: &str) -> Result<PostgresDb, DbError> {
+        let mut config: Config = conninfo
+            .parse()
+            .map_err(|e: postgres::Error| DbError::Other(format!("the connection string: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        config.keepalives(true);
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                postgres::config::Host::Tcp(h) => h.clone(),
+                postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect();
+        let describe = format!(
+            "postgresql database {} at {}{} as {}",
+            config.get_dbname().unwrap_or("(default)"),
+            hosts.join(","),
+            config
+                .get_ports()
+                .first()
+                .map(|p| format!(":{p}"))
+                .unwrap_or_default(),
+            config.get_user().unwrap_or("(default)")
+        );
+        let db = PostgresDb {
+            config,
+            describe,
+            client: Mutex::new(None),
+        };
+        db.with_client(|_| Ok(()))?;
+        Ok(db)
+    }
+
+    /// Bring a store's schema up to date: `migrations` are refinery's
+    /// `V<n>__<name>` and their SQL, kept in `table`.
+    pub fn migrate(&self, table: &str, migrations: &[(&str, &str)]) -> Result<(), DbError> {
+        let list = migrations
+            .iter()
+            .map(|(name, sql)| refinery::Migration::unapplied(name, sql))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| DbError::Other(format!("a migration: {e}")))?;
+        let table = table.to_string();
+        self.with_client(move |client| {
+            client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
+            let ran = refinery::Runner::new(&list)
+                .set_migration_table_name(&table)
+                .run(client)
+                .map_err(|e| DbError::Other(format!("migrating {table}: {e}")));
+            client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
+            ran.map(|_| ())
+        })
+    }
+
+    /// Run `f` with a live client (made again if it was lost), off any
+    /// async runtime.
+    fn with_client<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, DbError> + Send,
+    ) -> Result<T, DbError> {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let held = slot.take().filter(|c| !c.is_closed());
+        let config = &self.config;
+        let (kept, result) = off_runtime(move || {
+            let mut client = match held {
+                Some(c) => c,
+                None => match config.connect(NoTls) {
+                    Ok(c) => c,
+                    Err(e) => return (None, Err(DbError::from(e))),
+                },
+            };
+            let r = f(&mut client);
+            (Some(client), r)
+        });
+        *slot = kept;
+        result
+    }
+
+    fn transaction(&self, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
+        self.with_client(|client| {
+            let mut attempt = 0;
+            loop {
+                let run = (|| -> Result<(), DbError> {
+                    let mut tx = client
+                        .build_transaction()
+                        .isolation_level(IsolationLevel::Serializable)
+                        .read_only(read_only)
+                        .start()?;
+                    match body(&mut PgTx(&mut tx))? {
+                        End::Commit if !read_only => tx.commit()?,
+                        _ => tx.rollback()?,
+                    }
+                    Ok(())
+                })();
+                match run {
+                    Err(e) if e.retryable() && attempt < RETRIES => {
+                        attempt += 1;
+                        // A little apart, so that the same two do not
+                        // collide again at once.
+                        std::thread::sleep(Duration::from_millis(u64::from(attempt) + jitter_ms()));
+                    }
+                    other => return other,
+                }
+            }
+        })
+    }
+}
+
+fn jitter_ms() -> u64 {
+    let mut b = [0u8; 1];
+    let _ = getrandom::fill(&mut b);
+    u64::from(b[0] % 8)
+}
+
+/// `f` run where a blocking client may block: on a scoped thread when
+/// this thread drives an async runtime.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        })
+    } else {
+        f()
+    }
+}
+
+impl Db for PostgresDb {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn write(&self, body: &mut Body<'_>) -> Result<(), DbError> {
+        self.transaction(body, false)
+    }
+
+    fn read(&self, body: &mut Body<'_>) -> Result<(), DbError> {
+        self.transaction(body, true)
+    }
+}
+
+/// A NULL of whatever type the statement wants.
+#[derive(Debug)]
+struct AnyNull;
+
+impl ToSql for AnyNull {
+    fn to_sql(
+        &self,
+        _: &Type,
+        _: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(IsNull::Yes)
+    }
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+    postgres::types::to_sql_checked!();
+}
+
+struct PgTx<'a, 'b>(&'a mut postgres::Transaction<'b>);
+
+/// `?1`-style parameters as PostgreSQL's `$1`.
+fn dollar(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
+    params
+        .iter()
+        .map(|p| -> Box<dyn ToSql + Sync + Send> {
+            match p {
+                SqlValue::Null => Box::new(AnyNull),
+                SqlValue::Int(v) => Box::new(*v),
+                SqlValue::Text(v) => Box::new(v.clone()),
+                SqlValue::Bool(v) => Box::new(*v),
+            }
+        })
+        .collect()
+}
+
+impl Tx for PgTx<'_, '_> {
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        let bound = bind(params);
+        let refs: Vec<&(dyn ToSql + Sync)> = bound
+            .iter()
+            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        Ok(self.0.execute(&dollar(sql), &refs)?)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError> {
+        let bound = bind(params);
+        let refs: Vec<&(dyn ToSql + Sync)> = bound
+            .iter()
+            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        let rows = self.0.query(&dollar(sql), &refs)?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| {
+                        let t = r.columns()[i].type_().clone();
+                        Ok(match t {
+                            Type::INT8 => r.try_get::<_, Option<i64>>(i)?.map(SqlValue::Int),
+                            Type::INT4 => r
+                                .try_get::<_, Option<i32>>(i)?
+                                .map(|v| SqlValue::Int(i64::from(v))),
+                            Type::INT2 => r
+                                .try_get::<_, Option<i16>>(i)?
+                                .map(|v| SqlValue::Int(i64::from(v))),
+                            Type::BOOL => r.try_get::<_, Option<bool>>(i)?.map(SqlValue::Bool),
+                            Type::TEXT | Type::VARCHAR | Type::NAME | Type::BPCHAR => {
+                                r.try_get::<_, Option<String>>(i)?.map(SqlValue::Text)
+                            }
+                            other => {
+                                return Err(DbError::Shape(format!(
+                                    "column {i}: unexpected type {other}"
+                                )));
+                            }
+                        }
+                        .unwrap_or(SqlValue::Null))
+                    })
+                    .collect::<Result<Vec<_>, DbError>>()
+                    .map(Row)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parameters_are_renamed_for_postgresql() {
+        assert_eq!(
+            super::dollar("SELECT a FROM t WHERE b = ?1 AND c IN (?2, ?12) AND d = '?'"),
+            "SELECT a FROM t WHERE b = $1 AND c IN ($2, $12) AND d = '?'"
+        );
+    }
+
+    #[test]
+    fn a_connection_string_with_a_password_is_never_shown() {
+        let e = super::PostgresDb::connect(
+            "host=127.0.0.1 port=9 user=u password=hunter2-secret dbname=d connect_timeout=1",
+        )
+        .expect_err("nothing listens on port 9");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let e = super::PostgresDb::connect("postgresql://u:hunter2-secret@127.0.0.1:9/d")
+            .expect_err("nothing listens on port 9");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+}

@@ -1,0 +1,458 @@
+//! One conformance suite for the approval store, run against each of its
+//! databases: SQLite (a file, the embedded default) and a real PostgreSQL
+//! (tests/support/postgres.rs). Every case runs on a fresh database of
+//! each; the concurrency cases open several stores on one database, as
+//! several replicas (or the daemon and the CLI) do.
+
+#[path = "support/postgres.rs"]
+mod pg;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use gateway::approvals::{Approval, ApprovalStore, Approver, NewApproval, Refusal, State};
+use serde_json::json;
+
+const MIN30: Duration = Duration::from_secs(1800);
+
+fn new(approvers: u32, ttl: Duration) -> NewApproval {
+    NewApproval {
+        tool: "terraform_apply".into(),
+        params: json!({"working_dir": "terraform/offline-demo"}),
+        plan_sha256: Some("aa".repeat(32)),
+        plan_summary: json!([{"address": "terraform_data.web", "actions": ["delete", "create"], "reason": null, "paths": []}]),
+        signals: json!([{"kind": "replace"}]),
+        request_id: "req-1".into(),
+        requested_by: "alice".into(),
+        requested_client: "test".into(),
+        requester: serde_json::Value::Null,
+        approvers_required: approvers,
+        ttl,
+        reason_required: false,
+    }
+}
+
+fn who(name: &str) -> Approver {
+    Approver {
+        identity: None,
+        name: name.into(),
+        kind: "os_user",
+        os_user: name.into(),
+        signed: None,
+    }
+}
+
+fn spend(s: &mut ApprovalStore, id: &str) -> Result<Approval, Refusal> {
+    s.spend(
+        id,
+        "terraform_apply",
+        &json!({"working_dir": "terraform/offline-demo"}),
+        Some(&"aa".repeat(32)),
+        "req-2",
+    )
+    .expect("db")
+}
+
+/// Of 32 spenders of one granted approval, each on its own connection,
+/// exactly one succeeds and every other is told it was spent.
+fn one_spend_among_many(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s.create(&new(1, MIN30)).expect("create");
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    let spent = AtomicUsize::new(0);
+    let refused = AtomicUsize::new(0);
+    let barrier = std::sync::Barrier::new(32);
+    std::thread::scope(|scope| {
+        for i in 0..32 {
+            let (id, spent, refused, barrier) = (&a.id, &spent, &refused, &barrier);
+            scope.spawn(move || {
+                let mut mine = make();
+                barrier.wait();
+                match mine
+                    .spend(
+                        id,
+                        "terraform_apply",
+                        &json!({"working_dir": "terraform/offline-demo"}),
+                        Some(&"aa".repeat(32)),
+                        &format!("req-{i}"),
+                    )
+                    .expect("db")
+                {
+                    Ok(_) => spent.fetch_add(1, Ordering::SeqCst),
+                    Err(Refusal::AlreadySpent { .. }) => refused.fetch_add(1, Ordering::SeqCst),
+                    Err(other) => panic!("a spender was refused otherwise: {other}"),
+                };
+            });
+        }
+    });
+    assert_eq!(spent.load(Ordering::SeqCst), 1, "exactly one spend");
+    assert_eq!(refused.load(Ordering::SeqCst), 31);
+    let read = s.get(&a.id).expect("db").expect("a");
+    assert_eq!(read.state, State::Spent);
+}
+
+/// Two approvers granting at once an approval that needs both: it ends
+/// approved, with both verdicts (neither grant is lost to the other).
+fn two_grants_at_once_both_count(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    for _ in 0..5 {
+        let mut s = make();
+        let (a, _) = s.create(&new(2, MIN30)).expect("create");
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            for name in ["bob", "carol"] {
+                let (id, barrier) = (&a.id, &barrier);
+                scope.spawn(move || {
+                    let mut mine = make();
+                    barrier.wait();
+                    mine.grant(id, &who(name), "")
+                        .expect("db")
+                        .expect("granted");
+                });
+            }
+        });
+        let read = s.get(&a.id).expect("db").expect("a");
+        assert_eq!(read.verdicts.len(), 2);
+        assert_eq!(read.state, State::Approved, "{read:?}");
+    }
+}
+
+fn create_grant_spend_then_refuse_reuse(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s.create(&new(1, MIN30)).expect("create");
+    assert_eq!(a.state, State::Pending);
+    assert!(
+        a.id.starts_with("ap-") && a.id.len() == 43,
+        "160 random bits: {}",
+        a.id
+    );
+    assert_eq!(
+        spend(&mut s, &a.id).map(|_| ()),
+        Err(Refusal::NotApproved {
+            id: a.id.clone(),
+            given: 0,
+            needed: 1
+        })
+    );
+    let g = s
+        .grant(&a.id, &who("bob"), "looks right")
+        .expect("db")
+        .expect("granted");
+    assert_eq!(g.state, State::Approved);
+    let spent = spend(&mut s, &a.id).expect("spent");
+    assert_eq!(spent.state, State::Spent);
+    assert_eq!(spent.spent_request_id.as_deref(), Some("req-2"));
+    assert_eq!(
+        spend(&mut s, &a.id).map(|_| ()),
+        Err(Refusal::AlreadySpent { id: a.id.clone() })
+    );
+    assert_eq!(
+        s.grant(&a.id, &who("carol"), "").expect("db").map(|_| ()),
+        Err(Refusal::AlreadySpent { id: a.id.clone() })
+    );
+}
+
+fn only_the_spending_request_records_the_outcome_and_only_once(
+    make: &(dyn Fn() -> ApprovalStore + Sync),
+) {
+    let mut s = make();
+    let (a, _) = s.create(&new(1, MIN30)).expect("create");
+    let done = json!({"status": "completed", "ok": true});
+    // Not spent yet: nothing to record.
+    assert!(!s.record_outcome(&a.id, "req-2", &done).expect("db"));
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    spend(&mut s, &a.id).expect("spent");
+    assert_eq!(s.get(&a.id).expect("db").expect("a").outcome, None);
+    // Another request cannot write the spender's outcome.
+    assert!(!s.record_outcome(&a.id, "req-9", &done).expect("db"));
+    assert!(s.record_outcome(&a.id, "req-2", &done).expect("db"));
+    let later = json!({"status": "refused"});
+    assert!(!s.record_outcome(&a.id, "req-2", &later).expect("db"));
+    let read = s.get(&a.id).expect("db").expect("a");
+    assert_eq!(read.outcome, Some(done));
+    assert!(read.outcome_at.is_some());
+}
+
+fn params_plan_and_tool_are_bound(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s.create(&new(1, MIN30)).expect("create");
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    let other_params = s
+        .spend(
+            &a.id,
+            "terraform_apply",
+            &json!({"working_dir": "terraform/k8s-demo"}),
+            Some(&"aa".repeat(32)),
+            "r",
+        )
+        .expect("db");
+    assert_eq!(
+        other_params.map(|_| ()),
+        Err(Refusal::ParamsMismatch { id: a.id.clone() })
+    );
+    let other_plan = s
+        .spend(
+            &a.id,
+            "terraform_apply",
+            &json!({"working_dir": "terraform/offline-demo"}),
+            Some(&"bb".repeat(32)),
+            "r",
+        )
+        .expect("db");
+    assert_eq!(
+        other_plan.map(|_| ()),
+        Err(Refusal::PlanMismatch { id: a.id.clone() })
+    );
+    let no_plan = s
+        .spend(
+            &a.id,
+            "terraform_apply",
+            &json!({"working_dir": "terraform/offline-demo"}),
+            None,
+            "r",
+        )
+        .expect("db");
+    assert_eq!(
+        no_plan.map(|_| ()),
+        Err(Refusal::PlanMismatch { id: a.id.clone() })
+    );
+    let other_tool = s
+        .spend(
+            &a.id,
+            "terraform_plan",
+            &json!({"working_dir": "terraform/offline-demo"}),
+            Some(&"aa".repeat(32)),
+            "r",
+        )
+        .expect("db");
+    assert!(matches!(other_tool, Err(Refusal::ToolMismatch { .. })));
+    // Key order in params does not matter (canonical digest).
+    assert!(spend(&mut s, &a.id).is_ok());
+}
+
+fn expiry_is_checked_at_read_grant_and_spend(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s
+        .create(&new(1, Duration::from_millis(300)))
+        .expect("create");
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        s.get(&a.id).expect("db").map(|x| x.state),
+        Some(State::Expired)
+    );
+    assert!(matches!(spend(&mut s, &a.id), Err(Refusal::Expired { .. })));
+    let (b, _) = s.create(&new(1, Duration::from_millis(1))).expect("create");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(matches!(
+        s.grant(&b.id, &who("bob"), "").expect("db"),
+        Err(Refusal::Expired { .. })
+    ));
+    assert!(
+        s.list(false).expect("list").is_empty(),
+        "expired ones are not pending"
+    );
+    assert_eq!(s.list(true).expect("list").len(), 2);
+}
+
+fn a_denial_ends_it(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s.create(&new(2, MIN30)).expect("create");
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    let d = s
+        .deny(&a.id, &who("carol"), "not during the freeze")
+        .expect("db")
+        .expect("denied");
+    assert_eq!(d.state, State::Denied);
+    assert_eq!(
+        s.grant(&a.id, &who("dave"), "").expect("db").map(|_| ()),
+        Err(Refusal::Denied { id: a.id.clone() })
+    );
+    assert_eq!(
+        spend(&mut s, &a.id).map(|_| ()),
+        Err(Refusal::Denied { id: a.id.clone() })
+    );
+}
+
+fn one_identity_counts_once(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let (a, _) = s.create(&new(2, MIN30)).expect("create");
+    let one = s
+        .grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("recorded");
+    assert_eq!((one.state, one.grants()), (State::Pending, 1));
+    assert!(matches!(
+        s.grant(&a.id, &who("bob"), "again").expect("db"),
+        Err(Refusal::DuplicateApprover { .. })
+    ));
+    assert!(matches!(
+        spend(&mut s, &a.id),
+        Err(Refusal::NotApproved {
+            given: 1,
+            needed: 2,
+            ..
+        })
+    ));
+    let two = s
+        .grant(&a.id, &who("carol"), "")
+        .expect("db")
+        .expect("approved");
+    assert_eq!((two.state, two.grants()), (State::Approved, 2));
+    assert!(spend(&mut s, &a.id).is_ok());
+}
+
+fn a_new_plan_of_the_same_call_supersedes_older_live_approvals(
+    make: &(dyn Fn() -> ApprovalStore + Sync),
+) {
+    let mut s = make();
+    let (first, none) = s.create(&new(1, MIN30)).expect("create");
+    assert!(none.is_empty());
+    let (approved, _) = s.create(&new(1, MIN30)).expect("create");
+    assert_eq!(
+        s.get(&first.id)
+            .expect("db")
+            .map(|a| (a.state, a.superseded_by)),
+        Some((State::Superseded, Some(approved.id.clone())))
+    );
+    s.grant(&approved.id, &who("bob"), "ok")
+        .expect("db")
+        .expect("granted");
+    let mut other = new(1, MIN30);
+    other.params = json!({"working_dir": "terraform/k8s-demo"});
+    let (unrelated, none) = s.create(&other).expect("create");
+    assert!(none.is_empty(), "other params supersede nothing");
+    let mut someone_else = new(1, MIN30);
+    someone_else.requested_by = "mallory".into();
+    let (_, none) = s.create(&someone_else).expect("create");
+    assert!(
+        none.is_empty(),
+        "another user's plan supersedes nothing of alice's"
+    );
+    let (newest, gone) = s.create(&new(1, MIN30)).expect("create");
+    assert_eq!(
+        gone,
+        vec![approved.id.clone()],
+        "an approved, unspent one goes too"
+    );
+    assert_eq!(
+        spend(&mut s, &approved.id).map(|_| ()),
+        Err(Refusal::Superseded {
+            id: approved.id.clone(),
+            by: newest.id.clone()
+        })
+    );
+    assert!(matches!(
+        s.grant(&first.id, &who("bob"), "").expect("db"),
+        Err(Refusal::Superseded { .. })
+    ));
+    assert_eq!(
+        s.get(&unrelated.id).expect("db").map(|a| a.state),
+        Some(State::Pending)
+    );
+    assert_eq!(s.list(false).expect("list").len(), 3);
+}
+
+fn a_required_reason_must_be_given(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    let mut n = new(1, MIN30);
+    n.reason_required = true;
+    let (a, _) = s.create(&n).expect("create");
+    assert_eq!(
+        s.grant(&a.id, &who("bob"), "  ").expect("db").map(|_| ()),
+        Err(Refusal::ReasonRequired { id: a.id.clone() })
+    );
+    assert!(
+        s.grant(&a.id, &who("bob"), "checked the plan")
+            .expect("db")
+            .is_ok()
+    );
+}
+
+fn unknown_ids_are_refused(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let mut s = make();
+    assert_eq!(
+        spend(&mut s, "ap-nope").map(|_| ()),
+        Err(Refusal::UnknownId {
+            id: "ap-nope".into()
+        })
+    );
+    assert_eq!(
+        s.grant("ap-nope", &who("bob"), "").expect("db").map(|_| ()),
+        Err(Refusal::UnknownId {
+            id: "ap-nope".into()
+        })
+    );
+}
+
+/// Every case, each on a fresh database from `fresh` (which returns a
+/// maker of stores on that database).
+fn conformance(fresh: &dyn Fn(&str) -> Box<dyn Fn() -> ApprovalStore + Sync>) {
+    type Case = fn(&(dyn Fn() -> ApprovalStore + Sync));
+    let cases: &[(&str, Case)] = &[
+        (
+            "create_grant_spend_then_refuse_reuse",
+            create_grant_spend_then_refuse_reuse,
+        ),
+        (
+            "only_the_spending_request_records_the_outcome_and_only_once",
+            only_the_spending_request_records_the_outcome_and_only_once,
+        ),
+        (
+            "params_plan_and_tool_are_bound",
+            params_plan_and_tool_are_bound,
+        ),
+        (
+            "expiry_is_checked_at_read_grant_and_spend",
+            expiry_is_checked_at_read_grant_and_spend,
+        ),
+        ("a_denial_ends_it", a_denial_ends_it),
+        ("one_identity_counts_once", one_identity_counts_once),
+        (
+            "a_new_plan_of_the_same_call_supersedes_older_live_approvals",
+            a_new_plan_of_the_same_call_supersedes_older_live_approvals,
+        ),
+        (
+            "a_required_reason_must_be_given",
+            a_required_reason_must_be_given,
+        ),
+        ("unknown_ids_are_refused", unknown_ids_are_refused),
+        ("one_spend_among_many", one_spend_among_many),
+        (
+            "two_grants_at_once_both_count",
+            two_grants_at_once_both_count,
+        ),
+    ];
+    for (name, case) in cases {
+        eprintln!("case {name}");
+        let make = fresh(name);
+        case(make.as_ref());
+    }
+}
+
+#[test]
+fn the_approval_store_conforms_on_sqlite() {
+    let dirs = tempfile::tempdir().expect("tmp");
+    conformance(&|name| {
+        let path = dirs.path().join(format!("{name}.db"));
+        Box::new(move || ApprovalStore::open(&path).expect("open"))
+    });
+}
+
+#[test]
+fn the_approval_store_conforms_on_postgresql() {
+    let server = pg::Postgres::start();
+    conformance(&|name| {
+        let conninfo = server.database(name);
+        Box::new(move || ApprovalStore::postgres(&conninfo).expect("connect"))
+    });
+}

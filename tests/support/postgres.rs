@@ -1,0 +1,178 @@
+//! A real PostgreSQL server for a test (Debian's `postgresql` package,
+//! installed by scripts/bootstrap.sh): a cluster made by `initdb` in a
+//! temporary directory, listening only on a Unix socket there, on a private
+//! port, run as the `postgres` OS user when the tests run as root
+//! (PostgreSQL refuses root). A missing PostgreSQL is a test failure, never
+//! a skip. The server is killed when this is dropped, or when the thread
+//! that started it ends.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Postgres {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin`.
+pub fn bin_dir() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, b)| b)
+        .expect("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/postgres): run scripts/bootstrap.sh")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let bin = bin_dir();
+        let dir = tempfile::tempdir().expect("tmp");
+        let user = if nix::unistd::geteuid().is_root() {
+            let pw = nix::unistd::User::from_name("postgres")
+                .expect("passwd")
+                .expect("the postgres OS user (Debian's postgresql package makes it)");
+            nix::unistd::chown(dir.path(), Some(pw.uid), Some(pw.gid)).expect("chown");
+            Some((pw.uid.as_raw(), pw.gid.as_raw()))
+        } else {
+            None
+        };
+        let mut pg = Postgres {
+            port: free_port(),
+            dir,
+            child: None,
+            bin,
+            user,
+        };
+        let out = pg
+            .command("initdb")
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(pg.data())
+            .output()
+            .expect("initdb");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.run();
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(self.bin.join(program));
+        if let Some((uid, gid)) = self.user {
+            c.uid(uid).gid(gid);
+        }
+        c.env_remove("PGHOST").env_remove("PGPORT");
+        c
+    }
+
+    /// Start the server (again) on the same port and data.
+    pub fn run(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("postgres.log")).expect("log");
+        let mut c = self.command("postgres");
+        c.arg("-D")
+            .arg(self.data())
+            .args(["-k"])
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string(), "-c", "listen_addresses="])
+            .stdout(Stdio::null())
+            .stderr(log);
+        // Killed with the thread that started it, whatever becomes of the
+        // test (set after the uid change, so it survives the exec).
+        unsafe {
+            c.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        self.child = Some(c.spawn().expect("postgres"));
+        let started = Instant::now();
+        loop {
+            if postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls).is_ok() {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "PostgreSQL did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, as a crash would; `run` starts it again.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+
+    /// A libpq connection string for database `db`.
+    pub fn conninfo(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={db}",
+            self.dir.path().display(),
+            self.port
+        )
+    }
+
+    /// A new, empty database; its connection string.
+    pub fn database(&self, name: &str) -> String {
+        let mut c = postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls)
+            .expect("connect");
+        c.batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create database");
+        self.conninfo(name)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
