@@ -11,17 +11,17 @@
 //! Before the pipeline owned the apply, each of these killed the sandbox
 //! after the spend: no state came back and the approval read `spent`.
 
+#[path = "support/agent.rs"]
+mod agent;
 mod common;
 #[path = "support/daemon.rs"]
 mod daemon;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agent::Agent;
 use daemon::{AGENT, APPROVER, Daemon};
 use serde_json::{Value, json};
 
@@ -29,112 +29,6 @@ const MODULE: &str = "terraform/offline-demo";
 
 fn gateway() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
-}
-
-/// The agent: `gateway serve` run as the agent's OS user, spoken to in
-/// JSON-RPC lines (the 2025-11-25 handshake).
-struct Agent {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<Value>,
-}
-
-impl Agent {
-    fn start(d: &Daemon, workspace: &Path, home: &Path) -> Agent {
-        let mut c = daemon::as_user(AGENT, home, &[("GATEWAY_SOCKET", &d.socket)], &gateway());
-        c.arg("serve")
-            .arg("--workspace")
-            .arg(workspace)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            // Its own process group: "kill the agent's serve" kills it all.
-            .process_group(0);
-        let mut child = c.spawn().expect("gateway serve as the agent");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && tx.send(v).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let mut a = Agent {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-        };
-        a.send(
-            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "hostile-agent", "version": "1"}}}),
-        );
-        a.wait(|v| v["id"] == 0, Duration::from_secs(30));
-        a.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        a
-    }
-
-    fn send(&mut self, v: Value) {
-        let stdin = self.stdin.as_mut().expect("stdin still open");
-        writeln!(stdin, "{v}").expect("write to serve");
-        stdin.flush().expect("flush");
-    }
-
-    /// terraform_apply as request `id`, with a progress token.
-    fn apply(&mut self, id: u64, args: Value) {
-        self.send(
-            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": "terraform_apply", "arguments": args, "_meta": {"progressToken": "p"}}}),
-        );
-    }
-
-    /// The first message `pred` holds for; every message before it is
-    /// dropped.
-    fn wait(&self, pred: impl Fn(&Value) -> bool, within: Duration) -> Value {
-        let started = Instant::now();
-        loop {
-            let left = within.saturating_sub(started.elapsed());
-            match self.lines.recv_timeout(left) {
-                Ok(v) if pred(&v) => return v,
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => panic!("no such message within {within:?}"),
-                Err(RecvTimeoutError::Disconnected) => panic!("serve closed its output"),
-            }
-        }
-    }
-
-    /// A progress message containing `text`.
-    fn progress(&self, text: &str, within: Duration) {
-        self.wait(
-            |v| {
-                v["method"] == "notifications/progress"
-                    && v["params"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains(text))
-            },
-            within,
-        );
-    }
-
-    fn close_input(&mut self) {
-        self.stdin.take();
-    }
-
-    fn kill(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// What a run of this module adds: `count` resources whose input names the

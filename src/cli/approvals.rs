@@ -227,9 +227,22 @@ impl VerdictArgs {
 }
 
 fn store(cli: &Cli) -> anyhow::Result<ApprovalStore> {
-    let home = cli.home();
-    ApprovalStore::in_home(&home)
-        .with_context(|| format!("cannot open the approval store under {}", home.display()))
+    open_store(&cli.file, &cli.home())
+}
+
+/// The approval store the configuration names (`[store]`): SQLite under
+/// `home`, or the PostgreSQL database replicas share.
+pub fn open_store(
+    file: &crate::config::GatewayConfig,
+    home: &std::path::Path,
+) -> anyhow::Result<ApprovalStore> {
+    use crate::config::store::Store;
+    match file.store.resolve()? {
+        Store::Sqlite => ApprovalStore::in_home(home)
+            .with_context(|| format!("cannot open the approval store under {}", home.display())),
+        Store::Postgres(url) => ApprovalStore::postgres(&url)
+            .context("cannot open the approval store in PostgreSQL ([store] url_file)"),
+    }
 }
 
 /// `only_of`: show only the approvals this user requested (a caller the

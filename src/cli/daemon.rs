@@ -264,6 +264,25 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         sandbox,
         tools.clone(),
     )?;
+    // Replicas share approvals and plans in PostgreSQL ([store]).
+    if let crate::config::store::Store::Postgres(url) = file.store.resolve()? {
+        pipeline.set_approval_store(
+            crate::approvals::ApprovalStore::postgres(&url)
+                .context("the approval store in PostgreSQL ([store] url_file)")?,
+        );
+        let db = crate::db::postgres::PostgresDb::connect(&url)
+            .and_then(|db| {
+                db.migrate(
+                    "gateway_plans_schema",
+                    crate::pipeline::plans::SHARED_MIGRATIONS,
+                )?;
+                Ok(db)
+            })
+            .context("the shared plans in PostgreSQL ([store] url_file)")?;
+        let at = crate::db::Db::describe(&db);
+        pipeline.plans = pipeline.plans.clone().shared(Arc::new(db));
+        tracing::info!(store = %at, "approvals and plans are kept in PostgreSQL");
+    }
     pipeline.endpoints = endpoints;
     pipeline.kubernetes = kubernetes;
     pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);

@@ -1,6 +1,7 @@
 //! Paths and settings shared by every command.
 
 pub mod http;
+pub mod store;
 
 use std::path::PathBuf;
 
@@ -47,6 +48,10 @@ pub struct GatewayConfig {
     /// `gateway daemon`: also serve remote MCP over HTTPS, for agents
     /// signed in with an OpenID provider (README.md: team gateway).
     pub http: Option<http::HttpConfig>,
+    /// Where approvals are kept: SQLite under `home` (the default) or a
+    /// PostgreSQL database shared by replicas (README.md: replicas).
+    #[serde(default)]
+    pub store: store::StoreConfig,
 }
 
 /// Where the daemon's files are when neither its flags nor its

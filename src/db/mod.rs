@@ -35,6 +35,7 @@ pub enum SqlValue {
     Int(i64),
     Text(String),
     Bool(bool),
+    Bytes(Vec<u8>),
 }
 
 impl From<i64> for SqlValue {
@@ -65,6 +66,11 @@ impl From<String> for SqlValue {
 impl From<&String> for SqlValue {
     fn from(v: &String) -> Self {
         SqlValue::Text(v.clone())
+    }
+}
+impl From<&[u8]> for SqlValue {
+    fn from(v: &[u8]) -> Self {
+        SqlValue::Bytes(v.to_vec())
     }
 }
 impl<T: Into<SqlValue>> From<Option<T>> for SqlValue {
@@ -113,6 +119,15 @@ impl Row {
         match self.at(i)? {
             SqlValue::Null => Ok(None),
             _ => self.text(i).map(Some),
+        }
+    }
+
+    pub fn bytes(&self, i: usize) -> Result<Vec<u8>, DbError> {
+        match self.at(i)? {
+            SqlValue::Bytes(v) => Ok(v.clone()),
+            other => Err(DbError::Shape(format!(
+                "column {i}: bytes expected, got {other:?}"
+            ))),
         }
     }
 

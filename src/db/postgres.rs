@@ -228,6 +228,7 @@ fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
                 SqlValue::Int(v) => Box::new(*v),
                 SqlValue::Text(v) => Box::new(v.clone()),
                 SqlValue::Bool(v) => Box::new(*v),
+                SqlValue::Bytes(v) => Box::new(v.clone()),
             }
         })
         .collect()
@@ -264,6 +265,7 @@ impl Tx for PgTx<'_, '_> {
                                 .try_get::<_, Option<i16>>(i)?
                                 .map(|v| SqlValue::Int(i64::from(v))),
                             Type::BOOL => r.try_get::<_, Option<bool>>(i)?.map(SqlValue::Bool),
+                            Type::BYTEA => r.try_get::<_, Option<Vec<u8>>>(i)?.map(SqlValue::Bytes),
                             Type::TEXT | Type::VARCHAR | Type::NAME | Type::BPCHAR => {
                                 r.try_get::<_, Option<String>>(i)?.map(SqlValue::Text)
                             }

@@ -40,6 +40,7 @@ impl rusqlite::ToSql for SqlValue {
             SqlValue::Int(v) => ToSqlOutput::Borrowed(ValueRef::Integer(*v)),
             SqlValue::Text(v) => ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes())),
             SqlValue::Bool(v) => ToSqlOutput::Borrowed(ValueRef::Integer(i64::from(*v))),
+            SqlValue::Bytes(v) => ToSqlOutput::Borrowed(ValueRef::Blob(v)),
         })
     }
 }
@@ -66,6 +67,7 @@ impl Tx for SqliteTx<'_> {
                 row.push(match r.get_ref(i)? {
                     ValueRef::Null => SqlValue::Null,
                     ValueRef::Integer(v) => SqlValue::Int(v),
+                    ValueRef::Blob(b) => SqlValue::Bytes(b.to_vec()),
                     ValueRef::Text(t) => SqlValue::Text(
                         std::str::from_utf8(t)
                             .map_err(|e| DbError::Shape(format!("column {i}: {e}")))?

@@ -481,6 +481,12 @@ impl Step {
 }
 
 impl Pipeline {
+    /// Keep approvals in `store` instead of the home's SQLite file (the
+    /// daemon's `[store]`).
+    pub fn set_approval_store(&mut self, store: ApprovalStore) {
+        self.approvals = Mutex::new(store);
+    }
+
     pub fn new(
         policy: Arc<PolicyStore>,
         home: PathBuf,

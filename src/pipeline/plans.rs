@@ -2,17 +2,48 @@
 //! file an approval is bound to, by its SHA-256) and .json (its
 //! `terraform show -json`, made from that file by trusted code). The one
 //! place their paths are built.
+//!
+//! Replicas of a team gateway also keep each plan in the database they
+//! share ([`PlanStore::shared`]): an apply approved on one replica may run
+//! on another, which takes the plan from there (into its own directory)
+//! when it does not have it.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::Stop;
+use crate::db::{Db, End};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PlanStore {
     dir: PathBuf,
+    shared: Option<std::sync::Arc<dyn Db + Sync>>,
 }
+
+impl std::fmt::Debug for PlanStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanStore")
+            .field("dir", &self.dir)
+            .field("shared", &self.shared.as_ref().map(|d| d.describe()))
+            .finish()
+    }
+}
+
+/// A plan file and its JSON.
+type FileAndJson = (Vec<u8>, Vec<u8>);
+
+/// The shared plans' schema (refinery's versions).
+pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[(
+    "V1__plans",
+    "CREATE TABLE plans (
+        request_id    TEXT PRIMARY KEY,
+        plan_file     BYTEA NOT NULL,
+        plan_json     BYTEA NOT NULL,
+        created_at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX plans_created ON plans(created_at_ms);",
+)];
 
 impl PlanStore {
     /// The store under `home`, created if missing (owner only: a plan's
@@ -24,7 +55,14 @@ impl PlanStore {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        Ok(PlanStore { dir })
+        Ok(PlanStore { dir, shared: None })
+    }
+
+    /// Keep every plan in `db` as well, and take from it a plan this
+    /// replica does not have.
+    pub fn shared(mut self, db: std::sync::Arc<dyn Db + Sync>) -> PlanStore {
+        self.shared = Some(db);
+        self
     }
 
     /// Where the plan file of request `request_id` is (or would be).
@@ -45,6 +83,29 @@ impl PlanStore {
             .map_err(|e| Stop::refused(format!("saving the plan file: {e}")))?;
         write_new(&self.path(request_id, "json"), json)
             .map_err(|e| Stop::refused(format!("saving the plan's JSON: {e}")))?;
+        if let Some(db) = &self.shared {
+            // A plan only this replica holds could not be applied by
+            // another: without the database, no plan.
+            db.write(&mut |tx| {
+                tx.execute(
+                    "INSERT INTO plans (request_id, plan_file, plan_json, created_at_ms)
+                     VALUES (?1, ?2, ?3, ?4)",
+                    &[
+                        request_id.into(),
+                        plan_file.into(),
+                        json.into(),
+                        crate::approvals::now_ms().into(),
+                    ],
+                )?;
+                Ok(End::Commit)
+            })
+            .map_err(|e| {
+                Stop::refused(format!(
+                    "saving the plan in the shared store ({}): {e}",
+                    db.describe()
+                ))
+            })?;
+        }
         Ok(saved)
     }
 
@@ -75,23 +136,73 @@ impl PlanStore {
                 removed += 1;
             }
         }
+        if let Some(db) = &self.shared {
+            let before = crate::approvals::now_ms()
+                .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+            let pruned = db.write(&mut |tx| {
+                tx.execute(
+                    "DELETE FROM plans WHERE created_at_ms < ?1",
+                    &[before.into()],
+                )?;
+                Ok(End::Commit)
+            });
+            if let Err(e) = pruned {
+                tracing::warn!("could not prune the shared plans: {e}");
+            }
+        }
         removed
     }
 
     /// The plan file saved by request `request_id`.
     pub fn plan_file(&self, request_id: &str) -> Result<Vec<u8>, Stop> {
         check_id(request_id)?;
-        read_regular(&self.plan_file_path(request_id)).map_err(|_| {
-            Stop::refused(format!(
+        if let Ok(bytes) = read_regular(&self.plan_file_path(request_id)) {
+            return Ok(bytes);
+        }
+        match self.fetch_shared(request_id) {
+            Ok(Some((file, _))) => Ok(file),
+            Ok(None) => Err(Stop::refused(format!(
                 "the saved plan file of request {request_id} is missing; plan and ask again"
-            ))
+            ))),
+            Err(e) => Err(Stop::refused(format!(
+                "the saved plan file of request {request_id} is not on this replica, and the shared store cannot be read: {e}"
+            ))),
+        }
+    }
+
+    /// A plan another replica saved: read from the database and kept in
+    /// this replica's directory (`None`: no database, or no such plan).
+    fn fetch_shared(&self, request_id: &str) -> Result<Option<FileAndJson>, String> {
+        let Some(db) = &self.shared else {
+            return Ok(None);
+        };
+        let mut found = None;
+        db.read(&mut |tx| {
+            found = tx
+                .query_opt(
+                    "SELECT plan_file, plan_json FROM plans WHERE request_id = ?1",
+                    &[request_id.into()],
+                )?
+                .map(|r| Ok::<_, crate::db::DbError>((r.bytes(0)?, r.bytes(1)?)))
+                .transpose()?;
+            Ok(End::Rollback)
         })
+        .map_err(|e| format!("{} ({})", e, db.describe()))?;
+        if let Some((file, json)) = &found {
+            // Kept here too; a copy already made by a concurrent reader is
+            // the same bytes.
+            let _ = write_new(&self.plan_file_path(request_id), file);
+            let _ = write_new(&self.path(request_id, "json"), json);
+        }
+        Ok(found)
     }
 
     /// The plan's JSON saved with it, if it is there.
     pub fn plan_json(&self, request_id: &str) -> Option<Vec<u8>> {
         check_id(request_id).ok()?;
-        read_regular(&self.path(request_id, "json")).ok()
+        read_regular(&self.path(request_id, "json"))
+            .ok()
+            .or_else(|| self.fetch_shared(request_id).ok().flatten().map(|(_, j)| j))
     }
 }
 

@@ -1,0 +1,130 @@
+//! `[store]`: where approvals are kept. SQLite under the home (the
+//! default: one host) or a PostgreSQL database that the replicas of a team
+//! gateway share. The connection string, which may hold a password, is
+//! read from a file only the daemon's user can read, never from the
+//! configuration itself.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use zeroize::Zeroizing;
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite` (the default) or `postgres`.
+    pub backend: Option<String>,
+    /// `postgres`: a file holding the connection string (libpq keywords or
+    /// a `postgresql://` URL), mode 0600 and owned by the daemon's user.
+    pub url_file: Option<PathBuf>,
+}
+
+/// Which store to open.
+#[derive(Debug)]
+pub enum Store {
+    Sqlite,
+    /// The connection string (zeroed when dropped; never shown).
+    Postgres(Zeroizing<String>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreConfigError {
+    #[error("[store] backend is {0:?}: it is \"sqlite\" or \"postgres\"")]
+    Backend(String),
+    #[error("[store] backend = \"postgres\" needs url_file: the file with the connection string")]
+    NoUrl,
+    #[error("[store] url_file {path}: {message}")]
+    UrlFile { path: PathBuf, message: String },
+}
+
+impl StoreConfig {
+    /// The store the settings name, its connection string read and checked.
+    pub fn resolve(&self) -> Result<Store, StoreConfigError> {
+        match self.backend.as_deref().unwrap_or("sqlite") {
+            "sqlite" => Ok(Store::Sqlite),
+            "postgres" => {
+                let path = self.url_file.clone().ok_or(StoreConfigError::NoUrl)?;
+                let bad = |message: String| StoreConfigError::UrlFile {
+                    path: path.clone(),
+                    message,
+                };
+                let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
+                if !meta.is_file() {
+                    return Err(bad("not a regular file".into()));
+                }
+                if meta.mode() & 0o077 != 0 {
+                    return Err(bad(format!(
+                        "its mode is {:o}: it may hold a password, so no one but its owner may read it (chmod 600)",
+                        meta.mode() & 0o777
+                    )));
+                }
+                let me = nix::unistd::geteuid().as_raw();
+                if meta.uid() != me {
+                    return Err(bad(format!(
+                        "owned by uid {}, not by this process's user (uid {me})",
+                        meta.uid()
+                    )));
+                }
+                let text =
+                    Zeroizing::new(std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?);
+                let url = Zeroizing::new(text.trim().to_string());
+                if url.is_empty() {
+                    return Err(bad("empty".into()));
+                }
+                Ok(Store::Postgres(url))
+            }
+            other => Err(StoreConfigError::Backend(other.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_connection_string_comes_only_from_a_file_its_owner_alone_reads() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("pg.url");
+        std::fs::write(&file, "postgresql://gw:s3cret-pw@db.internal/gateway\n").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let c = StoreConfig {
+            backend: Some("postgres".into()),
+            url_file: Some(file.clone()),
+        };
+        let e = c.resolve().expect_err("readable by others");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        match c.resolve().expect("0600") {
+            Store::Postgres(url) => {
+                assert_eq!(
+                    url.as_str(),
+                    "postgresql://gw:s3cret-pw@db.internal/gateway"
+                )
+            }
+            Store::Sqlite => panic!("postgres expected"),
+        }
+        assert!(matches!(
+            StoreConfig {
+                backend: Some("postgres".into()),
+                url_file: None
+            }
+            .resolve(),
+            Err(StoreConfigError::NoUrl)
+        ));
+        assert!(matches!(
+            StoreConfig {
+                backend: Some("mysql".into()),
+                url_file: None
+            }
+            .resolve(),
+            Err(StoreConfigError::Backend(_))
+        ));
+        assert!(matches!(
+            StoreConfig::default().resolve(),
+            Ok(Store::Sqlite)
+        ));
+    }
+}

@@ -1,0 +1,214 @@
+//! Replicas of one gateway sharing approvals and plans in PostgreSQL
+//! (`[store] backend = "postgres"`): real `gateway daemon` processes (as
+//! root, real gVisor, real Terraform) on one real PostgreSQL server
+//! (tests/support/postgres.rs), each with its own socket and home; the
+//! agent and the approver are unprivileged OS users.
+//!
+//! - An apply asked for on replica A is listed and granted through
+//!   replica B, seen granted from A, and applied through B (which never
+//!   planned it: the plan comes from the database).
+//! - 32 agents spend one granted approval at once through three replicas:
+//!   exactly one apply runs.
+
+#[path = "support/agent.rs"]
+mod agent;
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+#[path = "support/postgres.rs"]
+mod pg;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent::Agent;
+use daemon::{AGENT, APPROVER, Daemon};
+use serde_json::{Value, json};
+
+const MODULE: &str = "terraform/offline-demo";
+
+fn gateway() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
+}
+
+/// The `[store]` section naming `conninfo`, through a root-only file.
+fn store_section(dir: &Path, conninfo: &str) -> String {
+    let file = dir.join("postgres.url");
+    std::fs::write(&file, format!("{conninfo}\n")).expect("url file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    format!("[store]\nbackend = \"postgres\"\nurl_file = {file:?}\n")
+}
+
+fn replicas(n: usize, policies: &Path, store: &str) -> Vec<Daemon> {
+    (0..n).map(|_| Daemon::start(policies, store)).collect()
+}
+
+/// `gateway <args>` as `user` through replica `d`'s socket.
+fn cli(d: &Daemon, user: &str, home: &Path, args: &[&str]) -> std::process::Output {
+    daemon::as_user(user, home, &[("GATEWAY_SOCKET", &d.socket)], &gateway())
+        .args(args)
+        .output()
+        .expect("gateway")
+}
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(out),
+        common::stderr(out)
+    );
+    common::stdout(out)
+}
+
+/// An apply asked for through `d`: the pending approval's id.
+fn asked(d: &Daemon, workspace: &Path, home: &Path) -> String {
+    let mut a = Agent::start(d, workspace, home);
+    a.apply(1, json!({"working_dir": MODULE}));
+    let r = a.wait(|v| v["id"] == 1, Duration::from_secs(600));
+    let sc = &r["result"]["structuredContent"];
+    assert_eq!(sc["status"], "pending_approval", "{r}");
+    sc["approval_id"].as_str().expect("id").to_string()
+}
+
+fn spent_events(ds: &[Daemon], id: &str) -> usize {
+    ds.iter()
+        .flat_map(|d| d.events())
+        .filter(|e| e["event"] == "approval.spent" && e["data"]["approval_id"] == id)
+        .count()
+}
+
+#[test]
+fn any_replica_shows_grants_and_applies_what_another_was_asked_and_one_approval_is_spent_once() {
+    let server = pg::Postgres::start();
+    let conninfo = server.database("gateway");
+    let secrets = tempfile::tempdir().expect("dir");
+    let store = store_section(secrets.path(), &conninfo);
+    // Enough room per replica for every agent below to reach the spend.
+    let policies = common::policies_with(&[
+        (
+            "config/calls/data.yaml",
+            "running_per_user: 4",
+            "running_per_user: 32",
+        ),
+        (
+            "config/calls/data.yaml",
+            "running_total: 8",
+            "running_total: 32",
+        ),
+    ]);
+    let ds = replicas(3, policies.path(), &store);
+    let (a, b, c) = (&ds[0], &ds[1], &ds[2]);
+    let workspace = daemon::demo_workspace(AGENT);
+    let agent_home = daemon::owned_dir(AGENT);
+    let approver_home = daemon::owned_dir(APPROVER);
+
+    // Asked on A.
+    let id = asked(a, workspace.path(), agent_home.path());
+    // Listed and granted through B.
+    let listed = ok(&cli(b, APPROVER, approver_home.path(), &["approvals"]));
+    assert!(listed.contains(&id), "B lists A's approval: {listed}");
+    ok(&cli(
+        b,
+        APPROVER,
+        approver_home.path(),
+        &["approve", &id, "--reason", "reviewed on B"],
+    ));
+    // Seen granted from C.
+    let shown: Value = serde_json::from_str(&ok(&cli(
+        c,
+        AGENT,
+        agent_home.path(),
+        &["approvals", "show", &id, "--json"],
+    )))
+    .expect("json");
+    assert_eq!(shown["state"], "approved", "{shown}");
+    // Applied through B, which never made the plan.
+    assert!(
+        !b.home
+            .join("plans")
+            .read_dir()
+            .is_ok_and(|mut d| d.next().is_some()),
+        "B holds no plan of its own before the apply"
+    );
+    let mut on_b = Agent::start(b, workspace.path(), agent_home.path());
+    on_b.apply(2, json!({"working_dir": MODULE, "approval_id": id}));
+    let r = on_b.wait(|v| v["id"] == 2, Duration::from_secs(600));
+    assert_eq!(
+        r["result"]["structuredContent"]["status"], "completed",
+        "{r}"
+    );
+    assert_eq!(spent_events(&ds, &id), 1);
+    // Spent on B: A does not spend it again.
+    let mut on_a = Agent::start(a, workspace.path(), agent_home.path());
+    on_a.apply(3, json!({"working_dir": MODULE, "approval_id": id}));
+    let again = on_a.wait(|v| v["id"] == 3, Duration::from_secs(120));
+    assert_ne!(
+        again["result"]["structuredContent"]["status"], "pending_approval",
+        "{again}"
+    );
+    assert_eq!(spent_events(&ds, &id), 1, "{again}");
+
+    // A new change, planned and granted; then 32 agents at once, spread
+    // over the three replicas, each spending the same approval.
+    std::fs::write(
+        workspace.path().join(MODULE).join("more.tf"),
+        "resource \"terraform_data\" \"more\" {\n  input = \"replicas\"\n}\n",
+    )
+    .expect("more.tf");
+    daemon::chown_tree(workspace.path(), AGENT);
+    let id = asked(c, workspace.path(), agent_home.path());
+    ok(&cli(
+        a,
+        APPROVER,
+        approver_home.path(),
+        &["approve", &id, "--reason", "reviewed"],
+    ));
+    let mut agents: Vec<Agent> = (0..32)
+        .map(|i| Agent::start(&ds[i % 3], workspace.path(), agent_home.path()))
+        .collect();
+    for (i, a) in agents.iter_mut().enumerate() {
+        a.apply(
+            100 + i as u64,
+            json!({"working_dir": MODULE, "approval_id": id}),
+        );
+    }
+    let answers: Vec<Value> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.wait(|v| v["id"] == 100 + i as u64, Duration::from_secs(600)))
+        .collect();
+    let completed = answers
+        .iter()
+        .filter(|r| r["result"]["structuredContent"]["status"] == "completed")
+        .count();
+    assert_eq!(
+        spent_events(&ds, &id),
+        1,
+        "exactly one replica spent it: {answers:#?}"
+    );
+    assert!(
+        completed >= 1,
+        "the one that spent it applied: {answers:#?}"
+    );
+    // State written back by two requests only: the apply through B, and
+    // this one.
+    let applies: std::collections::BTreeSet<String> = ds
+        .iter()
+        .flat_map(|d| d.events())
+        .filter(|e| e["event"] == "state.saved")
+        .filter_map(|e| e["request_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        applies.len(),
+        2,
+        "one apply ran for the 32 spenders: {applies:?}"
+    );
+    let state = std::fs::read_to_string(workspace.path().join(MODULE).join("terraform.tfstate"))
+        .expect("state");
+    assert!(state.contains("replicas"), "the new resource is applied");
+    for d in &ds {
+        d.assert_audit_verifies();
+    }
+}
