@@ -212,3 +212,44 @@ fn any_replica_shows_grants_and_applies_what_another_was_asked_and_one_approval_
         d.assert_audit_verifies();
     }
 }
+
+/// PostgreSQL killed under a running replica: an apply asked for then is
+/// refused with the database's reason and leaves no approval; once the
+/// server is back the same replica serves again, without a restart.
+#[test]
+fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_is_back() {
+    let mut server = pg::Postgres::start();
+    let conninfo = server.database("gateway");
+    let secrets = tempfile::tempdir().expect("dir");
+    let store = store_section(secrets.path(), &conninfo);
+    let policies = common::policies_with(&[]);
+    let d = Daemon::start(policies.path(), &store);
+    let workspace = daemon::demo_workspace(AGENT);
+    let agent_home = daemon::owned_dir(AGENT);
+    let approver_home = daemon::owned_dir(APPROVER);
+
+    server.kill();
+    let mut a = Agent::start(&d, workspace.path(), agent_home.path());
+    a.apply(1, json!({"working_dir": MODULE}));
+    let r = a.wait(|v| v["id"] == 1, Duration::from_secs(600));
+    assert_ne!(
+        r["result"]["structuredContent"]["status"], "pending_approval",
+        "nothing is asked for without the database: {r}"
+    );
+    assert!(
+        r.to_string().contains("shared store") || r.to_string().contains("approval database"),
+        "the refusal names the database: {r}"
+    );
+    let out = cli(&d, APPROVER, approver_home.path(), &["approvals"]);
+    assert!(
+        !out.status.success(),
+        "approvals cannot be listed: {}",
+        common::stdout(&out)
+    );
+
+    server.run();
+    let id = asked(&d, workspace.path(), agent_home.path());
+    let listed = ok(&cli(&d, APPROVER, approver_home.path(), &["approvals"]));
+    assert!(listed.contains(&id), "{listed}");
+    d.assert_audit_verifies();
+}

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use postgres::types::{IsNull, ToSql, Type};
-use postgres::{Client, Config, IsolationLevel, NoTls};
+use postgres::{Client, Config, NoTls};
 
 use super::{Body, Db, DbError, End, Row, SqlValue, Tx};
 
@@ -87,7 +87,8 @@ impl PostgresDb {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| DbError::Other(format!("a migration: {e}")))?;
         let table = table.to_string();
-        self.with_client(move |client| {
+        self.with_client(move |conn| {
+            let client = conn.client()?;
             client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
             let ran = refinery::Runner::new(&list)
                 .set_migration_table_name(&table)
@@ -102,42 +103,53 @@ impl PostgresDb {
     /// async runtime.
     fn with_client<T: Send>(
         &self,
-        f: impl FnOnce(&mut Client) -> Result<T, DbError> + Send,
+        f: impl FnOnce(&mut Conn<'_>) -> Result<T, DbError> + Send,
     ) -> Result<T, DbError> {
         let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
-        let held = slot.take().filter(|c| !c.is_closed());
+        let held = slot.take();
         let config = &self.config;
         let (kept, result) = off_runtime(move || {
-            let mut client = match held {
-                Some(c) => c,
+            // A lost client is dropped here too: dropping one blocks (it
+            // says goodbye to the server), which an async thread may not.
+            let (client, fresh) = match held.filter(|c| !c.is_closed()) {
+                Some(c) => (c, false),
                 None => match config.connect(NoTls) {
-                    Ok(c) => c,
+                    Ok(c) => (c, true),
                     Err(e) => return (None, Err(DbError::from(e))),
                 },
             };
-            let r = f(&mut client);
-            (Some(client), r)
+            let mut conn = Conn {
+                client: Some(client),
+                fresh,
+                config,
+            };
+            let r = f(&mut conn);
+            (conn.client, r)
         });
         *slot = kept;
         result
     }
 
     fn transaction(&self, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
-        self.with_client(|client| {
+        let begin = if read_only {
+            "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY"
+        } else {
+            "BEGIN ISOLATION LEVEL SERIALIZABLE"
+        };
+        self.with_client(|conn| {
             let mut attempt = 0;
             loop {
-                let run = (|| -> Result<(), DbError> {
-                    let mut tx = client
-                        .build_transaction()
-                        .isolation_level(IsolationLevel::Serializable)
-                        .read_only(read_only)
-                        .start()?;
-                    match body(&mut PgTx(&mut tx))? {
-                        End::Commit if !read_only => tx.commit()?,
-                        _ => tx.rollback()?,
+                let client = conn.begin(begin)?;
+                let run = match body(&mut PgTx(client)) {
+                    Ok(End::Commit) if !read_only => {
+                        client.batch_execute("COMMIT").map_err(DbError::from)
                     }
-                    Ok(())
-                })();
+                    Ok(_) => client.batch_execute("ROLLBACK").map_err(DbError::from),
+                    Err(e) => {
+                        let _ = client.batch_execute("ROLLBACK");
+                        Err(e)
+                    }
+                };
                 match run {
                     Err(e) if e.retryable() && attempt < RETRIES => {
                         attempt += 1;
@@ -149,6 +161,42 @@ impl PostgresDb {
                 }
             }
         })
+    }
+}
+
+/// A client in use, and how to make it again.
+struct Conn<'a> {
+    /// `None` only after a failed reconnection.
+    client: Option<Client>,
+    /// Made for this call (a failure on it is not a lost connection).
+    fresh: bool,
+    config: &'a Config,
+}
+
+impl Conn<'_> {
+    fn client(&mut self) -> Result<&mut Client, DbError> {
+        self.client
+            .as_mut()
+            .ok_or_else(|| DbError::Other("no connection to the database".into()))
+    }
+
+    /// Begin a transaction. A client held from before whose BEGIN fails
+    /// lost its connection (the server restarted, say): nothing ran on
+    /// it, so a new connection begins instead, once.
+    fn begin(&mut self, begin: &str) -> Result<&mut Client, DbError> {
+        match self.client()?.batch_execute(begin) {
+            Ok(()) => {}
+            Err(e) if self.fresh => return Err(e.into()),
+            Err(_) => {
+                self.fresh = true;
+                // Dropped first: it may block saying goodbye.
+                drop(self.client.take());
+                let mut c = self.config.connect(NoTls)?;
+                c.batch_execute(begin)?;
+                self.client = Some(c);
+            }
+        }
+        self.client()
     }
 }
 
@@ -203,7 +251,7 @@ impl ToSql for AnyNull {
     postgres::types::to_sql_checked!();
 }
 
-struct PgTx<'a, 'b>(&'a mut postgres::Transaction<'b>);
+struct PgTx<'a>(&'a mut Client);
 
 /// `?1`-style parameters as PostgreSQL's `$1`.
 fn dollar(sql: &str) -> String {
@@ -234,7 +282,7 @@ fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
         .collect()
 }
 
-impl Tx for PgTx<'_, '_> {
+impl Tx for PgTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
         let bound = bind(params);
         let refs: Vec<&(dyn ToSql + Sync)> = bound
