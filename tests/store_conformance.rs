@@ -456,3 +456,34 @@ fn the_approval_store_conforms_on_postgresql() {
         Box::new(move || ApprovalStore::postgres(&conninfo).expect("connect"))
     });
 }
+
+/// A database that stops answering fails a call instead of holding it:
+/// every session the store opens has PostgreSQL's own time limits set.
+#[test]
+fn postgresql_sessions_carry_time_limits() {
+    use gateway::db::{Db, End};
+    let server = pg::Postgres::start();
+    let db =
+        gateway::db::postgres::PostgresDb::connect(&server.database("limits")).expect("connect");
+    let mut shown = Vec::new();
+    db.read(&mut |tx| {
+        shown.clear();
+        for setting in ["statement_timeout", "idle_in_transaction_session_timeout"] {
+            let row = tx
+                .query_opt(&format!("SHOW {setting}"), &[])?
+                .expect("a row");
+            shown.push(row.text(0)?);
+        }
+        Ok(End::Rollback)
+    })
+    .expect("read");
+    assert_eq!(shown, ["10s", "30s"]);
+    // A statement past the limit is ended by the server, with a reason.
+    let e = db
+        .write(&mut |tx| {
+            tx.query("SELECT pg_sleep(11)::text", &[])?;
+            Ok(End::Commit)
+        })
+        .expect_err("cancelled by statement_timeout");
+    assert!(e.to_string().contains("statement timeout"), "{e}");
+}

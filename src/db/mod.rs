@@ -147,13 +147,30 @@ impl Row {
 pub enum DbError {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("{0}")]
+    #[error("{}", postgres_message(.0))]
     Postgres(#[from] ::postgres::Error),
     /// A row that is not what the statement selects.
     #[error("unexpected row: {0}")]
     Shape(String),
     #[error("{0}")]
     Other(String),
+}
+
+/// What PostgreSQL said (its error's own message and code), or what
+/// failed on the way to it ("db error" alone says nothing).
+fn postgres_message(e: &::postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!(
+            "{} ({}): {}",
+            db.severity(),
+            db.code().code(),
+            db.message()
+        );
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
 }
 
 impl DbError {

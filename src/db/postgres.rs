@@ -50,6 +50,11 @@ impl PostgresDb {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true);
+        // A server that stops answering mid-call (its host gone) is given
+        // up on, as one that is not reached in time is.
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(Duration::from_secs(15));
+        }
         let hosts: Vec<String> = config
             .get_hosts()
             .iter()
@@ -113,7 +118,7 @@ impl PostgresDb {
             // says goodbye to the server), which an async thread may not.
             let (client, fresh) = match held.filter(|c| !c.is_closed()) {
                 Some(c) => (c, false),
-                None => match config.connect(NoTls) {
+                None => match connect(config) {
                     Ok(c) => (c, true),
                     Err(e) => return (None, Err(DbError::from(e))),
                 },
@@ -191,13 +196,29 @@ impl Conn<'_> {
                 self.fresh = true;
                 // Dropped first: it may block saying goodbye.
                 drop(self.client.take());
-                let mut c = self.config.connect(NoTls)?;
+                let mut c = connect(self.config)?;
                 c.batch_execute(begin)?;
                 self.client = Some(c);
             }
         }
         self.client()
     }
+}
+
+/// How long one statement may run, and a transaction stay idle, before
+/// PostgreSQL ends it: a database that hangs fails the call instead of
+/// holding it (and the store's lock) for ever.
+const STATEMENT_TIMEOUT: &str = "10s";
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "30s";
+
+/// A new connection, with the session's time limits set.
+fn connect(config: &Config) -> Result<Client, DbError> {
+    let mut c = config.connect(NoTls)?;
+    c.batch_execute(&format!(
+        "SET statement_timeout = '{STATEMENT_TIMEOUT}'; \
+         SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'"
+    ))?;
+    Ok(c)
 }
 
 fn jitter_ms() -> u64 {
