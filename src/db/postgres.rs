@@ -120,7 +120,7 @@ impl PostgresDb {
                 Some(c) => (c, false),
                 None => match connect(config) {
                     Ok(c) => (c, true),
-                    Err(e) => return (None, Err(DbError::from(e))),
+                    Err(e) => return (None, Err(e)),
                 },
             };
             let mut conn = Conn {
