@@ -1,10 +1,16 @@
-//! Throughput of the approval store and the audit log, on real SQLite and a
-//! real file (each audit append is fsynced):
-//! - `approvals/create_grant_spend`: one approval created, granted and spent;
+//! Throughput of the approval store and the audit log, on real SQLite, a
+//! real PostgreSQL (started by the bench from Debian's binaries, on a Unix
+//! socket; tests/support/postgres.rs) and a real file (each audit append is
+//! fsynced):
+//! - `store/create_grant_spend/sqlite` and `.../postgres`: one approval
+//!   created, granted and spent, on each store in the same run;
 //! - `audit/append`: one event appended (scrubbed, hashed, flock, fsync).
 //!
-//! Run: `cargo bench --bench approvals`. Criterion reports time per
+//! Run as root: `cargo bench --bench approvals`. Criterion reports time per
 //! iteration and elements per second.
+
+#[path = "../tests/support/postgres.rs"]
+mod pg;
 
 use std::time::Duration;
 
@@ -15,7 +21,14 @@ use serde_json::json;
 
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut store = ApprovalStore::in_home(dir.path()).expect("open");
+    let server = pg::Postgres::start();
+    let stores = [
+        ("sqlite", ApprovalStore::in_home(dir.path()).expect("open")),
+        (
+            "postgres",
+            ApprovalStore::postgres(&server.database("bench")).expect("connect"),
+        ),
+    ];
     let params = json!({"working_dir": "terraform/offline-demo"});
     let plan_sha = "ab".repeat(32);
     let new = NewApproval {
@@ -39,21 +52,23 @@ fn bench(c: &mut Criterion) {
         os_user: "bob".into(),
         signed: None,
     };
-    let mut g = c.benchmark_group("approvals");
+    let mut g = c.benchmark_group("store");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("create_grant_spend", |b| {
-        b.iter(|| {
-            let (a, _) = store.create(&new).expect("create");
-            store
-                .grant(&a.id, &bob, "ok")
-                .expect("db")
-                .expect("granted");
-            store
-                .spend(&a.id, "terraform_apply", &params, Some(&plan_sha), "req-2")
-                .expect("db")
-                .expect("spent");
-        })
-    });
+    for (name, mut store) in stores {
+        g.bench_function(format!("create_grant_spend/{name}"), |b| {
+            b.iter(|| {
+                let (a, _) = store.create(&new).expect("create");
+                store
+                    .grant(&a.id, &bob, "ok")
+                    .expect("db")
+                    .expect("granted");
+                store
+                    .spend(&a.id, "terraform_apply", &params, Some(&plan_sha), "req-2")
+                    .expect("db")
+                    .expect("spent");
+            })
+        });
+    }
     g.finish();
 
     let audit = AuditLog::in_home(dir.path()).expect("audit");

@@ -223,7 +223,7 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     let secrets = tempfile::tempdir().expect("dir");
     let store = store_section(secrets.path(), &conninfo);
     let policies = common::policies_with(&[]);
-    let d = Daemon::start(policies.path(), &store);
+    let mut d = Daemon::start(policies.path(), &store);
     let workspace = daemon::demo_workspace(AGENT);
     let agent_home = daemon::owned_dir(AGENT);
     let approver_home = daemon::owned_dir(APPROVER);
@@ -252,4 +252,7 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     let listed = ok(&cli(&d, APPROVER, approver_home.path(), &["approvals"]));
     assert!(listed.contains(&id), "{listed}");
     d.assert_audit_verifies();
+    // And it stops cleanly (its database clients closed off the runtime).
+    let st = d.terminate(Duration::from_secs(30));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}: {}", d.log());
 }

@@ -732,7 +732,7 @@ impl ApprovalStore {
         request_id: &str,
     ) -> Result<Result<Approval, Refusal>, ApprovalError> {
         let digest = crate::canonical::call_digest(tool, params);
-        self.change(id, |tx, approval, now| {
+        let spent = self.change(id, |tx, approval, now| {
             let refusal = match approval.state {
                 State::Expired | State::Denied | State::Spent | State::Superseded => {
                     ended(approval)
@@ -770,7 +770,28 @@ impl ApprovalStore {
                 &[id.into(), now.into(), request_id.into()],
             )?;
             Ok((changed != 1).then(|| Refusal::AlreadySpent { id: id.into() }))
-        })
+        });
+        match spent {
+            // Its commit went unanswered: whether this call spent it is
+            // in the row (an approval spent here must be applied here,
+            // one still approved is still to spend).
+            Err(ApprovalError::Db {
+                source: DbError::CommitUnknown(why),
+                at,
+            }) => match self.get(id)? {
+                Some(a)
+                    if a.state == State::Spent
+                        && a.spent_request_id.as_deref() == Some(request_id) =>
+                {
+                    Ok(Ok(a))
+                }
+                _ => Err(ApprovalError::Db {
+                    source: DbError::CommitUnknown(why),
+                    at,
+                }),
+            },
+            other => other,
+        }
     }
 
     /// Record how the call that spent approval `id` (request `request_id`)

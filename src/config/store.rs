@@ -48,7 +48,16 @@ impl StoreConfig {
                     path: path.clone(),
                     message,
                 };
-                let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
+                // Opened once, not through a link, and judged by what was
+                // opened (no window between the check and the read).
+                use std::io::Read;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|e| bad(format!("{e} (a symbolic link is not followed)")))?;
+                let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
                 if !meta.is_file() {
                     return Err(bad("not a regular file".into()));
                 }
@@ -65,8 +74,9 @@ impl StoreConfig {
                         meta.uid()
                     )));
                 }
-                let text =
-                    Zeroizing::new(std::fs::read_to_string(&path).map_err(|e| bad(e.to_string()))?);
+                let mut text = Zeroizing::new(String::new());
+                f.read_to_string(&mut text)
+                    .map_err(|e| bad(e.to_string()))?;
                 let url = Zeroizing::new(text.trim().to_string());
                 if url.is_empty() {
                     return Err(bad("empty".into()));
@@ -106,6 +116,16 @@ mod tests {
             }
             Store::Sqlite => panic!("postgres expected"),
         }
+        // A link (to a file someone else chose) is not followed.
+        let link = dir.path().join("link.url");
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        let e = StoreConfig {
+            backend: Some("postgres".into()),
+            url_file: Some(link),
+        }
+        .resolve()
+        .expect_err("a symlink");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
         assert!(matches!(
             StoreConfig {
                 backend: Some("postgres".into()),

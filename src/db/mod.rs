@@ -149,6 +149,10 @@ pub enum DbError {
     Sqlite(#[from] rusqlite::Error),
     #[error("{}", postgres_message(.0))]
     Postgres(#[from] ::postgres::Error),
+    /// The connection was lost while the transaction committed: its
+    /// writes may or may not have been kept (the caller reads to know).
+    #[error("the database did not answer the commit, which may have happened: {0}")]
+    CommitUnknown(String),
     /// A row that is not what the statement selects.
     #[error("unexpected row: {0}")]
     Shape(String),
@@ -160,12 +164,7 @@ pub enum DbError {
 /// failed on the way to it ("db error" alone says nothing).
 fn postgres_message(e: &::postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return format!(
-            "{} ({}): {}",
-            db.severity(),
-            db.code().code(),
-            db.message()
-        );
+        return format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
     }
     match std::error::Error::source(e) {
         Some(cause) => format!("{e}: {cause}"),

@@ -38,6 +38,21 @@ impl std::fmt::Debug for PostgresDb {
     }
 }
 
+impl Drop for PostgresDb {
+    /// A client's own drop blocks (it says goodbye to the server), which
+    /// an async thread may not: it is dropped where it may.
+    fn drop(&mut self) {
+        let held = self
+            .client
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if held.is_some() {
+            off_runtime(move || drop(held));
+        }
+    }
+}
+
 impl PostgresDb {
     /// A database from a libpq connection string or URL (its password, if
     /// any, is never shown). Connects at once: a database that cannot be
@@ -146,9 +161,13 @@ impl PostgresDb {
             loop {
                 let client = conn.begin(begin)?;
                 let run = match body(&mut PgTx(client)) {
-                    Ok(End::Commit) if !read_only => {
-                        client.batch_execute("COMMIT").map_err(DbError::from)
-                    }
+                    Ok(End::Commit) if !read_only => match client.batch_execute("COMMIT") {
+                        Ok(()) => Ok(()),
+                        // The server answered: it did not commit.
+                        Err(e) if e.as_db_error().is_some() => Err(e.into()),
+                        // No answer: it may have committed or not.
+                        Err(e) => Err(DbError::CommitUnknown(DbError::from(e).to_string())),
+                    },
                     Ok(_) => client.batch_execute("ROLLBACK").map_err(DbError::from),
                     Err(e) => {
                         let _ = client.batch_execute("ROLLBACK");

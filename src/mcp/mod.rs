@@ -324,9 +324,16 @@ fn client_name(ctx: &RequestContext<RoleServer>) -> String {
     } else {
         ctx.peer.peer_info().map(|i| i.client_info.clone())
     };
-    info.map(|i| i.name.chars().take(CLIENT_NAME_CHARS).collect::<String>())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    // No control characters (a NUL is not even text to PostgreSQL).
+    info.map(|i| {
+        i.name
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(CLIENT_NAME_CHARS)
+            .collect::<String>()
+    })
+    .filter(|n| !n.is_empty())
+    .unwrap_or_else(|| "unknown".into())
 }
 
 /// A name the client sent, quoted and cut at 64 characters (what it sent

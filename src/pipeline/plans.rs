@@ -189,10 +189,20 @@ impl PlanStore {
         })
         .map_err(|e| format!("{} ({})", e, db.describe()))?;
         if let Some((file, json)) = &found {
-            // Kept here too; a copy already made by a concurrent reader is
-            // the same bytes.
-            let _ = write_new(&self.plan_file_path(request_id), file);
-            let _ = write_new(&self.path(request_id, "json"), json);
+            // Kept here too, whole or not at all: written aside, then
+            // linked in (a copy a concurrent reader put there first stays).
+            for (to, bytes) in [
+                (self.plan_file_path(request_id), file),
+                (self.path(request_id, "json"), json),
+            ] {
+                let mut tag = [0u8; 8];
+                let _ = getrandom::fill(&mut tag);
+                let aside = to.with_extension(format!("fetching-{}", hex::encode(tag)));
+                if write_new(&aside, bytes).is_ok() {
+                    let _ = std::fs::hard_link(&aside, &to);
+                }
+                let _ = std::fs::remove_file(&aside);
+            }
         }
         Ok(found)
     }
