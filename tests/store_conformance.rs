@@ -487,3 +487,109 @@ fn postgresql_sessions_carry_time_limits() {
         .expect_err("cancelled by statement_timeout");
     assert!(e.to_string().contains("statement timeout"), "{e}");
 }
+
+/// A TCP proxy to the test server's socket that, once armed, lets the next
+/// `COMMIT` through to the server and then cuts the connection before the
+/// server's answer reaches the client: the commit happened, the client
+/// never hears of it (a network failure at the worst moment).
+struct CommitCutter {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<AtomicUsize>,
+}
+
+impl CommitCutter {
+    fn start(socket: std::path::PathBuf) -> CommitCutter {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (a, c) = (Arc::clone(&armed), Arc::clone(&cuts));
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let server = std::os::unix::net::UnixStream::connect(&socket).expect("server");
+                let cut = Arc::new(AtomicBool::new(false));
+                let (mut c_in, mut s_out) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
+                let (mut s_in, mut c_out) = (server, client);
+                let (armed, cuts, cut2) = (Arc::clone(&a), Arc::clone(&c), Arc::clone(&cut));
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = c_in.read(&mut buf) {
+                        if n == 0 || s_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        let commit = buf[..n].windows(7).any(|w| w == b"COMMIT\0");
+                        if commit && armed.swap(false, Ordering::SeqCst) {
+                            cut2.store(true, Ordering::SeqCst);
+                            cuts.fetch_add(1, Ordering::SeqCst);
+                            // The server has it; the client hears nothing.
+                            std::thread::sleep(Duration::from_millis(300));
+                            let _ = c_in.shutdown(std::net::Shutdown::Both);
+                            let _ = s_out.shutdown(std::net::Shutdown::Both);
+                            break;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = s_in.read(&mut buf) {
+                        if n == 0
+                            || cut.load(Ordering::SeqCst)
+                            || c_out.write_all(&buf[..n]).is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        CommitCutter { port, armed, cuts }
+    }
+}
+
+/// The connection is lost after the server committed a spend but before
+/// the gateway heard: the spend is this call's (read back from the row),
+/// so its apply runs and the approval is not burned for nothing.
+#[test]
+fn a_spend_whose_commit_answer_is_lost_is_still_the_callers() {
+    let server = pg::Postgres::start();
+    server.database("cut");
+    let cutter = CommitCutter::start(
+        server
+            .socket_dir()
+            .join(format!(".s.PGSQL.{}", server.port)),
+    );
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=cut",
+        cutter.port
+    );
+    let mut s = ApprovalStore::postgres(&conninfo).expect("connect through the proxy");
+    let (a, _) = s.create(&new(1, MIN30)).expect("create");
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    cutter.armed.store(true, Ordering::SeqCst);
+    let spent = s.spend(
+        &a.id,
+        "terraform_apply",
+        &json!({"working_dir": "terraform/offline-demo"}),
+        Some(&"aa".repeat(32)),
+        "req-lost-answer",
+    );
+    assert_eq!(
+        cutter.cuts.load(Ordering::SeqCst),
+        1,
+        "the commit's answer was cut"
+    );
+    let spent = spent
+        .expect("read back, not an error")
+        .expect("spent by this call");
+    assert_eq!(spent.state, State::Spent);
+    assert_eq!(spent.spent_request_id.as_deref(), Some("req-lost-answer"));
+}
