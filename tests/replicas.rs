@@ -215,7 +215,9 @@ fn any_replica_shows_grants_and_applies_what_another_was_asked_and_one_approval_
 
 /// PostgreSQL killed under a running replica: an apply asked for then is
 /// refused with the database's reason and leaves no approval; once the
-/// server is back the same replica serves again, without a restart.
+/// server is back the same replica serves again, without a restart. A
+/// granted approval whose apply is refused while the database is away is
+/// not burned: it applies once the database is back.
 #[test]
 fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_is_back() {
     let mut server = pg::Postgres::start();
@@ -251,6 +253,38 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     let id = asked(&d, workspace.path(), agent_home.path());
     let listed = ok(&cli(&d, APPROVER, approver_home.path(), &["approvals"]));
     assert!(listed.contains(&id), "{listed}");
+    ok(&cli(
+        &d,
+        APPROVER,
+        approver_home.path(),
+        &["approve", &id, "--reason", "reviewed"],
+    ));
+
+    // Granted, then the database goes: the apply is refused and nothing
+    // is spent; back, the same approval applies.
+    server.kill();
+    let mut a = Agent::start(&d, workspace.path(), agent_home.path());
+    a.apply(2, json!({"working_dir": MODULE, "approval_id": id}));
+    let r = a.wait(|v| v["id"] == 2, Duration::from_secs(600));
+    assert_ne!(
+        r["result"]["structuredContent"]["status"], "completed",
+        "nothing applies without the database: {r}"
+    );
+    assert!(
+        !workspace
+            .path()
+            .join(MODULE)
+            .join("terraform.tfstate")
+            .exists(),
+        "no state was written"
+    );
+    server.run();
+    a.apply(3, json!({"working_dir": MODULE, "approval_id": id}));
+    let r = a.wait(|v| v["id"] == 3, Duration::from_secs(600));
+    assert_eq!(
+        r["result"]["structuredContent"]["status"], "completed",
+        "the approval was not burned by the outage: {r}"
+    );
     d.assert_audit_verifies();
     // And it stops cleanly (its database clients closed off the runtime).
     let st = d.terminate(Duration::from_secs(30));
