@@ -26,7 +26,7 @@ fn bench(c: &mut Criterion) {
         ("sqlite", ApprovalStore::in_home(dir.path()).expect("open")),
         (
             "postgres",
-            ApprovalStore::postgres(&server.database("bench")).expect("connect"),
+            ApprovalStore::postgres(&server.database("bench"), None).expect("connect"),
         ),
     ];
     let params = json!({"working_dir": "terraform/offline-demo"});

@@ -4,6 +4,7 @@
 //! each; the concurrency cases open several stores on one database, as
 //! several replicas (or the daemon and the CLI) do.
 
+mod common;
 #[path = "support/postgres.rs"]
 mod pg;
 
@@ -453,7 +454,7 @@ fn the_approval_store_conforms_on_postgresql() {
     let server = pg::Postgres::start();
     conformance(&|name| {
         let conninfo = server.database(name);
-        Box::new(move || ApprovalStore::postgres(&conninfo).expect("connect"))
+        Box::new(move || ApprovalStore::postgres(&conninfo, None).expect("connect"))
     });
 }
 
@@ -463,8 +464,8 @@ fn the_approval_store_conforms_on_postgresql() {
 fn postgresql_sessions_carry_time_limits() {
     use gateway::db::{Db, End};
     let server = pg::Postgres::start();
-    let db =
-        gateway::db::postgres::PostgresDb::connect(&server.database("limits")).expect("connect");
+    let db = gateway::db::postgres::PostgresDb::connect(&server.database("limits"), None)
+        .expect("connect");
     let mut shown = Vec::new();
     db.read(&mut |tx| {
         shown.clear();
@@ -569,7 +570,7 @@ fn a_spend_whose_commit_answer_is_lost_is_still_the_callers() {
         "host=127.0.0.1 port={} user=postgres dbname=cut",
         cutter.port
     );
-    let mut s = ApprovalStore::postgres(&conninfo).expect("connect through the proxy");
+    let mut s = ApprovalStore::postgres(&conninfo, None).expect("connect through the proxy");
     let (a, _) = s.create(&new(1, MIN30)).expect("create");
     s.grant(&a.id, &who("bob"), "")
         .expect("db")
@@ -592,4 +593,39 @@ fn a_spend_whose_commit_answer_is_lost_is_still_the_callers() {
         .expect("spent by this call");
     assert_eq!(spent.state, State::Spent);
     assert_eq!(spent.spent_request_id.as_deref(), Some("req-lost-answer"));
+}
+
+/// A PostgreSQL server reached over TCP with TLS: with the CA named in
+/// `[store] ca_file` the session is encrypted; without it the server's
+/// certificate does not verify and nothing is sent, not even in the clear.
+#[test]
+fn postgresql_over_tls_is_encrypted_and_its_certificate_checked() {
+    use gateway::db::{Db, End, SqlValue};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, key) = common::tls_files(keys.path());
+    let server = pg::Postgres::start_tls(&cert, &key);
+    server.database("tls");
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=tls sslmode=require",
+        server.port
+    );
+    let mut s = ApprovalStore::postgres(&url, Some(&ca)).expect("TLS with the test CA");
+    let (a, _) = s.create(&new(1, MIN30)).expect("create over TLS");
+    assert_eq!(a.state, State::Pending);
+    let db = gateway::db::postgres::PostgresDb::connect(&url, Some(&ca)).expect("connect");
+    let mut encrypted = None;
+    db.read(&mut |tx| {
+        encrypted = tx
+            .query_opt(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )?
+            .map(|r| r.0[0].clone());
+        Ok(End::Rollback)
+    })
+    .expect("read");
+    assert_eq!(encrypted, Some(SqlValue::Bool(true)));
+    let e = ApprovalStore::postgres(&url, None).expect_err("an unknown CA");
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
 }

@@ -477,9 +477,13 @@ impl ApprovalStore {
     }
 
     /// Approvals in a PostgreSQL database (libpq connection string or
-    /// URL), its schema brought up to date.
-    pub fn postgres(conninfo: &str) -> Result<ApprovalStore, ApprovalError> {
-        let db = PostgresDb::connect(conninfo).map_err(|source| ApprovalError::Db {
+    /// URL; `ca_file`: CA certificates for its TLS, beside the system's),
+    /// its schema brought up to date.
+    pub fn postgres(
+        conninfo: &str,
+        ca_file: Option<&Path>,
+    ) -> Result<ApprovalStore, ApprovalError> {
+        let db = PostgresDb::connect(conninfo, ca_file).map_err(|source| ApprovalError::Db {
             at: "postgresql".into(),
             source,
         })?;

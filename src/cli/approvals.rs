@@ -240,7 +240,7 @@ pub fn open_store(
     match file.store.resolve()? {
         Store::Sqlite => ApprovalStore::in_home(home)
             .with_context(|| format!("cannot open the approval store under {}", home.display())),
-        Store::Postgres(url) => ApprovalStore::postgres(&url)
+        Store::Postgres { url, ca_file } => ApprovalStore::postgres(&url, ca_file.as_deref())
             .context("cannot open the approval store in PostgreSQL ([store] url_file)"),
     }
 }

@@ -265,12 +265,12 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         tools.clone(),
     )?;
     // Replicas share approvals and plans in PostgreSQL ([store]).
-    if let crate::config::store::Store::Postgres(url) = file.store.resolve()? {
+    if let crate::config::store::Store::Postgres { url, ca_file } = file.store.resolve()? {
         pipeline.set_approval_store(
-            crate::approvals::ApprovalStore::postgres(&url)
+            crate::approvals::ApprovalStore::postgres(&url, ca_file.as_deref())
                 .context("the approval store in PostgreSQL ([store] url_file)")?,
         );
-        let db = crate::db::postgres::PostgresDb::connect(&url)
+        let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
             .and_then(|db| {
                 db.migrate(
                     "gateway_plans_schema",

@@ -17,14 +17,20 @@ pub struct StoreConfig {
     /// `postgres`: a file holding the connection string (libpq keywords or
     /// a `postgresql://` URL), mode 0600 and owned by the daemon's user.
     pub url_file: Option<PathBuf>,
+    /// `postgres`: a PEM file of CA certificates the server's TLS
+    /// certificate is checked against, beside the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Which store to open.
 #[derive(Debug)]
 pub enum Store {
     Sqlite,
-    /// The connection string (zeroed when dropped; never shown).
-    Postgres(Zeroizing<String>),
+    Postgres {
+        /// The connection string (zeroed when dropped; never shown).
+        url: Zeroizing<String>,
+        ca_file: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +87,10 @@ impl StoreConfig {
                 if url.is_empty() {
                     return Err(bad("empty".into()));
                 }
-                Ok(Store::Postgres(url))
+                Ok(Store::Postgres {
+                    url,
+                    ca_file: self.ca_file.clone(),
+                })
             }
             other => Err(StoreConfigError::Backend(other.to_string())),
         }
@@ -102,13 +111,14 @@ mod tests {
         let c = StoreConfig {
             backend: Some("postgres".into()),
             url_file: Some(file.clone()),
+            ca_file: None,
         };
         let e = c.resolve().expect_err("readable by others");
         assert!(e.to_string().contains("chmod 600"), "{e}");
         assert!(!e.to_string().contains("s3cret"), "{e}");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         match c.resolve().expect("0600") {
-            Store::Postgres(url) => {
+            Store::Postgres { url, .. } => {
                 assert_eq!(
                     url.as_str(),
                     "postgresql://gw:s3cret-pw@db.internal/gateway"
@@ -122,6 +132,7 @@ mod tests {
         let e = StoreConfig {
             backend: Some("postgres".into()),
             url_file: Some(link),
+            ca_file: None,
         }
         .resolve()
         .expect_err("a symlink");
@@ -129,7 +140,8 @@ mod tests {
         assert!(matches!(
             StoreConfig {
                 backend: Some("postgres".into()),
-                url_file: None
+                url_file: None,
+                ca_file: None
             }
             .resolve(),
             Err(StoreConfigError::NoUrl)
@@ -137,7 +149,8 @@ mod tests {
         assert!(matches!(
             StoreConfig {
                 backend: Some("mysql".into()),
-                url_file: None
+                url_file: None,
+                ca_file: None
             }
             .resolve(),
             Err(StoreConfigError::Backend(_))

@@ -11,11 +11,14 @@
 //! Schemas are versioned with `refinery`, one history table per store,
 //! under an advisory lock so that replicas starting together migrate once.
 
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use postgres::types::{IsNull, ToSql, Type};
-use postgres::{Client, Config, NoTls};
+use postgres::{Client, Config};
+use rustls::pki_types::pem::PemObject;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{Body, Db, DbError, End, Row, SqlValue, Tx};
 
@@ -25,7 +28,7 @@ const RETRIES: u32 = 30;
 const MIGRATION_LOCK: i64 = 0x0067_6174_6577_6179;
 
 pub struct PostgresDb {
-    config: Config,
+    target: Target,
     describe: String,
     client: Mutex<Option<Client>>,
 }
@@ -53,11 +56,56 @@ impl Drop for PostgresDb {
     }
 }
 
+/// Where to connect, and how to check the server's certificate.
+struct Target {
+    config: Config,
+    tls: MakeRustlsConnect,
+}
+
+/// TLS with the system's roots and those of `ca_file` (rustls on ring).
+/// The connection string's `sslmode` decides whether it is used: `prefer`
+/// (the default) when the server offers it, `require` always, and a
+/// certificate that does not verify is always a refusal.
+fn tls(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, DbError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| DbError::Other(format!("[store] ca_file {}: {e}", path.display())))?;
+        let mut found = 0;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert
+                .map_err(|e| DbError::Other(format!("[store] ca_file {}: {e}", path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| DbError::Other(format!("[store] ca_file {}: {e}", path.display())))?;
+            found += 1;
+        }
+        if found == 0 {
+            return Err(DbError::Other(format!(
+                "[store] ca_file {}: no certificate in it",
+                path.display()
+            )));
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| DbError::Other(format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
 impl PostgresDb {
     /// A database from a libpq connection string or URL (its password, if
-    /// any, is never shown). Connects at once: a database that cannot be
-    /// reached is an error here, not at the first call.
-    pub fn connect(conninfo: &str) -> Result<PostgresDb, DbError> {
+    /// any, is never shown), its server's certificate checked against the
+    /// system's roots and `ca_file`'s. Connects at once: a database that
+    /// cannot be reached is an error here, not at the first call.
+    pub fn connect(conninfo: &str, ca_file: Option<&Path>) -> Result<PostgresDb, DbError> {
         let mut config: Config = conninfo
             .parse()
             .map_err(|e: postgres::Error| DbError::Other(format!("the connection string: {e}")))?;
@@ -90,7 +138,10 @@ impl PostgresDb {
             config.get_user().unwrap_or("(default)")
         );
         let db = PostgresDb {
-            config,
+            target: Target {
+                config,
+                tls: tls(ca_file)?,
+            },
             describe,
             client: Mutex::new(None),
         };
@@ -127,13 +178,13 @@ impl PostgresDb {
     ) -> Result<T, DbError> {
         let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
         let held = slot.take();
-        let config = &self.config;
+        let target = &self.target;
         let (kept, result) = off_runtime(move || {
             // A lost client is dropped here too: dropping one blocks (it
             // says goodbye to the server), which an async thread may not.
             let (client, fresh) = match held.filter(|c| !c.is_closed()) {
                 Some(c) => (c, false),
-                None => match connect(config) {
+                None => match connect(target) {
                     Ok(c) => (c, true),
                     Err(e) => return (None, Err(e)),
                 },
@@ -141,7 +192,7 @@ impl PostgresDb {
             let mut conn = Conn {
                 client: Some(client),
                 fresh,
-                config,
+                target,
             };
             let r = f(&mut conn);
             (conn.client, r)
@@ -194,7 +245,7 @@ struct Conn<'a> {
     client: Option<Client>,
     /// Made for this call (a failure on it is not a lost connection).
     fresh: bool,
-    config: &'a Config,
+    target: &'a Target,
 }
 
 impl Conn<'_> {
@@ -215,7 +266,7 @@ impl Conn<'_> {
                 self.fresh = true;
                 // Dropped first: it may block saying goodbye.
                 drop(self.client.take());
-                let mut c = connect(self.config)?;
+                let mut c = connect(self.target)?;
                 c.batch_execute(begin)?;
                 self.client = Some(c);
             }
@@ -231,8 +282,8 @@ const STATEMENT_TIMEOUT: &str = "10s";
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "30s";
 
 /// A new connection, with the session's time limits set.
-fn connect(config: &Config) -> Result<Client, DbError> {
-    let mut c = config.connect(NoTls)?;
+fn connect(target: &Target) -> Result<Client, DbError> {
+    let mut c = target.config.connect(target.tls.clone())?;
     c.batch_execute(&format!(
         "SET statement_timeout = '{STATEMENT_TIMEOUT}'; \
          SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'"
@@ -386,10 +437,11 @@ mod tests {
     fn a_connection_string_with_a_password_is_never_shown() {
         let e = super::PostgresDb::connect(
             "host=127.0.0.1 port=9 user=u password=hunter2-secret dbname=d connect_timeout=1",
+            None,
         )
         .expect_err("nothing listens on port 9");
         assert!(!e.to_string().contains("hunter2"), "{e}");
-        let e = super::PostgresDb::connect("postgresql://u:hunter2-secret@127.0.0.1:9/d")
+        let e = super::PostgresDb::connect("postgresql://u:hunter2-secret@127.0.0.1:9/d", None)
             .expect_err("nothing listens on port 9");
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }

@@ -18,6 +18,8 @@ pub struct Postgres {
     child: Option<Child>,
     bin: PathBuf,
     user: Option<(u32, u32)>,
+    /// More settings (`-c` pairs) the server runs with.
+    settings: Vec<String>,
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin`.
@@ -48,6 +50,16 @@ fn free_port() -> u16 {
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with(None)
+    }
+
+    /// A server that also listens on 127.0.0.1 with TLS, from a
+    /// certificate and key (PEM).
+    pub fn start_tls(cert: &Path, key: &Path) -> Postgres {
+        Postgres::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&Path, &Path)>) -> Postgres {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("tmp");
         let user = if nix::unistd::geteuid().is_root() {
@@ -65,6 +77,7 @@ impl Postgres {
             child: None,
             bin,
             user,
+            settings: vec!["listen_addresses=".into()],
         };
         let out = pg
             .command("initdb")
@@ -85,6 +98,27 @@ impl Postgres {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Some((cert, key)) = tls {
+            use std::os::unix::fs::PermissionsExt;
+            let (c, k) = (
+                pg.dir.path().join("server.crt"),
+                pg.dir.path().join("server.key"),
+            );
+            std::fs::copy(cert, &c).expect("cert");
+            std::fs::copy(key, &k).expect("key");
+            std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            if let Some((uid, gid)) = pg.user {
+                for f in [&c, &k] {
+                    nix::unistd::chown(f, Some(uid.into()), Some(gid.into())).expect("chown");
+                }
+            }
+            pg.settings = vec![
+                "listen_addresses=127.0.0.1".into(),
+                "ssl=on".into(),
+                format!("ssl_cert_file={}", c.display()),
+                format!("ssl_key_file={}", k.display()),
+            ];
+        }
         pg.run();
         pg
     }
@@ -114,7 +148,8 @@ impl Postgres {
             .arg(self.data())
             .args(["-k"])
             .arg(self.dir.path())
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses="])
+            .args(["-p", &self.port.to_string()])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(Stdio::null())
             .stderr(log);
         // Killed with the thread that started it, whatever becomes of the
