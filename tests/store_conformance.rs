@@ -629,3 +629,41 @@ fn postgresql_over_tls_is_encrypted_and_its_certificate_checked() {
     let e = ApprovalStore::postgres(&url, None).expect_err("an unknown CA");
     assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
 }
+
+/// A verdict given through one connection is told at once to a replica
+/// listening on another (LISTEN/NOTIFY): the approval's id, at commit;
+/// a refused verdict (rolled back) tells nothing.
+#[test]
+fn a_verdict_is_told_to_listening_replicas_when_it_commits() {
+    let server = pg::Postgres::start();
+    let url = server.database("notify");
+    let listener = gateway::db::postgres::PostgresDb::connect(&url, None).expect("connect");
+    let mut s = ApprovalStore::postgres(&url, None).expect("store");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    listener
+        .listen(gateway::approvals::CHANGES_CHANNEL, move |id| {
+            let _ = tx.send(id.to_string());
+        })
+        .expect("listen");
+    // The listener says "" once it listens.
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).expect("listening"),
+        ""
+    );
+    let (a, _) = s.create(&new(2, MIN30)).expect("create");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "asking is not a verdict"
+    );
+    s.grant(&a.id, &who("bob"), "")
+        .expect("db")
+        .expect("granted");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(2)).expect("told"), a.id);
+    // bob again: refused, rolled back, nothing told.
+    assert!(s.grant(&a.id, &who("bob"), "").expect("db").is_err());
+    assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+    s.deny(&a.id, &who("carol"), "no")
+        .expect("db")
+        .expect("denied");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(2)).expect("told"), a.id);
+}

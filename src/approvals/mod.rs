@@ -22,6 +22,10 @@ use crate::db::{Db, DbError, End, Tx};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Where a verdict is told to every replica listening (PostgreSQL's
+/// LISTEN/NOTIFY; the payload is the approval's id).
+pub const CHANGES_CHANNEL: &str = "gateway_approvals";
+
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
@@ -929,6 +933,7 @@ fn decide_in(
         "UPDATE approvals SET state = ?2 WHERE id = ?1 AND state = 'pending'",
         &[id.into(), next.into()],
     )?;
+    tx.notify(CHANGES_CHANNEL, id)?;
     Ok(None)
 }
 

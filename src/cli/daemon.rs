@@ -279,6 +279,13 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 Ok(db)
             })
             .context("the shared plans in PostgreSQL ([store] url_file)")?;
+        // Verdicts given on any replica wake the calls waiting here.
+        let changes = Arc::clone(&pipeline.approval_changes);
+        db.listen(crate::approvals::CHANGES_CHANNEL, move |_| {
+            changes.notify_waiters()
+        })
+        .context("listening for approval changes")?;
+        pipeline.approval_poll = crate::pipeline::APPROVAL_POLL_NOTIFIED;
         let at = crate::db::Db::describe(&db);
         pipeline.plans = pipeline.plans.clone().shared(Arc::new(db));
         tracing::info!(store = %at, "approvals and plans are kept in PostgreSQL");

@@ -192,6 +192,12 @@ pub trait Tx {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError>;
     /// Run a query; its rows.
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError>;
+    /// Tell the database's listeners on `channel` (at commit, and only if
+    /// it commits). A database without listeners (SQLite) does nothing:
+    /// its readers poll.
+    fn notify(&mut self, _channel: &str, _payload: &str) -> Result<(), DbError> {
+        Ok(())
+    }
     /// The first row of a query, if any.
     fn query_opt(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<Row>, DbError> {
         Ok(self.query(sql, params)?.into_iter().next())

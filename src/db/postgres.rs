@@ -57,6 +57,7 @@ impl Drop for PostgresDb {
 }
 
 /// Where to connect, and how to check the server's certificate.
+#[derive(Clone)]
 struct Target {
     config: Config,
     tls: MakeRustlsConnect,
@@ -168,6 +169,38 @@ impl PostgresDb {
             client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
             ran.map(|_| ())
         })
+    }
+
+    /// Call `on` with the payload of every notification on `channel`, from
+    /// a thread of its own on a connection of its own, for as long as the
+    /// process lives; a lost connection is made again (a second later, and
+    /// `on("")` says that notifications may have been missed meanwhile).
+    pub fn listen(&self, channel: &str, on: impl Fn(&str) + Send + 'static) -> std::io::Result<()> {
+        let target = self.target.clone();
+        let listen = format!("LISTEN \"{}\"", channel.replace('"', ""));
+        let at = self.describe.clone();
+        std::thread::Builder::new()
+            .name("db-listen".into())
+            .spawn(move || {
+                loop {
+                    match connect(&target).and_then(|mut c| {
+                        c.batch_execute(&listen)?;
+                        on("");
+                        let mut n = c.notifications();
+                        use fallible_iterator::FallibleIterator;
+                        let mut it = n.blocking_iter();
+                        while let Some(note) = it.next()? {
+                            on(note.payload());
+                        }
+                        Ok(())
+                    }) {
+                        Ok(()) => {}
+                        Err(e) => tracing::warn!(db = %at, "listening for changes: {e}"),
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+            .map(|_| ())
     }
 
     /// Run `f` with a live client (made again if it was lost), off any
@@ -374,6 +407,12 @@ fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
 }
 
 impl Tx for PgTx<'_> {
+    fn notify(&mut self, channel: &str, payload: &str) -> Result<(), DbError> {
+        self.0
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])?;
+        Ok(())
+    }
+
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
         let bound = bind(params);
         let refs: Vec<&(dyn ToSql + Sync)> = bound

@@ -33,8 +33,6 @@ use crate::approvals::State;
 use crate::audit::Event;
 use crate::pipeline::{CallResult, Outcome, Pipeline, Progress, ToolCall};
 
-/// How often a waiting task reads its approval's state.
-const APPROVAL_POLL: Duration = Duration::from_millis(500);
 /// How long a task lives (rmcp keeps a finished one as long again, for
 /// polling). A wait that lasts longer ends a minute before, saying how to go
 /// on without the task.
@@ -116,6 +114,12 @@ impl TaskSession {
             "waiting for a person's approval {approval_id}: an operator reviews it with \
              `gateway approvals show {approval_id}` and approves it with `{approve_command}`"
         );
+        // A verdict given on any replica wakes the wait at once when the
+        // store tells of changes (PostgreSQL's notifications); the poll is
+        // the bound when it cannot (SQLite, or a lost listener).
+        let changes = Arc::clone(&self.pipeline.approval_changes);
+        let mut changed = Box::pin(changes.notified());
+        changed.as_mut().enable();
         loop {
             ctx.set_status_message(waiting.clone());
             if started.elapsed() >= WAIT_AT_MOST {
@@ -130,10 +134,14 @@ impl TaskSession {
                 );
             }
             tokio::select! {
-                _ = tokio::time::sleep(APPROVAL_POLL) => {}
+                _ = tokio::time::sleep(self.pipeline.approval_poll) => {}
+                _ = &mut changed => {}
                 _ = ctx.cancelled() => return cancelled(&first.request_id, "the client cancelled the task while it waited; the approval stays as it is"),
                 _ = self.ended.cancelled() => return cancelled(&first.request_id, "the session ended while the task waited; the approval stays as it is"),
             }
+            // Armed before the read: a change after it wakes the next wait.
+            changed = Box::pin(changes.notified());
+            changed.as_mut().enable();
             // SQLite, behind the store's lock: off the async workers.
             let pipeline = Arc::clone(&self.pipeline);
             let id = approval_id.clone();

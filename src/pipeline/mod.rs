@@ -153,6 +153,13 @@ pub struct Pipeline {
     admission: admission::Admission,
     /// How long saved plans are kept, in seconds (from the policy).
     plan_retention_seconds: std::sync::atomic::AtomicU64,
+    /// Woken when the store tells of a changed approval (a verdict given
+    /// on any replica); see [`Pipeline::approval_poll`].
+    pub approval_changes: Arc<tokio::sync::Notify>,
+    /// How often a waiting call reads its approval's state when nothing
+    /// wakes it: often on SQLite (a CLI in another process writes the file
+    /// and tells no one), rarely when the store's notifications wake it.
+    pub approval_poll: std::time::Duration,
     /// Every call's own task: a call runs on it, not on its caller's
     /// future, so that one past its point of no return outlives its client.
     running: tokio_util::task::TaskTracker,
@@ -480,6 +487,12 @@ impl Step {
     }
 }
 
+/// How often a waiting call reads its approval on SQLite.
+pub const APPROVAL_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// The bound on a wait that notifications wake (a notification lost with
+/// a connection is made up for this late).
+pub const APPROVAL_POLL_NOTIFIED: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Pipeline {
     /// Keep approvals in `store` instead of the home's SQLite file (the
     /// daemon's `[store]`).
@@ -513,6 +526,8 @@ impl Pipeline {
             live_secrets: LiveSecrets::default(),
             admission: admission::Admission::default(),
             plan_retention_seconds: std::sync::atomic::AtomicU64::new(86_400),
+            approval_changes: Arc::default(),
+            approval_poll: APPROVAL_POLL,
             running: tokio_util::task::TaskTracker::new(),
             applying: Mutex::new(BTreeMap::new()),
             interrupted: Mutex::new(std::collections::BTreeSet::new()),
