@@ -23,33 +23,13 @@ import httpx2
 from mcp import Client, types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientMetadata
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oidc"))
-from login import authorize  # noqa: E402
+from login import Memory, authorize  # noqa: E402
 
 MODULE = "terraform/offline-demo"
 REDIRECT = "http://127.0.0.1:53683/callback"
-
-
-class Memory:
-    """The client's tokens and registration, in memory."""
-
-    def __init__(self):
-        self.tokens = None
-        self.client = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
 
 
 def structured(result):

@@ -114,6 +114,12 @@ impl PostgresDb {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true);
+        // A connection that idles (the listener's, between notifications)
+        // and is dropped silently by a NAT or a load balancer is found out
+        // in a minute or so, not after the system's two hours.
+        if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            config.keepalives_idle(Duration::from_secs(30));
+        }
         // A server that stops answering mid-call (its host gone) is given
         // up on, as one that is not reached in time is.
         if config.get_tcp_user_timeout().is_none() {

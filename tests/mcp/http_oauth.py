@@ -19,10 +19,10 @@ import httpx2
 from mcp import Client, types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientMetadata
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oidc"))
-from login import authorize  # noqa: E402
+from login import Memory, authorize  # noqa: E402
 
 URL, CA, USER = sys.argv[1:4]
 REDIRECT = "http://127.0.0.1:53683/callback"
@@ -31,26 +31,6 @@ REDIRECT = "http://127.0.0.1:53683/callback"
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
-
-
-class Memory:
-    """Tokens and the registered client, in memory (a test keeps nothing)."""
-
-    def __init__(self):
-        self.tokens = None
-        self.client = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
 
 
 async def main():

@@ -26,6 +26,27 @@ from urllib.parse import parse_qs, urljoin, urlparse
 import httpx2 as httpx
 
 
+class Memory:
+    """The storage an MCP SDK OAuth client asks for (its tokens and its
+    registration), kept in memory: a test or a check keeps nothing."""
+
+    def __init__(self):
+        self.tokens = None
+        self.client = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client
+
+    async def set_client_info(self, client_info) -> None:
+        self.client = client_info
+
+
 def pkce():
     verifier = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
