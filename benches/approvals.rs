@@ -5,6 +5,12 @@
 //! - `store/create_grant_spend/sqlite` and `.../postgres`: one approval
 //!   created, granted and spent, on each store in the same run;
 //! - `audit/append`: one event appended (scrubbed, hashed, flock, fsync).
+//! - `store/audit_append/postgres`: one event appended to the replicas'
+//!   chain in PostgreSQL by one writer;
+//! - `store/audit_append/3_replicas_48_writers`: three replicas (each its
+//!   own chain handle and connection) with 16 writers each appending at
+//!   once; criterion's rate is the team's events per second, and the
+//!   latency of each append (p50, p99, max) is printed after the group.
 //!
 //! Run as root: `cargo bench --bench approvals`. Criterion reports time per
 //! iteration and elements per second.
@@ -71,9 +77,70 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
 
-    let audit = AuditLog::in_home(dir.path()).expect("audit");
     let data = json!({"tool": "terraform_apply", "params": params, "decision": {"allow": true, "tier": "high"},
                       "lease_id": "kubernetes/creds/gateway-tf-apply-demo-app/abc123"});
+    let chain_db = server.database("bench_chain");
+    let replica = || {
+        AuditLog::shared(
+            gateway::audit::shared::SharedChain::postgres(
+                gateway::db::postgres::PostgresDb::connect(&chain_db, None).expect("connect"),
+            )
+            .expect("chain"),
+        )
+    };
+    let mut g = c.benchmark_group("store");
+    g.throughput(Throughput::Elements(1));
+    let one = replica();
+    g.bench_function("audit_append/postgres", |b| {
+        b.iter(|| {
+            one.append("req-bench", "policy.decision", data.clone())
+                .expect("append")
+        })
+    });
+    let replicas = [replica(), replica(), replica()];
+    let latencies = std::sync::Mutex::new(Vec::<Duration>::new());
+    g.bench_function("audit_append/3_replicas_48_writers", |b| {
+        b.iter_custom(|iters| {
+            let per_writer = iters.div_ceil(48).max(1);
+            let started = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for r in &replicas {
+                    for _ in 0..16 {
+                        let (data, latencies) = (&data, &latencies);
+                        scope.spawn(move || {
+                            let mut mine = Vec::with_capacity(per_writer as usize);
+                            for _ in 0..per_writer {
+                                let t = std::time::Instant::now();
+                                r.append("req-bench", "policy.decision", data.clone())
+                                    .expect("append");
+                                mine.push(t.elapsed());
+                            }
+                            latencies.lock().expect("lock").extend(mine);
+                        });
+                    }
+                }
+            });
+            // Time per event of the team, whatever the rounding above.
+            started
+                .elapsed()
+                .mul_f64(iters as f64 / (per_writer * 48) as f64)
+        })
+    });
+    g.finish();
+    let mut l = latencies.into_inner().expect("lock");
+    l.sort();
+    if !l.is_empty() {
+        let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)];
+        eprintln!(
+            "store/audit_append/3_replicas_48_writers: {} appends, latency p50 {:?}, p99 {:?}, max {:?}",
+            l.len(),
+            at(0.50),
+            at(0.99),
+            l[l.len() - 1]
+        );
+    }
+
+    let audit = AuditLog::in_home(dir.path()).expect("audit");
     let mut g = c.benchmark_group("audit");
     g.throughput(Throughput::Elements(1));
     g.bench_function("append", |b| {

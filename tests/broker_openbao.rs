@@ -11,6 +11,8 @@ mod common;
 mod fake_kube;
 #[path = "support/openbao.rs"]
 mod openbao;
+#[path = "support/postgres.rs"]
+mod pg;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -671,17 +673,22 @@ impl Served {
 
     /// With extra `[daemon]` settings and the policies in `policies`.
     fn start_on(w: &World, tag: &str, daemon_extra: &str, policies: &Path) -> Served {
+        Served::start_in(w, tag, daemon_extra, policies, &w.home)
+    }
+
+    /// With its state in `home`.
+    fn start_in(w: &World, tag: &str, daemon_extra: &str, policies: &Path, home: &Path) -> Served {
         use std::process::Stdio;
         let token_file = w.dir.path().join("gateway-token");
         std::fs::write(&token_file, &w.gateway_token).expect("token file");
-        let config = w.dir.path().join("gateway.toml");
+        let config = w.dir.path().join(format!("gateway-{tag}.toml"));
         let socket = w.dir.path().join(format!("run-{tag}/gateway.sock"));
         std::fs::write(
             &config,
             format!(
                 "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n{daemon_extra}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
                 policies,
-                w.home,
+                home,
                 socket,
                 w.kube.port,
                 w.bao.addr,
@@ -753,21 +760,25 @@ fn wait_until(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
 /// A daemon with one pod-status call in flight, holding its credential
 /// (kubectl has reached the API server, which answers after 15 s).
 fn call_in_flight(w: &World, tag: &str, daemon_extra: &str) -> Served {
+    in_flight_on(w, Served::start_with(w, tag, daemon_extra))
+}
+
+/// [`call_in_flight`] on a daemon already started.
+fn in_flight_on(w: &World, mut served: Served) -> Served {
     w.kube.set_pods(
         "demo-app",
         vec![fake_kube::pod("web-0", "demo-app", "Running", true, 0)],
     );
     w.kube
         .with(|s| s.pods_delay = std::time::Duration::from_secs(15));
-    let seen_before = w.kube.with(|s| s.seen.len());
-    let mut served = Served::start_with(w, tag, daemon_extra);
+    let seen_before = w.kube.with(|s| s.arrived.len());
     served.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "k8s_get_pod_status", "arguments": {"namespace": "demo-app"}}}));
     let asked = wait_until(std::time::Duration::from_secs(60), || {
         w.kube.with(|s| {
-            s.seen[seen_before..]
+            s.arrived[seen_before..]
                 .iter()
-                .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
+                .any(|p| p == "/api/v1/namespaces/demo-app/pods")
         })
     });
     assert!(asked, "kubectl reached the API server: {}", served.log());
@@ -905,6 +916,115 @@ async fn a_daemon_stopped_while_vault_is_gone_exits_within_its_grace() {
     );
 }
 
+/// Two replicas share one PostgreSQL store (and so one lease ledger). One
+/// is killed (`kill -9`: no destructor, no revocation) while its call
+/// holds a credential: the other, still serving, revokes that credential
+/// in OpenBao on its own within a few seconds, with the dead replica named
+/// in the audit and the call's end recorded as interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_call_has_its_lease_revoked_by_a_survivor() {
+    let w = world().await;
+    let server = tokio::task::block_in_place(pg::Postgres::start);
+    let url_file = w.dir.path().join("postgres.url");
+    let conninfo = tokio::task::block_in_place(|| server.database("replicas"));
+    std::fs::write(&url_file, &conninfo).expect("url");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let store = format!("\n[store]\nbackend = \"postgres\"\nurl_file = {url_file:?}\n");
+    let policies = common::repo().join("policies");
+    let (home_a, home_b) = (w.dir.path().join("home-a"), w.dir.path().join("home-b"));
+    let mut b = tokio::task::block_in_place(|| {
+        Served::start_in(&w, "replica-b", &store, &policies, &home_b)
+    });
+    let mut a = tokio::task::block_in_place(|| {
+        in_flight_on(
+            &w,
+            Served::start_in(&w, "replica-a", &store, &policies, &home_a),
+        )
+    });
+    assert_eq!(w.kube.with(|s| s.live("serviceaccounts").len()), 1);
+    let ledger = gateway::broker::leases::SharedLedger::open(
+        gateway::db::postgres::PostgresDb::connect(&conninfo, None).expect("db"),
+    )
+    .expect("ledger");
+    use gateway::broker::leases::Ledger;
+    let open = ledger.open_leases().expect("open");
+    assert_eq!(open.len(), 1, "the lease is in the shared ledger");
+    let dead = open[0].owner_replica.clone().expect("a replica owns it");
+    a.child.kill().expect("kill -9");
+    a.child.wait().expect("wait");
+    let killed = std::time::Instant::now();
+    let revoked = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(30), || {
+            w.kube.with(|s| s.live("serviceaccounts").is_empty())
+        })
+    });
+    let took = killed.elapsed();
+    let a_log = a.log();
+    assert!(revoked, "no survivor revoked it: {}", b.log());
+    eprintln!("time from kill -9 to the credential revoked in OpenBao: {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "revoked only after {took:?}"
+    );
+    assert!(
+        !w.bao
+            .bao(&["lease", "lookup", &open[0].lease_id])
+            .status
+            .success(),
+        "OpenBao no longer knows the lease"
+    );
+    assert_eq!(
+        ledger.is_revoked(&open[0].lease_id).expect("q"),
+        Some(true),
+        "A: {a_log}\nB: {}",
+        b.log()
+    );
+    assert!(
+        matches!(b.child.try_wait(), Ok(None)),
+        "the survivor keeps serving"
+    );
+    // The survivor's audit names the dead replica and ends the call.
+    let rid = open[0].request_id.clone();
+    // One chain for both replicas, in the database.
+    let chain = gateway::audit::shared::SharedChain::postgres(
+        gateway::db::postgres::PostgresDb::connect(&conninfo, None).expect("db"),
+    )
+    .expect("chain");
+    let read = || -> Vec<serde_json::Map<String, Value>> {
+        String::from_utf8(chain.export().expect("export").bytes)
+            .expect("utf-8")
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let ended = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(10), || {
+            read()
+                .iter()
+                .any(|e| e["request_id"] == rid.as_str() && e["event"] == "tool.result")
+        })
+    });
+    assert!(ended, "no end recorded for {rid}");
+    let events = read();
+    let mine: Vec<_> = events
+        .iter()
+        .filter(|e| e["request_id"] == rid.as_str())
+        .collect();
+    assert!(
+        mine.iter().any(|e| e["event"] == "credential.revoked"
+            && e["data"]["owner_replica"] == dead.as_str()
+            && e["data"]["recovered"] == true),
+        "{mine:?}"
+    );
+    let last = mine.last().expect("events");
+    assert_eq!(last["event"], "tool.result");
+    assert_eq!(last["data"]["status"], "interrupted", "{last:?}");
+    drop(b);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
     let w = world().await;
@@ -922,9 +1042,9 @@ async fn a_gateway_killed_mid_call_leaves_a_lease_the_next_start_revokes() {
     let asked = tokio::task::block_in_place(|| {
         wait_until(std::time::Duration::from_secs(60), || {
             w.kube.with(|s| {
-                s.seen
+                s.arrived
                     .iter()
-                    .any(|r| r.path == "/api/v1/namespaces/demo-app/pods")
+                    .any(|p| p == "/api/v1/namespaces/demo-app/pods")
             })
         })
     });

@@ -46,10 +46,14 @@ fn replicas(n: usize, policies: &Path, store: &str) -> Vec<Daemon> {
 
 /// `gateway <args>` as `user` through replica `d`'s socket.
 fn cli(d: &Daemon, user: &str, home: &Path, args: &[&str]) -> std::process::Output {
-    daemon::as_user(user, home, &[("GATEWAY_SOCKET", &d.socket)], &gateway())
+    let out = daemon::as_user(user, home, &[("GATEWAY_SOCKET", &d.socket)], &gateway())
         .args(args)
         .output()
-        .expect("gateway")
+        .expect("gateway");
+    if !out.status.success() {
+        eprintln!("gateway {args:?} failed; the daemon's log:\n{}", d.log());
+    }
+    out
 }
 
 fn ok(out: &std::process::Output) -> String {
@@ -72,9 +76,11 @@ fn asked(d: &Daemon, workspace: &Path, home: &Path) -> String {
     sc["approval_id"].as_str().expect("id").to_string()
 }
 
+/// Every replica writes to one chain in the database: read once.
 fn spent_events(ds: &[Daemon], id: &str) -> usize {
-    ds.iter()
-        .flat_map(|d| d.events())
+    ds[0]
+        .events()
+        .into_iter()
         .filter(|e| e["event"] == "approval.spent" && e["data"]["approval_id"] == id)
         .count()
 }
@@ -194,9 +200,9 @@ fn any_replica_shows_grants_and_applies_what_another_was_asked_and_one_approval_
     );
     // State written back by two requests only: the apply through B, and
     // this one.
-    let applies: std::collections::BTreeSet<String> = ds
-        .iter()
-        .flat_map(|d| d.events())
+    let applies: std::collections::BTreeSet<String> = ds[0]
+        .events()
+        .into_iter()
         .filter(|e| e["event"] == "state.saved")
         .filter_map(|e| e["request_id"].as_str().map(str::to_string))
         .collect();
@@ -208,9 +214,49 @@ fn any_replica_shows_grants_and_applies_what_another_was_asked_and_one_approval_
     let state = std::fs::read_to_string(workspace.path().join(MODULE).join("terraform.tfstate"))
         .expect("state");
     assert!(state.contains("replicas"), "the new resource is applied");
+    // One chain holds what every replica recorded: the approval asked for
+    // on C, granted through A and spent by an agent of any of the three.
+    let events = a.events();
+    let of = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == name && e["data"]["approval_id"] == id.as_str())
+            .count()
+    };
+    assert_eq!(
+        (
+            of("approval.requested"),
+            of("approval.granted"),
+            of("approval.spent")
+        ),
+        (1, 1, 1)
+    );
     for d in &ds {
         d.assert_audit_verifies();
     }
+    // Its export is the file a single host keeps, checked by the same
+    // command with no database.
+    let export = secrets.path().join("export.jsonl");
+    let out = std::process::Command::new(gateway())
+        .arg("--config")
+        .arg(&a.config)
+        .args(["audit", "export", "--out"])
+        .arg(&export)
+        .output()
+        .expect("export");
+    ok(&out);
+    let verify = std::process::Command::new(gateway())
+        .arg("--home")
+        .arg(secrets.path())
+        .args(["audit", "verify", "--file"])
+        .arg(&export)
+        .output()
+        .expect("verify");
+    let said = ok(&verify);
+    assert!(
+        said.contains(&format!("ok: {} events verified", events.len())),
+        "{said}"
+    );
 }
 
 /// PostgreSQL killed under a running replica: an apply asked for then is
@@ -230,8 +276,10 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     let agent_home = daemon::owned_dir(AGENT);
     let approver_home = daemon::owned_dir(APPROVER);
 
-    server.kill();
+    // A session opened before the database goes: its call is refused,
+    // with the reason, since not even its request can be audited.
     let mut a = Agent::start(&d, workspace.path(), agent_home.path());
+    server.kill();
     a.apply(1, json!({"working_dir": MODULE}));
     let r = a.wait(|v| v["id"] == 1, Duration::from_secs(600));
     assert_ne!(
@@ -239,8 +287,28 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
         "nothing is asked for without the database: {r}"
     );
     assert!(
-        r.to_string().contains("shared store") || r.to_string().contains("approval database"),
+        r.to_string().contains("audit chain in postgresql database"),
         "the refusal names the database: {r}"
+    );
+    // A new session is refused at once (its opening cannot be audited),
+    // and `gateway serve` says why.
+    let refused = daemon::as_user(
+        AGENT,
+        agent_home.path(),
+        &[("GATEWAY_SOCKET", &d.socket)],
+        &gateway(),
+    )
+    .arg("serve")
+    .arg("--workspace")
+    .arg(workspace.path())
+    .stdin(std::process::Stdio::null())
+    .output()
+    .expect("serve");
+    assert!(!refused.status.success());
+    let said = common::stderr(&refused);
+    assert!(
+        said.contains("the audit log cannot be written") && said.contains("postgresql database"),
+        "{said}"
     );
     let out = cli(&d, APPROVER, approver_home.path(), &["approvals"]);
     assert!(
@@ -262,8 +330,8 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
 
     // Granted, then the database goes: the apply is refused and nothing
     // is spent; back, the same approval applies.
-    server.kill();
     let mut a = Agent::start(&d, workspace.path(), agent_home.path());
+    server.kill();
     a.apply(2, json!({"working_dir": MODULE, "approval_id": id}));
     let r = a.wait(|v| v["id"] == 2, Duration::from_secs(600));
     assert_ne!(

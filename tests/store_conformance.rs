@@ -667,3 +667,280 @@ fn a_verdict_is_told_to_listening_replicas_when_it_commits() {
         .expect("denied");
     assert_eq!(rx.recv_timeout(Duration::from_secs(2)).expect("told"), a.id);
 }
+
+// ---- The lease ledger ----------------------------------------------------
+
+use gateway::broker::leases::{Ledger, LocalLedger, SharedLedger};
+
+const TTL: Duration = Duration::from_secs(600);
+
+/// What every ledger does for the process that holds it: a lease is open
+/// until revoked, a failed revocation keeps it open with its error, and
+/// it is this process's own (never an orphan) while the process lives.
+fn a_lease_is_open_until_revoked(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let l = make();
+    l.issued("k/creds/r/1", "req-1", "k", "r", TTL).expect("1");
+    l.issued("k/creds/r/2", "req-2", "k", "r", TTL).expect("2");
+    assert_eq!(l.open_leases().expect("open").len(), 2);
+    assert_eq!(l.own().expect("own").len(), 2);
+    assert!(
+        l.claim_orphans().expect("orphans").is_empty(),
+        "a live owner's leases are never orphans"
+    );
+    let other = make();
+    assert!(
+        other.claim_orphans().expect("orphans").is_empty(),
+        "nor to another process on the same ledger"
+    );
+    assert!(other.own().expect("own").is_empty() || l.watch_every().is_none());
+    l.revoke_failed("k/creds/r/2", "vault down").expect("fail");
+    let two = l
+        .open_leases()
+        .expect("open")
+        .into_iter()
+        .find(|r| r.lease_id == "k/creds/r/2")
+        .expect("still open");
+    assert_eq!(two.last_error.as_deref(), Some("vault down"));
+    assert_eq!(two.revoke_attempts, 1);
+    l.revoked("k/creds/r/2").expect("revoked");
+    assert_eq!(l.is_revoked("k/creds/r/2").expect("q"), Some(true));
+    assert_eq!(l.is_revoked("k/creds/r/1").expect("q"), Some(false));
+    assert_eq!(l.is_revoked("nope").expect("q"), None);
+    let open: Vec<String> = l
+        .own()
+        .expect("own")
+        .into_iter()
+        .map(|r| r.lease_id)
+        .collect();
+    assert_eq!(open, ["k/creds/r/1"]);
+}
+
+#[test]
+fn the_lease_ledger_conforms_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let home = dir.path().to_path_buf();
+    a_lease_is_open_until_revoked(&|| Box::new(LocalLedger::in_home(&home).expect("open")));
+}
+
+fn shared(conninfo: &str) -> SharedLedger {
+    SharedLedger::open(gateway::db::postgres::PostgresDb::connect(conninfo, None).expect("connect"))
+        .expect("ledger")
+}
+
+#[test]
+fn the_lease_ledger_conforms_on_postgresql() {
+    let server = pg::Postgres::start();
+    let conninfo = server.database("ledger_basic");
+    a_lease_is_open_until_revoked(&|| Box::new(shared(&conninfo)));
+}
+
+/// A replica that dies (here: its ledger, and so its presence connection,
+/// dropped; a `kill -9` closes the same socket) leaves its open leases to
+/// the survivors: the first survivor to look takes them over, with the
+/// dead replica named, and no other survivor gets them too. Revoked
+/// leases are not taken.
+#[test]
+fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
+    let server = pg::Postgres::start();
+    let conninfo = server.database("ledger_death");
+    let dying = shared(&conninfo);
+    let dead_id = dying.replica().to_string();
+    dying
+        .issued("k/creds/r/a", "req-a", "k", "r", TTL)
+        .expect("a");
+    dying
+        .issued("k/creds/r/b", "req-b", "k", "r", TTL)
+        .expect("b");
+    dying.revoked("k/creds/r/b").expect("b revoked");
+    let survivors: Vec<SharedLedger> = (0..4).map(|_| shared(&conninfo)).collect();
+    for s in &survivors {
+        assert!(s.claim_orphans().expect("none yet").is_empty());
+    }
+    drop(dying);
+    // The lock goes with the connection (within the presence thread's
+    // 100 ms tick); then all four look at once.
+    let started = std::time::Instant::now();
+    let claimed: Vec<Vec<_>> = loop {
+        let got: Vec<Vec<_>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = survivors
+                .iter()
+                .map(|s| scope.spawn(move || s.claim_orphans().expect("claim")))
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).collect()
+        });
+        if got.iter().any(|g| !g.is_empty()) || started.elapsed() > Duration::from_secs(10) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let all: Vec<_> = claimed.iter().flatten().collect();
+    assert_eq!(all.len(), 1, "exactly one survivor takes it: {claimed:?}");
+    assert_eq!(all[0].lease_id, "k/creds/r/a");
+    assert_eq!(all[0].request_id, "req-a");
+    assert_eq!(all[0].owner_replica.as_deref(), Some(dead_id.as_str()));
+    let taker = claimed.iter().position(|g| !g.is_empty()).expect("taker");
+    assert_eq!(
+        survivors[taker].own().expect("own").len(),
+        1,
+        "it is the taker's own now"
+    );
+    for s in &survivors {
+        assert!(s.claim_orphans().expect("again").is_empty());
+    }
+}
+
+/// A replica whose host vanished keeps its lock until the database notices
+/// the connection is gone (TCP keepalive, minutes); its heartbeat stopping
+/// is enough: one older than the limit makes it dead to the survivors.
+#[test]
+fn a_replica_whose_heartbeat_stopped_is_dead_even_while_its_lock_is_held() {
+    use gateway::db::{Db, End};
+    let server = pg::Postgres::start();
+    let conninfo = server.database("ledger_stale");
+    let stuck = shared(&conninfo);
+    stuck
+        .issued("k/creds/r/s", "req-s", "k", "r", TTL)
+        .expect("s");
+    let survivor = shared(&conninfo);
+    assert!(survivor.claim_orphans().expect("alive").is_empty());
+    let db = gateway::db::postgres::PostgresDb::connect(&conninfo, None).expect("db");
+    let id = stuck.replica().to_string();
+    // The presence thread beats every 2 s; the row is aged far past the
+    // limit and the claim made before the next beat can renew it.
+    db.write(&mut |tx| {
+        tx.execute(
+            "UPDATE gateway_replicas SET heartbeat_at = now() - interval '1 hour' WHERE id = ?1",
+            &[id.as_str().into()],
+        )?;
+        Ok(End::Commit)
+    })
+    .expect("age it");
+    let claimed = survivor.claim_orphans().expect("claim");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0].owner_replica.as_deref(), Some(id.as_str()));
+}
+
+// ---- The team's audit chain ---------------------------------------------
+
+use gateway::audit::AuditLog;
+use gateway::audit::shared::{SharedChain, write_export};
+use gateway::audit::verify::{HeadRule, verify_against, verify_file};
+
+/// Three writers (replicas) on one chain, appending at once: one chain of
+/// every event, which verifies against its head row; its export is a
+/// JSONL file the file verifier accepts as it accepts a host's log.
+fn one_chain_for_every_writer(make: &(dyn Fn() -> SharedChain + Sync)) {
+    let per_writer = 40;
+    std::thread::scope(|scope| {
+        for w in 0..3 {
+            scope.spawn(move || {
+                let log = AuditLog::shared(make());
+                for i in 0..per_writer {
+                    log.append(
+                        &format!("req-{w}-{i}"),
+                        "tool.request",
+                        json!({"writer": w, "i": i, "password": "hunter2-secret-value"}),
+                    )
+                    .expect("append");
+                }
+            });
+        }
+    });
+    let export = make().export().expect("export");
+    assert_eq!(export.rows, 3 * per_writer);
+    assert_eq!(export.events, 3 * per_writer);
+    let report = verify_against(&export.bytes, Some(&export.head), &[]);
+    assert!(report.ok(), "{:?}", report.first_bad);
+    assert_eq!(report.verified as u64, 3 * per_writer);
+    let text = String::from_utf8(export.bytes.clone()).expect("utf-8");
+    assert!(
+        !text.contains("hunter2"),
+        "events are scrubbed as in the file"
+    );
+    for w in 0..3 {
+        assert_eq!(
+            text.matches(&format!("\"writer\":{w}")).count() as u64,
+            per_writer
+        );
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("export.jsonl");
+    write_export(&file, &export).expect("write");
+    assert_eq!(std::fs::read(&file).expect("read"), export.bytes);
+    let report = verify_file(
+        &file,
+        std::slice::from_ref(&export.head.hash),
+        HeadRule::Required,
+    )
+    .expect("verify");
+    assert!(report.ok(), "{:?}", report.first_bad);
+    assert!(
+        write_export(&file, &export).is_err(),
+        "an export never overwrites a file"
+    );
+}
+
+/// What someone with write access to the tables does shows: an edited
+/// line, a removed one in the middle, the last one removed (the head row
+/// no longer on the chain).
+fn tampering_with_the_chain_is_caught(
+    make: &(dyn Fn() -> SharedChain + Sync),
+    db: &dyn Fn() -> Box<dyn gateway::db::Db>,
+) {
+    use gateway::db::End;
+    let log = AuditLog::shared(make());
+    for i in 0..5 {
+        log.append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let good = make().export().expect("export");
+    assert!(verify_against(&good.bytes, Some(&good.head), &[]).ok());
+    let run = |sql: &str| {
+        db().write(&mut |tx| {
+            tx.execute(sql, &[])?;
+            Ok(End::Commit)
+        })
+        .expect("tamper");
+    };
+    let restore = |sql: &str| run(sql);
+    // An edited event.
+    run("UPDATE gateway_audit SET line = replace(line, '\"i\":2', '\"i\":7') WHERE seq = 3");
+    let e = make().export().expect("export");
+    let r = verify_against(&e.bytes, Some(&e.head), &[]);
+    assert_eq!(r.first_bad.as_ref().map(|b| b.0), Some(3), "{r:?}");
+    restore("UPDATE gateway_audit SET line = replace(line, '\"i\":7', '\"i\":2') WHERE seq = 3");
+    assert!(verify_against(&make().export().expect("e").bytes, Some(&good.head), &[]).ok());
+    // The last event removed: the head row names an event no longer there.
+    run("DELETE FROM gateway_audit WHERE seq = 5");
+    let e = make().export().expect("export");
+    assert_eq!(e.rows, 4);
+    assert!(!verify_against(&e.bytes, Some(&e.head), &[]).ok());
+    // A middle event removed.
+    run("DELETE FROM gateway_audit WHERE seq = 2");
+    let e = make().export().expect("export");
+    assert!(!verify_against(&e.bytes, Some(&e.head), &[]).ok());
+}
+
+#[test]
+fn the_audit_chain_conforms_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let one = dir.path().join("one.db");
+    one_chain_for_every_writer(&|| SharedChain::sqlite(&one).expect("open"));
+    let two = dir.path().join("two.db");
+    tampering_with_the_chain_is_caught(&|| SharedChain::sqlite(&two).expect("open"), &|| {
+        Box::new(gateway::db::sqlite::SqliteDb::open(&two, "FULL").expect("db"))
+    });
+}
+
+#[test]
+fn the_audit_chain_conforms_on_postgresql() {
+    let server = pg::Postgres::start();
+    let one = server.database("chain_writers");
+    let connect = |c: &str| gateway::db::postgres::PostgresDb::connect(c, None).expect("connect");
+    one_chain_for_every_writer(&|| SharedChain::postgres(connect(&one)).expect("chain"));
+    let two = server.database("chain_tamper");
+    tampering_with_the_chain_is_caught(
+        &|| SharedChain::postgres(connect(&two)).expect("chain"),
+        &|| Box::new(connect(&two)),
+    );
+}

@@ -167,6 +167,9 @@ pub enum Event {
         issued_at: Option<Value>,
         #[serde(skip_serializing_if = "no")]
         owner_pid: Option<Value>,
+        /// The replica that minted it and died (a shared lease ledger).
+        #[serde(skip_serializing_if = "no")]
+        owner_replica: Option<String>,
     },
     #[serde(rename = "credential.revoke_failed")]
     CredentialRevokeFailed {
@@ -399,6 +402,7 @@ mod tests {
             reason: None,
             issued_at: None,
             owner_pid: None,
+            owner_replica: None,
         }
         .split();
         assert_eq!(data, json!({"lease_id": "l", "attempt": 1}));

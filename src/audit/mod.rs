@@ -34,6 +34,7 @@
 
 pub mod events;
 pub mod scrub;
+pub mod shared;
 pub mod verify;
 
 pub use events::Event;
@@ -65,6 +66,12 @@ pub enum AuditError {
     NotAnObject,
     #[error("audit head {path} is unreadable ({why}); it was edited or damaged")]
     BadHead { path: PathBuf, why: String },
+    #[error("audit chain in {at}: {source}")]
+    Database {
+        at: String,
+        #[source]
+        source: crate::db::DbError,
+    },
 }
 
 /// The chain's head as the last writer recorded it in the sidecar file.
@@ -120,7 +127,7 @@ const HEAD_RECORD: usize = 128;
 /// place (one write of one block, so a reader or a crash sees the old head or
 /// the new one). Not fsynced: the log line was, and a head left behind by a
 /// crash is one `audit verify` accepts. Called with the log's lock held.
-fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
+pub(crate) fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     let mut record = serde_json::to_string(head).unwrap_or_default().into_bytes();
     if record.len() < HEAD_RECORD {
@@ -195,6 +202,9 @@ pub struct AuditLog {
     tail: Mutex<Tail>,
     /// The largest line written ([`AuditLog::set_max_event_bytes`]).
     max_event_bytes: std::sync::atomic::AtomicUsize,
+    /// The team's chain in the database, when events go there instead of
+    /// the file ([`AuditLog::shared`]).
+    shared: Option<shared::SharedChain>,
 }
 
 /// The cap on one audit line until the policy sets one
@@ -245,7 +255,24 @@ impl AuditLog {
             path,
             tail: Mutex::new(Tail::default()),
             max_event_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_EVENT_BYTES),
+            shared: None,
         })
+    }
+
+    /// A log whose events go to the team's chain in the database
+    /// ([`shared`]); every append is durable when it returns.
+    pub fn shared(chain: shared::SharedChain) -> AuditLog {
+        AuditLog {
+            path: PathBuf::from(chain.describe()),
+            tail: Mutex::new(Tail::default()),
+            max_event_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_EVENT_BYTES),
+            shared: Some(chain),
+        }
+    }
+
+    /// The team's chain this log appends to, if it is one.
+    pub fn chain(&self) -> Option<&shared::SharedChain> {
+        self.shared.as_ref()
     }
 
     /// Cap every line written from now on at `bytes` (at least 4 KiB): a
@@ -297,6 +324,10 @@ impl AuditLog {
     /// shown durable: the fsync failed (now or before), or the log no
     /// longer holds them (cut back since they were written).
     pub fn sync(&self) -> Result<(), AuditError> {
+        if self.shared.is_some() {
+            // Each append committed before it returned.
+            return Ok(());
+        }
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         let io = |source| AuditError::Io {
             path: self.path.clone(),
@@ -392,6 +423,24 @@ impl AuditLog {
         extra: Map<String, Value>,
         durability: Durability,
     ) -> Result<Map<String, Value>, AuditError> {
+        if let Some(chain) = &self.shared {
+            let cap = self.max_event_bytes();
+            return chain
+                .append(&mut |prev| {
+                    build_capped_line(
+                        Some(prev),
+                        request_id,
+                        event,
+                        data.clone(),
+                        extra.clone(),
+                        cap,
+                    )
+                })
+                .map_err(|source| AuditError::Database {
+                    at: chain.describe().to_string(),
+                    source,
+                });
+        }
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         // Deferred lines are all written through the handle that will
         // fsync them.

@@ -1,12 +1,20 @@
-//! The lease ledger: every lease the gateway was issued, kept in SQLite
-//! (`leases.db` under the home, WAL, `synchronous=FULL` so an issued lease
-//! is on disk before the sandbox starts) until Vault confirmed its
-//! revocation. A gateway that crashed between issue and revoke leaves rows
-//! here; the next start revokes the ones whose owner process is gone.
+//! The lease ledger: every lease the gateway was issued, kept until Vault
+//! confirmed its revocation, behind one interface ([`Ledger`]) with two
+//! implementations:
 //!
-//! Each row names its owner (pid and the process's start time from
-//! `/proc`), so two gateways sharing a home never revoke each other's live
-//! leases.
+//! - [`LocalLedger`], a single host's: SQLite (`leases.db` under the home,
+//!   WAL, `synchronous=FULL` so an issued lease is on disk before the
+//!   sandbox starts). Each row names its owner (pid and the process's start
+//!   time from `/proc`), so two gateways sharing a home never revoke each
+//!   other's live leases; the next start revokes the ones whose owner
+//!   process is gone.
+//! - [`SharedLedger`], the replicas' (PostgreSQL, `[store]`): each row
+//!   names the replica that minted it, and each replica shows it is alive
+//!   by holding an advisory lock on a connection of its own (and beating a
+//!   heartbeat row). A replica that dies (`kill -9`, its host gone) loses
+//!   the lock when its connection closes, or stops beating; every survivor
+//!   looks every [`SharedLedger::WATCH_EVERY`] and the first to see it
+//!   takes its open leases over, in one transaction, and revokes them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,14 +22,17 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+use crate::db::{Db, DbError, SqlValue};
+
 pub const FILE_NAME: &str = "leases.db";
 
 #[derive(Debug, thiserror::Error)]
-#[error("lease ledger {path}: {source}")]
+#[error("lease ledger {at}: {source}")]
 pub struct LedgerError {
-    pub path: PathBuf,
+    /// The file, or the database (never its password).
+    pub at: String,
     #[source]
-    pub source: rusqlite::Error,
+    pub source: DbError,
 }
 
 /// A lease the ledger has not seen revoked.
@@ -33,8 +44,12 @@ pub struct LeaseRecord {
     pub role: String,
     pub issued_at: String,
     pub expires_at: String,
+    /// The owning process (a single host's ledger; 0 in a shared one).
     pub owner_pid: u32,
     pub owner_start: u64,
+    /// The owning replica (a shared ledger's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_replica: Option<String>,
     pub revoke_attempts: u32,
     pub last_error: Option<String>,
 }
@@ -59,9 +74,9 @@ const SCHEMA_VERSION: i64 = 1;
 impl LeaseLedger {
     pub fn open(path: impl Into<PathBuf>) -> Result<LeaseLedger, LedgerError> {
         let path = path.into();
-        let err = |source| LedgerError {
-            path: path.clone(),
-            source,
+        let err = |source: rusqlite::Error| LedgerError {
+            at: path.display().to_string(),
+            source: source.into(),
         };
         // FULL: a lease must be on disk before anything uses it.
         let conn = crate::db::open(&path, "FULL").map_err(err)?;
@@ -102,9 +117,9 @@ impl LeaseLedger {
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> LedgerError + '_ {
-        move |source| LedgerError {
-            path: self.path.clone(),
-            source,
+        move |source: rusqlite::Error| LedgerError {
+            at: self.path.display().to_string(),
+            source: source.into(),
         }
     }
 
@@ -172,6 +187,7 @@ impl LeaseLedger {
                     expires_at: r.get(5)?,
                     owner_pid: r.get(6)?,
                     owner_start: r.get::<_, i64>(7)? as u64,
+                    owner_replica: None,
                     revoke_attempts: r.get(8)?,
                     last_error: r.get(9)?,
                 })
@@ -204,6 +220,388 @@ impl LeaseLedger {
             )
             .optional()
             .map_err(self.err())
+    }
+}
+
+/// The ledger a broker records its leases in, as seen by one process:
+/// its own leases, and those of owners that are gone.
+pub trait Ledger: Send + Sync + std::fmt::Debug {
+    /// Where it is, for messages.
+    fn describe(&self) -> String;
+    /// Record a lease this process was issued (before the credential is used).
+    fn issued(
+        &self,
+        lease_id: &str,
+        request_id: &str,
+        mount: &str,
+        role: &str,
+        ttl: Duration,
+    ) -> Result<(), LedgerError>;
+    /// Vault confirmed the revocation.
+    fn revoked(&self, lease_id: &str) -> Result<(), LedgerError>;
+    /// A revocation attempt failed (the lease stays open).
+    fn revoke_failed(&self, lease_id: &str, error: &str) -> Result<(), LedgerError>;
+    /// `Some(true)` once revoked; `None` for a lease it never held.
+    fn is_revoked(&self, lease_id: &str) -> Result<Option<bool>, LedgerError>;
+    /// Every lease not seen revoked, oldest first.
+    fn open_leases(&self) -> Result<Vec<LeaseRecord>, LedgerError>;
+    /// This process's open leases.
+    fn own(&self) -> Result<Vec<LeaseRecord>, LedgerError>;
+    /// The open leases of owners that are gone, now this process's to
+    /// revoke (in a shared ledger, taken over in one transaction, so that
+    /// one survivor revokes each).
+    fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError>;
+    /// How often a running gateway looks for orphans (`None`: only at its
+    /// start; a single host's gateways share nothing else).
+    fn watch_every(&self) -> Option<Duration>;
+}
+
+/// A single host's ledger ([`LeaseLedger`]), for this process.
+#[derive(Debug)]
+pub struct LocalLedger {
+    inner: std::sync::Mutex<LeaseLedger>,
+    owner: Owner,
+}
+
+impl LocalLedger {
+    pub fn in_home(home: &Path) -> Result<LocalLedger, LedgerError> {
+        Ok(LocalLedger {
+            inner: std::sync::Mutex::new(LeaseLedger::in_home(home)?),
+            owner: Owner::current(),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&LeaseLedger) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        f(&self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Ledger for LocalLedger {
+    fn describe(&self) -> String {
+        self.with(|l| Ok(l.path.display().to_string()))
+            .unwrap_or_default()
+    }
+    fn issued(
+        &self,
+        lease_id: &str,
+        request_id: &str,
+        mount: &str,
+        role: &str,
+        ttl: Duration,
+    ) -> Result<(), LedgerError> {
+        self.with(|l| l.issued(lease_id, request_id, mount, role, ttl, self.owner))
+    }
+    fn revoked(&self, lease_id: &str) -> Result<(), LedgerError> {
+        self.with(|l| l.revoked(lease_id))
+    }
+    fn revoke_failed(&self, lease_id: &str, error: &str) -> Result<(), LedgerError> {
+        self.with(|l| l.revoke_failed(lease_id, error))
+    }
+    fn is_revoked(&self, lease_id: &str) -> Result<Option<bool>, LedgerError> {
+        self.with(|l| l.is_revoked(lease_id))
+    }
+    fn open_leases(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        self.with(|l| l.open_leases())
+    }
+    fn own(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        Ok(self
+            .open_leases()?
+            .into_iter()
+            .filter(|l| l.owner_pid == self.owner.pid && l.owner_start == self.owner.start)
+            .collect())
+    }
+    fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        self.with(|l| l.orphans())
+    }
+    fn watch_every(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The replicas' ledger in PostgreSQL, for this replica (module docs).
+pub struct SharedLedger {
+    db: Box<dyn Db + Sync>,
+    me: String,
+    _alive: crate::db::postgres::HeldLock,
+}
+
+impl std::fmt::Debug for SharedLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedLedger")
+            .field("db", &self.db.describe())
+            .field("replica", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shared ledger's schema (refinery's history table:
+/// `gateway_leases_schema`).
+pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[(
+    "V1__leases",
+    "CREATE TABLE gateway_replicas (
+         id TEXT PRIMARY KEY,
+         lock_key BIGINT NOT NULL,
+         host TEXT NOT NULL,
+         pid BIGINT NOT NULL,
+         started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+         heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE TABLE gateway_leases (
+         lease_id TEXT PRIMARY KEY,
+         request_id TEXT NOT NULL,
+         mount TEXT NOT NULL,
+         role TEXT NOT NULL,
+         issued_at TEXT NOT NULL,
+         expires_at TEXT NOT NULL,
+         owner TEXT NOT NULL,
+         revoked_at TEXT,
+         revoke_attempts INTEGER NOT NULL DEFAULT 0,
+         last_error TEXT
+     );
+     CREATE INDEX gateway_leases_open ON gateway_leases (owner) WHERE revoked_at IS NULL;",
+)];
+
+const LEASE_COLUMNS: &str =
+    "lease_id, request_id, mount, role, issued_at, expires_at, owner, revoke_attempts, last_error";
+
+fn shared_record(r: &crate::db::Row) -> Result<LeaseRecord, DbError> {
+    Ok(LeaseRecord {
+        lease_id: r.text(0)?,
+        request_id: r.text(1)?,
+        mount: r.text(2)?,
+        role: r.text(3)?,
+        issued_at: r.text(4)?,
+        expires_at: r.text(5)?,
+        owner_pid: 0,
+        owner_start: 0,
+        owner_replica: Some(r.text(6)?),
+        revoke_attempts: u32::try_from(r.int(7)?).unwrap_or(u32::MAX),
+        last_error: r.opt_text(8)?,
+    })
+}
+
+impl SharedLedger {
+    /// How often each replica beats its heartbeat, and looks for the
+    /// leases of replicas that died.
+    pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+    /// A replica whose heartbeat is this old is dead even if its lock is
+    /// still held (its host vanished and the database has not noticed the
+    /// connection is gone).
+    pub const STALE_SECONDS: u64 = 30;
+
+    /// This replica's view of the ledger in `db` (migrated first): it
+    /// shows itself alive before it returns, and for as long as it lives.
+    pub fn open(db: crate::db::postgres::PostgresDb) -> Result<SharedLedger, LedgerError> {
+        let at = Db::describe(&db);
+        let err = |source| LedgerError {
+            at: at.clone(),
+            source,
+        };
+        db.migrate("gateway_leases_schema", SHARED_MIGRATIONS)
+            .map_err(err)?;
+        let me = uuid::Uuid::new_v4().to_string();
+        let mut key = [0u8; 8];
+        getrandom::fill(&mut key).map_err(|e| err(DbError::Other(format!("random: {e}"))))?;
+        let key = i64::from_le_bytes(key);
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        let alive = db
+            .hold(
+                key,
+                "INSERT INTO gateway_replicas (id, lock_key, host, pid) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
+                vec![
+                    me.clone().into(),
+                    key.into(),
+                    host.into(),
+                    i64::from(std::process::id()).into(),
+                ],
+                Self::WATCH_EVERY,
+            )
+            .map_err(err)?;
+        Ok(SharedLedger {
+            db: Box::new(db),
+            me,
+            _alive: alive,
+        })
+    }
+
+    /// This replica's id in the ledger.
+    pub fn replica(&self) -> &str {
+        &self.me
+    }
+
+    fn err(&self, source: DbError) -> LedgerError {
+        LedgerError {
+            at: self.db.describe(),
+            source,
+        }
+    }
+
+    fn write(&self, sql: &str, params: &[SqlValue]) -> Result<u64, LedgerError> {
+        let mut n = 0;
+        self.db
+            .write(&mut |tx| {
+                n = tx.execute(sql, params)?;
+                Ok(crate::db::End::Commit)
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+
+    fn records(&self, sql: &str, params: &[SqlValue]) -> Result<Vec<LeaseRecord>, LedgerError> {
+        let mut out = Vec::new();
+        self.db
+            .read(&mut |tx| {
+                out = tx
+                    .query(sql, params)?
+                    .iter()
+                    .map(shared_record)
+                    .collect::<Result<_, _>>()?;
+                Ok(crate::db::End::Rollback)
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+}
+
+impl Ledger for SharedLedger {
+    fn describe(&self) -> String {
+        self.db.describe()
+    }
+    fn issued(
+        &self,
+        lease_id: &str,
+        request_id: &str,
+        mount: &str,
+        role: &str,
+        ttl: Duration,
+    ) -> Result<(), LedgerError> {
+        let now = chrono::Utc::now();
+        let expires = now + chrono::Duration::seconds(ttl.as_secs() as i64);
+        self.write(
+            "INSERT INTO gateway_leases (lease_id, request_id, mount, role, issued_at, expires_at, owner)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (lease_id) DO UPDATE SET owner = EXCLUDED.owner, revoked_at = NULL",
+            &[
+                lease_id.into(),
+                request_id.into(),
+                mount.into(),
+                role.into(),
+                now.to_rfc3339().into(),
+                expires.to_rfc3339().into(),
+                self.me.as_str().into(),
+            ],
+        )
+        .map(|_| ())
+    }
+    fn revoked(&self, lease_id: &str) -> Result<(), LedgerError> {
+        self.write(
+            "UPDATE gateway_leases SET revoked_at = ?2, revoke_attempts = revoke_attempts + 1, last_error = NULL WHERE lease_id = ?1",
+            &[lease_id.into(), chrono::Utc::now().to_rfc3339().into()],
+        )
+        .map(|_| ())
+    }
+    fn revoke_failed(&self, lease_id: &str, error: &str) -> Result<(), LedgerError> {
+        self.write(
+            "UPDATE gateway_leases SET revoke_attempts = revoke_attempts + 1, last_error = ?2 WHERE lease_id = ?1",
+            &[lease_id.into(), error.into()],
+        )
+        .map(|_| ())
+    }
+    fn is_revoked(&self, lease_id: &str) -> Result<Option<bool>, LedgerError> {
+        let mut out = None;
+        self.db
+            .read(&mut |tx| {
+                out = tx
+                    .query_opt(
+                        "SELECT revoked_at IS NOT NULL FROM gateway_leases WHERE lease_id = ?1",
+                        &[lease_id.into()],
+                    )?
+                    .map(|r| r.bool(0))
+                    .transpose()?;
+                Ok(crate::db::End::Rollback)
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+    fn open_leases(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        self.records(
+            &format!(
+                "SELECT {LEASE_COLUMNS} FROM gateway_leases WHERE revoked_at IS NULL ORDER BY issued_at"
+            ),
+            &[],
+        )
+    }
+    fn own(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        self.records(
+            &format!(
+                "SELECT {LEASE_COLUMNS} FROM gateway_leases WHERE revoked_at IS NULL AND owner = ?1 ORDER BY issued_at"
+            ),
+            &[self.me.as_str().into()],
+        )
+    }
+    fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        let me: SqlValue = self.me.as_str().into();
+        let mut claimed = Vec::new();
+        self.db
+            .write(&mut |tx| {
+                claimed.clear();
+                // A replica is dead when its lock can be taken (its
+                // connection is gone) or its heartbeat stopped.
+                let others = tx.query(
+                    &format!(
+                        "SELECT id, lock_key, heartbeat_at < now() - interval '{} seconds' FROM gateway_replicas WHERE id <> ?1",
+                        Self::STALE_SECONDS
+                    ),
+                    std::slice::from_ref(&me),
+                )?;
+                for r in &others {
+                    let dead = r.bool(2)?
+                        || tx
+                            .query_opt(
+                                "SELECT pg_try_advisory_xact_lock(?1)",
+                                &[r.int(1)?.into()],
+                            )?
+                            .map(|r| r.bool(0))
+                            .transpose()?
+                            .unwrap_or(false);
+                    if dead {
+                        tx.execute(
+                            "DELETE FROM gateway_replicas WHERE id = ?1",
+                            &[r.text(0)?.into()],
+                        )?;
+                    }
+                }
+                // Leases whose replica is no longer there (just found
+                // dead, or gone before) are this replica's now; the old
+                // owner is kept in what is returned.
+                let rows = tx.query(
+                    "WITH gone AS (
+                         SELECT lease_id, owner FROM gateway_leases
+                         WHERE revoked_at IS NULL AND owner <> ?1
+                           AND owner NOT IN (SELECT id FROM gateway_replicas)
+                         FOR UPDATE
+                     )
+                     UPDATE gateway_leases l SET owner = ?1 FROM gone
+                     WHERE l.lease_id = gone.lease_id
+                     RETURNING l.lease_id, l.request_id, l.mount, l.role, l.issued_at, l.expires_at,
+                               gone.owner, l.revoke_attempts, l.last_error",
+                    std::slice::from_ref(&me),
+                )?;
+                claimed = rows.iter().map(shared_record).collect::<Result<_, _>>()?;
+                Ok(crate::db::End::Commit)
+            })
+            .map_err(|e| self.err(e))?;
+        claimed.sort_by(|a, b| a.issued_at.cmp(&b.issued_at));
+        Ok(claimed)
+    }
+    fn watch_every(&self) -> Option<Duration> {
+        Some(Self::WATCH_EVERY)
     }
 }
 

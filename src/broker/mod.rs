@@ -199,6 +199,7 @@ pub async fn revoke_with_retries(
                         reason: None,
                         issued_at: None,
                         owner_pid: None,
+                        owner_replica: None,
                     },
                 );
                 return true;

@@ -21,7 +21,7 @@ use tokio::sync::RwLock;
 use vaultrs::client::{Client, VaultClient, VaultClientSettingsBuilder};
 use zeroize::Zeroizing;
 
-use super::leases::{LeaseLedger, Owner};
+use super::leases::{Ledger, LocalLedger};
 use super::{BoxFuture, Broker, BrokerError, CredentialMeta, IssuedCredential};
 use crate::audit::{AuditLog, Event};
 use crate::policy::CredentialScope;
@@ -353,8 +353,7 @@ pub struct VaultBroker {
     /// When the gateway's own token needs renewing (None: not renewable,
     /// or not logged in yet).
     token_ttl: Mutex<Option<(Duration, bool)>>,
-    ledger: Mutex<LeaseLedger>,
-    owner: Owner,
+    ledger: Arc<dyn Ledger>,
 }
 
 impl std::fmt::Debug for VaultBroker {
@@ -371,16 +370,29 @@ impl VaultBroker {
     /// contact Vault (a Vault that is down at start refuses calls, it does
     /// not stop the gateway).
     pub fn new(settings: VaultSettings, home: &Path) -> Result<VaultBroker, BrokerError> {
-        let client = client_for(&settings)?;
         let ledger =
-            LeaseLedger::in_home(home).map_err(|e| BrokerError::Refused(format!("{e}")))?;
+            LocalLedger::in_home(home).map_err(|e| BrokerError::Refused(format!("{e}")))?;
+        VaultBroker::with_ledger(settings, Arc::new(ledger))
+    }
+
+    /// A broker for `settings` keeping its leases in `ledger` (the
+    /// replicas' shared one).
+    pub fn with_ledger(
+        settings: VaultSettings,
+        ledger: Arc<dyn Ledger>,
+    ) -> Result<VaultBroker, BrokerError> {
+        let client = client_for(&settings)?;
         Ok(VaultBroker {
             settings,
             client: RwLock::new(client),
             token_ttl: Mutex::new(None),
-            ledger: Mutex::new(ledger),
-            owner: Owner::current(),
+            ledger,
         })
+    }
+
+    /// The ledger this broker records its leases in.
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.ledger
     }
 
     pub fn address(&self) -> &str {
@@ -552,14 +564,21 @@ impl VaultBroker {
     /// Revoke every lease a crashed gateway left open (owner gone), with the
     /// audit saying so. Returns (revoked, still open).
     pub async fn recover_orphans(&self, audit: &AuditLog) -> (usize, usize) {
-        let orphans = match self.ledger.lock().map(|l| l.orphans()) {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => {
+        let orphans = match self.ledger.claim_orphans() {
+            Ok(o) => o,
+            Err(e) => {
                 tracing::error!("reading the lease ledger: {e}");
                 return (0, 0);
             }
-            Err(_) => return (0, 0),
         };
+        // The calls that held them never recorded their end: it is
+        // recorded for them (once each), after their credentials.
+        let mut calls: Vec<(String, Option<String>)> = orphans
+            .iter()
+            .map(|l| (l.request_id.clone(), l.owner_replica.clone()))
+            .collect();
+        calls.sort();
+        calls.dedup_by(|a, b| a.0 == b.0);
         let (done, left) = self
             .revoke_records(
                 audit,
@@ -567,6 +586,18 @@ impl VaultBroker {
                 "left open by a gateway that stopped before revoking it",
             )
             .await;
+        for (rid, replica) in calls {
+            let reason = match replica {
+                Some(r) => format!(
+                    "the replica running this call ({r}) stopped before it ended; another replica revoked its credential. What the call did before it stopped is unknown: look before calling again"
+                ),
+                None => "the gateway running this call stopped before it ended; its credential was revoked at the next start. What the call did before it stopped is unknown: look before calling again".into(),
+            };
+            let _ = audit.record(
+                &rid,
+                Event::ToolResult(json!({"status": "interrupted", "reason": reason})),
+            );
+        }
         if done + left > 0 {
             tracing::warn!(
                 revoked = done,
@@ -577,22 +608,34 @@ impl VaultBroker {
         (done, left)
     }
 
+    /// Look for the leases of replicas that died every
+    /// [`Ledger::watch_every`] (a shared ledger), and revoke them.
+    pub fn spawn_orphan_watch(self: &Arc<Self>, audit: Arc<AuditLog>) {
+        let Some(every) = self.ledger.watch_every() else {
+            return;
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                me.recover_orphans(&audit).await;
+            }
+        });
+    }
+
     /// At shutdown: revoke every lease this process still holds (calls
     /// cancelled as the daemon stops, whose own revocation was started in
     /// the background and would die with the runtime). Returns (revoked,
     /// still open); what is left stays in the ledger for the next start.
     pub async fn revoke_own(&self, audit: &AuditLog) -> (usize, usize) {
-        let me = crate::process::Owner::current();
-        let own = match self.ledger.lock().map(|l| l.open_leases()) {
-            Ok(Ok(o)) => o
-                .into_iter()
-                .filter(|l| l.owner_pid == me.pid && l.owner_start == me.start)
-                .collect(),
-            Ok(Err(e)) => {
+        let own = match self.ledger.own() {
+            Ok(o) => o,
+            Err(e) => {
                 tracing::error!("reading the lease ledger: {e}");
                 return (0, 0);
             }
-            Err(_) => return (0, 0),
         };
         self.revoke_records(audit, own, "the gateway stopped while its call held it")
             .await
@@ -615,14 +658,7 @@ impl VaultBroker {
         if let Ok(counts) = tokio::time::timeout_at(deadline, own).await {
             return counts;
         }
-        let me = crate::process::Owner::current();
-        let left: Vec<_> = match self.ledger.lock().map(|l| l.open_leases()) {
-            Ok(Ok(o)) => o
-                .into_iter()
-                .filter(|l| l.owner_pid == me.pid && l.owner_start == me.start)
-                .collect(),
-            _ => Vec::new(),
-        };
+        let left: Vec<_> = self.ledger.own().unwrap_or_default();
         for lease in &left {
             let _ = audit.record(
                 &lease.request_id,
@@ -647,13 +683,7 @@ impl VaultBroker {
     ) -> (usize, usize) {
         let (mut done, mut left) = (0, 0);
         for lease in leases {
-            if self
-                .ledger
-                .lock()
-                .ok()
-                .and_then(|l| l.is_revoked(&lease.lease_id).ok().flatten())
-                == Some(true)
-            {
+            if self.ledger.is_revoked(&lease.lease_id).ok().flatten() == Some(true) {
                 continue;
             }
             match self.revoke_lease(&lease.lease_id).await {
@@ -667,7 +697,11 @@ impl VaultBroker {
                             recovered: Some(true),
                             reason: Some(reason.into()),
                             issued_at: Some(json!(lease.issued_at)),
-                            owner_pid: Some(json!(lease.owner_pid)),
+                            owner_pid: lease
+                                .owner_replica
+                                .is_none()
+                                .then(|| json!(lease.owner_pid)),
+                            owner_replica: lease.owner_replica.clone(),
                         },
                     );
                 }
@@ -704,14 +738,12 @@ impl VaultBroker {
             )
             .await
             .map(|_| ());
-        if let Ok(ledger) = self.ledger.lock() {
-            let recorded = match &result {
-                Ok(()) => ledger.revoked(lease_id),
-                Err(e) => ledger.revoke_failed(lease_id, &e.to_string()),
-            };
-            if let Err(e) = recorded {
-                tracing::error!("lease ledger: {e}");
-            }
+        let recorded = match &result {
+            Ok(()) => self.ledger.revoked(lease_id),
+            Err(e) => self.ledger.revoke_failed(lease_id, &e.to_string()),
+        };
+        if let Err(e) = recorded {
+            tracing::error!("lease ledger: {e}");
         }
         result
     }
@@ -751,17 +783,10 @@ impl VaultBroker {
         }
         let ttl = Duration::from_secs(resp.lease_duration);
         // Record before anything uses it: a crash from here on is recovered.
-        let recorded = self.ledger.lock().map_err(|_| ()).and_then(|l| {
-            l.issued(
-                &resp.lease_id,
-                request_id,
-                &scope.mount,
-                &scope.role,
-                ttl,
-                self.owner,
-            )
-            .map_err(|e| tracing::error!("lease ledger: {e}"))
-        });
+        let recorded = self
+            .ledger
+            .issued(&resp.lease_id, request_id, &scope.mount, &scope.role, ttl)
+            .map_err(|e| tracing::error!("lease ledger: {e}"));
         let credential = credential_from(&data);
         // The answer's copy of the secret is wiped as soon as the file holds it.
         data.values_mut().for_each(wipe);

@@ -622,7 +622,7 @@ pub fn verdict(
     o: &mut Out,
 ) -> anyhow::Result<u8> {
     let home = cli.home();
-    let audit = AuditLog::in_home(&home)?;
+    let audit = super::audit::open_log(&cli.file, &home)?;
     let mut store = store(cli)?;
     let verdict = if grant { "grant" } else { "deny" };
     let Some(approval) = store.get(&a.id)? else {

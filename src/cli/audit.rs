@@ -59,17 +59,47 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write the team's chain (`[store]` in PostgreSQL) to a JSONL file and
+    /// its head sidecar: byte for byte the file a single host keeps, which
+    /// `gateway audit verify --file` checks anywhere.
+    Export {
+        /// The file to write (it must not exist); its head goes beside it
+        /// (`FILE.head`).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 impl AuditArgs {
-    /// Whether the command names an audit file of its own (`--file`).
+    /// Whether the command names an audit file of its own (`--file`, or
+    /// `export --out`): the daemon never reads or writes a file a caller
+    /// names.
     pub fn names_a_file(&self) -> bool {
         self.file.is_some()
             || matches!(
                 &self.verify,
                 Some(AuditCommand::Verify { file: Some(_), .. })
                     | Some(AuditCommand::Head { file: Some(_), .. })
+                    | Some(AuditCommand::Export { .. })
             )
+    }
+}
+
+/// The audit log `file` writes to: the team's chain in PostgreSQL when
+/// `[store]` names one, else HOME/audit.jsonl.
+pub fn open_log(
+    file: &crate::config::GatewayConfig,
+    home: &std::path::Path,
+) -> anyhow::Result<audit::AuditLog> {
+    use crate::config::store::Store;
+    match file.store.resolve()? {
+        Store::Sqlite => Ok(audit::AuditLog::in_home(home)?),
+        Store::Postgres { url, ca_file } => {
+            let chain = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+                .and_then(audit::shared::SharedChain::postgres)
+                .context("cannot open the audit chain in PostgreSQL ([store] url_file)")?;
+            Ok(audit::AuditLog::shared(chain))
+        }
     }
 }
 
@@ -98,38 +128,106 @@ fn ts_ms(e: &Map<String, Value>) -> Option<i64> {
         .map(|t| t.timestamp_millis())
 }
 
+/// The team's chain read from the database into a private file (with its
+/// head sidecar), so that every command reads it as it reads a host's log;
+/// `None` when `[store]` keeps the audit in the home.
+struct FromDatabase {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    name: String,
+    /// Events the head row counts, and rows the table holds.
+    events: u64,
+    rows: u64,
+}
+
+fn from_database(cli: &Cli) -> anyhow::Result<Option<FromDatabase>> {
+    let log = open_log(&cli.file, &cli.home())?;
+    let Some(chain) = log.chain() else {
+        return Ok(None);
+    };
+    let export = chain
+        .export()
+        .with_context(|| format!("cannot read the audit chain in {}", chain.describe()))?;
+    let dir = tempfile::tempdir().context("a private directory for the chain")?;
+    let path = dir.path().join(audit::FILE_NAME);
+    audit::shared::write_export(&path, &export)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(Some(FromDatabase {
+        _dir: dir,
+        path,
+        name: chain.describe().to_string(),
+        events: export.events,
+        rows: export.rows,
+    }))
+}
+
 pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
-    let log_path = |file: &Option<PathBuf>| {
-        file.clone()
+    if let Some(AuditCommand::Export { out }) = &a.verify {
+        let log = open_log(&cli.file, &cli.home())?;
+        let Some(chain) = log.chain() else {
+            bail!(
+                "this gateway keeps its audit in {} ([store] is not PostgreSQL): that file is the export",
+                cli.home().join(audit::FILE_NAME).display()
+            );
+        };
+        let export = chain
+            .export()
+            .with_context(|| format!("cannot read the audit chain in {}", chain.describe()))?;
+        audit::shared::write_export(out, &export)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        outln!(
+            o,
+            "wrote {} events ({} bytes) to {} and its head to {}",
+            export.rows,
+            export.bytes.len(),
+            out.display(),
+            audit::head_path(out).display()
+        );
+        return Ok(0);
+    }
+    // Without --file, a team gateway's chain is read from its database.
+    let db = if a.names_a_file() {
+        None
+    } else {
+        from_database(cli)?
+    };
+    let log_path = |file: &Option<PathBuf>| match &db {
+        Some(d) => d.path.clone(),
+        None => file
+            .clone()
             .or_else(|| a.file.clone())
-            .unwrap_or_else(|| cli.home().join(audit::FILE_NAME))
+            .unwrap_or_else(|| cli.home().join(audit::FILE_NAME)),
+    };
+    let shown = |path: &std::path::Path| match &db {
+        Some(d) => d.name.clone(),
+        None => path.display().to_string(),
     };
     if let Some(AuditCommand::Head { file, json }) = &a.verify {
         let path = log_path(file);
         let report = verify::verify_file(&path, &[], verify::HeadRule::Required)
-            .with_context(|| format!("cannot read audit log {}", path.display()))?;
+            .with_context(|| format!("cannot read audit log {}", shown(&path)))?;
         if !report.ok() {
             let (line, why) = report.first_bad.unwrap_or_default();
             bail!(
                 "{} does not verify (line {line}: {why}); no head to record",
-                path.display()
+                shown(&path)
             );
         }
         let Some(head) = report.head else {
-            bail!("{} has no events yet", path.display());
+            bail!("{} has no events yet", shown(&path));
         };
         if *json {
             outln!(
                 o,
                 "{}",
-                serde_json::json!({"file": path, "head": head, "events": report.verified, "ts": audit::now_ts()})
+                serde_json::json!({"file": shown(&path), "head": head, "events": report.verified, "ts": audit::now_ts()})
             );
         } else {
             outln!(
                 o,
                 "{head}  ({} events in {}, at {})\ncheck later with: gateway audit verify --checkpoint {head}",
                 report.verified,
-                path.display(),
+                shown(&path),
                 audit::now_ts()
             );
         }
@@ -148,8 +246,20 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         } else {
             verify::HeadRule::Required
         };
-        let report = verify::verify_file(&path, checkpoints, rule)
-            .with_context(|| format!("cannot verify audit log {}", path.display()))?;
+        let mut report = verify::verify_file(&path, checkpoints, rule)
+            .with_context(|| format!("cannot verify audit log {}", shown(&path)))?;
+        if let Some(d) = &db
+            && report.ok()
+            && d.events != d.rows
+        {
+            report.first_bad = Some((
+                report.verified + 1,
+                format!(
+                    "the head row counts {} events but the table holds {}: events were removed or added outside the chain",
+                    d.events, d.rows
+                ),
+            ));
+        }
         if *json {
             outln!(o, "{}", serde_json::to_string_pretty(&report)?);
         } else {
@@ -161,14 +271,14 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
                     o,
                     "ok: {} events verified in {} ({} approval signature(s) checked)",
                     report.verified,
-                    path.display(),
+                    shown(&path),
                     report.signatures_verified
                 ),
                 Some((line, why)) => {
                     outln!(
                         o,
                         "FAIL: {}: line {line}: {why} ({} events before it verified)",
-                        path.display(),
+                        shown(&path),
                         report.verified
                     )
                 }
@@ -176,10 +286,7 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         }
         return Ok(if report.ok() { 0 } else { 1 });
     }
-    let path = a
-        .file
-        .clone()
-        .unwrap_or_else(|| cli.home().join(audit::FILE_NAME));
+    let path = log_path(&None);
     let since = a
         .since
         .as_deref()
@@ -193,7 +300,7 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         super::out::errln!(
             o,
             "warning: {} does not verify from line {line} ({why}); events from there on cannot be trusted (gateway audit verify)",
-            path.display()
+            shown(&path)
         );
     }
     let events: Vec<Map<String, Value>> = audit::read_events(&path)?

@@ -376,7 +376,9 @@ fn run(
             super::approvals::verdict(own, &a, false, caller, caller.channel(), set, o)
         }
         ServedCommand::Audit(a) if a.names_a_file() => {
-            bail!("--file is not accepted through the daemon: it reads its own audit log")
+            bail!(
+                "--file and export are not accepted through the daemon: it reads its own audit log and writes no file a caller names (run them with --config or --home)"
+            )
         }
         ServedCommand::Audit(a) => {
             may_run("audit")?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::Cli;
-use crate::audit::{AuditLog, Event};
+use crate::audit::Event;
 use crate::config::{
     DAEMON_CONFIG, DAEMON_GROUP, DAEMON_POLICIES, DAEMON_SOCKET, DAEMON_STATE, GatewayConfig,
 };
@@ -152,7 +152,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             DEFAULT_POLL_INTERVAL,
         ),
     };
-    let audit = AuditLog::in_home(&p.home)?;
+    let audit = super::audit::open_log(&file, &p.home)?;
     match policy.current() {
         Ok(set) => {
             audit.record(
@@ -169,7 +169,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             audit.record("", Event::PolicyLoadFailed { error: e.clone() })?;
         }
     }
-    let watch_audit = AuditLog::in_home(&p.home)?;
+    let watch_audit = super::audit::open_log(&file, &p.home)?;
     let _watch = policy.watch(poll, move |ev| {
         log_event(ev);
         let event = match ev {
@@ -253,7 +253,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         policies: p.policies.clone(),
         command: super::Command::Demo,
     };
+    // Replicas keep their leases in the shared ledger ([store]): a
+    // survivor revokes those of a replica that died.
     let broker = super::vault::broker(&own, &p.home)?;
+    let shared = file.store.resolve()?;
     let kubernetes = super::vault::kubernetes_access(&own)?;
     let endpoints: BTreeMap<String, u16> = file.endpoints.clone();
     // No session runs in this path: each one names its own workspace.
@@ -264,8 +267,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         sandbox,
         tools.clone(),
     )?;
+    // One audit chain for every replica when [store] is PostgreSQL.
+    pipeline.audit = Arc::new(super::audit::open_log(&file, &p.home)?);
     // Replicas share approvals and plans in PostgreSQL ([store]).
-    if let crate::config::store::Store::Postgres { url, ca_file } = file.store.resolve()? {
+    if let crate::config::store::Store::Postgres { url, ca_file } = shared {
         pipeline.set_approval_store(
             crate::approvals::ApprovalStore::postgres(&url, ca_file.as_deref())
                 .context("the approval store in PostgreSQL ([store] url_file)")?,
@@ -325,6 +330,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         if let Some(b) = &broker {
             b.recover_orphans(&pipeline.audit).await;
             b.spawn_renewal();
+            b.spawn_orphan_watch(Arc::clone(&pipeline.audit));
         }
         eprintln!(
             "gateway daemon: listening on {} (group {}), policies {}, state {}",

@@ -10,7 +10,6 @@ use anyhow::Context;
 
 use super::Cli;
 use super::out::{Out, outln};
-use crate::audit::AuditLog;
 use crate::broker::setup::{SetupOptions, VaultRoles};
 use crate::broker::vault::{VaultAuth, VaultBroker, VaultSettings};
 use crate::pipeline::KubernetesAccess;
@@ -58,16 +57,42 @@ fn settings(cli: &Cli) -> anyhow::Result<Option<VaultSettings>> {
 }
 
 /// The broker `serve` uses, or `None` when no Vault is configured.
+/// Its leases are kept in the ledger [`ledger`] opens.
 pub fn broker(cli: &Cli, home: &std::path::Path) -> anyhow::Result<Option<Arc<VaultBroker>>> {
     match settings(cli)? {
         Some(s) => {
             let address = s.address.clone();
-            let b = VaultBroker::new(s, home)
+            let b = VaultBroker::with_ledger(s, ledger(cli, home)?)
                 .with_context(|| format!("setting up the Vault broker for {address}"))?;
             Ok(Some(Arc::new(b)))
         }
         None => Ok(None),
     }
+}
+
+/// The lease ledger of this configuration: the replicas' shared one in
+/// PostgreSQL when `[store]` names it (this process joins them as a
+/// replica for as long as the ledger lives), else the home's.
+pub fn ledger(
+    cli: &Cli,
+    home: &std::path::Path,
+) -> anyhow::Result<Arc<dyn crate::broker::leases::Ledger>> {
+    use crate::broker::leases::{LocalLedger, SharedLedger};
+    use crate::config::store::Store;
+    Ok(match cli.file.store.resolve()? {
+        Store::Sqlite => Arc::new(LocalLedger::in_home(home)?),
+        Store::Postgres { url, ca_file } => {
+            let l = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+                .map_err(|source| crate::broker::leases::LedgerError {
+                    at: "PostgreSQL ([store] url_file)".into(),
+                    source,
+                })
+                .and_then(SharedLedger::open)
+                .context("the lease ledger in PostgreSQL ([store] url_file)")?;
+            tracing::info!(replica = l.replica(), "leases are kept in PostgreSQL");
+            Arc::new(l)
+        }
+    })
 }
 
 /// `[kubernetes]` of the config, with its CA read.
@@ -178,8 +203,7 @@ pub fn status(cli: &Cli, o: &mut Out) -> anyhow::Result<u8> {
         return Ok(1);
     };
     let checked = runtime()?.block_on(broker.check());
-    let ledger = crate::broker::leases::LeaseLedger::in_home(&home)?;
-    let open = ledger.open_leases()?;
+    let open = broker.ledger().open_leases()?;
     let code = match checked {
         Ok((ttl, renewable)) => {
             outln!(
@@ -220,7 +244,7 @@ pub fn status(cli: &Cli, o: &mut Out) -> anyhow::Result<u8> {
 fn recover(cli: &Cli) -> anyhow::Result<ExitCode> {
     let home = cli.home();
     let broker = broker(cli, &home)?.context("no Vault configured")?;
-    let audit = AuditLog::in_home(&home)?;
+    let audit = super::audit::open_log(&cli.file, &home)?;
     let (done, left) = runtime()?.block_on(broker.recover_orphans(&audit));
     println!("revoked {done} lease(s) left open; {left} could not be revoked");
     Ok(if left == 0 {

@@ -226,4 +226,13 @@ pub trait Db: Send + std::fmt::Debug {
     /// Run `body` for reads (a consistent snapshot; its writes, if any,
     /// are rolled back).
     fn read(&self, body: &mut Body<'_>) -> Result<(), DbError>;
+    /// Run `body` in one transaction that sees the latest committed rows
+    /// and waits for the writers of the rows it updates (PostgreSQL's READ
+    /// COMMITTED): for a body that first updates one row every writer
+    /// updates (`UPDATE … RETURNING`), so that the writers queue on that
+    /// row instead of being given up and run again. A database that runs
+    /// one writer at a time (SQLite) runs it as [`Db::write`].
+    fn write_queued(&self, body: &mut Body<'_>) -> Result<(), DbError> {
+        self.write(body)
+    }
 }

@@ -209,6 +209,71 @@ impl PostgresDb {
             .map(|_| ())
     }
 
+    /// Hold the session-level advisory lock `key` on a connection of its
+    /// own for as long as the returned guard lives, running `beat` (with
+    /// `params`) once when the lock is taken and every `every` after: the
+    /// way a replica shows it is alive. Another session can take the lock
+    /// (`pg_try_advisory_xact_lock`) only once this connection is gone: the
+    /// process died (its socket closed by the kernel), the guard was
+    /// dropped, or the connection was lost (then it is made again, the lock
+    /// taken again, and `beat` run, a second later). Returns once the lock
+    /// is held and `beat` ran the first time.
+    pub fn hold(
+        &self,
+        key: i64,
+        beat: &str,
+        params: Vec<SqlValue>,
+        every: Duration,
+    ) -> Result<HeldLock, DbError> {
+        let target = self.target.clone();
+        let at = self.describe.clone();
+        let beat = dollar(beat);
+        let take = move |target: &Target| -> Result<Client, DbError> {
+            let mut c = connect(target)?;
+            c.execute("SELECT pg_advisory_lock($1)", &[&key])?;
+            Ok(c)
+        };
+        let run = move |c: &mut Client| exec(c, &beat, &params).map(|_| ());
+        let first = off_runtime(|| {
+            let mut c = take(&target)?;
+            run(&mut c)?;
+            Ok::<_, DbError>(c)
+        })?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("db-presence".into())
+            .spawn(move || {
+                let mut client = Some(first);
+                let step = Duration::from_millis(100);
+                'outer: loop {
+                    let mut waited = Duration::ZERO;
+                    while waited < every {
+                        if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                            break 'outer;
+                        }
+                        std::thread::sleep(step);
+                        waited += step;
+                    }
+                    let result = match client.as_mut() {
+                        Some(c) => run(c),
+                        None => take(&target).and_then(|mut c| {
+                            run(&mut c)?;
+                            client = Some(c);
+                            Ok(())
+                        }),
+                    };
+                    if let Err(e) = result {
+                        tracing::warn!(db = %at, "showing this replica alive: {e}");
+                        client = None;
+                    }
+                }
+                drop(client);
+            })
+            .map_err(|e| DbError::Other(format!("starting the presence thread: {e}")))?;
+        Ok(HeldLock { stop })
+    }
+
     /// Run `f` with a live client (made again if it was lost), off any
     /// async runtime.
     fn with_client<T: Send>(
@@ -246,6 +311,10 @@ impl PostgresDb {
         } else {
             "BEGIN ISOLATION LEVEL SERIALIZABLE"
         };
+        self.run_in(begin, body, read_only)
+    }
+
+    fn run_in(&self, begin: &str, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
         self.with_client(|conn| {
             let mut attempt = 0;
             loop {
@@ -276,6 +345,29 @@ impl PostgresDb {
             }
         })
     }
+}
+
+/// An advisory lock [`PostgresDb::hold`] holds: released (its connection
+/// closed) soon after this is dropped.
+#[derive(Debug)]
+pub struct HeldLock {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Run one statement on `c`.
+fn exec(c: &mut Client, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+    let bound = bind(params);
+    let refs: Vec<&(dyn ToSql + Sync)> = bound
+        .iter()
+        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    Ok(c.execute(sql, &refs)?)
 }
 
 /// A client in use, and how to make it again.
@@ -361,6 +453,10 @@ impl Db for PostgresDb {
     fn read(&self, body: &mut Body<'_>) -> Result<(), DbError> {
         self.transaction(body, true)
     }
+
+    fn write_queued(&self, body: &mut Body<'_>) -> Result<(), DbError> {
+        self.run_in("BEGIN ISOLATION LEVEL READ COMMITTED", body, false)
+    }
 }
 
 /// A NULL of whatever type the statement wants.
@@ -420,12 +516,7 @@ impl Tx for PgTx<'_> {
     }
 
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
-        let bound = bind(params);
-        let refs: Vec<&(dyn ToSql + Sync)> = bound
-            .iter()
-            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        Ok(self.0.execute(&dollar(sql), &refs)?)
+        exec(self.0, &dollar(sql), params)
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError> {

@@ -189,10 +189,42 @@ impl Daemon {
     }
 
     /// The audit events, parsed.
-    pub fn events(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.home.join("audit.jsonl"))
+    /// Whether the daemon keeps its state (and its audit chain) in
+    /// PostgreSQL, shared with other replicas.
+    fn shares_a_store(&self) -> bool {
+        std::fs::read_to_string(&self.config)
             .unwrap_or_default()
-            .lines()
+            .contains("backend = \"postgres\"")
+    }
+
+    /// `gateway --config CONFIG audit ARGS` (as root, who can read the
+    /// store's url_file).
+    fn audit_cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("audit")
+            .args(args)
+            .env_remove("GATEWAY_HOME")
+            .output()
+            .expect("gateway audit")
+    }
+
+    /// The daemon's audit events: its home's log, or the replicas' chain
+    /// in the database.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        let text = if self.shares_a_store() {
+            let out = self.audit_cli(&["--json"]);
+            assert!(
+                out.status.success(),
+                "gateway audit --json: {}",
+                super::common::stderr(&out)
+            );
+            super::common::stdout(&out)
+        } else {
+            std::fs::read_to_string(self.home.join("audit.jsonl")).unwrap_or_default()
+        };
+        text.lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }
@@ -203,10 +235,14 @@ impl Daemon {
 
     /// `gateway audit verify` passes on the daemon's audit log.
     pub fn assert_audit_verifies(&self) {
-        let verify = super::common::gateway(&self.home)
-            .args(["audit", "verify"])
-            .output()
-            .expect("verify");
+        let verify = if self.shares_a_store() {
+            self.audit_cli(&["verify"])
+        } else {
+            super::common::gateway(&self.home)
+                .args(["audit", "verify"])
+                .output()
+                .expect("verify")
+        };
         assert!(
             verify.status.success(),
             "{}",

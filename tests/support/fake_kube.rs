@@ -78,7 +78,11 @@ pub struct State {
     pub tokens: BTreeMap<String, (String, String, String, u64)>,
     /// Pods served per namespace.
     pub pods: BTreeMap<String, Vec<Value>>,
+    /// Every request, once answered.
     pub seen: Vec<Seen>,
+    /// The path of every request, as it arrives (before it is answered:
+    /// a held `GET pods` is here while it waits).
+    pub arrived: Vec<String>,
     /// Every created object, in order (kept after deletion).
     pub created: Vec<(String, Value)>,
     /// Every deleted object key, in order.
@@ -1503,6 +1507,9 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    if let Ok(mut s) = st.lock() {
+        s.arrived.push(path.clone());
+    }
     let (resp, user) = route(&method, &path, &q, &ct, &body, auth.as_deref(), &st, &admin).await;
     if let Ok(mut s) = st.lock() {
         s.seen.push(Seen {

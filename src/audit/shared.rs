@@ -1,0 +1,186 @@
+//! The audit chain of a team gateway, in its database (`[store]`): one
+//! chain for every replica, appended in the database.
+//!
+//! Why one serialised chain rather than a chain per replica joined by
+//! signed checkpoints: a reader (an auditor, `gateway audit verify`) then
+//! checks one sequence with the same verifier as the file, the JSONL
+//! export is byte for byte the file a single host writes, and no replica
+//! holds a signing key an attacker on it could use to sign a forged
+//! checkpoint. The price is that appends queue on one row; the benchmark
+//! `store/audit_append` measures what that costs with three replicas.
+//!
+//! Each append is one transaction: it moves the head row on
+//! (`UPDATE … RETURNING` the new sequence number and the previous hash;
+//! other writers wait on that row until it commits), builds the line on
+//! that hash exactly as the file's writer does, inserts it under its
+//! sequence number and records the new head. An event is durable when the
+//! append returns (the commit); nothing is deferred. The head row plays
+//! the part of the file's head sidecar: cutting events from the end
+//! without moving it back is caught, and `gateway audit head` prints it to
+//! keep elsewhere for `--checkpoint`.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde_json::{Map, Value};
+
+use crate::db::{Db, DbError, End};
+
+use super::Head;
+
+/// The schema (refinery's history table on PostgreSQL:
+/// `gateway_audit_schema`).
+pub const MIGRATIONS: &[(&str, &str)] = &[("V1__audit", SCHEMA)];
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS gateway_audit (
+         seq BIGINT PRIMARY KEY,
+         line TEXT NOT NULL
+     );
+     CREATE TABLE IF NOT EXISTS gateway_audit_head (
+         id INTEGER PRIMARY KEY CHECK (id = 1),
+         seq BIGINT NOT NULL,
+         hash TEXT NOT NULL
+     );
+     INSERT INTO gateway_audit_head (id, seq, hash)
+     VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000')
+     ON CONFLICT (id) DO NOTHING;";
+
+/// Makes an event's line on the previous event's hash: the event as
+/// written, and its line.
+pub type BuildLine<'a> = dyn FnMut(&str) -> (Map<String, Value>, String) + Send + 'a;
+
+pub struct SharedChain {
+    db: Mutex<Box<dyn Db>>,
+    describe: String,
+}
+
+impl std::fmt::Debug for SharedChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedChain")
+            .field("db", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything the chain holds, read in one snapshot.
+#[derive(Debug, Clone)]
+pub struct Export {
+    /// The lines in order, as the file would hold them.
+    pub bytes: Vec<u8>,
+    /// The head row: the last event's hash and the length of `bytes`
+    /// (what the file's head sidecar records).
+    pub head: Head,
+    /// How many events the head row counts.
+    pub events: u64,
+    /// How many events the table holds.
+    pub rows: u64,
+}
+
+impl SharedChain {
+    /// The chain in PostgreSQL (its schema brought up to date).
+    pub fn postgres(db: crate::db::postgres::PostgresDb) -> Result<SharedChain, DbError> {
+        db.migrate("gateway_audit_schema", MIGRATIONS)?;
+        Ok(SharedChain::on(Box::new(db)))
+    }
+
+    /// The same chain in a SQLite file (the conformance suite runs every
+    /// case on both; a single host keeps its audit in `audit.jsonl`).
+    pub fn sqlite(path: &Path) -> Result<SharedChain, DbError> {
+        let mut db = crate::db::sqlite::SqliteDb::open(path, "FULL")?;
+        db.connection().execute_batch(SCHEMA)?;
+        Ok(SharedChain::on(Box::new(db)))
+    }
+
+    fn on(db: Box<dyn Db>) -> SharedChain {
+        SharedChain {
+            describe: db.describe(),
+            db: Mutex::new(db),
+        }
+    }
+
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Append the line `build` makes on the previous event's hash; the
+    /// event as written. `build` may be called more than once (a
+    /// transaction run again); only the last line it made is kept.
+    pub fn append(&self, build: &mut BuildLine<'_>) -> Result<Map<String, Value>, DbError> {
+        let mut written = None;
+        let db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        db.write_queued(&mut |tx| {
+            let head = tx
+                .query_opt(
+                    "UPDATE gateway_audit_head SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash",
+                    &[],
+                )?
+                .ok_or_else(|| DbError::Shape("the audit head row is missing".into()))?;
+            let (seq, prev) = (head.int(0)?, head.text(1)?);
+            let (event, line) = build(&prev);
+            let hash = event
+                .get("hash")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            tx.execute(
+                "INSERT INTO gateway_audit (seq, line) VALUES (?1, ?2)",
+                &[seq.into(), line.into()],
+            )?;
+            tx.execute(
+                "UPDATE gateway_audit_head SET hash = ?1 WHERE id = 1",
+                &[hash.into()],
+            )?;
+            written = Some(event);
+            Ok(End::Commit)
+        })?;
+        written.ok_or_else(|| DbError::Other("the append did not run".into()))
+    }
+
+    /// The whole chain and its head, from one consistent snapshot.
+    pub fn export(&self) -> Result<Export, DbError> {
+        let mut out = None;
+        let db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        db.read(&mut |tx| {
+            let head = tx
+                .query_opt("SELECT seq, hash FROM gateway_audit_head WHERE id = 1", &[])?
+                .ok_or_else(|| DbError::Shape("the audit head row is missing".into()))?;
+            let (events, hash) = (head.int(0)?, head.text(1)?);
+            let mut bytes = Vec::new();
+            let mut rows = 0;
+            for row in tx.query("SELECT line FROM gateway_audit ORDER BY seq", &[])? {
+                rows += 1;
+                bytes.extend_from_slice(row.text(0)?.as_bytes());
+            }
+            out = Some(Export {
+                head: Head {
+                    hash: if events == 0 { String::new() } else { hash },
+                    bytes: bytes.len() as u64,
+                },
+                bytes,
+                events: u64::try_from(events).unwrap_or(0),
+                rows,
+            });
+            Ok(End::Rollback)
+        })?;
+        out.ok_or_else(|| DbError::Other("the export did not run".into()))
+    }
+}
+
+/// Write `export` to a new file at `path` (mode 0600; an existing file is
+/// an error) and its head to the sidecar beside it, as a host's writer
+/// keeps them.
+pub fn write_export(path: &Path, export: &Export) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(&export.bytes)?;
+    f.sync_all()?;
+    if export.rows > 0 {
+        super::write_head(path, &export.head)?;
+    }
+    Ok(())
+}
