@@ -16,6 +16,8 @@
 mod common;
 #[path = "support/daemon.rs"]
 mod daemon;
+#[path = "support/postgres.rs"]
+mod pg;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -1083,4 +1085,113 @@ fn refusals_of_one_address_are_audited_up_to_a_budget() {
     }
     assert_eq!(count(&d, "http.refused"), 5, "{:#?}", d.events());
     d.assert_audit_verifies();
+}
+
+/// Two replicas of one team gateway behind one resource URL, sharing a
+/// real PostgreSQL (`[store]`), each serving HTTPS on its own port (as
+/// behind a load balancer that spreads requests): alice's apply asked for
+/// through replica A with the official SDK (2026-07-28, stateless) is
+/// approved through B's socket, and her call again with the approval id,
+/// reaching B, applies; the one audit chain holds both halves.
+#[test]
+fn over_https_a_call_asked_on_one_replica_is_approved_and_applied_on_another() {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    let k = rcgen::KeyPair::generate().expect("key");
+    let signing = keys.path().join("sign.pem");
+    std::fs::write(&signing, k.serialize_pem()).expect("write key");
+    let (port_a, port_b, idp_port) = (free_port(), free_port(), free_port());
+    // The team's one resource URL (the load balancer's); each replica
+    // accepts the hosts it is reached by.
+    let resource = format!("https://127.0.0.1:{port_a}/mcp");
+    let provider = Provider::start(
+        keys.path(),
+        idp_port,
+        &[(&signing, "key-0")],
+        &resource,
+        (&cert, &tls_key),
+    );
+    let server = pg::Postgres::start();
+    let url_file = keys.path().join("postgres.url");
+    std::fs::write(&url_file, server.database("team")).expect("url");
+    std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let workspace = tempfile::tempdir().expect("workspace");
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &workspace.path().join("terraform/offline-demo"),
+    );
+    let policies = common::policies_with(&[]);
+    let replica = |port: u16| {
+        let extra = format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\nresource = {resource:?}\nallowed_hosts = [\"127.0.0.1\"]\n\
+             tls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\n\
+             [[http.issuers]]\nissuer = {iss:?}\nca_file = {ca:?}\nleeway_seconds = 5\n\
+             [store]\nbackend = \"postgres\"\nurl_file = {url_file:?}\n",
+            ws = workspace.path(),
+            iss = provider.issuer,
+        );
+        let (dir, config) = Daemon::layout(policies.path(), &extra);
+        let d = Daemon::start_in(dir, config);
+        let started = Instant::now();
+        while !d.log().contains("serving MCP over HTTP") {
+            assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    };
+    let (a, b) = (replica(port_a), replica(port_b));
+    let alice = provider.login("alice", &resource, &ca);
+    let url_b = format!("https://127.0.0.1:{port_b}/mcp");
+
+    let (ok, out) = sdk(&resource, &alice, &ca, "auto", "plan", None);
+    assert!(ok, "{out}\n{}", a.log());
+    let approval = last_json(&out)["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_string();
+    let approver_home = daemon::owned_dir(APPROVER);
+    let out = daemon::as_user(
+        APPROVER,
+        approver_home.path(),
+        &[("GATEWAY_SOCKET", &b.socket)],
+        &PathBuf::from(env!("CARGO_BIN_EXE_gateway")),
+    )
+    .args(["approve", &approval, "--reason", "reviewed on B"])
+    .output()
+    .expect("approve");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        common::stdout(&out),
+        common::stderr(&out)
+    );
+    let (ok, out) = sdk(&url_b, &alice, &ca, "auto", "apply", Some(&approval));
+    assert!(ok, "{out}\n{}", b.log());
+    assert_eq!(last_json(&out)["result"]["status"], "completed", "{out}");
+    let events = a.events();
+    let with = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == name && e["data"]["approval_id"] == approval.as_str())
+            .count()
+    };
+    assert_eq!(
+        (
+            with("approval.requested"),
+            with("approval.granted"),
+            with("approval.spent")
+        ),
+        (1, 1, 1),
+        "one chain holds what both replicas did"
+    );
+    assert!(
+        !a.home.join("audit.jsonl").exists()
+            || std::fs::read_to_string(a.home.join("audit.jsonl"))
+                .unwrap_or_default()
+                .is_empty(),
+        "nothing of the team's audit is left in a replica's home"
+    );
+    a.assert_audit_verifies();
 }
