@@ -2,6 +2,9 @@
 //! real SQLite, real audit file with fsync, real gVisor):
 //! - `pipeline/denied_call`: a k8s_get_pod_status call the policy denies —
 //!   request in to result out, no sandbox: all of it is overhead;
+//! - `pipeline/denied_call/postgres_audit`: the same with the audit in the
+//!   replicas' chain in a real PostgreSQL (tests/support/postgres.rs): what
+//!   the shared audit adds per call;
 //! - `pipeline/plan_call_overhead`: a terraform_plan of the offline demo
 //!   module, request in to result out, minus the sandbox's own run time
 //!   (reported by the sandbox) — what the gateway adds to a low-risk call.
@@ -13,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+#[path = "../tests/support/postgres.rs"]
+mod pg;
+
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{PolicyStore, Principal};
 use gateway::sandbox::local::{LocalConfig, LocalSandbox};
@@ -72,15 +78,28 @@ fn bench(c: &mut Criterion) {
     if !tools.runner.is_file() {
         tools.runner = repo.join("target/debug/gateway-runner");
     }
-    let pipeline = Pipeline::new(
-        policy,
-        home.path().to_path_buf(),
-        workspace.path().to_path_buf(),
-        sandbox,
-        tools,
-    )
-    .map(std::sync::Arc::new)
-    .expect("pipeline");
+    let make = || {
+        Pipeline::new(
+            Arc::clone(&policy),
+            home.path().to_path_buf(),
+            workspace.path().to_path_buf(),
+            Arc::clone(&sandbox) as Arc<dyn gateway::sandbox::Sandbox>,
+            tools.clone(),
+        )
+        .expect("pipeline")
+    };
+    let pipeline = Arc::new(make());
+    // The same, writing its audit to the replicas' chain in PostgreSQL.
+    let server = pg::Postgres::start();
+    let mut shared = make();
+    shared.audit = Arc::new(gateway::audit::AuditLog::shared(
+        gateway::audit::shared::SharedChain::postgres(
+            gateway::db::postgres::PostgresDb::connect(&server.database("bench"), None)
+                .expect("connect"),
+        )
+        .expect("chain"),
+    ));
+    let shared = Arc::new(shared);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,6 +117,17 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let r = rt
                 .block_on(pipeline.call(call(
+                    "k8s_get_pod_status",
+                    json!({"namespace": "kube-system"}),
+                )))
+                .expect("call");
+            assert!(matches!(r.outcome, Outcome::Denied { .. }));
+        })
+    });
+    g.bench_function("denied_call/postgres_audit", |b| {
+        b.iter(|| {
+            let r = rt
+                .block_on(shared.call(call(
                     "k8s_get_pod_status",
                     json!({"namespace": "kube-system"}),
                 )))

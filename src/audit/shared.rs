@@ -20,7 +20,6 @@
 //! keep elsewhere for `--checkpoint`.
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
@@ -50,7 +49,10 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS gateway_audit (
 pub type BuildLine<'a> = dyn FnMut(&str) -> (Map<String, Value>, String) + Send + 'a;
 
 pub struct SharedChain {
-    db: Mutex<Box<dyn Db>>,
+    /// One connection per replica's chain; writers take it in turn (a
+    /// fair lock: under load, no writer waits behind others again and
+    /// again).
+    db: parking_lot::FairMutex<Box<dyn Db>>,
     describe: String,
 }
 
@@ -94,7 +96,7 @@ impl SharedChain {
     fn on(db: Box<dyn Db>) -> SharedChain {
         SharedChain {
             describe: db.describe(),
-            db: Mutex::new(db),
+            db: parking_lot::FairMutex::new(db),
         }
     }
 
@@ -107,7 +109,7 @@ impl SharedChain {
     /// transaction run again); only the last line it made is kept.
     pub fn append(&self, build: &mut BuildLine<'_>) -> Result<Map<String, Value>, DbError> {
         let mut written = None;
-        let db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        let db = self.db.lock();
         db.write_queued(&mut |tx| {
             let head = tx
                 .query_opt(
@@ -139,7 +141,7 @@ impl SharedChain {
     /// The whole chain and its head, from one consistent snapshot.
     pub fn export(&self) -> Result<Export, DbError> {
         let mut out = None;
-        let db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        let db = self.db.lock();
         db.read(&mut |tx| {
             let head = tx
                 .query_opt("SELECT seq, hash FROM gateway_audit_head WHERE id = 1", &[])?
