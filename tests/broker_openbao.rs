@@ -966,7 +966,7 @@ async fn a_replica_killed_mid_call_has_its_lease_revoked_by_a_survivor() {
     assert!(revoked, "no survivor revoked it: {}", b.log());
     eprintln!("time from kill -9 to the credential revoked in OpenBao: {took:?}");
     assert!(
-        took < std::time::Duration::from_secs(10),
+        took < std::time::Duration::from_secs(15),
         "revoked only after {took:?}"
     );
     assert!(
@@ -976,12 +976,12 @@ async fn a_replica_killed_mid_call_has_its_lease_revoked_by_a_survivor() {
             .success(),
         "OpenBao no longer knows the lease"
     );
-    assert_eq!(
-        ledger.is_revoked(&open[0].lease_id).expect("q"),
-        Some(true),
-        "A: {a_log}\nB: {}",
-        b.log()
-    );
+    let marked = tokio::task::block_in_place(|| {
+        wait_until(std::time::Duration::from_secs(10), || {
+            ledger.is_revoked(&open[0].lease_id).ok() == Some(Some(true))
+        })
+    });
+    assert!(marked, "A: {a_log}\nB: {}", b.log());
     assert!(
         matches!(b.child.try_wait(), Ok(None)),
         "the survivor keeps serving"

@@ -287,7 +287,8 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
         "nothing is asked for without the database: {r}"
     );
     assert!(
-        r.to_string().contains("audit chain in postgresql database"),
+        r.to_string()
+            .contains("the team's audit chain (its database)"),
         "the refusal names the database: {r}"
     );
     // A new session is refused at once (its opening cannot be audited),
@@ -307,7 +308,8 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     assert!(!refused.status.success());
     let said = common::stderr(&refused);
     assert!(
-        said.contains("the audit log cannot be written") && said.contains("postgresql database"),
+        said.contains("the audit log cannot be written")
+            && said.contains("audit chain (its database)"),
         "{said}"
     );
     let out = cli(&d, APPROVER, approver_home.path(), &["approvals"]);

@@ -734,15 +734,28 @@ fn the_lease_ledger_conforms_on_postgresql() {
     a_lease_is_open_until_revoked(&|| Box::new(shared(&conninfo)));
 }
 
+/// Wait until `l` may call others dead (its own lock held long enough).
+fn settled(l: &SharedLedger) {
+    if let Some(wait) = l.ready_in() {
+        std::thread::sleep(wait + Duration::from_millis(200));
+    }
+    assert!(l.ready_in().is_none());
+}
+
 /// A replica that dies (here: its ledger, and so its presence connection,
 /// dropped; a `kill -9` closes the same socket) leaves its open leases to
-/// the survivors: the first survivor to look takes them over, with the
-/// dead replica named, and no other survivor gets them too. Revoked
-/// leases are not taken.
+/// the survivors once its heartbeat is a few beats old (a connection that
+/// only blinked is not death): the first survivor to look takes them
+/// over, with the dead replica named, and no other survivor gets them
+/// too. Revoked leases are not taken.
 #[test]
 fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
     let server = pg::Postgres::start();
     let conninfo = server.database("ledger_death");
+    let survivors: Vec<SharedLedger> = (0..4).map(|_| shared(&conninfo)).collect();
+    for s in &survivors {
+        settled(s);
+    }
     let dying = shared(&conninfo);
     let dead_id = dying.replica().to_string();
     dying
@@ -752,13 +765,16 @@ fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
         .issued("k/creds/r/b", "req-b", "k", "r", TTL)
         .expect("b");
     dying.revoked("k/creds/r/b").expect("b revoked");
-    let survivors: Vec<SharedLedger> = (0..4).map(|_| shared(&conninfo)).collect();
     for s in &survivors {
         assert!(s.claim_orphans().expect("none yet").is_empty());
     }
     drop(dying);
-    // The lock goes with the connection (within the presence thread's
-    // 100 ms tick); then all four look at once.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        survivors[0].claim_orphans().expect("claim").is_empty(),
+        "its lock is free, but its heartbeat is fresh: not dead yet"
+    );
+    // Then all four look at once, until one takes it.
     let started = std::time::Instant::now();
     let claimed: Vec<Vec<_>> = loop {
         let got: Vec<Vec<_>> = std::thread::scope(|scope| {
@@ -768,11 +784,16 @@ fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
                 .collect();
             hs.into_iter().map(|h| h.join().expect("join")).collect()
         });
-        if got.iter().any(|g| !g.is_empty()) || started.elapsed() > Duration::from_secs(10) {
+        if got.iter().any(|g| !g.is_empty()) || started.elapsed() > Duration::from_secs(20) {
             break got;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "taken {took:?} after the lock went: sooner than its heartbeat went stale"
+    );
     let all: Vec<_> = claimed.iter().flatten().collect();
     assert_eq!(all.len(), 1, "exactly one survivor takes it: {claimed:?}");
     assert_eq!(all[0].lease_id, "k/creds/r/a");
@@ -784,40 +805,105 @@ fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
         1,
         "it is the taker's own now"
     );
+    // Until revoked, the taker is reminded of it (a failed revocation is
+    // tried again); no one else is.
+    let pending = survivors[taker].claimed_unrevoked().expect("pending");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].owner_replica.as_deref(), Some(dead_id.as_str()));
     for s in &survivors {
         assert!(s.claim_orphans().expect("again").is_empty());
     }
+    survivors[taker].revoked("k/creds/r/a").expect("revoked");
+    assert!(survivors[taker].claimed_unrevoked().expect("p").is_empty());
+    // A reader of the ledger is no replica: it takes nothing.
+    let reader = SharedLedger::reader(
+        gateway::db::postgres::PostgresDb::connect(&conninfo, None).expect("db"),
+    );
+    assert!(reader.claim_orphans().expect("reader").is_empty());
+}
+
+/// The database restarting drops every replica's lock at once: none is
+/// called dead for it (each takes its lock again within a second or two,
+/// and none calls another dead before its own lock is settled), and no
+/// live replica's lease is taken.
+#[test]
+fn a_database_restart_makes_no_replica_dead() {
+    let mut server = pg::Postgres::start();
+    let conninfo = server.database("ledger_restart");
+    let (a, b) = (shared(&conninfo), shared(&conninfo));
+    settled(&a);
+    settled(&b);
+    a.issued("k/creds/r/live", "req-live", "k", "r", TTL)
+        .expect("live");
+    server.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    server.run();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(15) {
+        for l in [&a, &b] {
+            if let Ok(c) = l.claim_orphans() {
+                assert!(c.is_empty(), "a live replica's lease was taken: {c:?}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        a.ready_in().is_none() && b.ready_in().is_none(),
+        "both hold their locks again"
+    );
+    assert_eq!(a.own().expect("own").len(), 1, "still its own");
 }
 
 /// A replica whose host vanished keeps its lock until the database notices
-/// the connection is gone (TCP keepalive, minutes); its heartbeat stopping
-/// is enough: one older than the limit makes it dead to the survivors.
+/// the connection is gone; its heartbeat stopping is enough: one older
+/// than the limit makes it dead to the survivors.
 #[test]
 fn a_replica_whose_heartbeat_stopped_is_dead_even_while_its_lock_is_held() {
     use gateway::db::{Db, End};
     let server = pg::Postgres::start();
     let conninfo = server.database("ledger_stale");
+    let survivor = shared(&conninfo);
+    settled(&survivor);
     let stuck = shared(&conninfo);
     stuck
         .issued("k/creds/r/s", "req-s", "k", "r", TTL)
         .expect("s");
-    let survivor = shared(&conninfo);
     assert!(survivor.claim_orphans().expect("alive").is_empty());
     let db = gateway::db::postgres::PostgresDb::connect(&conninfo, None).expect("db");
     let id = stuck.replica().to_string();
-    // The presence thread beats every 2 s; the row is aged far past the
-    // limit and the claim made before the next beat can renew it.
-    db.write(&mut |tx| {
-        tx.execute(
-            "UPDATE gateway_replicas SET heartbeat_at = now() - interval '1 hour' WHERE id = ?1",
-            &[id.as_str().into()],
-        )?;
-        Ok(End::Commit)
-    })
-    .expect("age it");
-    let claimed = survivor.claim_orphans().expect("claim");
+    // The presence thread beats every 2 s: the row is aged and the claim
+    // made at once, again if a beat came between.
+    let mut claimed = Vec::new();
+    for _ in 0..5 {
+        db.write(&mut |tx| {
+            tx.execute(
+                "UPDATE gateway_replicas SET heartbeat_at = now() - interval '1 hour' WHERE id = ?1",
+                &[id.as_str().into()],
+            )?;
+            Ok(End::Commit)
+        })
+        .expect("age it");
+        claimed = survivor.claim_orphans().expect("claim");
+        if !claimed.is_empty() {
+            break;
+        }
+    }
     assert_eq!(claimed.len(), 1, "{claimed:?}");
     assert_eq!(claimed[0].owner_replica.as_deref(), Some(id.as_str()));
+    // The stuck replica, called dead, records no new lease (its call is
+    // refused, the credential revoked by the broker) until its next beat
+    // registers it again.
+    let refused = stuck.issued("k/creds/r/t", "req-t", "k", "r", TTL);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("not registered as alive")),
+        "{refused:?}"
+    );
+    std::thread::sleep(SharedLedger::WATCH_EVERY + Duration::from_millis(500));
+    stuck
+        .issued("k/creds/r/u", "req-u", "k", "r", TTL)
+        .expect("registered again by its heartbeat");
 }
 
 // ---- The team's audit chain ---------------------------------------------
@@ -831,6 +917,9 @@ use gateway::audit::verify::{HeadRule, verify_against, verify_file};
 /// JSONL file the file verifier accepts as it accepts a host's log.
 fn one_chain_for_every_writer(make: &(dyn Fn() -> SharedChain + Sync)) {
     let per_writer = 40;
+    // Made once before the writers open it at once (SQLite's switch to
+    // WAL is refused, not waited for, while another opens the file).
+    drop(make());
     std::thread::scope(|scope| {
         for w in 0..3 {
             scope.spawn(move || {

@@ -66,7 +66,9 @@ pub enum AuditError {
     NotAnObject,
     #[error("audit head {path} is unreadable ({why}); it was edited or damaged")]
     BadHead { path: PathBuf, why: String },
-    #[error("audit chain in {at}: {source}")]
+    /// Said to callers (agents among them): where the database is stays
+    /// in `at`, for the operator's log, not in the message.
+    #[error("the team's audit chain (its database): {source}")]
     Database {
         at: String,
         #[source]
@@ -127,13 +129,9 @@ const HEAD_RECORD: usize = 128;
 /// place (one write of one block, so a reader or a crash sees the old head or
 /// the new one). Not fsynced: the log line was, and a head left behind by a
 /// crash is one `audit verify` accepts. Called with the log's lock held.
-pub(crate) fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
+fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let mut record = serde_json::to_string(head).unwrap_or_default().into_bytes();
-    if record.len() < HEAD_RECORD {
-        record.resize(HEAD_RECORD - 1, b' ');
-        record.push(b'\n');
-    }
+    let record = head_record(head);
     let path = head_path(log);
     let created = std::fs::symlink_metadata(&path).is_err();
     let f = OpenOptions::new()
@@ -155,6 +153,16 @@ pub(crate) fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The bytes of a head record.
+pub(crate) fn head_record(head: &Head) -> Vec<u8> {
+    let mut record = serde_json::to_string(head).unwrap_or_default().into_bytes();
+    if record.len() < HEAD_RECORD {
+        record.resize(HEAD_RECORD - 1, b' ');
+        record.push(b'\n');
+    }
+    record
 }
 
 /// Where the chain stands at the end of the file.
@@ -436,9 +444,19 @@ impl AuditLog {
                         cap,
                     )
                 })
-                .map_err(|source| AuditError::Database {
-                    at: chain.describe().to_string(),
-                    source,
+                .map_err(|source| {
+                    // Every event the chain refused is in the replica's
+                    // log, with the event's name and where the chain is.
+                    tracing::error!(
+                        db = %chain.describe(),
+                        request_id,
+                        event,
+                        "the audit chain refused an event: {source}"
+                    );
+                    AuditError::Database {
+                        at: chain.describe().to_string(),
+                        source,
+                    }
                 });
         }
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());

@@ -85,6 +85,13 @@ impl SharedChain {
         Ok(SharedChain::on(Box::new(db)))
     }
 
+    /// The chain in PostgreSQL, to read: nothing is created or migrated
+    /// (a role that may only read can verify it; a chain whose tables are
+    /// gone is an error, not an empty chain).
+    pub fn postgres_reader(db: crate::db::postgres::PostgresDb) -> SharedChain {
+        SharedChain::on(Box::new(db))
+    }
+
     /// The same chain in a SQLite file (the conformance suite runs every
     /// case on both; a single host keeps its audit in `audit.jsonl`).
     pub fn sqlite(path: &Path) -> Result<SharedChain, DbError> {
@@ -168,21 +175,35 @@ impl SharedChain {
     }
 }
 
-/// Write `export` to a new file at `path` (mode 0600; an existing file is
-/// an error) and its head to the sidecar beside it, as a host's writer
-/// keeps them.
+/// Write `export` to a new file at `path` and its head to the sidecar
+/// beside it, as a host's writer keeps them. Both are new files (mode
+/// 0600): an existing file or link at either name is an error, never
+/// written through.
 pub fn write_export(path: &Path, export: &Export) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
+    let create = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(p)
+    };
+    let head = super::head_path(path);
+    if std::fs::symlink_metadata(&head).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} exists", head.display()),
+        ));
+    }
+    let mut f = create(path)?;
     f.write_all(&export.bytes)?;
     f.sync_all()?;
     if export.rows > 0 {
-        super::write_head(path, &export.head)?;
+        let mut h = create(&head)?;
+        h.write_all(&super::head_record(&export.head))?;
+        h.sync_all()?;
     }
     Ok(())
 }

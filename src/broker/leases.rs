@@ -251,6 +251,15 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// revoke (in a shared ledger, taken over in one transaction, so that
     /// one survivor revokes each).
     fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError>;
+    /// Leases this process took over from a dead owner and has not yet
+    /// seen revoked (a revocation that failed is tried again).
+    fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        Ok(Vec::new())
+    }
+    /// How long before this process may call others dead (`None`: now).
+    fn ready_in(&self) -> Option<Duration> {
+        None
+    }
     /// How often a running gateway looks for orphans (`None`: only at its
     /// start; a single host's gateways share nothing else).
     fn watch_every(&self) -> Option<Duration>;
@@ -325,7 +334,8 @@ impl Ledger for LocalLedger {
 pub struct SharedLedger {
     db: Box<dyn Db + Sync>,
     me: String,
-    _alive: crate::db::postgres::HeldLock,
+    /// This replica's presence (`None`: a reader, not a replica).
+    alive: Option<crate::db::postgres::HeldLock>,
 }
 
 impl std::fmt::Debug for SharedLedger {
@@ -339,9 +349,10 @@ impl std::fmt::Debug for SharedLedger {
 
 /// The shared ledger's schema (refinery's history table:
 /// `gateway_leases_schema`).
-pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[(
-    "V1__leases",
-    "CREATE TABLE gateway_replicas (
+pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "V1__leases",
+        "CREATE TABLE gateway_replicas (
          id TEXT PRIMARY KEY,
          lock_key BIGINT NOT NULL,
          host TEXT NOT NULL,
@@ -362,7 +373,12 @@ pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[(
          last_error TEXT
      );
      CREATE INDEX gateway_leases_open ON gateway_leases (owner) WHERE revoked_at IS NULL;",
-)];
+    ),
+    (
+        "V2__claimed_from",
+        "ALTER TABLE gateway_leases ADD COLUMN claimed_from TEXT;",
+    ),
+];
 
 const LEASE_COLUMNS: &str =
     "lease_id, request_id, mount, role, issued_at, expires_at, owner, revoke_attempts, last_error";
@@ -387,10 +403,19 @@ impl SharedLedger {
     /// How often each replica beats its heartbeat, and looks for the
     /// leases of replicas that died.
     pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+    /// A replica whose lock is free is dead once its heartbeat is this old
+    /// (three beats missed): a connection that only blinked (a network
+    /// blip, the database restarting) is made again, and the lock taken
+    /// again, well within it.
+    pub const LOCK_FREE_SECONDS: u64 = 6;
     /// A replica whose heartbeat is this old is dead even if its lock is
-    /// still held (its host vanished and the database has not noticed the
-    /// connection is gone).
+    /// still held (its host vanished and the database has not yet ended
+    /// its session).
     pub const STALE_SECONDS: u64 = 30;
+    /// A replica calls others dead only once its own lock has been held
+    /// this long without a break: after the database came back, every
+    /// replica has had the time to take its lock again.
+    pub const SETTLED: Duration = Duration::from_secs(6);
 
     /// This replica's view of the ledger in `db` (migrated first): it
     /// shows itself alive before it returns, and for as long as it lives.
@@ -426,8 +451,18 @@ impl SharedLedger {
         Ok(SharedLedger {
             db: Box::new(db),
             me,
-            _alive: alive,
+            alive: Some(alive),
         })
+    }
+
+    /// The ledger in `db`, to read (`gateway vault status`): this process
+    /// does not join the replicas, and nothing is created.
+    pub fn reader(db: crate::db::postgres::PostgresDb) -> SharedLedger {
+        SharedLedger {
+            db: Box::new(db),
+            me: String::new(),
+            alive: None,
+        }
     }
 
     /// This replica's id in the ledger.
@@ -483,9 +518,13 @@ impl Ledger for SharedLedger {
     ) -> Result<(), LedgerError> {
         let now = chrono::Utc::now();
         let expires = now + chrono::Duration::seconds(ttl.as_secs() as i64);
-        self.write(
+        // Only while this replica is one the others know alive: a lease
+        // recorded by a replica they have called dead would be revoked
+        // under its call (the broker revokes it and refuses the call).
+        let n = self.write(
             "INSERT INTO gateway_leases (lease_id, request_id, mount, role, issued_at, expires_at, owner)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+             WHERE EXISTS (SELECT 1 FROM gateway_replicas WHERE id = ?7)
              ON CONFLICT (lease_id) DO UPDATE SET owner = EXCLUDED.owner, revoked_at = NULL",
             &[
                 lease_id.into(),
@@ -496,8 +535,13 @@ impl Ledger for SharedLedger {
                 expires.to_rfc3339().into(),
                 self.me.as_str().into(),
             ],
-        )
-        .map(|_| ())
+        )?;
+        if n == 0 {
+            return Err(self.err(DbError::Other(
+                "this replica is not registered as alive (its connection to the database was lost long enough for the others to call it dead); it registers again within seconds".into(),
+            )));
+        }
+        Ok(())
     }
     fn revoked(&self, lease_id: &str) -> Result<(), LedgerError> {
         self.write(
@@ -546,6 +590,11 @@ impl Ledger for SharedLedger {
         )
     }
     fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        // A reader is not a replica; a replica that has just (re)taken its
+        // lock gives the others the time to take theirs.
+        if self.alive.is_none() || self.ready_in().is_some() {
+            return Ok(Vec::new());
+        }
         let me: SqlValue = self.me.as_str().into();
         let mut claimed = Vec::new();
         self.db
@@ -555,21 +604,25 @@ impl Ledger for SharedLedger {
                 // connection is gone) or its heartbeat stopped.
                 let others = tx.query(
                     &format!(
-                        "SELECT id, lock_key, heartbeat_at < now() - interval '{} seconds' FROM gateway_replicas WHERE id <> ?1",
-                        Self::STALE_SECONDS
+                        "SELECT id, lock_key, heartbeat_at < now() - interval '{} seconds',
+                                heartbeat_at < now() - interval '{} seconds'
+                         FROM gateway_replicas WHERE id <> ?1",
+                        Self::STALE_SECONDS,
+                        Self::LOCK_FREE_SECONDS
                     ),
                     std::slice::from_ref(&me),
                 )?;
                 for r in &others {
                     let dead = r.bool(2)?
-                        || tx
-                            .query_opt(
-                                "SELECT pg_try_advisory_xact_lock(?1)",
-                                &[r.int(1)?.into()],
-                            )?
-                            .map(|r| r.bool(0))
-                            .transpose()?
-                            .unwrap_or(false);
+                        || (r.bool(3)?
+                            && tx
+                                .query_opt(
+                                    "SELECT pg_try_advisory_xact_lock(?1)",
+                                    &[r.int(1)?.into()],
+                                )?
+                                .map(|r| r.bool(0))
+                                .transpose()?
+                                .unwrap_or(false));
                     if dead {
                         tx.execute(
                             "DELETE FROM gateway_replicas WHERE id = ?1",
@@ -587,7 +640,7 @@ impl Ledger for SharedLedger {
                            AND owner NOT IN (SELECT id FROM gateway_replicas)
                          FOR UPDATE
                      )
-                     UPDATE gateway_leases l SET owner = ?1 FROM gone
+                     UPDATE gateway_leases l SET owner = ?1, claimed_from = gone.owner FROM gone
                      WHERE l.lease_id = gone.lease_id
                      RETURNING l.lease_id, l.request_id, l.mount, l.role, l.issued_at, l.expires_at,
                                gone.owner, l.revoke_attempts, l.last_error",
@@ -600,8 +653,21 @@ impl Ledger for SharedLedger {
         claimed.sort_by(|a, b| a.issued_at.cmp(&b.issued_at));
         Ok(claimed)
     }
+    fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
+        self.records(
+            "SELECT lease_id, request_id, mount, role, issued_at, expires_at, claimed_from, revoke_attempts, last_error
+             FROM gateway_leases
+             WHERE revoked_at IS NULL AND owner = ?1 AND claimed_from IS NOT NULL
+             ORDER BY issued_at",
+            &[self.me.as_str().into()],
+        )
+    }
+    fn ready_in(&self) -> Option<Duration> {
+        let held = self.alive.as_ref()?.held_for();
+        (held < Self::SETTLED).then(|| Self::SETTLED - held)
+    }
     fn watch_every(&self) -> Option<Duration> {
-        Some(Self::WATCH_EVERY)
+        self.alive.as_ref().map(|_| Self::WATCH_EVERY)
     }
 }
 

@@ -564,6 +564,12 @@ impl VaultBroker {
     /// Revoke every lease a crashed gateway left open (owner gone), with the
     /// audit saying so. Returns (revoked, still open).
     pub async fn recover_orphans(&self, audit: &AuditLog) -> (usize, usize) {
+        // Taken over earlier, and not revoked then (Vault was away): tried
+        // again, their failure already audited.
+        let retry = self.ledger.claimed_unrevoked().unwrap_or_else(|e| {
+            tracing::error!("reading the lease ledger: {e}");
+            Vec::new()
+        });
         let orphans = match self.ledger.claim_orphans() {
             Ok(o) => o,
             Err(e) => {
@@ -571,21 +577,27 @@ impl VaultBroker {
                 return (0, 0);
             }
         };
-        // The calls that held them never recorded their end: it is
-        // recorded for them (once each), after their credentials.
+        // A call whose owner never tried to revoke its leases was cut off
+        // mid-way, and never recorded its end: it is recorded for it (once,
+        // after its credentials). One whose owner tried (its call ended,
+        // the revocation failed) has its end already.
         let mut calls: Vec<(String, Option<String>)> = orphans
             .iter()
+            .filter(|l| {
+                orphans
+                    .iter()
+                    .filter(|o| o.request_id == l.request_id)
+                    .all(|o| o.revoke_attempts == 0)
+            })
             .map(|l| (l.request_id.clone(), l.owner_replica.clone()))
             .collect();
         calls.sort();
         calls.dedup_by(|a, b| a.0 == b.0);
-        let (done, left) = self
-            .revoke_records(
-                audit,
-                orphans,
-                "left open by a gateway that stopped before revoking it",
-            )
-            .await;
+        let reason = "left open by a gateway that stopped before revoking it";
+        let (mut done, mut left) = self.revoke_records(audit, orphans, reason, true).await;
+        let (again, still) = self.revoke_records(audit, retry, reason, false).await;
+        done += again;
+        left += still;
         for (rid, replica) in calls {
             let reason = match replica {
                 Some(r) => format!(
@@ -637,8 +649,13 @@ impl VaultBroker {
                 return (0, 0);
             }
         };
-        self.revoke_records(audit, own, "the gateway stopped while its call held it")
-            .await
+        self.revoke_records(
+            audit,
+            own,
+            "the gateway stopped while its call held it",
+            true,
+        )
+        .await
     }
 
     /// [`VaultBroker::revoke_own`], given until `deadline`. Each lease not
@@ -680,6 +697,7 @@ impl VaultBroker {
         audit: &AuditLog,
         leases: Vec<crate::broker::leases::LeaseRecord>,
         reason: &str,
+        report_failures: bool,
     ) -> (usize, usize) {
         let (mut done, mut left) = (0, 0);
         for lease in leases {
@@ -705,6 +723,7 @@ impl VaultBroker {
                         },
                     );
                 }
+                Err(_) if !report_failures => left += 1,
                 Err(e) => {
                     left += 1;
                     let _ = audit.record(
@@ -712,7 +731,12 @@ impl VaultBroker {
                         Event::CredentialRevokeFailed {
                             lease_id: lease.lease_id.clone(),
                             error: format!(
-                                "{e}; it stays in the lease ledger and the next start revokes it"
+                                "{e}; it stays in the lease ledger and {}",
+                                if self.ledger.watch_every().is_some() {
+                                    "this replica tries again every few seconds"
+                                } else {
+                                    "the next start revokes it"
+                                }
                             ),
                             attempt: None,
                             of: None,

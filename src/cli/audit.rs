@@ -140,11 +140,25 @@ struct FromDatabase {
     rows: u64,
 }
 
+/// The team's chain, to read (`None`: `[store]` keeps the audit in the
+/// home); nothing is created.
+fn chain_reader(cli: &Cli) -> anyhow::Result<Option<audit::shared::SharedChain>> {
+    use crate::config::store::Store;
+    match cli.file.store.resolve()? {
+        Store::Sqlite => Ok(None),
+        Store::Postgres { url, ca_file } => {
+            let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+                .context("cannot reach the audit chain in PostgreSQL ([store] url_file)")?;
+            Ok(Some(audit::shared::SharedChain::postgres_reader(db)))
+        }
+    }
+}
+
 fn from_database(cli: &Cli) -> anyhow::Result<Option<FromDatabase>> {
-    let log = open_log(&cli.file, &cli.home())?;
-    let Some(chain) = log.chain() else {
+    let Some(chain) = chain_reader(cli)? else {
         return Ok(None);
     };
+    let chain = &chain;
     let export = chain
         .export()
         .with_context(|| format!("cannot read the audit chain in {}", chain.describe()))?;
@@ -163,8 +177,7 @@ fn from_database(cli: &Cli) -> anyhow::Result<Option<FromDatabase>> {
 
 pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
     if let Some(AuditCommand::Export { out }) = &a.verify {
-        let log = open_log(&cli.file, &cli.home())?;
-        let Some(chain) = log.chain() else {
+        let Some(chain) = chain_reader(cli)? else {
             bail!(
                 "this gateway keeps its audit in {} ([store] is not PostgreSQL): that file is the export",
                 cli.home().join(audit::FILE_NAME).display()

@@ -57,12 +57,22 @@ fn settings(cli: &Cli) -> anyhow::Result<Option<VaultSettings>> {
 }
 
 /// The broker `serve` uses, or `None` when no Vault is configured.
-/// Its leases are kept in the ledger [`ledger`] opens.
+/// Its leases are kept in the ledger [`ledger`] opens, as a replica.
 pub fn broker(cli: &Cli, home: &std::path::Path) -> anyhow::Result<Option<Arc<VaultBroker>>> {
+    broker_as(cli, home, true)
+}
+
+/// `replica`: whether this process joins the replicas of a shared ledger
+/// (the daemon, `vault recover`) or only reads it (`vault status`).
+fn broker_as(
+    cli: &Cli,
+    home: &std::path::Path,
+    replica: bool,
+) -> anyhow::Result<Option<Arc<VaultBroker>>> {
     match settings(cli)? {
         Some(s) => {
             let address = s.address.clone();
-            let b = VaultBroker::with_ledger(s, ledger(cli, home)?)
+            let b = VaultBroker::with_ledger(s, ledger(cli, home, replica)?)
                 .with_context(|| format!("setting up the Vault broker for {address}"))?;
             Ok(Some(Arc::new(b)))
         }
@@ -71,23 +81,25 @@ pub fn broker(cli: &Cli, home: &std::path::Path) -> anyhow::Result<Option<Arc<Va
 }
 
 /// The lease ledger of this configuration: the replicas' shared one in
-/// PostgreSQL when `[store]` names it (this process joins them as a
-/// replica for as long as the ledger lives), else the home's.
+/// PostgreSQL when `[store]` names it (with `replica`, this process joins
+/// them for as long as the ledger lives; without, it only reads), else the
+/// home's.
 pub fn ledger(
     cli: &Cli,
     home: &std::path::Path,
+    replica: bool,
 ) -> anyhow::Result<Arc<dyn crate::broker::leases::Ledger>> {
     use crate::broker::leases::{LocalLedger, SharedLedger};
     use crate::config::store::Store;
     Ok(match cli.file.store.resolve()? {
         Store::Sqlite => Arc::new(LocalLedger::in_home(home)?),
         Store::Postgres { url, ca_file } => {
-            let l = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
-                .map_err(|source| crate::broker::leases::LedgerError {
-                    at: "PostgreSQL ([store] url_file)".into(),
-                    source,
-                })
-                .and_then(SharedLedger::open)
+            let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+                .context("the lease ledger in PostgreSQL ([store] url_file)")?;
+            if !replica {
+                return Ok(Arc::new(SharedLedger::reader(db)));
+            }
+            let l = SharedLedger::open(db)
                 .context("the lease ledger in PostgreSQL ([store] url_file)")?;
             tracing::info!(replica = l.replica(), "leases are kept in PostgreSQL");
             Arc::new(l)
@@ -195,7 +207,7 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
 
 pub fn status(cli: &Cli, o: &mut Out) -> anyhow::Result<u8> {
     let home = cli.home();
-    let Some(broker) = broker(cli, &home)? else {
+    let Some(broker) = broker_as(cli, &home, false)? else {
         outln!(
             o,
             "no Vault configured: calls that need a credential are refused"
@@ -245,6 +257,11 @@ fn recover(cli: &Cli) -> anyhow::Result<ExitCode> {
     let home = cli.home();
     let broker = broker(cli, &home)?.context("no Vault configured")?;
     let audit = super::audit::open_log(&cli.file, &home)?;
+    // A replica that has just joined calls no one dead before the others
+    // had the time to show they are alive.
+    if let Some(wait) = broker.ledger().ready_in() {
+        std::thread::sleep(wait);
+    }
     let (done, left) = runtime()?.block_on(broker.recover_orphans(&audit));
     println!("revoked {done} lease(s) left open; {left} could not be revoked");
     Ok(if left == 0 {

@@ -88,7 +88,7 @@ async def scenarios(gateway, socket, workspace, daemon_policies, victim):
                        capture_output=True, text=True)
     check(r.returncode != 0 and "unexpected argument '--as'" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "audit", "--file", "/etc/shadow"], env=env, capture_output=True, text=True)
-    check(r.returncode != 0 and "--file is not accepted" in r.stderr, r.stdout + r.stderr)
+    check(r.returncode != 0 and "--file and export are not accepted" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "audit"], env=env, capture_output=True, text=True)
     check(r.returncode != 0 and "is for approvers" in r.stderr, r.stdout + r.stderr)
     r = subprocess.run([gateway, "approvals", "--all", "--json"], env=env, capture_output=True, text=True)
