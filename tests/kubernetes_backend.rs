@@ -518,6 +518,66 @@ async fn cancelling_a_call_deletes_its_job() {
     );
 }
 
+/// Replicas of one instance share its Jobs' namespace: a replica deletes
+/// only its own at start and stop (never a live sibling's running
+/// sandbox), and a survivor deletes those of a replica that died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reaps_only_its_own_jobs_and_those_of_a_dead_replica() {
+    let c = cluster(|cfg| cfg.replica = Some("replica-a".into())).await;
+    let labels = |replica: Option<&str>| {
+        let mut l = json!({"app.kubernetes.io/managed-by": "gateway", "gateway.dev/instance": "gateway", "gateway.dev/request": "x"});
+        if let Some(r) = replica {
+            l["gateway.dev/replica"] = json!(r);
+        }
+        l
+    };
+    c.kube.with(|s| {
+        for (name, replica) in [
+            ("gw-req-mine", Some("replica-a")),
+            ("gw-req-live-sibling", Some("replica-b")),
+            ("gw-req-dead-sibling", Some("replica-c")),
+            ("gw-req-single-host", None),
+        ] {
+            s.put(
+                "jobs",
+                NS,
+                json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": name, "labels": labels(replica)}, "spec": {}}),
+            );
+        }
+    });
+    let reaped = c.sandbox.reap_leftovers().await.expect("reap");
+    assert_eq!(reaped, vec!["gw-req-mine".to_string()]);
+    assert!(!gone(&c, "jobs", "gw-req-live-sibling"));
+    assert!(!gone(&c, "jobs", "gw-req-single-host"));
+    let reaped = c.sandbox.reap_replica("replica-c").await.expect("reap");
+    assert_eq!(reaped, vec!["gw-req-dead-sibling".to_string()]);
+    assert!(gone(&c, "jobs", "gw-req-dead-sibling"));
+    assert!(!gone(&c, "jobs", "gw-req-live-sibling"));
+    // A name that would widen the selector is refused.
+    assert!(
+        c.sandbox
+            .reap_replica("replica-b,gateway.dev/request=x")
+            .await
+            .is_err()
+    );
+    assert!(c.sandbox.reap_replica("").await.is_err());
+    // And the sandboxes it makes carry its name.
+    let (job, _) = gateway::sandbox::kubernetes::manifests::build(
+        c.sandbox.config(),
+        &request("req-labelled", None),
+    )
+    .expect("build");
+    assert_eq!(
+        job.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("gateway.dev/replica"))
+            .map(String::as_str),
+        Some("replica-a")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_deletes_only_this_instances_leftovers_and_conflicts_are_clear() {
     let c = cluster(|_| {}).await;

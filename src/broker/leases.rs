@@ -256,6 +256,15 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
         Ok(Vec::new())
     }
+    /// This process's name among the replicas of a shared ledger.
+    fn replica(&self) -> Option<&str> {
+        None
+    }
+    /// The replicas this process has found dead since it last asked (their
+    /// sandboxes are for it to delete).
+    fn take_dead(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// How long before this process may call others dead (`None`: now).
     fn ready_in(&self) -> Option<Duration> {
         None
@@ -334,6 +343,8 @@ impl Ledger for LocalLedger {
 pub struct SharedLedger {
     db: Box<dyn Db + Sync>,
     me: String,
+    /// Replicas this one found dead, not yet taken by [`Ledger::take_dead`].
+    dead: std::sync::Mutex<Vec<String>>,
     /// This replica's presence (`None`: a reader, not a replica).
     alive: Option<crate::db::postgres::HeldLock>,
 }
@@ -451,6 +462,7 @@ impl SharedLedger {
         Ok(SharedLedger {
             db: Box::new(db),
             me,
+            dead: std::sync::Mutex::new(Vec::new()),
             alive: Some(alive),
         })
     }
@@ -461,6 +473,7 @@ impl SharedLedger {
         SharedLedger {
             db: Box::new(db),
             me: String::new(),
+            dead: std::sync::Mutex::new(Vec::new()),
             alive: None,
         }
     }
@@ -597,9 +610,11 @@ impl Ledger for SharedLedger {
         }
         let me: SqlValue = self.me.as_str().into();
         let mut claimed = Vec::new();
+        let mut dead_now = Vec::new();
         self.db
             .write(&mut |tx| {
                 claimed.clear();
+                dead_now.clear();
                 // A replica is dead when its lock can be taken (its
                 // connection is gone) or its heartbeat stopped.
                 let others = tx.query(
@@ -628,6 +643,7 @@ impl Ledger for SharedLedger {
                             "DELETE FROM gateway_replicas WHERE id = ?1",
                             &[r.text(0)?.into()],
                         )?;
+                        dead_now.push(r.text(0)?);
                     }
                 }
                 // Leases whose replica is no longer there (just found
@@ -651,6 +667,10 @@ impl Ledger for SharedLedger {
             })
             .map_err(|e| self.err(e))?;
         claimed.sort_by(|a, b| a.issued_at.cmp(&b.issued_at));
+        self.dead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(dead_now);
         Ok(claimed)
     }
     fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
@@ -661,6 +681,12 @@ impl Ledger for SharedLedger {
              ORDER BY issued_at",
             &[self.me.as_str().into()],
         )
+    }
+    fn replica(&self) -> Option<&str> {
+        self.alive.as_ref().map(|_| self.me.as_str())
+    }
+    fn take_dead(&self) -> Vec<String> {
+        std::mem::take(&mut *self.dead.lock().unwrap_or_else(|p| p.into_inner()))
     }
     fn ready_in(&self) -> Option<Duration> {
         let held = self.alive.as_ref()?.held_for();

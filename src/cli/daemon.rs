@@ -190,6 +190,26 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         let _ = watch_audit.record("", event);
     });
 
+    // The daemon's own view of the settings (never the caller's), in the
+    // shape the operator commands take; they read its paths and file, never
+    // its `command` (each command arrives parsed on its own).
+    let own = Cli {
+        policies_arg: Some(p.policies.clone()),
+        home: Some(p.home.clone()),
+        config: Some(p.config.clone()),
+        file: file.clone(),
+        policies: p.policies.clone(),
+        command: super::Command::Demo,
+    };
+    // Replicas keep their leases in the shared ledger ([store]): a
+    // survivor revokes those of a replica that died.
+    let broker = super::vault::broker(&own, &p.home)?;
+    let shared = file.store.resolve()?;
+    // This process's name among the replicas, when it is one.
+    let replica = broker
+        .as_ref()
+        .and_then(|b| b.ledger().replica())
+        .map(str::to_string);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -211,6 +231,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             }
             let sb = rt.block_on(async {
                 let client = crate::sandbox::kubernetes::client(&cfg).await?;
+                let mut cfg = cfg;
+                // A replica's Jobs carry its name: it deletes only its own
+                // at stop, and a survivor deletes a dead one's.
+                cfg.replica = replica.clone();
                 let sb = crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg);
                 match sb.reap_leftovers().await {
                     Ok(r) if !r.is_empty() => {
@@ -242,21 +266,6 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             })?)
         }
     };
-    // The daemon's own view of the settings (never the caller's), in the
-    // shape the operator commands take; they read its paths and file, never
-    // its `command` (each command arrives parsed on its own).
-    let own = Cli {
-        policies_arg: Some(p.policies.clone()),
-        home: Some(p.home.clone()),
-        config: Some(p.config.clone()),
-        file: file.clone(),
-        policies: p.policies.clone(),
-        command: super::Command::Demo,
-    };
-    // Replicas keep their leases in the shared ledger ([store]): a
-    // survivor revokes those of a replica that died.
-    let broker = super::vault::broker(&own, &p.home)?;
-    let shared = file.store.resolve()?;
     let kubernetes = super::vault::kubernetes_access(&own)?;
     let endpoints: BTreeMap<String, u16> = file.endpoints.clone();
     // No session runs in this path: each one names its own workspace.
@@ -331,6 +340,31 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             b.recover_orphans(&pipeline.audit).await;
             b.spawn_renewal();
             b.spawn_orphan_watch(Arc::clone(&pipeline.audit));
+            // The sandbox Jobs of replicas found dead are deleted.
+            if let Some(sb) = cluster.clone()
+                && let Some(every) = b.ledger().watch_every()
+            {
+                let ledger = Arc::clone(b.ledger());
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    loop {
+                        tick.tick().await;
+                        for dead in ledger.take_dead() {
+                            match sb.reap_replica(&dead).await {
+                                Ok(jobs) if !jobs.is_empty() => tracing::warn!(
+                                    replica = %dead, ?jobs,
+                                    "deleted the sandbox Jobs of a replica that died"
+                                ),
+                                Ok(_) => {}
+                                Err(e) => tracing::error!(
+                                    replica = %dead,
+                                    "could not delete the sandbox Jobs of a replica that died: {e}"
+                                ),
+                            }
+                        }
+                    }
+                });
+            }
         }
         eprintln!(
             "gateway daemon: listening on {} (group {}), policies {}, state {}",

@@ -78,6 +78,12 @@ pub struct KubeSandboxConfig {
     pub egress_canary: Option<String>,
     /// How long the runner waits for the lock-down, in seconds.
     pub lockdown_seconds: u64,
+    /// This replica's name (set by the daemon when replicas share a
+    /// `[store]`, never read from the file): its objects carry it, it
+    /// deletes only its own at start and stop, and a survivor deletes a
+    /// dead replica's.
+    #[serde(skip)]
+    pub replica: Option<String>,
 }
 
 impl Default for KubeSandboxConfig {
@@ -98,6 +104,7 @@ impl Default for KubeSandboxConfig {
             kubeconfig: None,
             egress_canary: None,
             lockdown_seconds: 30,
+            replica: None,
         }
     }
 }
@@ -128,16 +135,35 @@ pub fn names(name: &str) -> Result<(String, String), SandboxError> {
 
 /// Labels every object of this gateway carries.
 pub fn labels(cfg: &KubeSandboxConfig, request: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut l = BTreeMap::from([
         (MANAGED_BY.to_string(), "gateway".to_string()),
         (INSTANCE.to_string(), cfg.instance.clone()),
         (REQUEST.to_string(), request.to_ascii_lowercase()),
-    ])
+    ]);
+    if let Some(r) = &cfg.replica {
+        l.insert(REPLICA.to_string(), r.clone());
+    }
+    l
 }
 
-/// The label selecting this gateway's objects (for the start-up cleanup).
+/// The label naming the replica that made an object.
+pub const REPLICA: &str = "gateway.dev/replica";
+
+/// The label selecting this gateway's objects (for the start-up and
+/// shut-down cleanup): its instance's, and of a replica only its own.
 pub fn instance_selector(cfg: &KubeSandboxConfig) -> String {
-    format!("{MANAGED_BY}=gateway,{INSTANCE}={}", cfg.instance)
+    match &cfg.replica {
+        Some(r) => replica_selector(cfg, r),
+        None => format!("{MANAGED_BY}=gateway,{INSTANCE}={}", cfg.instance),
+    }
+}
+
+/// The label selecting the objects replica `replica` of this instance made.
+pub fn replica_selector(cfg: &KubeSandboxConfig, replica: &str) -> String {
+    format!(
+        "{MANAGED_BY}=gateway,{INSTANCE}={},{REPLICA}={replica}",
+        cfg.instance
+    )
 }
 
 /// The label that opens egress to endpoint `name` (cluster/networkpolicy.yaml).

@@ -542,10 +542,31 @@ impl KubernetesSandbox {
     }
 
     /// Delete every Job and Secret this gateway instance left (a previous
-    /// run that stopped before its cleanup). Returns the Job names.
+    /// run that stopped before its cleanup); a replica, only its own.
+    /// Returns the Job names.
     pub async fn reap_leftovers(&self) -> Result<Vec<String>, SandboxError> {
-        let selector = manifests::instance_selector(&self.cfg);
-        let lp = ListParams::default().labels(&selector);
+        self.reap(&manifests::instance_selector(&self.cfg)).await
+    }
+
+    /// Delete every Job and Secret replica `replica` of this instance made
+    /// (it died: a survivor cleans up after it). Returns the Job names.
+    pub async fn reap_replica(&self, replica: &str) -> Result<Vec<String>, SandboxError> {
+        if replica.is_empty()
+            || replica.len() > 63
+            || !replica
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(SandboxError::Invalid(format!(
+                "{replica:?} is not a replica name"
+            )));
+        }
+        self.reap(&manifests::replica_selector(&self.cfg, replica))
+            .await
+    }
+
+    async fn reap(&self, selector: &str) -> Result<Vec<String>, SandboxError> {
+        let lp = ListParams::default().labels(selector);
         let jobs: Api<Job> = self.api();
         let secrets: Api<Secret> = self.api();
         let mut reaped = Vec::new();
