@@ -805,10 +805,18 @@ fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
         1,
         "it is the taker's own now"
     );
-    // The one that found it dead is told, once, so that it deletes the
-    // dead replica's sandboxes.
-    assert_eq!(survivors[taker].take_dead(), vec![dead_id.clone()]);
-    assert!(survivors[taker].take_dead().is_empty());
+    // It is no longer among the live (whose sandboxes the living keep).
+    let live = survivors[0]
+        .live_replicas()
+        .expect("live")
+        .expect("a shared ledger");
+    assert!(!live.contains(&dead_id), "{live:?}");
+    assert!(
+        survivors
+            .iter()
+            .all(|s| live.iter().any(|l| l == s.replica())),
+        "{live:?}"
+    );
     // Until revoked, the taker is reminded of it (a failed revocation is
     // tried again); no one else is.
     let pending = survivors[taker].claimed_unrevoked().expect("pending");

@@ -493,17 +493,18 @@ impl ApprovalStore {
         })?;
         db.migrate("gateway_approvals_schema", POSTGRES_MIGRATIONS)
             .map_err(|source| ApprovalError::Db {
-                at: db.describe(),
+                at: db.label(),
                 source,
             })?;
         Ok(ApprovalStore { db: Box::new(db) })
     }
 
     fn db_error(&self, source: DbError) -> ApprovalError {
-        ApprovalError::Db {
-            at: self.db.describe(),
-            source,
+        let label = self.db.label();
+        if label != self.db.describe() {
+            tracing::warn!(db = %self.db.describe(), "the approval store: {source}");
         }
+        ApprovalError::Db { at: label, source }
     }
 
     /// Run `body` as one write transaction; what it found is the result.

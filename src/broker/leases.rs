@@ -260,10 +260,10 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     fn replica(&self) -> Option<&str> {
         None
     }
-    /// The replicas this process has found dead since it last asked (their
-    /// sandboxes are for it to delete).
-    fn take_dead(&self) -> Vec<String> {
-        Vec::new()
+    /// The replicas the ledger knows alive (`None`: not a shared ledger);
+    /// what a dead one made is for the living to delete.
+    fn live_replicas(&self) -> Result<Option<Vec<String>>, LedgerError> {
+        Ok(None)
     }
     /// How long before this process may call others dead (`None`: now).
     fn ready_in(&self) -> Option<Duration> {
@@ -343,8 +343,8 @@ impl Ledger for LocalLedger {
 pub struct SharedLedger {
     db: Box<dyn Db + Sync>,
     me: String,
-    /// Replicas this one found dead, not yet taken by [`Ledger::take_dead`].
-    dead: std::sync::Mutex<Vec<String>>,
+    /// The advisory lock this replica holds while alive.
+    key: i64,
     /// This replica's presence (`None`: a reader, not a replica).
     alive: Option<crate::db::postgres::HeldLock>,
 }
@@ -462,7 +462,7 @@ impl SharedLedger {
         Ok(SharedLedger {
             db: Box::new(db),
             me,
-            dead: std::sync::Mutex::new(Vec::new()),
+            key,
             alive: Some(alive),
         })
     }
@@ -473,7 +473,7 @@ impl SharedLedger {
         SharedLedger {
             db: Box::new(db),
             me: String::new(),
-            dead: std::sync::Mutex::new(Vec::new()),
+            key: 0,
             alive: None,
         }
     }
@@ -610,11 +610,34 @@ impl Ledger for SharedLedger {
         }
         let me: SqlValue = self.me.as_str().into();
         let mut claimed = Vec::new();
-        let mut dead_now = Vec::new();
+        let key = self.key;
         self.db
             .write(&mut |tx| {
                 claimed.clear();
-                dead_now.clear();
+                // This replica's own lock, held on this very server for the
+                // settling time: after a failover to another server, the
+                // others' locks (and heartbeats) there are as new as its
+                // own, and no one is called dead until they had the time
+                // to come back.
+                let settled = tx
+                    .query_opt(
+                        &format!(
+                            "SELECT EXISTS (
+                                 SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                                   AND l.classid::bigint = ((?1::bigint >> 32) & 4294967295)
+                                   AND l.objid::bigint = (?1::bigint & 4294967295)
+                                   AND a.backend_start < now() - interval '{} seconds')",
+                            Self::SETTLED.as_secs()
+                        ),
+                        &[key.into()],
+                    )?
+                    .map(|r| r.bool(0))
+                    .transpose()?
+                    .unwrap_or(false);
+                if !settled {
+                    return Ok(crate::db::End::Rollback);
+                }
                 // A replica is dead when its lock can be taken (its
                 // connection is gone) or its heartbeat stopped.
                 let others = tx.query(
@@ -643,7 +666,6 @@ impl Ledger for SharedLedger {
                             "DELETE FROM gateway_replicas WHERE id = ?1",
                             &[r.text(0)?.into()],
                         )?;
-                        dead_now.push(r.text(0)?);
                     }
                 }
                 // Leases whose replica is no longer there (just found
@@ -667,10 +689,6 @@ impl Ledger for SharedLedger {
             })
             .map_err(|e| self.err(e))?;
         claimed.sort_by(|a, b| a.issued_at.cmp(&b.issued_at));
-        self.dead
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(dead_now);
         Ok(claimed)
     }
     fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
@@ -685,8 +703,19 @@ impl Ledger for SharedLedger {
     fn replica(&self) -> Option<&str> {
         self.alive.as_ref().map(|_| self.me.as_str())
     }
-    fn take_dead(&self) -> Vec<String> {
-        std::mem::take(&mut *self.dead.lock().unwrap_or_else(|p| p.into_inner()))
+    fn live_replicas(&self) -> Result<Option<Vec<String>>, LedgerError> {
+        let mut out = Vec::new();
+        self.db
+            .read(&mut |tx| {
+                out = tx
+                    .query("SELECT id FROM gateway_replicas", &[])?
+                    .iter()
+                    .map(|r| r.text(0))
+                    .collect::<Result<_, _>>()?;
+                Ok(crate::db::End::Rollback)
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(Some(out))
     }
     fn ready_in(&self) -> Option<Duration> {
         let held = self.alive.as_ref()?.held_for();

@@ -681,7 +681,14 @@ impl VaultBroker {
                 &lease.request_id,
                 Event::CredentialRevokeFailed {
                     lease_id: lease.lease_id.clone(),
-                    error: "not revoked within the daemon's shutdown grace; it stays in the lease ledger and the next start revokes it".into(),
+                    error: format!(
+                        "not revoked within the daemon's shutdown grace; it stays in the lease ledger and {}",
+                        if self.ledger.watch_every().is_some() {
+                            "a surviving replica revokes it once this one is gone"
+                        } else {
+                            "the next start revokes it"
+                        }
+                    ),
                     attempt: None,
                     of: None,
                     recovered: None,
@@ -699,6 +706,16 @@ impl VaultBroker {
         reason: &str,
         report_failures: bool,
     ) -> (usize, usize) {
+        // Who revokes what is left: a survivor (a replica stopping), this
+        // replica again (one it took over), or the next start (one host).
+        let then = match (
+            self.ledger.watch_every().is_some(),
+            reason.starts_with("the gateway stopped"),
+        ) {
+            (true, true) => "a surviving replica revokes it once this one is gone",
+            (true, false) => "this replica tries again every few seconds",
+            (false, _) => "the next start revokes it",
+        };
         let (mut done, mut left) = (0, 0);
         for lease in leases {
             if self.ledger.is_revoked(&lease.lease_id).ok().flatten() == Some(true) {
@@ -730,14 +747,7 @@ impl VaultBroker {
                         &lease.request_id,
                         Event::CredentialRevokeFailed {
                             lease_id: lease.lease_id.clone(),
-                            error: format!(
-                                "{e}; it stays in the lease ledger and {}",
-                                if self.ledger.watch_every().is_some() {
-                                    "this replica tries again every few seconds"
-                                } else {
-                                    "the next start revokes it"
-                                }
-                            ),
+                            error: format!("{e}; it stays in the lease ledger and {then}"),
                             attempt: None,
                             of: None,
                             recovered: Some(true),
@@ -815,11 +825,29 @@ impl VaultBroker {
         // The answer's copy of the secret is wiped as soon as the file holds it.
         data.values_mut().for_each(wipe);
         if recorded.is_err() || credential.is_err() {
-            let _ = self.revoke_lease(&resp.lease_id).await;
+            // Revoked at once, a few times: a lease the ledger does not
+            // hold is one no survivor would revoke. If Vault still refuses,
+            // the refusal names the lease (it goes to the audit with the
+            // call's end), so that an operator can revoke it.
+            let mut revoked = self.revoke_lease(&resp.lease_id).await;
+            for pause in [200u64, 1000] {
+                if revoked.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                revoked = self.revoke_lease(&resp.lease_id).await;
+            }
+            let fate = match revoked {
+                Ok(()) => "it was revoked".to_string(),
+                Err(e) => format!(
+                    "revoking lease {} failed too ({e}): it lives until Vault's TTL unless an operator revokes it",
+                    resp.lease_id
+                ),
+            };
             return Err(match credential {
-                Err(e) => BrokerError::Refused(format!("{what}: {e}; the lease was revoked")),
+                Err(e) => BrokerError::Refused(format!("{what}: {e}; {fate}")),
                 Ok(_) => BrokerError::Refused(format!(
-                    "{what}: the lease could not be recorded in the ledger; it was revoked"
+                    "{what}: the lease could not be recorded in the ledger; {fate}"
                 )),
             });
         }

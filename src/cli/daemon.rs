@@ -27,6 +27,8 @@ use crate::sandbox::local::{LocalConfig, LocalSandbox};
 use crate::tools::ToolPaths;
 use crate::trust::Trust;
 
+/// How often the living look for sandbox Jobs of replicas that died.
+const SWEEP_DEAD_REPLICAS: std::time::Duration = std::time::Duration::from_secs(10);
 /// At shutdown, how long the revocation of this process's leases may take
 /// at least, after the grace the calls had.
 const REVOKE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -201,14 +203,21 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         policies: p.policies.clone(),
         command: super::Command::Demo,
     };
-    // Replicas keep their leases in the shared ledger ([store]): a
-    // survivor revokes those of a replica that died.
-    let broker = super::vault::broker(&own, &p.home)?;
+    // Replicas join one another in the shared ledger ([store]), Vault or
+    // not: they keep their leases there (a survivor revokes those of a
+    // replica that died) and name their sandboxes after themselves.
     let shared = file.store.resolve()?;
+    let ledger = match &shared {
+        crate::config::store::Store::Postgres { .. } => {
+            Some(super::vault::ledger(&own, &p.home, true)?)
+        }
+        crate::config::store::Store::Sqlite => None,
+    };
+    let broker = super::vault::broker_on(&own, &p.home, ledger.clone())?;
     // This process's name among the replicas, when it is one.
-    let replica = broker
+    let replica = ledger
         .as_ref()
-        .and_then(|b| b.ledger().replica())
+        .and_then(|l| l.replica())
         .map(str::to_string);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -336,35 +345,45 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let listener = crate::daemon::bind(&p.socket, Some(&p.group), &trust)
             .context("the daemon refuses to start")?;
+        // The sandbox Jobs of replicas no longer alive are deleted by the
+        // living (without Vault, this loop is also what finds them dead).
+        if let (Some(sb), Some(l)) = (cluster.clone(), ledger.clone())
+            && l.watch_every().is_some()
+        {
+            let finds_the_dead = broker.is_none();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(SWEEP_DEAD_REPLICAS);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if finds_the_dead && let Err(e) = l.claim_orphans() {
+                        tracing::warn!("looking for replicas that died: {e}");
+                    }
+                    let live = match l.live_replicas() {
+                        Ok(Some(live)) => live,
+                        Ok(None) => return,
+                        Err(e) => {
+                            tracing::warn!("listing the live replicas: {e}");
+                            continue;
+                        }
+                    };
+                    match sb.reap_dead_replicas(&live).await {
+                        Ok(jobs) if !jobs.is_empty() => tracing::warn!(
+                            ?jobs,
+                            "deleted the sandbox Jobs of replicas that died"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(
+                            "could not delete the sandbox Jobs of replicas that died: {e}"
+                        ),
+                    }
+                }
+            });
+        }
         if let Some(b) = &broker {
             b.recover_orphans(&pipeline.audit).await;
             b.spawn_renewal();
             b.spawn_orphan_watch(Arc::clone(&pipeline.audit));
-            // The sandbox Jobs of replicas found dead are deleted.
-            if let Some(sb) = cluster.clone()
-                && let Some(every) = b.ledger().watch_every()
-            {
-                let ledger = Arc::clone(b.ledger());
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(every);
-                    loop {
-                        tick.tick().await;
-                        for dead in ledger.take_dead() {
-                            match sb.reap_replica(&dead).await {
-                                Ok(jobs) if !jobs.is_empty() => tracing::warn!(
-                                    replica = %dead, ?jobs,
-                                    "deleted the sandbox Jobs of a replica that died"
-                                ),
-                                Ok(_) => {}
-                                Err(e) => tracing::error!(
-                                    replica = %dead,
-                                    "could not delete the sandbox Jobs of a replica that died: {e}"
-                                ),
-                            }
-                        }
-                    }
-                });
-            }
         }
         eprintln!(
             "gateway daemon: listening on {} (group {}), policies {}, state {}",
@@ -442,7 +461,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 tracing::error!(
                     revoked = done,
                     still_open = left,
-                    "leases left open at shutdown stay in the ledger; the next start revokes them"
+                    "leases left open at shutdown stay in the ledger; the next start (or, with replicas, a survivor) revokes them"
                 );
             }
         }

@@ -62,6 +62,26 @@ pub fn broker(cli: &Cli, home: &std::path::Path) -> anyhow::Result<Option<Arc<Va
     broker_as(cli, home, true)
 }
 
+/// [`broker`] keeping its leases in `ledger` when one is given.
+pub fn broker_on(
+    cli: &Cli,
+    home: &std::path::Path,
+    ledger: Option<Arc<dyn crate::broker::leases::Ledger>>,
+) -> anyhow::Result<Option<Arc<VaultBroker>>> {
+    let Some(ledger) = ledger else {
+        return broker(cli, home);
+    };
+    match settings(cli)? {
+        Some(s) => {
+            let address = s.address.clone();
+            let b = VaultBroker::with_ledger(s, ledger)
+                .with_context(|| format!("setting up the Vault broker for {address}"))?;
+            Ok(Some(Arc::new(b)))
+        }
+        None => Ok(None),
+    }
+}
+
 /// `replica`: whether this process joins the replicas of a shared ledger
 /// (the daemon, `vault recover`) or only reads it (`vault status`).
 fn broker_as(

@@ -221,6 +221,11 @@ pub trait Db: Send + std::fmt::Debug {
     /// Where it is, for messages: a path, or a PostgreSQL host and
     /// database (never a password).
     fn describe(&self) -> String;
+    /// Where it is, in a message a caller (an agent among them) may read:
+    /// a shared database's host, port and role stay in the operator's log.
+    fn label(&self) -> String {
+        self.describe()
+    }
     /// Run `body` in one transaction serialised with every other writer.
     fn write(&self, body: &mut Body<'_>) -> Result<(), DbError>;
     /// Run `body` for reads (a consistent snapshot; its writes, if any,

@@ -168,7 +168,10 @@ impl PostgresDb {
         self.with_client(move |conn| {
             let client = conn.client()?;
             client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
+            // A replica of the previous version, started while a newer one
+            // has already added its (additive) migrations, still runs.
             let ran = refinery::Runner::new(&list)
+                .set_abort_missing(false)
                 .set_migration_table_name(&table)
                 .run(client)
                 .map_err(|e| DbError::Other(format!("migrating {table}: {e}")));
@@ -461,21 +464,35 @@ fn jitter_ms() -> u64 {
 }
 
 /// `f` run where a blocking client may block: on a scoped thread when
-/// this thread drives an async runtime.
+/// this thread drives an async runtime. On a multi-threaded runtime the
+/// worker also hands its other tasks over while it waits
+/// (`block_in_place`): a slow or frozen database then holds the calls that
+/// need it, not the replica's other work (its HTTP server, heartbeats,
+/// the orphan watch).
 fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    if tokio::runtime::Handle::try_current().is_ok() {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return f();
+    };
+    let scoped = move || {
         std::thread::scope(|s| match s.spawn(f).join() {
             Ok(v) => v,
             Err(p) => std::panic::resume_unwind(p),
         })
+    };
+    if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        tokio::task::block_in_place(scoped)
     } else {
-        f()
+        scoped()
     }
 }
 
 impl Db for PostgresDb {
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    fn label(&self) -> String {
+        "in PostgreSQL ([store])".into()
     }
 
     fn write(&self, body: &mut Body<'_>) -> Result<(), DbError> {

@@ -100,9 +100,10 @@ impl PlanStore {
                 Ok(End::Commit)
             })
             .map_err(|e| {
+                tracing::warn!(db = %db.describe(), "saving a plan in the shared store: {e}");
                 Stop::refused(format!(
                     "saving the plan in the shared store ({}): {e}",
-                    db.describe()
+                    db.label()
                 ))
             })?;
         }
@@ -187,7 +188,10 @@ impl PlanStore {
                 .transpose()?;
             Ok(End::Rollback)
         })
-        .map_err(|e| format!("{} ({})", e, db.describe()))?;
+        .map_err(|e| {
+            tracing::warn!(db = %db.describe(), "reading a plan from the shared store: {e}");
+            format!("{} ({})", e, db.label())
+        })?;
         if let Some((file, json)) = &found {
             // Kept here too, whole or not at all: written aside, then
             // linked in (a copy a concurrent reader put there first stays).

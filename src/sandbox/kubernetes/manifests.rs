@@ -166,6 +166,11 @@ pub fn replica_selector(cfg: &KubeSandboxConfig, replica: &str) -> String {
     )
 }
 
+/// The label selecting the objects of every replica of this instance.
+pub fn all_replicas_selector(cfg: &KubeSandboxConfig) -> String {
+    format!("{MANAGED_BY}=gateway,{INSTANCE}={},{REPLICA}", cfg.instance)
+}
+
 /// The label that opens egress to endpoint `name` (cluster/networkpolicy.yaml).
 pub fn egress_label(name: &str) -> String {
     format!("gateway.dev/egress-{name}")

@@ -548,21 +548,46 @@ impl KubernetesSandbox {
         self.reap(&manifests::instance_selector(&self.cfg)).await
     }
 
-    /// Delete every Job and Secret replica `replica` of this instance made
-    /// (it died: a survivor cleans up after it). Returns the Job names.
-    pub async fn reap_replica(&self, replica: &str) -> Result<Vec<String>, SandboxError> {
-        if replica.is_empty()
-            || replica.len() > 63
-            || !replica
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        {
-            return Err(SandboxError::Invalid(format!(
-                "{replica:?} is not a replica name"
-            )));
-        }
-        self.reap(&manifests::replica_selector(&self.cfg, replica))
+    /// Delete every Job and Secret of this instance made by a replica that
+    /// is not among `live` (it died: the living clean up after it).
+    /// Objects without a replica's name are left alone. Returns the Job
+    /// names.
+    pub async fn reap_dead_replicas(&self, live: &[String]) -> Result<Vec<String>, SandboxError> {
+        let selector = manifests::all_replicas_selector(&self.cfg);
+        let lp = ListParams::default().labels(&selector);
+        let dead = |labels: &Option<std::collections::BTreeMap<String, String>>| {
+            labels
+                .as_ref()
+                .and_then(|l| l.get(manifests::REPLICA))
+                .is_some_and(|r| !live.contains(r))
+        };
+        let jobs: Api<Job> = self.api();
+        let secrets: Api<Secret> = self.api();
+        let mut reaped = Vec::new();
+        let list = jobs
+            .list(&lp)
             .await
+            .map_err(|e| kube_err("listing sandbox Jobs", e))?;
+        for j in list {
+            if dead(&j.metadata.labels)
+                && let Some(name) = j.metadata.name
+            {
+                let _ = jobs.delete(&name, &DeleteParams::background()).await;
+                reaped.push(name);
+            }
+        }
+        let list = secrets
+            .list(&lp)
+            .await
+            .map_err(|e| kube_err("listing sandbox Secrets", e))?;
+        for s in list {
+            if dead(&s.metadata.labels)
+                && let Some(name) = s.metadata.name
+            {
+                let _ = secrets.delete(&name, &DeleteParams::background()).await;
+            }
+        }
+        Ok(reaped)
     }
 
     async fn reap(&self, selector: &str) -> Result<Vec<String>, SandboxError> {
