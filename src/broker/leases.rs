@@ -449,7 +449,8 @@ impl SharedLedger {
             .hold(
                 key,
                 "INSERT INTO gateway_replicas (id, lock_key, host, pid) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
+                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+                 RETURNING (xmax = 0)",
                 vec![
                     me.clone().into(),
                     key.into(),

@@ -278,15 +278,15 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let kubernetes = super::vault::kubernetes_access(&own)?;
     let endpoints: BTreeMap<String, u16> = file.endpoints.clone();
     // No session runs in this path: each one names its own workspace.
-    let mut pipeline = Pipeline::new(
+    // One audit chain for every replica when [store] is PostgreSQL.
+    let mut pipeline = Pipeline::with_audit(
         policy,
         p.home.clone(),
         PathBuf::from("/nonexistent"),
         sandbox,
         tools.clone(),
+        Arc::new(super::audit::open_log(&file, &p.home)?),
     )?;
-    // One audit chain for every replica when [store] is PostgreSQL.
-    pipeline.audit = Arc::new(super::audit::open_log(&file, &p.home)?);
     // Replicas share approvals and plans in PostgreSQL ([store]).
     if let crate::config::store::Store::Postgres { url, ca_file } = shared {
         pipeline.set_approval_store(

@@ -236,7 +236,20 @@ impl PostgresDb {
             c.execute("SELECT pg_advisory_lock($1)", &[&key])?;
             Ok(c)
         };
-        let run = move |c: &mut Client| exec(c, &beat, &params).map(|_| ());
+        // A beat may return one boolean: true when what it keeps had to be
+        // made again (the others had taken it for gone).
+        let run = move |c: &mut Client| -> Result<bool, DbError> {
+            let bound = bind(&params);
+            let refs: Vec<&(dyn ToSql + Sync)> = bound
+                .iter()
+                .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+                .collect();
+            let rows = c.query(&beat, &refs)?;
+            Ok(rows
+                .first()
+                .and_then(|r| r.try_get::<_, bool>(0).ok())
+                .unwrap_or(false))
+        };
         let first = off_runtime(|| {
             let mut c = take(&target)?;
             run(&mut c)?;
@@ -271,6 +284,13 @@ impl PostgresDb {
                             beat
                         }),
                     };
+                    if matches!(result, Ok(true)) {
+                        tracing::error!(
+                            db = %at,
+                            "the other replicas had taken this one for dead (its connection to the database was lost for too long): the credentials of its calls then in flight were revoked, and those calls fail; it is registered again"
+                        );
+                    }
+                    let result = result.map(|_| ());
                     wait = every;
                     if let Err(e) = result {
                         tracing::warn!(db = %at, "showing this replica alive: {e}");

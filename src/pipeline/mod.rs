@@ -507,12 +507,26 @@ impl Pipeline {
         sandbox: Arc<dyn Sandbox>,
         tools: ToolPaths,
     ) -> Result<Pipeline, PipelineError> {
+        let audit = Arc::new(AuditLog::in_home(&home)?);
+        Pipeline::with_audit(policy, home, workspace, sandbox, tools, audit)
+    }
+
+    /// [`Pipeline::new`] writing its events to `audit` (the replicas'
+    /// chain) instead of the home's log, which is then never made.
+    pub fn with_audit(
+        policy: Arc<PolicyStore>,
+        home: PathBuf,
+        workspace: PathBuf,
+        sandbox: Arc<dyn Sandbox>,
+        tools: ToolPaths,
+        audit: Arc<AuditLog>,
+    ) -> Result<Pipeline, PipelineError> {
         let plans = PlanStore::in_home(&home).map_err(|source| PipelineError::Plans {
             path: home.join("plans"),
             source,
         })?;
         Ok(Pipeline {
-            audit: Arc::new(AuditLog::in_home(&home)?),
+            audit,
             broker: None,
             approvals: Mutex::new(ApprovalStore::in_home(&home)?),
             plans,
