@@ -822,6 +822,23 @@ fn a_dead_replicas_open_leases_go_to_exactly_one_survivor() {
     let pending = survivors[taker].claimed_unrevoked().expect("pending");
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].owner_replica.as_deref(), Some(dead_id.as_str()));
+    // A failed revocation is tried again after a pause that grows.
+    survivors[taker]
+        .revoke_failed("k/creds/r/a", "vault away")
+        .expect("failed");
+    assert!(
+        survivors[taker]
+            .claimed_unrevoked()
+            .expect("pending")
+            .is_empty(),
+        "not at once"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        survivors[taker].claimed_unrevoked().expect("pending").len(),
+        1,
+        "again after 2 s"
+    );
     for s in &survivors {
         assert!(s.claim_orphans().expect("again").is_empty());
     }

@@ -252,7 +252,9 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// one survivor revokes each).
     fn claim_orphans(&self) -> Result<Vec<LeaseRecord>, LedgerError>;
     /// Leases this process took over from a dead owner and has not yet
-    /// seen revoked (a revocation that failed is tried again).
+    /// seen revoked, due to be tried again (a failed revocation is tried
+    /// again after 2, 4, 8 … s, at most every 5 minutes, until the lease's
+    /// own expiry, when Vault ends it anyway).
     fn claimed_unrevoked(&self) -> Result<Vec<LeaseRecord>, LedgerError> {
         Ok(Vec::new())
     }
@@ -388,6 +390,10 @@ pub const SHARED_MIGRATIONS: &[(&str, &str)] = &[
     (
         "V2__claimed_from",
         "ALTER TABLE gateway_leases ADD COLUMN claimed_from TEXT;",
+    ),
+    (
+        "V3__next_try_at",
+        "ALTER TABLE gateway_leases ADD COLUMN next_try_at TIMESTAMPTZ;",
     ),
 ];
 
@@ -565,8 +571,11 @@ impl Ledger for SharedLedger {
         .map(|_| ())
     }
     fn revoke_failed(&self, lease_id: &str, error: &str) -> Result<(), LedgerError> {
+        // Tried again after 2, 4, 8 … seconds, at most every 5 minutes.
         self.write(
-            "UPDATE gateway_leases SET revoke_attempts = revoke_attempts + 1, last_error = ?2 WHERE lease_id = ?1",
+            "UPDATE gateway_leases SET revoke_attempts = revoke_attempts + 1, last_error = ?2,
+                 next_try_at = now() + LEAST(power(2, revoke_attempts + 1), 300) * interval '1 second'
+             WHERE lease_id = ?1",
             &[lease_id.into(), error.into()],
         )
         .map(|_| ())
@@ -697,6 +706,8 @@ impl Ledger for SharedLedger {
             "SELECT lease_id, request_id, mount, role, issued_at, expires_at, claimed_from, revoke_attempts, last_error
              FROM gateway_leases
              WHERE revoked_at IS NULL AND owner = ?1 AND claimed_from IS NOT NULL
+               AND (next_try_at IS NULL OR next_try_at <= now())
+               AND expires_at::timestamptz > now()
              ORDER BY issued_at",
             &[self.me.as_str().into()],
         )
