@@ -944,9 +944,20 @@ fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
             })
             .collect()
     };
-    let labels_ok = pairs(labels)
-        .iter()
-        .all(|(k, v)| obj["metadata"]["labels"][k.as_str()] == v.as_str());
+    // As the API server reads a label selector: `key=value`, and `key`
+    // (the label exists) or `!key` (it does not).
+    let exists_ok = labels
+        .unwrap_or("")
+        .split(',')
+        .filter(|p| !p.is_empty() && !p.contains('='))
+        .all(|p| match p.strip_prefix('!') {
+            Some(k) => obj["metadata"]["labels"].get(k).is_none(),
+            None => obj["metadata"]["labels"].get(p).is_some(),
+        });
+    let labels_ok = exists_ok
+        && pairs(labels)
+            .iter()
+            .all(|(k, v)| obj["metadata"]["labels"][k.as_str()] == v.as_str());
     let fields_ok = pairs(fields).iter().all(|(path, v)| {
         let mut cur = obj;
         for part in path.split('.') {

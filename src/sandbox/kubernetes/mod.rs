@@ -41,6 +41,10 @@ use super::{
     Captured, Ended, Network, RunFuture, Sandbox, SandboxError, SandboxRequest, SandboxResult,
 };
 
+/// Whether an object, by its labels, is to be deleted.
+type LabelTest<'a> =
+    dyn Fn(Option<&std::collections::BTreeMap<String, String>>) -> bool + Sync + 'a;
+
 #[derive(Clone)]
 pub struct KubernetesSandbox {
     client: Client,
@@ -553,14 +557,26 @@ impl KubernetesSandbox {
     /// Objects without a replica's name are left alone. Returns the Job
     /// names.
     pub async fn reap_dead_replicas(&self, live: &[String]) -> Result<Vec<String>, SandboxError> {
-        let selector = manifests::all_replicas_selector(&self.cfg);
-        let lp = ListParams::default().labels(&selector);
-        let dead = |labels: &Option<std::collections::BTreeMap<String, String>>| {
+        self.reap_where(&manifests::all_replicas_selector(&self.cfg), &|labels| {
             labels
-                .as_ref()
                 .and_then(|l| l.get(manifests::REPLICA))
                 .is_some_and(|r| !live.contains(r))
-        };
+        })
+        .await
+    }
+
+    async fn reap(&self, selector: &str) -> Result<Vec<String>, SandboxError> {
+        self.reap_where(selector, &|_| true).await
+    }
+
+    /// Delete the Jobs and Secrets `selector` selects whose labels `delete`
+    /// accepts. Returns the Job names.
+    async fn reap_where(
+        &self,
+        selector: &str,
+        delete: &LabelTest<'_>,
+    ) -> Result<Vec<String>, SandboxError> {
+        let lp = ListParams::default().labels(selector);
         let jobs: Api<Job> = self.api();
         let secrets: Api<Secret> = self.api();
         let mut reaped = Vec::new();
@@ -569,7 +585,7 @@ impl KubernetesSandbox {
             .await
             .map_err(|e| kube_err("listing sandbox Jobs", e))?;
         for j in list {
-            if dead(&j.metadata.labels)
+            if delete(j.metadata.labels.as_ref())
                 && let Some(name) = j.metadata.name
             {
                 let _ = jobs.delete(&name, &DeleteParams::background()).await;
@@ -581,36 +597,9 @@ impl KubernetesSandbox {
             .await
             .map_err(|e| kube_err("listing sandbox Secrets", e))?;
         for s in list {
-            if dead(&s.metadata.labels)
+            if delete(s.metadata.labels.as_ref())
                 && let Some(name) = s.metadata.name
             {
-                let _ = secrets.delete(&name, &DeleteParams::background()).await;
-            }
-        }
-        Ok(reaped)
-    }
-
-    async fn reap(&self, selector: &str) -> Result<Vec<String>, SandboxError> {
-        let lp = ListParams::default().labels(selector);
-        let jobs: Api<Job> = self.api();
-        let secrets: Api<Secret> = self.api();
-        let mut reaped = Vec::new();
-        let list = jobs
-            .list(&lp)
-            .await
-            .map_err(|e| kube_err("listing leftover Jobs", e))?;
-        for j in list {
-            if let Some(name) = j.metadata.name {
-                let _ = jobs.delete(&name, &DeleteParams::background()).await;
-                reaped.push(name);
-            }
-        }
-        let list = secrets
-            .list(&lp)
-            .await
-            .map_err(|e| kube_err("listing leftover Secrets", e))?;
-        for s in list {
-            if let Some(name) = s.metadata.name {
                 let _ = secrets.delete(&name, &DeleteParams::background()).await;
             }
         }
