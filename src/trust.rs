@@ -6,8 +6,10 @@
 //!
 //! A world-writable directory above the path is accepted only when it is
 //! root's and sticky (`/tmp`): there nobody can rename or replace another
-//! user's entries. Everything else group- or world-writable is refused,
-//! naming the path and the fix.
+//! user's entries. So are the write bits of anything on a read-only mount
+//! (a Kubernetes ConfigMap or Secret volume: mode 0777, but read-only in the
+//! container). Everything else group- or world-writable is refused, naming
+//! the path and the fix.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -187,7 +189,7 @@ impl Trust {
         }
         let mode = m.mode();
         let sticky_root_dir = m.is_dir() && mode & 0o1000 != 0 && m.uid() == 0;
-        if mode & 0o022 != 0 && !(above && sticky_root_dir) {
+        if mode & 0o022 != 0 && !(above && sticky_root_dir) && !on_read_only_mount(p) {
             let who = if mode & 0o002 != 0 {
                 "everyone"
             } else {
@@ -200,6 +202,17 @@ impl Trust {
         }
         Ok(())
     }
+}
+
+/// Whether `p` lies on a file system mounted read-only, where its mode's
+/// write bits give nobody a way to change it. A Kubernetes ConfigMap or
+/// Secret volume is one: its dir is mode 0777 (2777 with an fsGroup), and
+/// the container sees it read-only; only the kubelet changes it, by
+/// swapping its `..data` link. (A read-only bind mount of a dir someone
+/// can write elsewhere would pass this too: do not make the policy dir one.)
+fn on_read_only_mount(p: &Path) -> bool {
+    nix::sys::statvfs::statvfs(p)
+        .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 impl Trust {

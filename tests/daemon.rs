@@ -962,3 +962,139 @@ fn the_kubernetes_backend_without_an_egress_canary_is_refused_at_start() {
     assert!(err.contains("egress_canary is not set"), "{err}");
     assert!(!dir.path().join("run/gateway.sock").exists());
 }
+
+/// Every file of the policy tree at `root`, relative path and content, as
+/// a ConfigMap's `items` would place them.
+fn policy_files(root: &std::path::Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p
+                    .strip_prefix(root)
+                    .expect("rel")
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((rel, std::fs::read_to_string(&p).expect("read")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The policies as a pod sees a ConfigMap volume: the kubelet's layout
+/// (`..data` and a dir per version), the volume dir mode 2777 as the
+/// kubelet leaves it with an fsGroup, mounted read-only into the daemon's
+/// mount namespace (as the container runtime mounts it). The daemon trusts
+/// it (nobody in the pod can write it), reloads each new version whole,
+/// and a broken version is audited and leaves the last good set.
+/// (A stand-in for a pod: the kubelet and the container runtime are played
+/// by this test, `unshare` and a read-only bind mount.)
+#[test]
+fn policies_from_a_read_only_configmap_volume_load_and_reload_whole() {
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), "");
+    let mounted = dir.path().join("policies");
+    std::fs::remove_dir_all(&mounted).expect("rm copy");
+    std::fs::create_dir_all(&mounted).expect("mount point");
+    let volume = dir.path().join("kubelet-volume");
+    let mut files = policy_files(&common::repo().join("policies"));
+    let write = |files: &[(String, String)]| {
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        common::kubelet_write(&volume, &refs);
+    };
+    write(&files);
+    daemon::chmod(&volume, 0o2777);
+
+    // Not mounted read-only, a volume dir everyone can write is refused.
+    let plain = std::process::Command::new(gateway())
+        .arg("--config")
+        .arg(&config)
+        .arg("--policies")
+        .arg(&volume)
+        .arg("daemon")
+        .stdin(Stdio::null())
+        .output()
+        .expect("daemon");
+    let err = common::stderr(&plain);
+    assert!(!plain.status.success(), "a writable volume was trusted");
+    assert!(err.contains("writable by everyone"), "{err}");
+
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount --bind -o ro \"$1\" \"$2\" && shift 2 && exec \"$@\"")
+        .arg("sh")
+        .arg(&volume)
+        .arg(&mounted)
+        .arg(gateway())
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .current_dir(dir.path())
+        .env_remove("GATEWAY_HOME")
+        .env_remove("GATEWAY_POLICIES")
+        .env_remove("VAULT_ADDR")
+        .env_remove("VAULT_TOKEN");
+    let d = Daemon::start_cmd(dir, config, cmd);
+    let events = |d: &Daemon, ev: &str| {
+        d.events()
+            .iter()
+            .filter(|e| e["event"] == ev)
+            .map(|e| e["data"].clone())
+            .collect::<Vec<_>>()
+    };
+    let wait = |d: &Daemon, ev: &str, n: usize| {
+        let started = Instant::now();
+        loop {
+            let got = events(d, ev);
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no {ev}: {}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let loaded = wait(&d, "policy.loaded", 1);
+    let first = loaded[0]["fingerprint"].clone();
+
+    // A version with a rule file that does not parse: refused whole.
+    let good = files.clone();
+    let i = files
+        .iter()
+        .position(|(p, _)| p == "approvals.rego")
+        .expect("approvals.rego");
+    files[i].1.push_str("\nnot rego at all {{\n");
+    write(&files);
+    let failed = wait(&d, "policy.reload_failed", 1);
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("approvals.rego")),
+        "{failed:?}"
+    );
+    assert_eq!(failed[0]["active"], first, "the last good set stays");
+    assert!(events(&d, "policy.reloaded").is_empty());
+
+    // The next good version (a changed catalogue) is taken.
+    let mut fixed = good;
+    let j = fixed
+        .iter()
+        .position(|(p, _)| p == "config/tools/data.yaml")
+        .expect("catalogue");
+    fixed[j].1.push_str("\n# a new version\n");
+    write(&fixed);
+    let reloaded = wait(&d, "policy.reloaded", 1);
+    assert_ne!(reloaded[0]["fingerprint"], first, "{reloaded:?}");
+    d.assert_audit_verifies();
+}

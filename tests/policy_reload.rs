@@ -380,3 +380,170 @@ fn a_file_caught_half_written_is_not_loaded() {
         after.fingerprint
     );
 }
+
+/// A policy set as a ConfigMap would hold it: a rule file and a data file
+/// in a sub-dir (the ConfigMap's `items` give keys such paths), both
+/// stamped with `v` so that a mixture of two versions shows as `a-b`.
+fn configmap_files(v: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "decision.rego".to_string(),
+            format!(
+                "package gateway\n\nrego_version := \"{v}\"\n\ndecision := {{\n\t\"allow\": true, \"deny_reasons\": [], \"violations\": [], \"runner\": null,\n\t\"tier\": sprintf(\"%s-%s\", [rego_version, data.version.v]),\n\t\"annotations\": {{\"readOnlyHint\": true, \"destructiveHint\": false, \"idempotentHint\": true, \"openWorldHint\": false}},\n\t\"credential\": null,\n\t\"sandbox\": {{\"cpu\": \"1\", \"memory\": \"1Gi\", \"deadline_seconds\": 1, \"module_copy_bytes\": 1048576, \"module_copy_files\": 100, \"file_out_bytes\": 1048576, \"module_wait_seconds\": 1, \"max_processes\": 64, \"file_bytes\": 1048576, \"output_bytes\": 65536, \"plan_json_bytes\": 1048576, \"disk_bytes\": 1048576, \"egress\": []}},\n\t\"signals\": [],\n\t\"approval\": {{\"required\": false, \"approvers\": 1, \"ttl_seconds\": 1, \"reason_required\": false, \"satisfied\": true}},\n}}\n"
+            ),
+        ),
+        (
+            "version/data.json".to_string(),
+            format!("{{\"v\": \"{v}\"}}"),
+        ),
+    ]
+}
+
+fn kubelet_write_set(dir: &Path, v: &str) {
+    let files = configmap_files(v);
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    common::kubelet_write(dir, &refs);
+}
+
+#[test]
+fn a_configmap_volume_is_read_one_whole_version_at_a_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let volume = dir.path().join("policies");
+    kubelet_write_set(&volume, "a");
+    let store = Arc::new(PolicyStore::open(
+        vec![volume.clone()],
+        LoadOptions::default(),
+    ));
+    assert_eq!(store.decide(&pod_status("x")).decision.tier, "a-a");
+    let _watch = store.watch(Duration::from_millis(5), |_| {});
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop, seen) = (Arc::clone(&store), Arc::clone(&stop), Arc::clone(&seen));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let ev = store.decide(&pod_status("x"));
+                    assert_eq!(ev.error, None);
+                    let tier = ev.decision.tier;
+                    assert!(
+                        tier == "a-a" || tier == "b-b",
+                        "a mixture of two versions: {tier}"
+                    );
+                    if let Ok(mut s) = seen.lock() {
+                        s.insert(tier);
+                    }
+                }
+            })
+        })
+        .collect();
+    // Besides the watcher, load as fast as possible, with no settling: a
+    // read that met two versions would load (a mixture parses) and show.
+    let mut loaded = std::collections::BTreeSet::new();
+    let start = Instant::now();
+    let mut flip = 0;
+    while start.elapsed() < Duration::from_millis(1500) {
+        flip += 1;
+        kubelet_write_set(&volume, if flip % 2 == 0 { "a" } else { "b" });
+        for _ in 0..3 {
+            match store.reload() {
+                Some(PolicyEvent::Reloaded { .. }) => {
+                    loaded.insert(store.decide(&pod_status("x")).decision.tier);
+                }
+                Some(PolicyEvent::ReloadFailed { error, .. }) => {
+                    // The version being read was deleted under the read:
+                    // the read fails whole, the last good set stays.
+                    assert!(error.contains("No such file"), "{error}");
+                }
+                None => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().expect("a reader saw a mixture");
+    }
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 2, "both versions were active: {seen:?}");
+    assert!(
+        loaded.iter().all(|t| t == "a-a" || t == "b-b"),
+        "{loaded:?}"
+    );
+}
+
+#[test]
+fn a_broken_configmap_version_keeps_the_last_good_set_and_the_next_good_one_loads() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let volume = dir.path().join("policies");
+    kubelet_write_set(&volume, "a");
+    let store = Arc::new(PolicyStore::open(
+        vec![volume.clone()],
+        LoadOptions::default(),
+    ));
+    let good = store.current().expect("loaded").fingerprint.clone();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let _watch = store.watch(Duration::from_millis(50), move |ev| {
+        if let Ok(mut v) = sink.lock() {
+            v.push(ev.clone());
+        }
+    });
+    // A version whose rule file does not parse (its data file is fine).
+    let mut broken = configmap_files("b");
+    broken[0].1.push_str("\nthis is not rego {\n");
+    let refs: Vec<(&str, &str)> = broken
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    common::kubelet_write(&volume, &refs);
+    let failed = wait_for(Duration::from_secs(3), || {
+        events.lock().is_ok_and(|v| {
+            v.iter()
+                .any(|e| matches!(e, PolicyEvent::ReloadFailed { .. }))
+        })
+    });
+    let seen = events.lock().expect("events").clone();
+    assert!(
+        failed.is_some(),
+        "the broken version was not reported: {seen:?}"
+    );
+    match seen
+        .iter()
+        .find(|e| matches!(e, PolicyEvent::ReloadFailed { .. }))
+    {
+        Some(PolicyEvent::ReloadFailed { error, active }) => {
+            assert!(error.contains("decision.rego"), "{error}");
+            assert_eq!(active.as_deref(), Some(good.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.decide(&pod_status("x")).decision.tier, "a-a");
+    // The next good version is taken whole.
+    kubelet_write_set(&volume, "c");
+    let took = wait_for(Duration::from_secs(3), || {
+        store.decide(&pod_status("x")).decision.tier == "c-c"
+    });
+    assert!(took.is_some(), "the fixed version was not loaded");
+}
+
+#[test]
+fn a_data_link_that_leaves_the_volume_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let volume = dir.path().join("policies");
+    kubelet_write_set(&volume, "a");
+    let elsewhere = dir.path().join("elsewhere");
+    common::copy_dir(&volume.join("..data"), &elsewhere);
+    let link = volume.join("..data");
+    std::fs::remove_file(&link).expect("rm");
+    std::os::unix::fs::symlink(&elsewhere, &link).expect("link");
+    let store = PolicyStore::open(vec![volume], LoadOptions::default());
+    let err = store
+        .current()
+        .expect_err("a ..data link out of the volume");
+    assert!(err.contains("a link elsewhere is not followed"), "{err}");
+}

@@ -14,7 +14,9 @@
 //! policy dir is refused (OPA's loader does not follow it; the root itself
 //! may be one, for atomic swaps), and so is a hidden `.rego`/data file or
 //! dir (OPA would load it); `.git` and files that are not policy or data
-//! (editor swap files, `x.rego~`) are ignored.
+//! (editor swap files, `x.rego~`) are ignored. A dir mounted from a
+//! Kubernetes ConfigMap is read through its `..data` link: one whole
+//! version of the files at a time (see [`kubelet_snapshot`]).
 
 use std::path::{Path, PathBuf};
 
@@ -75,6 +77,7 @@ impl Sources {
                 path: root.clone(),
                 source,
             })?;
+            let real = kubelet_snapshot(&real)?.unwrap_or(real);
             let mut found = Vec::new();
             walk(&real, &real, &mut found)?;
             found.sort();
@@ -245,6 +248,53 @@ fn kind_of(name: &str) -> Option<FileKind> {
         "yaml" | "yml" => Some(FileKind::Yaml),
         _ => None,
     }
+}
+
+/// The name of the link the kubelet swaps when a mounted ConfigMap (or
+/// Secret, or projected volume) changes.
+pub const KUBELET_DATA_LINK: &str = "..data";
+
+/// A dir the kubelet writes for a ConfigMap volume: each version of the
+/// files is a dir of its own (`..2026_12_03_17_05_01.123456789`), never
+/// changed once written; the `..data` link names the current one and is
+/// replaced by a rename (atomically); the top-level entries are links
+/// through `..data`. Reading through the resolved `..data` reads one whole
+/// version, never a mixture of two, whatever the kubelet does meanwhile (a
+/// version removed mid-read makes the read fail, and the next poll reads
+/// the new one). Returns that version's dir when `dir` has this layout.
+fn kubelet_snapshot(dir: &Path) -> Result<Option<PathBuf>, PolicyError> {
+    let link = dir.join(KUBELET_DATA_LINK);
+    match std::fs::symlink_metadata(&link) {
+        Ok(m) if m.file_type().is_symlink() => {}
+        _ => return Ok(None),
+    }
+    let target = std::fs::read_link(&link).map_err(|source| PolicyError::Io {
+        path: link.clone(),
+        source,
+    })?;
+    // The kubelet's link is one relative name in the same dir; anything
+    // else is not its layout, and is refused rather than followed.
+    let name = target.to_string_lossy();
+    if target.components().count() != 1 || !name.starts_with("..") || name == ".." {
+        return Err(PolicyError::Data {
+            path: link,
+            message: format!(
+                "points at {name:?}: the kubelet's ..data link names a dir beside it (..<timestamp>); a link elsewhere is not followed"
+            ),
+        });
+    }
+    let version = dir.join(&target);
+    let meta = std::fs::symlink_metadata(&version).map_err(|source| PolicyError::Io {
+        path: version.clone(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(PolicyError::Data {
+            path: version,
+            message: "the ..data link does not name a dir".into(),
+        });
+    }
+    Ok(Some(version))
 }
 
 fn walk(

@@ -195,3 +195,54 @@ pub fn tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(&paths.2, key.serialize_pem()).expect("key");
     paths
 }
+
+/// Write `files` (relative path, content) into `dir` the way the kubelet
+/// updates a mounted ConfigMap (its AtomicWriter): the new version in a dir
+/// of its own (`..<timestamp>`), a `..data_tmp` link to it renamed over
+/// `..data`, the top-level links (`name -> ..data/name`) for each first
+/// path component made or removed, then the previous version deleted.
+/// Returns the new version's dir name.
+pub fn kubelet_write(dir: &Path, files: &[(&str, &str)]) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    std::fs::create_dir_all(dir).expect("volume dir");
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock");
+    let version = format!(
+        "..2026_12_03_{:06}.{:09}",
+        now.as_secs() % 1_000_000,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    let vdir = dir.join(&version);
+    for (rel, content) in files {
+        let p = vdir.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, content).expect("write");
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&version, &tmp).expect("..data_tmp");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    let tops: std::collections::BTreeSet<String> = files
+        .iter()
+        .map(|(rel, _)| rel.split('/').next().expect("name").to_string())
+        .collect();
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("..") && !tops.contains(&name) {
+            std::fs::remove_file(entry.path()).expect("remove old link");
+        }
+    }
+    for top in &tops {
+        let link = dir.join(top);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{top}"), &link).expect("link");
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).expect("remove old version");
+    }
+    version
+}

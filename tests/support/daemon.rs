@@ -149,8 +149,15 @@ impl Daemon {
 
     /// Start the daemon on a prepared layout and wait for its socket.
     pub fn start_in(dir: tempfile::TempDir, config: PathBuf) -> Daemon {
+        let cmd = Daemon::command(dir.path(), &config);
+        Daemon::start_cmd(dir, config, cmd)
+    }
+
+    /// [`Daemon::start_in`] with the command given (e.g. the daemon run
+    /// inside a mount namespace of its own).
+    pub fn start_cmd(dir: tempfile::TempDir, config: PathBuf, mut cmd: Command) -> Daemon {
         let log = dir.path().join("daemon.log");
-        let child = Daemon::command(dir.path(), &config)
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
