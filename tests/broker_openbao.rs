@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fake_kube::FakeKube;
 use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
@@ -1625,6 +1626,74 @@ async fn kubernetes_auth_logs_the_gateway_in_with_its_service_account() {
         .await
         .expect("issued with the gateway policy");
     broker.revoke(&cred.lease_id).await.expect("revoked");
+
+    // Tokens that run out fast: the gateway keeps a valid one at every
+    // moment, checked every 300 ms. First tokens that cannot be renewed
+    // (batch, 6 s): it logs in again before each runs out; then renewable
+    // ones (6 s, at most 14 s): it renews, and logs in again before the
+    // maximum.
+    let mut logins_before = 0;
+    let mut broker = None;
+    for (kind, extra, run_for) in [
+        (
+            "batch",
+            ["token_type=batch", "token_ttl=6s", "token_max_ttl=0"],
+            16,
+        ),
+        (
+            "service",
+            ["token_type=service", "token_ttl=6s", "token_max_ttl=14s"],
+            22,
+        ),
+    ] {
+        let mut args = vec![
+            "write",
+            "auth/kubernetes/role/gateway",
+            "bound_service_account_names=gateway",
+            "bound_service_account_namespaces=gateway-sandbox",
+            "token_policies=gateway",
+        ];
+        args.extend(extra);
+        w.bao.ok(&args);
+        let b = Arc::new(VaultBroker::new(k8s_auth(&token, kind), &w.home).expect("broker"));
+        let (ttl, renewable) = b.check().await.expect("logged in");
+        assert!(ttl.as_secs() <= 6, "{kind}: {ttl:?}");
+        assert_eq!(renewable, kind == "service");
+        let renewal = b.spawn_renewal();
+        let started = std::time::Instant::now();
+        let mut failures = Vec::new();
+        while started.elapsed() < Duration::from_secs(run_for) {
+            if let Err(e) = b.check().await {
+                failures.push(format!("{:?}: {e}", started.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        renewal.abort();
+        assert!(
+            failures.is_empty(),
+            "{kind}: the token lapsed: {failures:#?}"
+        );
+        let logins = w.kube.with(|s| {
+            s.seen
+                .iter()
+                .filter(|r| r.path.ends_with("/tokenreviews"))
+                .count()
+        });
+        assert!(
+            logins - logins_before >= 2,
+            "{kind}: logged in again before the token ran out ({} logins)",
+            logins - logins_before
+        );
+        logins_before = logins;
+        broker = Some(b);
+    }
+    let broker = broker.expect("broker");
+    let cred = broker
+        .issue("req-k8s-auth-2", &pod_reader())
+        .await
+        .expect("issued after 40 s");
+    broker.revoke(&cred.lease_id).await.expect("revoked");
+
     // Another service account is not the gateway.
     let other = w
         .kube

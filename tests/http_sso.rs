@@ -1191,4 +1191,58 @@ fn over_https_a_call_asked_on_one_replica_is_approved_and_applied_on_another() {
         "no audit log of its own is made in a replica's home"
     );
     a.assert_audit_verifies();
+
+    // What a kubelet's probes see: ready with its policy set and its
+    // database; alive but not ready while the database is away (the
+    // answer names the check, never the database's address or error);
+    // ready again once it is back.
+    let pem = std::fs::read(&ca).expect("ca");
+    let probe = Http {
+        rt: tokio::runtime::Runtime::new().expect("runtime"),
+        client: reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
+            .build()
+            .expect("client"),
+        url: resource.clone(),
+    };
+    let readyz = format!("https://127.0.0.1:{port_a}/readyz");
+    assert_eq!(
+        probe.get(&readyz),
+        (200, "policy: ok\ndatabase: ok\n".to_string())
+    );
+    let mut server = server;
+    server.kill();
+    let (status, body) = probe.get(&readyz);
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "policy: ok\ndatabase: failed\n"),
+        "{}",
+        a.log()
+    );
+    assert_eq!(
+        probe.get(&format!("https://127.0.0.1:{port_a}/healthz")).0,
+        200
+    );
+    assert_eq!(
+        a.log().matches("not ready").count(),
+        1,
+        "logged once, with its reason: {}",
+        a.log()
+    );
+    let _ = probe.get(&readyz);
+    assert_eq!(
+        a.log().matches("not ready").count(),
+        1,
+        "not at every probe"
+    );
+    server.run();
+    let started = Instant::now();
+    while probe.get(&readyz).0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not ready again: {}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -517,48 +517,101 @@ impl VaultBroker {
     }
 
     /// Keep the gateway's own token alive while the process runs: renew at
-    /// half its TTL (a root or non-expiring token needs nothing).
+    /// half its TTL (a root or non-expiring token needs nothing). A token
+    /// from a login (Kubernetes auth, AppRole) that cannot be renewed, or
+    /// whose renewal no longer gives it the TTL it had (its role's
+    /// `token_max_ttl` is near), is replaced by logging in again at two
+    /// thirds of its TTL: a pod's gateway never runs on an expired token.
     pub fn spawn_renewal(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
+        let logs_in = !matches!(this.settings.auth, VaultAuth::Token(_));
         tokio::spawn(async move {
-            let mut wait = match this.check().await {
-                Ok((ttl, renewable)) if renewable && !ttl.is_zero() => ttl / 2,
+            let (mut ttl, mut renewable) = match this.check().await {
                 Ok((ttl, _)) if ttl.is_zero() => {
                     tracing::info!("the gateway's Vault token does not expire; no renewal needed");
                     return;
                 }
-                Ok((ttl, _)) => {
+                Ok((ttl, false)) if !logs_in => {
                     tracing::warn!(
                         ttl_seconds = ttl.as_secs(),
                         "the gateway's Vault token is not renewable; calls will be refused once it expires"
                     );
                     return;
                 }
+                Ok(t) => t,
                 Err(e) => {
                     tracing::warn!(
                         "Vault is not usable now ({e}); calls needing a credential are refused until it is"
                     );
-                    Duration::from_secs(30)
+                    (Duration::ZERO, !logs_in)
                 }
             };
+            // The TTL a fresh token gets: a renewal giving much less means
+            // the token is near its maximum.
+            let mut full = ttl;
             loop {
-                tokio::time::sleep(wait.max(Duration::from_secs(5))).await;
-                wait = match this.renew_once().await {
-                    Ok(ttl) if !ttl.is_zero() => {
+                let wait = match (ttl.is_zero(), renewable) {
+                    (true, _) => Duration::from_secs(30),
+                    (false, true) => ttl / 2,
+                    (false, false) => ttl * 2 / 3,
+                };
+                tokio::time::sleep(wait.max(Duration::from_secs(1))).await;
+                let next = if renewable {
+                    this.renew_once().await.map(|t| (t, true))
+                } else {
+                    this.login_again().await
+                };
+                match next {
+                    Ok((t, _)) if t.is_zero() => return,
+                    Ok((t, was_renewal)) => {
                         tracing::debug!(
-                            ttl_seconds = ttl.as_secs(),
+                            ttl_seconds = t.as_secs(),
                             "renewed the gateway's Vault token"
                         );
-                        ttl / 2
+                        if !was_renewal || t > full {
+                            full = t;
+                        }
+                        ttl = t;
+                        let token_renewable = this
+                            .token_ttl
+                            .lock()
+                            .ok()
+                            .and_then(|t| *t)
+                            .is_some_and(|t| t.1);
+                        renewable = if logs_in {
+                            token_renewable && t * 2 > full
+                        } else {
+                            true
+                        };
                     }
-                    Ok(_) => return,
                     Err(e) => {
                         tracing::warn!("renewing the gateway's Vault token failed: {e}");
-                        Duration::from_secs(30)
+                        ttl = Duration::ZERO;
+                        renewable = !logs_in;
                     }
-                };
+                }
             }
         })
+    }
+
+    /// Log in again (Kubernetes auth, AppRole) for a fresh token; the old
+    /// one runs out by itself (revoking it would revoke the credentials it
+    /// minted). Returns the new token's TTL, and `false` (not a renewal).
+    async fn login_again(&self) -> Result<(Duration, bool), BrokerError> {
+        self.client.write().await.set_token("");
+        self.ensure_login().await?;
+        let ttl = self
+            .token_ttl
+            .lock()
+            .ok()
+            .and_then(|t| *t)
+            .map(|t| t.0)
+            .unwrap_or_default();
+        tracing::info!(
+            ttl_seconds = ttl.as_secs(),
+            "logged in to Vault again for a fresh token"
+        );
+        Ok((ttl, false))
     }
 
     /// Revoke every lease a crashed gateway left open (owner gone), with the

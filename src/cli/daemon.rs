@@ -287,6 +287,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         tools.clone(),
         Arc::new(super::audit::open_log(&file, &p.home)?),
     )?;
+    // What /readyz checks besides the policy set.
+    let mut ready: Vec<crate::http::ReadyCheck> = Vec::new();
     // Replicas share approvals and plans in PostgreSQL ([store]).
     if let crate::config::store::Store::Postgres { url, ca_file } = shared {
         pipeline.set_approval_store(
@@ -310,12 +312,17 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         .context("listening for approval changes")?;
         pipeline.approval_poll = crate::pipeline::APPROVAL_POLL_NOTIFIED;
         let at = crate::db::Db::describe(&db);
-        pipeline.plans = pipeline.plans.clone().shared(Arc::new(db));
+        let db = Arc::new(db);
+        ready.push(database_check(Arc::clone(&db)));
+        pipeline.plans = pipeline.plans.clone().shared(db);
         tracing::info!(store = %at, "approvals and plans are kept in PostgreSQL");
     }
     pipeline.endpoints = endpoints;
     pipeline.kubernetes = kubernetes;
     pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
+    if let Some(b) = &broker {
+        ready.push(vault_check(Arc::clone(b)));
+    }
     let pipeline = Arc::new(pipeline);
     let mut guarded: Vec<(String, PathBuf)> = checked
         .iter()
@@ -411,7 +418,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 Arc::clone(&control_for_http),
                 stop.child_token(),
             )
-            .context("the daemon refuses to start")?;
+            .context("the daemon refuses to start")?
+            .with_ready_checks(ready);
             for e in server.verifier().warm().await {
                 tracing::warn!("an issuer's signing keys could not be fetched at start (tried again on the first token): {e}");
             }
@@ -474,4 +482,37 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     })?;
     let _ = std::fs::remove_file(&socket);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `/readyz`: the shared database answers a query.
+fn database_check(db: Arc<crate::db::postgres::PostgresDb>) -> crate::http::ReadyCheck {
+    crate::http::ReadyCheck {
+        name: "database",
+        check: Arc::new(move || {
+            let db = Arc::clone(&db);
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    crate::db::Db::read(&*db, &mut |tx| {
+                        tx.query("SELECT 1", &[])?;
+                        Ok(crate::db::End::Rollback)
+                    })
+                    .map_err(|e| e.to_string())
+                })
+                .await
+                .map_err(|e| e.to_string())?
+            })
+        }),
+    }
+}
+
+/// `/readyz`: the gateway's own Vault token is valid (Vault reachable,
+/// unsealed, the token not expired or revoked).
+fn vault_check(broker: Arc<crate::broker::vault::VaultBroker>) -> crate::http::ReadyCheck {
+    crate::http::ReadyCheck {
+        name: "vault",
+        check: Arc::new(move || {
+            let b = Arc::clone(&broker);
+            Box::pin(async move { b.check().await.map(|_| ()).map_err(|e| e.to_string()) })
+        }),
+    }
 }

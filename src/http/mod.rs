@@ -14,7 +14,9 @@
 //!
 //! Also served: the Protected Resource Metadata (RFC 9728) at
 //! `/.well-known/oauth-protected-resource` (and the same with the
-//! resource's path appended), and `/healthz`.
+//! resource's path appended), `/healthz` (the process answers) and
+//! `/readyz` (it can serve a call: its policy set loaded, and each
+//! [`ReadyCheck`] the daemon gave — its database, its Vault token — passing).
 
 pub mod auth;
 
@@ -84,7 +86,26 @@ pub struct HttpServer {
     /// `<resource path>/control`.
     control: crate::daemon::ControlHandler,
     control_path: String,
+    /// What `/readyz` checks besides the policy set.
+    ready: Vec<ReadyCheck>,
+    policy: Arc<crate::policy::PolicyStore>,
+    /// The failing checks at the last `/readyz`, so that a change is
+    /// logged once rather than at every probe.
+    not_ready: std::sync::Mutex<Vec<&'static str>>,
 }
+
+/// One thing `/readyz` checks: a name a probe's answer shows, and the
+/// check (its error goes to the daemon's log, never to the answer: it may
+/// name a host).
+#[derive(Clone)]
+pub struct ReadyCheck {
+    pub name: &'static str,
+    pub check: Arc<dyn Fn() -> crate::broker::BoxFuture<'static, Result<(), String>> + Send + Sync>,
+}
+
+/// How long one readiness check may take before it counts as failed (the
+/// kubelet's probe gives up after its own `timeoutSeconds`).
+pub const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The largest operator command accepted (its JSON).
 const MAX_CONTROL_BYTES: usize = 64 * 1024;
@@ -202,6 +223,7 @@ impl HttpServer {
             .with_max_request_body_bytes(config.max_request_bytes)
             .with_cancellation_token(stop);
         let audit = Arc::clone(&pipeline.audit);
+        let policy = Arc::clone(&pipeline.policy);
         let mcp = StreamableHttpService::new(
             move || {
                 Ok(
@@ -232,7 +254,68 @@ impl HttpServer {
             sessions: Default::default(),
             control,
             control_path: format!("{}/control", resource_path_for_control),
+            ready: Vec::new(),
+            policy,
+            not_ready: Default::default(),
         })
+    }
+
+    /// Add checks to `/readyz`.
+    pub fn with_ready_checks(mut self, checks: Vec<ReadyCheck>) -> HttpServer {
+        self.ready.extend(checks);
+        self
+    }
+
+    /// `/readyz`: 200 when the policy set is loaded and every check passes
+    /// (each within [`READY_CHECK_TIMEOUT`], all at once), else 503. The
+    /// answer names each check and `ok` or `failed`, nothing more.
+    async fn readiness(&self) -> Response<Body> {
+        let mut lines = vec![(
+            "policy",
+            self.policy
+                .current()
+                .map(|_| ())
+                .map_err(|_| "no policy set is loaded".to_string()),
+        )];
+        let runs = self.ready.iter().map(|c| {
+            let f = (c.check)();
+            async move {
+                let r = match tokio::time::timeout(READY_CHECK_TIMEOUT, f).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
+                };
+                (c.name, r)
+            }
+        });
+        lines.extend(futures::future::join_all(runs).await);
+        let failing: Vec<&'static str> = lines
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(n, _)| *n)
+            .collect();
+        if let Ok(mut was) = self.not_ready.lock()
+            && *was != failing
+        {
+            for (name, r) in &lines {
+                if let Err(e) = r {
+                    tracing::warn!(check = name, "not ready: {e}");
+                }
+            }
+            if failing.is_empty() {
+                tracing::info!("ready: every readiness check passes");
+            }
+            *was = failing.clone();
+        }
+        let body: String = lines
+            .iter()
+            .map(|(n, r)| format!("{n}: {}\n", if r.is_ok() { "ok" } else { "failed" }))
+            .collect();
+        let status = if failing.is_empty() {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        plain(status, &body)
     }
 }
 
@@ -360,6 +443,9 @@ impl HttpServer {
         let path = req.uri().path().to_string();
         if path == "/healthz" {
             return plain(StatusCode::OK, "ok\n");
+        }
+        if path == "/readyz" {
+            return self.readiness().await;
         }
         if path == "/.well-known/oauth-protected-resource"
             || path
