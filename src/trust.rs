@@ -43,6 +43,8 @@ pub enum TrustError {
 #[derive(Debug, Clone)]
 pub struct Trust {
     owners: Vec<u32>,
+    /// Volumes of this pod alone (see [`Trust::with_private_volumes`]).
+    private: Vec<PathBuf>,
 }
 
 impl Trust {
@@ -53,13 +55,56 @@ impl Trust {
         if me != 0 {
             owners.push(me);
         }
-        Trust { owners }
+        Trust {
+            owners,
+            private: Vec::new(),
+        }
+    }
+
+    /// Also trust the write bits of these dirs, each a mount point: a
+    /// Kubernetes `emptyDir` of the daemon's own pod, which the kubelet
+    /// makes mode 0777 (2777 with an fsGroup) and which no other user can
+    /// reach (no other container mounts it). Their owner is still checked,
+    /// and so is everything in and above them. Refused when one is not a
+    /// mount point: on a host, a world-writable dir is what it says.
+    pub fn with_private_volumes(mut self, dirs: &[PathBuf]) -> Result<Trust, TrustError> {
+        let mounts =
+            std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| TrustError::Io {
+                what: "mount table".into(),
+                path: PathBuf::from("/proc/self/mountinfo"),
+                source,
+            })?;
+        let points: Vec<PathBuf> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|p| PathBuf::from(unescape_mount_path(p)))
+            .collect();
+        for d in dirs {
+            let real = std::fs::canonicalize(d).map_err(|source| TrustError::Io {
+                what: "private volume".into(),
+                path: d.clone(),
+                source,
+            })?;
+            if !points.contains(&real) {
+                return Err(TrustError::Unsafe {
+                    what: "private volume".into(),
+                    path: d.clone(),
+                    why: "not a mount point (only a volume of the daemon's own pod, such as an emptyDir, may be named)".into(),
+                    fix: "remove it from [daemon] private_volumes".into(),
+                });
+            }
+            self.private.push(real);
+        }
+        Ok(self)
     }
 
     /// Root alone: what a root daemon's files must belong to, checked by
     /// another user (`gateway doctor`).
     pub fn root_only() -> Trust {
-        Trust { owners: vec![0] }
+        Trust {
+            owners: vec![0],
+            private: Vec::new(),
+        }
     }
 
     /// `path` and every directory above it, and every link on the way to
@@ -189,7 +234,11 @@ impl Trust {
         }
         let mode = m.mode();
         let sticky_root_dir = m.is_dir() && mode & 0o1000 != 0 && m.uid() == 0;
-        if mode & 0o022 != 0 && !(above && sticky_root_dir) && !on_read_only_mount(p) {
+        let private = m.is_dir() && self.private.iter().any(|d| d == p);
+        // Writable by others, and none of: a sticky root dir above, a
+        // private volume, a read-only mount.
+        let excused = (above && sticky_root_dir) || private || on_read_only_mount(p);
+        if mode & 0o022 != 0 && !excused {
             let who = if mode & 0o002 != 0 {
                 "everyone"
             } else {
@@ -202,6 +251,27 @@ impl Trust {
         }
         Ok(())
     }
+}
+
+/// A mount point as `/proc/self/mountinfo` writes it: space, tab, newline
+/// and backslash as octal escapes.
+fn unescape_mount_path(p: &str) -> String {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `p` lies on a file system mounted read-only, where its mode's
@@ -257,7 +327,21 @@ mod tests {
     fn only(owner: u32) -> Trust {
         Trust {
             owners: vec![owner],
+            private: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_private_volume_must_be_a_mount_point() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = Trust::for_this_process()
+            .with_private_volumes(&[dir.path().to_path_buf()])
+            .expect_err("a plain dir");
+        assert!(e.to_string().contains("not a mount point"), "{e}");
+        Trust::for_this_process()
+            .with_private_volumes(&[PathBuf::from("/proc")])
+            .expect("/proc is a mount point");
+        assert_eq!(unescape_mount_path("/a\\040b\\011c"), "/a b\tc");
     }
 
     #[test]

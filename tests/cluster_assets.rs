@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccoun
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Every document of every cluster/*.yaml, with its file.
@@ -42,34 +41,7 @@ fn documents() -> Vec<(String, Value)> {
     docs
 }
 
-/// Parse strictly: the typed object must serialize back to the same JSON
-/// (a misspelt or misplaced field would be dropped and fail this).
-fn strict<T: DeserializeOwned + serde::Serialize>(file: &str, doc: &Value) -> T {
-    let typed: T = serde_json::from_value(doc.clone())
-        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", doc["kind"]));
-    let back = serde_json::to_value(&typed).expect("json");
-    assert_eq!(
-        normalize(&back),
-        normalize(doc),
-        "{file}: {} has fields its type does not know",
-        doc["kind"]
-    );
-    typed
-}
-
-/// Drop empty objects/arrays that serialization omits (e.g. `podSelector: {}`).
-fn normalize(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k.clone(), normalize(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
-        other => other.clone(),
-    }
-}
+use common::strict;
 
 #[test]
 fn every_cluster_manifest_parses_into_its_kubernetes_type() {

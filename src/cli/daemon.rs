@@ -107,7 +107,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let p = paths(cli, a, &file);
-    let trust = Trust::for_this_process();
+    let trust = Trust::for_this_process()
+        .with_private_volumes(&file.daemon.private_volumes)
+        .context("the daemon refuses to start: [daemon] private_volumes")?;
     // The state dir: made owner-only when missing, then checked like the rest.
     if !p.home.exists() {
         trust

@@ -85,6 +85,12 @@ pub struct DaemonConfig {
     /// (default 10). What is not revoked by then stays in the lease
     /// ledger, and the next start revokes it.
     pub shutdown_grace_seconds: Option<u64>,
+    /// Dirs that are volumes of the daemon's own pod, which no other user
+    /// can reach (a Kubernetes emptyDir for its state and socket): the
+    /// kubelet makes them mode 0777, and their write bits are not held
+    /// against them. Each must be a mount point (deploy/kubernetes).
+    #[serde(default)]
+    pub private_volumes: Vec<PathBuf>,
     /// How often, in seconds, a long call sends MCP progress when nothing
     /// else happens (1 to 10, default 5): clients that give up on a
     /// silent request keep waiting.

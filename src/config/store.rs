@@ -67,19 +67,7 @@ impl StoreConfig {
                 if !meta.is_file() {
                     return Err(bad("not a regular file".into()));
                 }
-                if meta.mode() & 0o077 != 0 {
-                    return Err(bad(format!(
-                        "its mode is {:o}: it may hold a password, so no one but its owner may read it (chmod 600)",
-                        meta.mode() & 0o777
-                    )));
-                }
-                let me = nix::unistd::geteuid().as_raw();
-                if meta.uid() != me {
-                    return Err(bad(format!(
-                        "owned by uid {}, not by this process's user (uid {me})",
-                        meta.uid()
-                    )));
-                }
+                check_secret_file(&meta).map_err(bad)?;
                 let mut text = Zeroizing::new(String::new());
                 f.read_to_string(&mut text)
                     .map_err(|e| bad(e.to_string()))?;
@@ -95,6 +83,33 @@ impl StoreConfig {
             other => Err(StoreConfigError::Backend(other.to_string())),
         }
     }
+}
+
+/// Who may read a file holding a password: its owner alone, and the
+/// owner is this process's user; or, as a Kubernetes Secret volume leaves
+/// it, root owns it and only a group of this process's may read it too
+/// (mode 0440, group the pod's fsGroup). Nobody else may read it, and
+/// nobody but its owner write it.
+pub fn check_secret_file(meta: &std::fs::Metadata) -> Result<(), String> {
+    let mode = meta.mode() & 0o777;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() == me && mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let mine = nix::unistd::getegid().as_raw() == meta.gid()
+        || nix::unistd::getgroups().is_ok_and(|g| g.iter().any(|g| g.as_raw() == meta.gid()));
+    if meta.uid() == 0 && me != 0 && mine && mode & 0o037 == 0 {
+        return Ok(());
+    }
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "owned by uid {}, not by this process's user (uid {me}) or root",
+            meta.uid()
+        ));
+    }
+    Err(format!(
+        "its mode is {mode:o}: it may hold a password, so no one but its owner may read it (chmod 600; a root-owned Secret volume file may also be read by the pod's fsGroup, mode 0440)"
+    ))
 }
 
 #[cfg(test)]

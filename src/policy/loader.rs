@@ -157,7 +157,9 @@ impl Sources {
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
         for f in &self.files {
-            h.update(f.display.as_bytes());
+            // The relative path, not where the dir is: the same set has
+            // the same fingerprint on every replica and in every copy.
+            h.update(f.relative.as_bytes());
             h.update([0u8]);
             h.update(f.content.as_bytes());
             h.update([0u8]);

@@ -246,3 +246,35 @@ pub fn kubelet_write(dir: &Path, files: &[(&str, &str)]) -> String {
     }
     version
 }
+
+/// Parse strictly: the typed object must serialize back to the same JSON
+/// (a misspelt or misplaced field would be dropped and fail this).
+pub fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(
+    file: &str,
+    doc: &serde_json::Value,
+) -> T {
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", doc["kind"]));
+    let back = serde_json::to_value(&typed).expect("json");
+    assert_eq!(
+        normalize(&back),
+        normalize(doc),
+        "{file}: {} has fields its type does not know",
+        doc["kind"]
+    );
+    typed
+}
+
+/// Drop empty objects/arrays that serialization omits (e.g. `podSelector: {}`).
+pub fn normalize(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), normalize(v)))
+                .collect(),
+        ),
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(normalize).collect()),
+        other => other.clone(),
+    }
+}

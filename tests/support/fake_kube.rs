@@ -80,6 +80,10 @@ pub struct State {
     pub pods: BTreeMap<String, Vec<Value>>,
     /// Every request, once answered.
     pub seen: Vec<Seen>,
+    /// Refuse a namespaced object whose namespace does not exist, as the
+    /// real API server does (`namespaces "x" not found`). Off by default:
+    /// the backend tests make Jobs without making their namespace first.
+    pub strict_namespaces: bool,
     /// The path of every request, as it arrives (before it is answered:
     /// a held `GET pods` is here while it waits).
     pub arrived: Vec<String>,
@@ -759,11 +763,19 @@ impl State {
 
     /// A ServiceAccount and a token for it, as a pod of it would have.
     pub fn service_account_token(&mut self, ns: &str, name: &str) -> String {
-        let sa = self.put(
-            "serviceaccounts",
-            ns,
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+        let key = (
+            "serviceaccounts".to_string(),
+            ns.to_string(),
+            name.to_string(),
         );
+        let sa = match self.objects.get(&key) {
+            Some(sa) => sa.clone(),
+            None => self.put(
+                "serviceaccounts",
+                ns,
+                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+            ),
+        };
         let uid = sa["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
@@ -1611,6 +1623,13 @@ async fn route(
             ("rbac.authorization.k8s.io", rest)
         }
         ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
+        // What a deployment's manifests hold (created by an admin's apply).
+        [
+            "apis",
+            g @ ("apps" | "policy" | "networking.k8s.io" | "node.k8s.io"),
+            "v1",
+            rest @ ..,
+        ] => (*g, rest),
         _ => {
             return (
                 status(
@@ -1651,6 +1670,20 @@ async fn route(
             }
             _ => {}
         }
+    }
+    // Cluster-scoped objects of a deployment's manifests (admin only).
+    if matches!(who, Who::Admin)
+        && method == "POST"
+        && let [resource @ ("clusterroles" | "clusterrolebindings" | "runtimeclasses")] = rest
+    {
+        let r = match decode_body(ct, body, "") {
+            Ok(obj) => match st.lock().expect("state").create(resource, "", obj) {
+                Ok(o) => respond(StatusCode::CREATED, o),
+                Err(r) => *r,
+            },
+            Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
+        };
+        return (r, user);
     }
     let (ns, resource, name, sub) = match rest {
         ["namespaces", ns, resource] => (*ns, *resource, None, None),
@@ -1711,6 +1744,24 @@ async fn route(
                         "{authz_resource} is forbidden: User \"{user}\" cannot {verb} resource \"{authz_resource}\" in API group {g} in the namespace \"{ns}\""
                     ),
                     json!({"kind": resource}),
+                ),
+                user,
+            );
+        }
+    }
+    if method == "POST" {
+        let s = st.lock().expect("state");
+        if s.strict_namespaces
+            && !s
+                .objects
+                .contains_key(&("namespaces".to_string(), String::new(), ns.to_string()))
+        {
+            return (
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("namespaces \"{ns}\" not found"),
+                    json!({"name": ns, "kind": "namespaces"}),
                 ),
                 user,
             );
@@ -1814,6 +1865,25 @@ async fn route(
                 Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
             }
         }
+        // The rest of a deployment's manifests: kept as they were sent
+        // (no controller acts on them here).
+        (
+            "create",
+            "deployments"
+            | "statefulsets"
+            | "poddisruptionbudgets"
+            | "networkpolicies"
+            | "services"
+            | "configmaps"
+            | "persistentvolumeclaims",
+            None,
+        ) => match decode_body(ct, body, "") {
+            Ok(obj) => match st.lock().expect("state").create(resource, ns, obj) {
+                Ok(created) => respond(StatusCode::CREATED, created),
+                Err(r) => *r,
+            },
+            Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
+        },
         ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => st
             .lock()
             .expect("state")

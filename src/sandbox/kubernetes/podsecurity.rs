@@ -51,9 +51,36 @@ fn all_containers(spec: &PodSpec) -> Vec<(&str, &Container)> {
     v
 }
 
-/// Every violation of `restricted` (and the gateway's own rules); empty
-/// when the pod passes.
+/// Every violation of `restricted` and of the gateway's own rules for a
+/// sandbox pod; empty when the pod passes.
 pub fn violations(spec: &PodSpec) -> Vec<String> {
+    let mut v = restricted(spec);
+    // --- the gateway's own rules for a sandbox ---
+    for (kind, c) in all_containers(spec) {
+        let ro = c
+            .security_context
+            .as_ref()
+            .and_then(|sc| sc.read_only_root_filesystem);
+        if ro != Some(true) {
+            v.push(format!(
+                "gateway: {kind} {:?} must have a read-only root filesystem",
+                c.name
+            ));
+        }
+    }
+    if spec.automount_service_account_token != Some(false) {
+        v.push("gateway: automountServiceAccountToken must be false".into());
+    }
+    if spec.runtime_class_name.as_deref().unwrap_or("").is_empty() {
+        v.push("gateway: the pod must name its runtimeClassName (gVisor)".into());
+    }
+    v
+}
+
+/// Every violation of the Pod Security Standards' `restricted` profile
+/// alone (what admission enforces in a namespace labelled
+/// `pod-security.kubernetes.io/enforce: restricted`); empty when it passes.
+pub fn restricted(spec: &PodSpec) -> Vec<String> {
     let mut v = Vec::new();
     let psc = spec.security_context.clone().unwrap_or_default();
     let containers = all_containers(spec);
@@ -216,25 +243,12 @@ pub fn violations(spec: &PodSpec) -> Vec<String> {
         if !caps.drop.iter().flatten().any(|d| d == "ALL") {
             v.push(format!("capabilities: {who} must drop ALL"));
         }
-
-        // --- the gateway's own rules ---
-        if sc.read_only_root_filesystem != Some(true) {
-            v.push(format!(
-                "gateway: {who} must have a read-only root filesystem"
-            ));
-        }
     }
     if psc.run_as_user == Some(0) {
         v.push("running as non-root user: the pod must not run as uid 0".into());
     }
     if psc.run_as_non_root == Some(false) {
         v.push("running as non-root: the pod must not set runAsNonRoot: false".into());
-    }
-    if spec.automount_service_account_token != Some(false) {
-        v.push("gateway: automountServiceAccountToken must be false".into());
-    }
-    if spec.runtime_class_name.as_deref().unwrap_or("").is_empty() {
-        v.push("gateway: the pod must name its runtimeClassName (gVisor)".into());
     }
     v
 }
