@@ -67,6 +67,51 @@ if ! (cd "$bundle_dir" && PATH="$root/target/release:$PATH" bash -euo pipefail -
 fi
 rm -rf "$bundle_dir"
 
+# 1c. "Deploy for a team on Kubernetes" (the block marked
+# `<!-- readme-check: kubernetes -->`): no cluster runs here, so what CI
+# does is render, with this kubectl's Kustomize, every kustomization the
+# block renders or applies (`kubectl kustomize X` and `kubectl apply -k X`)
+# and check that every file it applies exists; every line must still be in
+# the block (the cluster-side lines are checked to be there, not run).
+kubernetes="$(block kubernetes)"
+[ -n "$kubernetes" ] || fail "README.md has no block marked <!-- readme-check: kubernetes -->"
+rendered=0
+while IFS= read -r line; do
+  line="${line%%#*}"
+  read -r -a words <<<"$line"
+  [ "${#words[@]}" -ge 3 ] || continue
+  [ "${words[0]}" = kubectl ] || continue
+  target=""
+  if [ "${words[1]}" = kustomize ]; then
+    target="${words[2]}"
+  elif [ "${words[1]}" = apply ] && [ "${words[2]}" = -k ]; then
+    target="${words[3]}"
+  elif [ "${words[1]}" = apply ]; then
+    for ((i = 2; i < ${#words[@]}; i++)); do
+      if [ "${words[i]}" = -f ]; then
+        [ -f "${words[i + 1]}" ] || fail "the README's kubernetes block applies ${words[i + 1]}, which does not exist"
+      fi
+    done
+  fi
+  if [ -n "$target" ]; then
+    kubectl kustomize "$target" >/dev/null || fail "the README's kubernetes block: kubectl kustomize $target"
+    rendered=$((rendered + 1))
+  fi
+done <<<"$kubernetes"
+[ "$rendered" -ge 3 ] || fail "the README's kubernetes block renders $rendered kustomizations (expected the kind overlay, its apply and verify)"
+# shellcheck disable=SC2016 # the lines as the README spells them, unexpanded
+expected_kubernetes=(
+  'docker build -t gateway:0.1.0 -f images/gateway/Dockerfile .'
+  'kubectl apply -k deploy/kubernetes/overlays/kind'
+  'kubectl apply -k deploy/kubernetes/verify'
+  'kubectl wait -n gateway-sandbox --for=condition=complete --timeout=15m job/gateway-verify'
+)
+for line in "${expected_kubernetes[@]}"; do
+  grep -qxF -- "$line" <<<"$kubernetes" ||
+    fail "the README's kubernetes block no longer says: $line (update scripts/readme-check.sh with it)"
+done
+say "the README's kubernetes block: $rendered kustomizations render"
+
 # 2. The client path. Its commands, as the README spells them:
 client="$(block client)"
 # shellcheck disable=SC2016 # the lines as the README spells them, unexpanded
