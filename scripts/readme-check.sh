@@ -84,11 +84,11 @@ while IFS= read -r line; do
   target=""
   if [ "${words[1]}" = kustomize ]; then
     target="${words[2]}"
-  elif [ "${words[1]}" = apply ] && [ "${words[2]}" = -k ]; then
-    target="${words[3]}"
   elif [ "${words[1]}" = apply ]; then
     for ((i = 2; i < ${#words[@]}; i++)); do
-      if [ "${words[i]}" = -f ]; then
+      if [ "${words[i]}" = -k ]; then
+        target="${words[i + 1]}"
+      elif [ "${words[i]}" = -f ]; then
         [ -f "${words[i + 1]}" ] || fail "the README's kubernetes block applies ${words[i + 1]}, which does not exist"
       fi
     done
@@ -102,8 +102,8 @@ done <<<"$kubernetes"
 # shellcheck disable=SC2016 # the lines as the README spells them, unexpanded
 expected_kubernetes=(
   'docker build -t gateway:0.1.0 -f images/gateway/Dockerfile .'
-  'kubectl apply -k deploy/kubernetes/overlays/kind'
-  'kubectl apply -k deploy/kubernetes/verify'
+  'kubectl apply --server-side -k deploy/kubernetes/overlays/kind'
+  'kubectl apply --server-side -k deploy/kubernetes/verify'
   'kubectl wait -n gateway-sandbox --for=condition=complete --timeout=15m job/gateway-verify'
 )
 for line in "${expected_kubernetes[@]}"; do

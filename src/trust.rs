@@ -6,10 +6,11 @@
 //!
 //! A world-writable directory above the path is accepted only when it is
 //! root's and sticky (`/tmp`): there nobody can rename or replace another
-//! user's entries. So are the write bits of anything on a read-only mount
-//! (a Kubernetes ConfigMap or Secret volume: mode 0777, but read-only in the
-//! container). Everything else group- or world-writable is refused, naming
-//! the path and the fix.
+//! user's entries. So are the write bits of the volumes the operator names
+//! as the daemon's pod's own (`[daemon] private_volumes`, an emptyDir;
+//! `read_only_volumes`, ConfigMap and Secret volumes, while mounted
+//! read-only), each a mount point. Everything else group- or world-writable
+//! is refused, naming the path and the fix.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -43,8 +44,10 @@ pub enum TrustError {
 #[derive(Debug, Clone)]
 pub struct Trust {
     owners: Vec<u32>,
-    /// Volumes of this pod alone (see [`Trust::with_private_volumes`]).
+    /// Volumes of this pod alone (see [`Trust::with_pod_volumes`]).
     private: Vec<PathBuf>,
+    /// Read-only volumes of this pod (see [`Trust::with_pod_volumes`]).
+    read_only: Vec<PathBuf>,
 }
 
 impl Trust {
@@ -58,16 +61,31 @@ impl Trust {
         Trust {
             owners,
             private: Vec::new(),
+            read_only: Vec::new(),
         }
     }
 
-    /// Also trust the write bits of these dirs, each a mount point: a
-    /// Kubernetes `emptyDir` of the daemon's own pod, which the kubelet
-    /// makes mode 0777 (2777 with an fsGroup) and which no other user can
-    /// reach (no other container mounts it). Their owner is still checked,
-    /// and so is everything in and above them. Refused when one is not a
-    /// mount point: on a host, a world-writable dir is what it says.
-    pub fn with_private_volumes(mut self, dirs: &[PathBuf]) -> Result<Trust, TrustError> {
+    /// Also trust the write bits of the daemon's pod volumes, each of
+    /// which must be a mount point (or the operator's statement is
+    /// refused: on a host, a world-writable dir is what it says):
+    ///
+    /// - `private`: dirs no other user can reach, a Kubernetes `emptyDir`
+    ///   of the daemon's own pod (the kubelet makes it mode 0777, 2777 with
+    ///   an fsGroup, and no other container mounts it);
+    /// - `read_only`: ConfigMap, Secret and projected volumes (and a Secret
+    ///   file mounted by `subPath`): mode 0777 too, but mounted read-only,
+    ///   which is checked again at every use, so that nobody in the pod can
+    ///   change them; everything at or below one is excused its write bits.
+    ///
+    /// Owners are still checked, and so is every dir above them. A
+    /// read-only mount the operator did not name is not excused: a host's
+    /// read-only view (systemd `ProtectSystem=strict`, a `:ro` bind) says
+    /// nothing of who writes the same files through another.
+    pub fn with_pod_volumes(
+        mut self,
+        private: &[PathBuf],
+        read_only: &[PathBuf],
+    ) -> Result<Trust, TrustError> {
         let mounts =
             std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| TrustError::Io {
                 what: "mount table".into(),
@@ -79,23 +97,42 @@ impl Trust {
             .filter_map(|l| l.split(' ').nth(4))
             .map(|p| PathBuf::from(unescape_mount_path(p)))
             .collect();
-        for d in dirs {
-            let real = std::fs::canonicalize(d).map_err(|source| TrustError::Io {
-                what: "private volume".into(),
-                path: d.clone(),
-                source,
-            })?;
-            if !points.contains(&real) {
-                return Err(TrustError::Unsafe {
-                    what: "private volume".into(),
+        for (list, key, read_only) in [
+            (private, "private_volumes", false),
+            (read_only, "read_only_volumes", true),
+        ] {
+            for d in list {
+                let real = std::fs::canonicalize(d).map_err(|source| TrustError::Io {
+                    what: format!("[daemon] {key} entry"),
                     path: d.clone(),
-                    why: "not a mount point (only a volume of the daemon's own pod, such as an emptyDir, may be named)".into(),
-                    fix: "remove it from [daemon] private_volumes".into(),
-                });
+                    source,
+                })?;
+                if !points.contains(&real) {
+                    return Err(TrustError::Unsafe {
+                        what: format!("[daemon] {key} entry"),
+                        path: d.clone(),
+                        why:
+                            "not a mount point (only a volume of the daemon's own pod may be named)"
+                                .into(),
+                        fix: format!("remove it from [daemon] {key}"),
+                    });
+                }
+                if read_only {
+                    self.read_only.push(real);
+                } else {
+                    self.private.push(real);
+                }
             }
-            self.private.push(real);
         }
         Ok(self)
+    }
+
+    /// Whether `p` is at or below a declared read-only volume that is
+    /// mounted read-only now.
+    fn on_read_only_volume(&self, p: &Path) -> bool {
+        self.read_only
+            .iter()
+            .any(|v| p.starts_with(v) && on_read_only_mount(v))
     }
 
     /// Root alone: what a root daemon's files must belong to, checked by
@@ -104,6 +141,7 @@ impl Trust {
         Trust {
             owners: vec![0],
             private: Vec::new(),
+            read_only: Vec::new(),
         }
     }
 
@@ -237,7 +275,7 @@ impl Trust {
         let private = m.is_dir() && self.private.iter().any(|d| d == p);
         // Writable by others, and none of: a sticky root dir above, a
         // private volume, a read-only mount.
-        let excused = (above && sticky_root_dir) || private || on_read_only_mount(p);
+        let excused = (above && sticky_root_dir) || private || self.on_read_only_volume(p);
         if mode & 0o022 != 0 && !excused {
             let who = if mode & 0o002 != 0 {
                 "everyone"
@@ -274,13 +312,9 @@ fn unescape_mount_path(p: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Whether `p` lies on a file system mounted read-only, where its mode's
-/// write bits give nobody a way to change it. A Kubernetes ConfigMap or
-/// Secret volume is one: its dir is mode 0777 (2777 with an fsGroup), and
-/// the container sees it read-only; only the kubelet changes it, by
-/// swapping its `..data` link. (A read-only bind mount of a dir someone
-/// can write elsewhere would pass this too: do not make the policy dir one.)
-fn on_read_only_mount(p: &Path) -> bool {
+/// Whether `p` lies on a file system mounted read-only (in this process's
+/// view).
+pub fn on_read_only_mount(p: &Path) -> bool {
     nix::sys::statvfs::statvfs(p)
         .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
@@ -328,18 +362,22 @@ mod tests {
         Trust {
             owners: vec![owner],
             private: Vec::new(),
+            read_only: Vec::new(),
         }
     }
 
     #[test]
-    fn a_private_volume_must_be_a_mount_point() {
+    fn a_pod_volume_must_be_a_mount_point() {
         let dir = tempfile::tempdir().expect("tmp");
-        let e = Trust::for_this_process()
-            .with_private_volumes(&[dir.path().to_path_buf()])
-            .expect_err("a plain dir");
-        assert!(e.to_string().contains("not a mount point"), "{e}");
+        let plain = vec![dir.path().to_path_buf()];
+        for (private, read_only) in [(plain.clone(), vec![]), (vec![], plain.clone())] {
+            let e = Trust::for_this_process()
+                .with_pod_volumes(&private, &read_only)
+                .expect_err("a plain dir");
+            assert!(e.to_string().contains("not a mount point"), "{e}");
+        }
         Trust::for_this_process()
-            .with_private_volumes(&[PathBuf::from("/proc")])
+            .with_pod_volumes(&[PathBuf::from("/proc")], &[])
             .expect("/proc is a mount point");
         assert_eq!(unescape_mount_path("/a\\040b\\011c"), "/a b\tc");
     }

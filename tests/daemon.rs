@@ -1027,21 +1027,48 @@ fn policies_from_a_read_only_configmap_volume_load_and_reload_whole() {
     assert!(!plain.status.success(), "a writable volume was trusted");
     assert!(err.contains("writable by everyone"), "{err}");
 
-    let mut cmd = std::process::Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg("mount --bind -o ro \"$1\" \"$2\" && shift 2 && exec \"$@\"")
-        .arg("sh")
-        .arg(&volume)
-        .arg(&mounted)
-        .arg(gateway())
-        .arg("--config")
-        .arg(&config)
-        .arg("daemon")
-        .current_dir(dir.path())
-        .env_remove("GATEWAY_HOME")
-        .env_remove("GATEWAY_POLICIES")
-        .env_remove("VAULT_ADDR")
-        .env_remove("VAULT_TOKEN");
+    let in_namespace = |dir: &std::path::Path| {
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount --bind -o ro \"$1\" \"$2\" && shift 2 && exec \"$@\"")
+            .arg("sh")
+            .arg(&volume)
+            .arg(&mounted)
+            .arg(gateway())
+            .arg("--config")
+            .arg(&config)
+            .arg("daemon")
+            .current_dir(dir)
+            .env_remove("GATEWAY_HOME")
+            .env_remove("GATEWAY_POLICIES")
+            .env_remove("VAULT_ADDR")
+            .env_remove("VAULT_TOKEN");
+        cmd
+    };
+    // Mounted read-only but not named a read-only volume of the pod: a
+    // host's read-only view (systemd's ProtectSystem, a `:ro` bind) says
+    // nothing of who writes the files through another, so it is refused.
+    let undeclared = in_namespace(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("daemon");
+    let err = common::stderr(&undeclared);
+    assert!(
+        !undeclared.status.success(),
+        "an undeclared read-only mount was trusted"
+    );
+    assert!(err.contains("writable by everyone"), "{err}");
+    // Named, as deploy/kubernetes names its ConfigMap volumes.
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace(
+            "[daemon]\n",
+            &format!("[daemon]\nread_only_volumes = [{mounted:?}]\n"),
+        ),
+    )
+    .expect("config");
+    let cmd = in_namespace(dir.path());
     let d = Daemon::start_cmd(dir, config, cmd);
     let events = |d: &Daemon, ev: &str| {
         d.events()

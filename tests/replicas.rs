@@ -360,3 +360,191 @@ fn while_the_database_is_away_nothing_is_asked_and_the_replica_resumes_when_it_i
     let st = d.terminate(Duration::from_secs(30));
     assert!(st.is_some_and(|s| s.success()), "{st:?}: {}", d.log());
 }
+
+/// One call of `tool` through the replica at `socket`, in a session of its
+/// own: its result, or why there was none (the replica gone or stopping).
+fn one_call(
+    socket: &Path,
+    workspace: &Path,
+    home: &Path,
+    tool: &str,
+    args: Value,
+) -> Result<Value, String> {
+    let mut a = Agent::try_start_at(socket, workspace, home)?;
+    a.call(1, tool, args)?;
+    let r = a.try_wait(|v| v["id"] == 1, Duration::from_secs(600))?;
+    let status = r["result"]["structuredContent"]["status"].clone();
+    if status == "completed" || status == "pending_approval" {
+        Ok(r)
+    } else {
+        Err(format!("not completed: {r}"))
+    }
+}
+
+/// What a load balancer and a well-behaved agent do: the call on the next
+/// live replica, and again on the next when the answer is a failure of the
+/// replica rather than of the call. Returns (result, attempts).
+fn call_until_done(
+    live: &std::sync::Mutex<Vec<PathBuf>>,
+    turn: &std::sync::atomic::AtomicUsize,
+    workspace: &Path,
+    home: &Path,
+    tool: &str,
+    args: Value,
+) -> (Value, Vec<String>) {
+    let mut failures = Vec::new();
+    for _ in 0..40 {
+        let socket = {
+            let l = live.lock().expect("live");
+            l[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % l.len()].clone()
+        };
+        match one_call(&socket, workspace, home, tool, args.clone()) {
+            Ok(r) => return (r, failures),
+            Err(e) => {
+                failures.push(e);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+    panic!("{tool} never completed: {failures:#?}");
+}
+
+/// A rolling update of three replicas, as a Deployment with `maxSurge: 1,
+/// maxUnavailable: 0` does it (a new replica ready, then an old one sent
+/// SIGTERM, three times), while an agent keeps planning and two granted
+/// approvals are applied through replicas as they are stopped. Nothing is
+/// lost: every plan ends completed (on another replica when its own was
+/// stopping), each approval is spent exactly once and its apply completed,
+/// and the one audit chain verifies. (Stand-in for a Deployment: real
+/// daemons and PostgreSQL, no kubelet; the endpoint a stopping replica
+/// leaves is this test's list of live sockets.)
+#[test]
+fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let server = pg::Postgres::start();
+    let conninfo = server.database("gateway");
+    let secrets = tempfile::tempdir().expect("dir");
+    let store = store_section(secrets.path(), &conninfo);
+    let policies = common::policies_with(&[]);
+    let old: Vec<Daemon> = replicas(3, policies.path(), &store);
+    let workspace = daemon::demo_workspace(AGENT);
+    // Three modules: two to approve, one to plan again and again.
+    for m in ["terraform/second", "terraform/stream"] {
+        common::copy_dir(&workspace.path().join(MODULE), &workspace.path().join(m));
+    }
+    daemon::chown_tree(workspace.path(), AGENT);
+    let agent_home = daemon::owned_dir(AGENT);
+    let approver_home = daemon::owned_dir(APPROVER);
+
+    // Two applies asked and granted before the roll.
+    let mut ids = Vec::new();
+    for (i, m) in [MODULE, "terraform/second"].into_iter().enumerate() {
+        let mut a = Agent::start(&old[i], workspace.path(), agent_home.path());
+        a.apply(1, json!({"working_dir": m}));
+        let r = a.wait(|v| v["id"] == 1, Duration::from_secs(600));
+        let id = r["result"]["structuredContent"]["approval_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string();
+        ok(&cli(
+            &old[2],
+            APPROVER,
+            approver_home.path(),
+            &["approve", &id, "--reason", "before the roll"],
+        ));
+        ids.push((m, id));
+    }
+
+    let live = Arc::new(Mutex::new(
+        old.iter().map(|d| d.socket.clone()).collect::<Vec<_>>(),
+    ));
+    let turn = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = {
+        let (live, turn, stop) = (Arc::clone(&live), Arc::clone(&turn), Arc::clone(&stop));
+        let (ws, home) = (
+            workspace.path().to_path_buf(),
+            agent_home.path().to_path_buf(),
+        );
+        std::thread::spawn(move || {
+            let mut done = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let (r, failures) = call_until_done(
+                    &live,
+                    &turn,
+                    &ws,
+                    &home,
+                    "terraform_plan",
+                    json!({"working_dir": "terraform/stream"}),
+                );
+                done.push((r["result"]["structuredContent"]["status"].clone(), failures));
+            }
+            done
+        })
+    };
+
+    // The roll. Before each of the first two stops, an approved apply is
+    // sent to the replica about to stop.
+    let mut new = Vec::new();
+    let mut applies = Vec::new();
+    for (i, mut d) in old.into_iter().enumerate() {
+        let fresh = Daemon::start(policies.path(), &store);
+        live.lock().expect("live").push(fresh.socket.clone());
+        new.push(fresh);
+        std::thread::sleep(Duration::from_secs(3));
+        if let Some((m, id)) = ids.get(i).cloned() {
+            let socket = d.socket.clone();
+            let (ws, home) = (
+                workspace.path().to_path_buf(),
+                agent_home.path().to_path_buf(),
+            );
+            let (live, turn) = (Arc::clone(&live), Arc::clone(&turn));
+            applies.push(std::thread::spawn(move || {
+                let args = json!({"working_dir": m, "approval_id": id});
+                // First on the replica that is about to stop; then as a
+                // client does when that fails, on the others.
+                match one_call(&socket, &ws, &home, "terraform_apply", args.clone()) {
+                    Ok(r) => (id, r, vec![]),
+                    Err(e) => {
+                        let (r, mut f) =
+                            call_until_done(&live, &turn, &ws, &home, "terraform_apply", args);
+                        f.insert(0, e);
+                        (id, r, f)
+                    }
+                }
+            }));
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        // The endpoint goes, then SIGTERM.
+        live.lock().expect("live").retain(|s| *s != d.socket);
+        let st = d.terminate(Duration::from_secs(90));
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "replica {i} did not stop cleanly ({st:?}): {}",
+            d.log()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    let done = stream.join().expect("the stream");
+    let retried: usize = done.iter().filter(|(_, f)| !f.is_empty()).count();
+    assert!(done.len() >= 3, "{done:#?}");
+    assert!(
+        done.iter().all(|(s, _)| s == "completed"),
+        "every plan completed: {done:#?}"
+    );
+    for a in applies {
+        let (id, r, failures) = a.join().expect("an apply");
+        assert_eq!(
+            r["result"]["structuredContent"]["status"], "completed",
+            "{id}: {r} after {failures:#?}"
+        );
+        assert_eq!(spent_events(&new, &id), 1, "{id} spent once: {failures:#?}");
+    }
+    eprintln!(
+        "rolling restart: {} plans completed, {retried} of them on another replica after a stopping one failed them",
+        done.len()
+    );
+    new[0].assert_audit_verifies();
+}

@@ -422,8 +422,20 @@ impl VaultBroker {
         if !client.settings.token.is_empty() {
             return Ok(());
         }
+        if let Some(token) = self.login_on(&client).await? {
+            client.set_token(&token);
+        }
+        Ok(())
+    }
+
+    /// Log in with `client` (AppRole or Kubernetes auth); the new token,
+    /// its TTL recorded. `None` for token auth.
+    async fn login_on(
+        &self,
+        client: &VaultClient,
+    ) -> Result<Option<Zeroizing<String>>, BrokerError> {
         let (method, mount, result) = match &self.settings.auth {
-            VaultAuth::Token(_) => return Ok(()),
+            VaultAuth::Token(_) => return Ok(None),
             VaultAuth::AppRole {
                 mount,
                 role_id,
@@ -431,7 +443,7 @@ impl VaultBroker {
             } => (
                 "AppRole",
                 mount,
-                vaultrs::auth::approle::login(&*client, mount, role_id, secret_id.expose_secret())
+                vaultrs::auth::approle::login(client, mount, role_id, secret_id.expose_secret())
                     .await,
             ),
             VaultAuth::Kubernetes {
@@ -444,19 +456,17 @@ impl VaultBroker {
                 (
                     "Kubernetes",
                     mount,
-                    vaultrs::auth::kubernetes::login(&*client, mount, role, jwt.expose_secret())
+                    vaultrs::auth::kubernetes::login(client, mount, role, jwt.expose_secret())
                         .await,
                 )
             }
         };
         let info = result.map_err(|e| login_error(e, method, mount))?;
-        client.set_token(&info.client_token);
-        drop(Zeroizing::new(info.client_token));
         if let Ok(mut t) = self.token_ttl.lock() {
             *t = Some((Duration::from_secs(info.lease_duration), info.renewable));
         }
         tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with {method} auth");
-        Ok(())
+        Ok(Some(Zeroizing::new(info.client_token)))
     }
 
     /// Look up the gateway's own token: checks that Vault is reachable,
@@ -502,15 +512,7 @@ impl VaultBroker {
             }
             Err(e) if !matches!(self.settings.auth, VaultAuth::Token(_)) => {
                 tracing::warn!("renewing the Vault token failed ({e}); logging in again");
-                self.client.write().await.set_token("");
-                self.ensure_login().await?;
-                Ok(self
-                    .token_ttl
-                    .lock()
-                    .ok()
-                    .and_then(|t| *t)
-                    .map(|t| t.0)
-                    .unwrap_or_default())
+                self.login_again().await.map(|(ttl, _)| ttl)
             }
             Err(e) => Err(e),
         }
@@ -553,7 +555,7 @@ impl VaultBroker {
                 let wait = match (ttl.is_zero(), renewable) {
                     (true, _) => Duration::from_secs(30),
                     (false, true) => ttl / 2,
-                    (false, false) => ttl * 2 / 3,
+                    (false, false) => ttl / 2,
                 };
                 tokio::time::sleep(wait.max(Duration::from_secs(1))).await;
                 let next = if renewable {
@@ -594,12 +596,16 @@ impl VaultBroker {
         })
     }
 
-    /// Log in again (Kubernetes auth, AppRole) for a fresh token; the old
-    /// one runs out by itself (revoking it would revoke the credentials it
-    /// minted). Returns the new token's TTL, and `false` (not a renewal).
+    /// Log in again (Kubernetes auth, AppRole) for a fresh token, on a
+    /// client of its own: the token in use stays in use until the new one
+    /// exists (a failed login leaves it), then is left to run out (revoking
+    /// it would revoke the credentials it minted). Returns the new token's
+    /// TTL, and `false` (not a renewal).
     async fn login_again(&self) -> Result<(Duration, bool), BrokerError> {
-        self.client.write().await.set_token("");
-        self.ensure_login().await?;
+        let fresh = client_for(&self.settings)?;
+        if let Some(token) = self.login_on(&fresh).await? {
+            self.client.write().await.set_token(&token);
+        }
         let ttl = self
             .token_ttl
             .lock()

@@ -237,7 +237,7 @@ pub fn open_store(
     home: &std::path::Path,
 ) -> anyhow::Result<ApprovalStore> {
     use crate::config::store::Store;
-    match file.store.resolve()? {
+    match file.store()? {
         Store::Sqlite => ApprovalStore::in_home(home)
             .with_context(|| format!("cannot open the approval store under {}", home.display())),
         Store::Postgres { url, ca_file } => ApprovalStore::postgres(&url, ca_file.as_deref())

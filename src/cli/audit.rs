@@ -92,7 +92,7 @@ pub fn open_log(
     home: &std::path::Path,
 ) -> anyhow::Result<audit::AuditLog> {
     use crate::config::store::Store;
-    match file.store.resolve()? {
+    match file.store()? {
         Store::Sqlite => Ok(audit::AuditLog::in_home(home)?),
         Store::Postgres { url, ca_file } => {
             let chain = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
@@ -144,7 +144,7 @@ struct FromDatabase {
 /// home); nothing is created.
 fn chain_reader(cli: &Cli) -> anyhow::Result<Option<audit::shared::SharedChain>> {
     use crate::config::store::Store;
-    match cli.file.store.resolve()? {
+    match cli.file.store()? {
         Store::Sqlite => Ok(None),
         Store::Postgres { url, ca_file } => {
             let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())

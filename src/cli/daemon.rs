@@ -108,8 +108,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     })?;
     let p = paths(cli, a, &file);
     let trust = Trust::for_this_process()
-        .with_private_volumes(&file.daemon.private_volumes)
-        .context("the daemon refuses to start: [daemon] private_volumes")?;
+        .with_pod_volumes(&file.daemon.private_volumes, &file.daemon.read_only_volumes)
+        .context("the daemon refuses to start")?;
     // The state dir: made owner-only when missing, then checked like the rest.
     if !p.home.exists() {
         trust
@@ -208,7 +208,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     // Replicas join one another in the shared ledger ([store]), Vault or
     // not: they keep their leases there (a survivor revokes those of a
     // replica that died) and name their sandboxes after themselves.
-    let shared = file.store.resolve()?;
+    let shared = file.store()?;
     let ledger = match &shared {
         crate::config::store::Store::Postgres { .. } => {
             Some(super::vault::ledger(&own, &p.home, true)?)

@@ -206,10 +206,12 @@ fn configmap_key(relative: &str) -> anyhow::Result<String> {
         || !key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        || relative.split('/').any(|c| c.contains("__"))
+        || relative
+            .split('/')
+            .any(|c| c.contains("__") || c.starts_with('_') || c.ends_with('_'))
     {
         bail!(
-            "{relative}: a ConfigMap key may hold only letters, digits, '-', '_' and '.' (and this one maps '/' to '__'): rename the file, or deploy a signed bundle ([policy_bundle]) instead"
+            "{relative}: a ConfigMap key may hold only letters, digits, '-', '_' and '.' (and this one maps '/' to '__', so no part of the path may hold '__' or begin or end with '_'): rename the file, or deploy a signed bundle ([policy_bundle]) instead"
         );
     }
     Ok(key)
@@ -225,6 +227,12 @@ fn configmap(cli: &Cli, a: &ConfigmapArgs) -> anyhow::Result<ExitCode> {
     let mut total = 0;
     for f in &sources.files {
         let key = configmap_key(&f.relative)?;
+        if data.contains_key(&key) {
+            bail!(
+                "{} and another file map to the same ConfigMap key {key}: rename one",
+                f.relative
+            );
+        }
         total += key.len() + f.content.len();
         items.push(serde_json::json!({"key": key, "path": f.relative}));
         data.insert(key, serde_json::Value::String(f.content.clone()));
@@ -619,6 +627,29 @@ fn check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<ExitCode> {
         Err(e) => {
             super::out::eprint_safe(&format!("gateway: policy check failed: {e}\n"));
             Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::configmap_key;
+
+    #[test]
+    fn configmap_keys_map_paths_one_to_one() {
+        assert_eq!(
+            configmap_key("config/tools/data.yaml").expect("key"),
+            "config__tools__data.yaml"
+        );
+        // Each of these could collide with another path's key.
+        for bad in [
+            "x_/y.rego",
+            "x/_y.rego",
+            "a__b.rego",
+            "d/x y.rego",
+            "d/é.rego",
+        ] {
+            assert!(configmap_key(bad).is_err(), "{bad}");
         }
     }
 }

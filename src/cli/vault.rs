@@ -111,7 +111,7 @@ pub fn ledger(
 ) -> anyhow::Result<Arc<dyn crate::broker::leases::Ledger>> {
     use crate::broker::leases::{LocalLedger, SharedLedger};
     use crate::config::store::Store;
-    Ok(match cli.file.store.resolve()? {
+    Ok(match cli.file.store()? {
         Store::Sqlite => Arc::new(LocalLedger::in_home(home)?),
         Store::Postgres { url, ca_file } => {
             let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())

@@ -91,6 +91,14 @@ pub struct DaemonConfig {
     /// against them. Each must be a mount point (deploy/kubernetes).
     #[serde(default)]
     pub private_volumes: Vec<PathBuf>,
+    /// The daemon's pod's ConfigMap, Secret and projected volumes (and a
+    /// Secret file mounted by subPath), each a mount point: the kubelet
+    /// makes their dirs mode 0777, but they are mounted read-only, which
+    /// is checked at every use. What lies on one is not refused for its
+    /// write bits; a Secret file on one may be read by the pod's fsGroup
+    /// (`[store] url_file`). Only for a pod (deploy/kubernetes).
+    #[serde(default)]
+    pub read_only_volumes: Vec<PathBuf>,
     /// How often, in seconds, a long call sends MCP progress when nothing
     /// else happens (1 to 10, default 5): clients that give up on a
     /// silent request keep waiting.
@@ -151,6 +159,21 @@ pub enum ConfigError {
 
 impl GatewayConfig {
     /// Load `path`; `required == false` means a missing file is the empty config.
+    /// The `[store]` the file names, its connection string read from a
+    /// file its owner alone reads, or from a Secret on one of the daemon's
+    /// pod's read-only volumes.
+    pub fn store(&self) -> Result<store::Store, store::StoreConfigError> {
+        self.store.resolve_in(&store::SecretVolumes {
+            read_only: self.daemon.read_only_volumes.clone(),
+            not_group: Some(
+                self.daemon
+                    .socket_group
+                    .clone()
+                    .unwrap_or_else(|| DAEMON_GROUP.to_string()),
+            ),
+        })
+    }
+
     pub fn load(path: &std::path::Path, required: bool) -> Result<GatewayConfig, ConfigError> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,

@@ -44,8 +44,15 @@ pub enum StoreConfigError {
 }
 
 impl StoreConfig {
-    /// The store the settings name, its connection string read and checked.
+    /// The store the settings name, its connection string read and checked
+    /// (a file its owner alone reads).
     pub fn resolve(&self) -> Result<Store, StoreConfigError> {
+        self.resolve_in(&SecretVolumes::default())
+    }
+
+    /// [`StoreConfig::resolve`], where the connection string may also be a
+    /// Secret volume's file (see [`check_secret_file`]).
+    pub fn resolve_in(&self, volumes: &SecretVolumes) -> Result<Store, StoreConfigError> {
         match self.backend.as_deref().unwrap_or("sqlite") {
             "sqlite" => Ok(Store::Sqlite),
             "postgres" => {
@@ -67,7 +74,7 @@ impl StoreConfig {
                 if !meta.is_file() {
                     return Err(bad("not a regular file".into()));
                 }
-                check_secret_file(&meta).map_err(bad)?;
+                check_secret_file(&meta, &path, volumes).map_err(bad)?;
                 let mut text = Zeroizing::new(String::new());
                 f.read_to_string(&mut text)
                     .map_err(|e| bad(e.to_string()))?;
@@ -85,12 +92,26 @@ impl StoreConfig {
     }
 }
 
+/// Where a Secret volume's files may be read by a group: the daemon's
+/// pod's read-only volumes (`[daemon] read_only_volumes`), and the group
+/// that must never be it (the socket's, the agents').
+#[derive(Debug, Clone, Default)]
+pub struct SecretVolumes {
+    pub read_only: Vec<PathBuf>,
+    pub not_group: Option<String>,
+}
+
 /// Who may read a file holding a password: its owner alone, and the
-/// owner is this process's user; or, as a Kubernetes Secret volume leaves
-/// it, root owns it and only a group of this process's may read it too
-/// (mode 0440, group the pod's fsGroup). Nobody else may read it, and
-/// nobody but its owner write it.
-pub fn check_secret_file(meta: &std::fs::Metadata) -> Result<(), String> {
+/// owner is this process's user. Or, only on one of the pod's read-only
+/// volumes (a Kubernetes Secret, which the kubelet leaves root's, mode
+/// 0440, group the pod's fsGroup), for a daemon that is not root: root
+/// owns it and only a group of this process's, never the socket's, may
+/// read it too. Nobody else may read it, and nobody but its owner write it.
+pub fn check_secret_file(
+    meta: &std::fs::Metadata,
+    path: &std::path::Path,
+    volumes: &SecretVolumes,
+) -> Result<(), String> {
     let mode = meta.mode() & 0o777;
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() == me && mode & 0o077 == 0 {
@@ -98,7 +119,24 @@ pub fn check_secret_file(meta: &std::fs::Metadata) -> Result<(), String> {
     }
     let mine = nix::unistd::getegid().as_raw() == meta.gid()
         || nix::unistd::getgroups().is_ok_and(|g| g.iter().any(|g| g.as_raw() == meta.gid()));
-    if meta.uid() == 0 && me != 0 && mine && mode & 0o037 == 0 {
+    let socket_group = volumes
+        .not_group
+        .as_deref()
+        .and_then(|n| nix::unistd::Group::from_name(n).ok().flatten())
+        .map(|g| g.gid.as_raw());
+    let on_volume = std::fs::canonicalize(path).is_ok_and(|real| {
+        volumes.read_only.iter().any(|v| {
+            std::fs::canonicalize(v)
+                .is_ok_and(|v| real.starts_with(&v) && crate::trust::on_read_only_mount(&v))
+        })
+    });
+    if meta.uid() == 0
+        && me != 0
+        && mine
+        && on_volume
+        && socket_group != Some(meta.gid())
+        && mode & 0o037 == 0
+    {
         return Ok(());
     }
     if meta.uid() != me && meta.uid() != 0 {
@@ -108,7 +146,7 @@ pub fn check_secret_file(meta: &std::fs::Metadata) -> Result<(), String> {
         ));
     }
     Err(format!(
-        "its mode is {mode:o}: it may hold a password, so no one but its owner may read it (chmod 600; a root-owned Secret volume file may also be read by the pod's fsGroup, mode 0440)"
+        "its mode is {mode:o}: it may hold a password, so no one but its owner may read it (chmod 600)"
     ))
 }
 

@@ -92,7 +92,14 @@ pub struct HttpServer {
     /// The failing checks at the last `/readyz`, so that a change is
     /// logged once rather than at every probe.
     not_ready: std::sync::Mutex<Vec<&'static str>>,
+    /// The last `/readyz` answer and when it was made: answers within
+    /// [`READY_CACHE`] of it are the same, and one check runs at a time,
+    /// so that a flood of probes costs the database and Vault nothing more.
+    ready_cache: tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>,
 }
+
+/// How long a `/readyz` answer is reused.
+pub const READY_CACHE: Duration = Duration::from_secs(2);
 
 /// One thing `/readyz` checks: a name a probe's answer shows, and the
 /// check (its error goes to the daemon's log, never to the answer: it may
@@ -257,6 +264,7 @@ impl HttpServer {
             ready: Vec::new(),
             policy,
             not_ready: Default::default(),
+            ready_cache: Default::default(),
         })
     }
 
@@ -270,6 +278,18 @@ impl HttpServer {
     /// (each within [`READY_CHECK_TIMEOUT`], all at once), else 503. The
     /// answer names each check and `ok` or `failed`, nothing more.
     async fn readiness(&self) -> Response<Body> {
+        let mut cache = self.ready_cache.lock().await;
+        if let Some((at, status, body)) = cache.as_ref()
+            && at.elapsed() < READY_CACHE
+        {
+            return plain(*status, body);
+        }
+        let (status, body) = self.check_readiness().await;
+        *cache = Some((std::time::Instant::now(), status, body.clone()));
+        plain(status, &body)
+    }
+
+    async fn check_readiness(&self) -> (StatusCode, String) {
         let mut lines = vec![(
             "policy",
             self.policy
@@ -315,7 +335,7 @@ impl HttpServer {
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         };
-        plain(status, &body)
+        (status, body)
     }
 }
 

@@ -27,7 +27,13 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(d: &Daemon, workspace: &Path, home: &Path) -> Agent {
-        let mut c = daemon::as_user(AGENT, home, &[("GATEWAY_SOCKET", &d.socket)], &gateway());
+        Agent::try_start_at(&d.socket, workspace, home).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Agent::start`] on the daemon at `socket`, or why not (the daemon
+    /// gone, stopping, or refusing the session).
+    pub fn try_start_at(socket: &Path, workspace: &Path, home: &Path) -> Result<Agent, String> {
+        let mut c = daemon::as_user(AGENT, home, &[("GATEWAY_SOCKET", socket)], &gateway());
         c.arg("serve")
             .arg("--workspace")
             .arg(workspace)
@@ -36,7 +42,9 @@ impl Agent {
             .stderr(Stdio::null())
             // Its own process group: "kill the agent's serve" kills it all.
             .process_group(0);
-        let mut child = c.spawn().expect("gateway serve as the agent");
+        let mut child = c
+            .spawn()
+            .map_err(|e| format!("gateway serve as the agent: {e}"))?;
         let out = child.stdout.take().expect("stdout");
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -53,14 +61,48 @@ impl Agent {
             child,
             lines,
         };
-        a.send(
+        a.try_send(
             json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "hostile-agent", "version": "1"}}}),
-        );
-        a.wait(|v| v["id"] == 0, Duration::from_secs(30));
-        a.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        a
+        )?;
+        a.try_wait(|v| v["id"] == 0, Duration::from_secs(30))?;
+        a.try_send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        Ok(a)
+    }
+
+    pub fn try_send(&mut self, v: Value) -> Result<(), String> {
+        let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
+        writeln!(stdin, "{v}").map_err(|e| format!("write to serve: {e}"))?;
+        stdin.flush().map_err(|e| format!("flush: {e}"))
+    }
+
+    /// [`Agent::wait`], or why nothing came.
+    pub fn try_wait(
+        &self,
+        pred: impl Fn(&Value) -> bool,
+        within: Duration,
+    ) -> Result<Value, String> {
+        let started = Instant::now();
+        loop {
+            let left = within.saturating_sub(started.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(v) if pred(&v) => return Ok(v),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no answer within {within:?}"));
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err("serve closed its output".into()),
+            }
+        }
+    }
+
+    /// Call `tool` as request `id`.
+    pub fn call(&mut self, id: u64, tool: &str, args: Value) -> Result<(), String> {
+        self.try_send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": tool, "arguments": args, "_meta": {"progressToken": "p"}}}),
+        )
     }
 
     pub fn send(&mut self, v: Value) {
