@@ -426,7 +426,11 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
     let conninfo = server.database("gateway");
     let secrets = tempfile::tempdir().expect("dir");
     let store = store_section(secrets.path(), &conninfo);
-    let policies = common::policies_with(&[]);
+    let policies = common::policies_with(&[(
+        "config/scopes/data.yaml",
+        "  terraform/offline-demo:\n",
+        "  terraform/second:\n    credential: none\n  terraform/stream:\n    credential: none\n  terraform/offline-demo:\n",
+    )]);
     let old: Vec<Daemon> = replicas(3, policies.path(), &store);
     let workspace = daemon::demo_workspace(AGENT);
     // Three modules: two to approve, one to plan again and again.
@@ -484,8 +488,10 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
         })
     };
 
-    // The roll. Before each of the first two stops, an approved apply is
-    // sent to the replica about to stop.
+    // The roll. Replica 0 leaves the endpoints before its SIGTERM (what
+    // preStop's sleep gives); replicas 1 and 2 are sent SIGTERM while an
+    // approved apply runs on them and while they are still listed (an
+    // endpoint removal that lags), so calls arrive as they stop.
     let mut new = Vec::new();
     let mut applies = Vec::new();
     for (i, mut d) in old.into_iter().enumerate() {
@@ -493,7 +499,10 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
         live.lock().expect("live").push(fresh.socket.clone());
         new.push(fresh);
         std::thread::sleep(Duration::from_secs(3));
-        if let Some((m, id)) = ids.get(i).cloned() {
+        if i == 0 {
+            live.lock().expect("live").retain(|s| *s != d.socket);
+        }
+        if let Some((m, id)) = i.checked_sub(1).and_then(|k| ids.get(k)).cloned() {
             let socket = d.socket.clone();
             let (ws, home) = (
                 workspace.path().to_path_buf(),
@@ -514,11 +523,11 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
                     }
                 }
             }));
-            std::thread::sleep(Duration::from_millis(1500));
+            // Mid-apply: its sandbox is starting or running.
+            std::thread::sleep(Duration::from_millis(if i == 1 { 300 } else { 700 }));
         }
-        // The endpoint goes, then SIGTERM.
-        live.lock().expect("live").retain(|s| *s != d.socket);
         let st = d.terminate(Duration::from_secs(90));
+        live.lock().expect("live").retain(|s| *s != d.socket);
         assert!(
             st.is_some_and(|s| s.success()),
             "replica {i} did not stop cleanly ({st:?}): {}",
@@ -534,6 +543,7 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
         done.iter().all(|(s, _)| s == "completed"),
         "every plan completed: {done:#?}"
     );
+    let mut cut = 0;
     for a in applies {
         let (id, r, failures) = a.join().expect("an apply");
         assert_eq!(
@@ -541,7 +551,20 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
             "{id}: {r} after {failures:#?}"
         );
         assert_eq!(spent_events(&new, &id), 1, "{id} spent once: {failures:#?}");
+        // The replica it was sent to stopped under it: its session ended,
+        // and the call was made again elsewhere.
+        assert!(
+            !failures.is_empty(),
+            "{id}: the stop did not reach the apply"
+        );
+        cut += 1;
+        eprintln!(
+            "rolling restart: {id} cut by its replica's stop, then {} after {} more tries: {failures:?}",
+            r["result"]["structuredContent"]["status"],
+            failures.len() - 1
+        );
     }
+    assert_eq!(cut, 2);
     eprintln!(
         "rolling restart: {} plans completed, {retried} of them on another replica after a stopping one failed them",
         done.len()

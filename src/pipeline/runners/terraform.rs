@@ -688,7 +688,7 @@ impl Pipeline {
                     if running_here {
                         " yet: that apply is still running"
                     } else {
-                        " (it ran in a gateway that stopped before it ended)"
+                        " (it is running in another replica, or ran in a gateway that stopped before it ended)"
                     }
                 )));
             }
