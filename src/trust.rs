@@ -97,6 +97,14 @@ impl Trust {
             .filter_map(|l| l.split(' ').nth(4))
             .map(|p| PathBuf::from(unescape_mount_path(p)))
             .collect();
+        if nix::unistd::geteuid().is_root() && !(private.is_empty() && read_only.is_empty()) {
+            return Err(TrustError::Unsafe {
+                what: "[daemon] private_volumes / read_only_volumes".into(),
+                path: PathBuf::from("/"),
+                why: "they are for a daemon in a pod, which runs as a user of its own; a root daemon on a host trusts no dir for being a mount".into(),
+                fix: "remove them, or run the daemon as a non-root user (deploy/kubernetes)".into(),
+            });
+        }
         for (list, key, read_only) in [
             (private, "private_volumes", false),
             (read_only, "read_only_volumes", true),
@@ -117,7 +125,28 @@ impl Trust {
                         fix: format!("remove it from [daemon] {key}"),
                     });
                 }
+                let refuse = |why: String| TrustError::Unsafe {
+                    what: format!("[daemon] {key} entry"),
+                    path: d.clone(),
+                    why,
+                    fix: format!("remove it from [daemon] {key}"),
+                };
+                if real == Path::new("/") {
+                    return Err(refuse(
+                        "the root of the file system is no pod volume".into(),
+                    ));
+                }
+                // Another mount inside it would be excused with it.
+                if let Some(inner) = points.iter().find(|p| **p != real && p.starts_with(&real)) {
+                    return Err(refuse(format!(
+                        "{} is mounted inside it: name each volume itself",
+                        inner.display()
+                    )));
+                }
                 if read_only {
+                    if !on_read_only_mount(&real) {
+                        return Err(refuse("not mounted read-only".into()));
+                    }
                     self.read_only.push(real);
                 } else {
                     self.private.push(real);
@@ -127,12 +156,12 @@ impl Trust {
         Ok(self)
     }
 
-    /// Whether `p` is at or below a declared read-only volume that is
-    /// mounted read-only now.
+    /// Whether `p` is at or below a declared read-only volume, and lies
+    /// on a read-only mount itself now (a link is judged by what it names).
     fn on_read_only_volume(&self, p: &Path) -> bool {
         self.read_only
             .iter()
-            .any(|v| p.starts_with(v) && on_read_only_mount(v))
+            .any(|v| p.starts_with(v) && on_read_only_mount(p))
     }
 
     /// Root alone: what a root daemon's files must belong to, checked by
@@ -367,18 +396,23 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_volume_must_be_a_mount_point() {
+    fn pod_volumes_are_refused_to_a_root_daemon_and_must_be_mount_points() {
         let dir = tempfile::tempdir().expect("tmp");
         let plain = vec![dir.path().to_path_buf()];
         for (private, read_only) in [(plain.clone(), vec![]), (vec![], plain.clone())] {
             let e = Trust::for_this_process()
                 .with_pod_volumes(&private, &read_only)
-                .expect_err("a plain dir");
-            assert!(e.to_string().contains("not a mount point"), "{e}");
+                .expect_err("a plain dir, or a root daemon");
+            let expected = if nix::unistd::geteuid().is_root() {
+                "a root daemon on a host"
+            } else {
+                "not a mount point"
+            };
+            assert!(e.to_string().contains(expected), "{e}");
         }
         Trust::for_this_process()
-            .with_pod_volumes(&[PathBuf::from("/proc")], &[])
-            .expect("/proc is a mount point");
+            .with_pod_volumes(&[], &[])
+            .expect("none named");
         assert_eq!(unescape_mount_path("/a\\040b\\011c"), "/a b\tc");
     }
 

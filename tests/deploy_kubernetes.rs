@@ -837,6 +837,24 @@ exec setpriv --reuid=65532 --regid=65532 --groups=65534 --inh-caps=-all "$@""#;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(get("/readyz").await.0, 200);
+    // The next good version (a changed catalogue) is taken whole.
+    let mut fixed = policy_files.clone();
+    fixed
+        .iter_mut()
+        .find(|(p, _)| p == "config/tools/data.yaml")
+        .expect("catalogue")
+        .1
+        .push_str("\n# a new version\n");
+    write_policies(&fixed);
+    let started = std::time::Instant::now();
+    while !read_log().contains("policy set reloaded") {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the fixed version was not loaded: {}",
+            read_log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     // SIGTERM (what the kubelet sends after preStop): it stops, cleanly.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

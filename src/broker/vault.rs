@@ -422,18 +422,26 @@ impl VaultBroker {
         if !client.settings.token.is_empty() {
             return Ok(());
         }
-        if let Some(token) = self.login_on(&client).await? {
+        if let Some((token, ttl)) = self.login_on(&client).await? {
             client.set_token(&token);
+            self.set_token_ttl(ttl);
         }
         Ok(())
     }
 
-    /// Log in with `client` (AppRole or Kubernetes auth); the new token,
-    /// its TTL recorded. `None` for token auth.
+    fn set_token_ttl(&self, ttl: (Duration, bool)) {
+        if let Ok(mut t) = self.token_ttl.lock() {
+            *t = Some(ttl);
+        }
+    }
+
+    /// Log in with `client` (AppRole or Kubernetes auth): the new token,
+    /// its TTL and whether it is renewable. `None` for token auth.
+    #[allow(clippy::type_complexity)]
     async fn login_on(
         &self,
         client: &VaultClient,
-    ) -> Result<Option<Zeroizing<String>>, BrokerError> {
+    ) -> Result<Option<(Zeroizing<String>, (Duration, bool))>, BrokerError> {
         let (method, mount, result) = match &self.settings.auth {
             VaultAuth::Token(_) => return Ok(None),
             VaultAuth::AppRole {
@@ -462,11 +470,9 @@ impl VaultBroker {
             }
         };
         let info = result.map_err(|e| login_error(e, method, mount))?;
-        if let Ok(mut t) = self.token_ttl.lock() {
-            *t = Some((Duration::from_secs(info.lease_duration), info.renewable));
-        }
         tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with {method} auth");
-        Ok(Some(Zeroizing::new(info.client_token)))
+        let ttl = (Duration::from_secs(info.lease_duration), info.renewable);
+        Ok(Some((Zeroizing::new(info.client_token), ttl)))
     }
 
     /// Look up the gateway's own token: checks that Vault is reachable,
@@ -522,8 +528,9 @@ impl VaultBroker {
     /// half its TTL (a root or non-expiring token needs nothing). A token
     /// from a login (Kubernetes auth, AppRole) that cannot be renewed, or
     /// whose renewal no longer gives it the TTL it had (its role's
-    /// `token_max_ttl` is near), is replaced by logging in again at two
-    /// thirds of its TTL: a pod's gateway never runs on an expired token.
+    /// `token_max_ttl` is near), is replaced by logging in again at half
+    /// its TTL: a pod's gateway never runs on an expired token, and the
+    /// token it leaves outlives the credentials it minted by half a TTL.
     pub fn spawn_renewal(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
         let logs_in = !matches!(this.settings.auth, VaultAuth::Token(_));
@@ -603,21 +610,21 @@ impl VaultBroker {
     /// TTL, and `false` (not a renewal).
     async fn login_again(&self) -> Result<(Duration, bool), BrokerError> {
         let fresh = client_for(&self.settings)?;
-        if let Some(token) = self.login_on(&fresh).await? {
-            self.client.write().await.set_token(&token);
+        let Some((token, ttl)) = self.login_on(&fresh).await? else {
+            return Ok((Duration::ZERO, false));
+        };
+        {
+            // The TTL is the new token's, recorded with the swap (a check
+            // of the old token meanwhile cannot overwrite it after).
+            let mut client = self.client.write().await;
+            client.set_token(&token);
+            self.set_token_ttl(ttl);
         }
-        let ttl = self
-            .token_ttl
-            .lock()
-            .ok()
-            .and_then(|t| *t)
-            .map(|t| t.0)
-            .unwrap_or_default();
         tracing::info!(
-            ttl_seconds = ttl.as_secs(),
+            ttl_seconds = ttl.0.as_secs(),
             "logged in to Vault again for a fresh token"
         );
-        Ok((ttl, false))
+        Ok((ttl.0, false))
     }
 
     /// Revoke every lease a crashed gateway left open (owner gone), with the

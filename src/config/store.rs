@@ -74,7 +74,7 @@ impl StoreConfig {
                 if !meta.is_file() {
                     return Err(bad("not a regular file".into()));
                 }
-                check_secret_file(&meta, &path, volumes).map_err(bad)?;
+                check_secret_file(&f, &meta, volumes).map_err(bad)?;
                 let mut text = Zeroizing::new(String::new());
                 f.read_to_string(&mut text)
                     .map_err(|e| bad(e.to_string()))?;
@@ -108,8 +108,8 @@ pub struct SecretVolumes {
 /// owns it and only a group of this process's, never the socket's, may
 /// read it too. Nobody else may read it, and nobody but its owner write it.
 pub fn check_secret_file(
+    file: &std::fs::File,
     meta: &std::fs::Metadata,
-    path: &std::path::Path,
     volumes: &SecretVolumes,
 ) -> Result<(), String> {
     let mode = meta.mode() & 0o777;
@@ -119,23 +119,24 @@ pub fn check_secret_file(
     }
     let mine = nix::unistd::getegid().as_raw() == meta.gid()
         || nix::unistd::getgroups().is_ok_and(|g| g.iter().any(|g| g.as_raw() == meta.gid()));
-    let socket_group = volumes
-        .not_group
-        .as_deref()
-        .and_then(|n| nix::unistd::Group::from_name(n).ok().flatten())
-        .map(|g| g.gid.as_raw());
-    let on_volume = std::fs::canonicalize(path).is_ok_and(|real| {
-        volumes.read_only.iter().any(|v| {
-            std::fs::canonicalize(v)
-                .is_ok_and(|v| real.starts_with(&v) && crate::trust::on_read_only_mount(&v))
-        })
-    });
-    if meta.uid() == 0
-        && me != 0
-        && mine
-        && on_volume
-        && socket_group != Some(meta.gid())
-        && mode & 0o037 == 0
+    // The socket's group must be known to be another (an unknown one
+    // could be this file's).
+    let not_the_socket_group = match volumes.not_group.as_deref() {
+        None => true,
+        Some(n) => nix::unistd::Group::from_name(n)
+            .ok()
+            .flatten()
+            .is_some_and(|g| g.gid.as_raw() != meta.gid()),
+    };
+    // Judged by the opened file itself: on a read-only file system, the
+    // same one as a declared volume's (no path is looked up again).
+    let on_volume = nix::sys::statvfs::fstatvfs(file)
+        .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+        && volumes
+            .read_only
+            .iter()
+            .any(|v| std::fs::metadata(v).is_ok_and(|v| v.dev() == meta.dev()));
+    if meta.uid() == 0 && me != 0 && mine && on_volume && not_the_socket_group && mode & 0o037 == 0
     {
         return Ok(());
     }

@@ -91,11 +91,11 @@ pub struct HttpServer {
     policy: Arc<crate::policy::PolicyStore>,
     /// The failing checks at the last `/readyz`, so that a change is
     /// logged once rather than at every probe.
-    not_ready: std::sync::Mutex<Vec<&'static str>>,
+    not_ready: Arc<std::sync::Mutex<Vec<&'static str>>>,
     /// The last `/readyz` answer and when it was made: answers within
     /// [`READY_CACHE`] of it are the same, and one check runs at a time,
     /// so that a flood of probes costs the database and Vault nothing more.
-    ready_cache: tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>,
+    ready_cache: Arc<tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>>,
 }
 
 /// How long a `/readyz` answer is reused.
@@ -278,65 +278,90 @@ impl HttpServer {
     /// (each within [`READY_CHECK_TIMEOUT`], all at once), else 503. The
     /// answer names each check and `ok` or `failed`, nothing more.
     async fn readiness(&self) -> Response<Body> {
-        let mut cache = self.ready_cache.lock().await;
+        let mut cache = Arc::clone(&self.ready_cache).lock_owned().await;
         if let Some((at, status, body)) = cache.as_ref()
             && at.elapsed() < READY_CACHE
         {
             return plain(*status, body);
         }
-        let (status, body) = self.check_readiness().await;
-        *cache = Some((std::time::Instant::now(), status, body.clone()));
-        plain(status, &body)
-    }
-
-    async fn check_readiness(&self) -> (StatusCode, String) {
-        let mut lines = vec![(
-            "policy",
-            self.policy
-                .current()
-                .map(|_| ())
-                .map_err(|_| "no policy set is loaded".to_string()),
-        )];
-        let runs = self.ready.iter().map(|c| {
-            let f = (c.check)();
-            async move {
-                let r = match tokio::time::timeout(READY_CHECK_TIMEOUT, f).await {
-                    Ok(r) => r,
-                    Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
-                };
-                (c.name, r)
-            }
+        // In a task of its own, which holds the lock and fills the cache:
+        // a client that hangs up mid-check cancels nothing, and the next
+        // probe gets this answer rather than starting another check.
+        let (policy, ready, not_ready) = (
+            Arc::clone(&self.policy),
+            self.ready.clone(),
+            Arc::clone(&self.not_ready),
+        );
+        let task = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let (status, body) = check_readiness(&policy, &ready, &not_ready).await;
+            *cache = Some((started, status, body.clone()));
+            (status, body)
         });
-        lines.extend(futures::future::join_all(runs).await);
-        let failing: Vec<&'static str> = lines
-            .iter()
-            .filter(|(_, r)| r.is_err())
-            .map(|(n, _)| *n)
-            .collect();
-        if let Ok(mut was) = self.not_ready.lock()
-            && *was != failing
-        {
-            for (name, r) in &lines {
-                if let Err(e) = r {
-                    tracing::warn!(check = name, "not ready: {e}");
-                }
-            }
-            if failing.is_empty() {
-                tracing::info!("ready: every readiness check passes");
-            }
-            *was = failing.clone();
+        match task.await {
+            Ok((status, body)) => plain(status, &body),
+            Err(_) => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "readiness: the check failed\n",
+            ),
         }
-        let body: String = lines
-            .iter()
-            .map(|(n, r)| format!("{n}: {}\n", if r.is_ok() { "ok" } else { "failed" }))
-            .collect();
-        let status = if failing.is_empty() {
-            StatusCode::OK
-        } else {
-            StatusCode::SERVICE_UNAVAILABLE
-        };
-        (status, body)
     }
+}
+
+/// Run every readiness check at once (each within
+/// [`READY_CHECK_TIMEOUT`]); the answer's status and body. A change in
+/// what fails is logged, with the reasons, once.
+async fn check_readiness(
+    policy: &crate::policy::PolicyStore,
+    ready: &[ReadyCheck],
+    not_ready: &std::sync::Mutex<Vec<&'static str>>,
+) -> (StatusCode, String) {
+    let mut lines = vec![(
+        "policy",
+        policy
+            .current()
+            .map(|_| ())
+            .map_err(|_| "no policy set is loaded".to_string()),
+    )];
+    let runs = ready.iter().map(|c| {
+        let f = (c.check)();
+        async move {
+            let r = match tokio::time::timeout(READY_CHECK_TIMEOUT, f).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
+            };
+            (c.name, r)
+        }
+    });
+    lines.extend(futures::future::join_all(runs).await);
+    let failing: Vec<&'static str> = lines
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(n, _)| *n)
+        .collect();
+    if let Ok(mut was) = not_ready.lock()
+        && *was != failing
+    {
+        for (name, r) in &lines {
+            if let Err(e) = r {
+                tracing::warn!(check = name, "not ready: {e}");
+            }
+        }
+        if failing.is_empty() {
+            tracing::info!("ready: every readiness check passes");
+        }
+        *was = failing.clone();
+    }
+    let body: String = lines
+        .iter()
+        .map(|(n, r)| format!("{n}: {}\n", if r.is_ok() { "ok" } else { "failed" }))
+        .collect();
+    let status = if failing.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body)
 }
 
 impl HttpServer {
