@@ -326,20 +326,7 @@ async fn the_fake_api_server_accepts_each_overlay_applied_in_the_rendered_order(
         // (list and delete its leftover Jobs and Secrets) and nothing else.
         let token = kube.with(|s| s.service_account_token(NS, "gateway"));
         let dir = tempfile::tempdir().expect("tmp");
-        let token_file = dir.path().join("token");
-        std::fs::write(&token_file, &token).expect("token");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            gateway::broker::kubeconfig::kubeconfig(
-                &kube.url(),
-                kube.ca_pem.as_bytes(),
-                "kubernetes",
-                &token_file.display().to_string(),
-                NS,
-            ),
-        )
-        .expect("kubeconfig");
+        let kubeconfig = kube.kubeconfig(dir.path(), &token, NS);
         let cfg = gateway::sandbox::kubernetes::KubeSandboxConfig {
             kubeconfig: Some(kubeconfig),
             ..Default::default()
@@ -470,6 +457,22 @@ fn the_configmap_as_the_kubelet_mounts_it_loads_the_same_policy_set() {
         .expect("repo");
     assert_eq!(mounted.fingerprint, repo.fingerprint);
     assert!(Path::new(&volume_dir).join("..data").exists());
+}
+
+/// Wait up to 20 s for `text` in the daemon's log at `log`.
+async fn wait_for_log(log: &Path, text: &str, what: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        let now = std::fs::read_to_string(log).unwrap_or_default();
+        if now.contains(text) {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{what}: {now}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// The kubelet's part for one volume: `files` written in its layout under
@@ -827,15 +830,12 @@ exec setpriv --reuid=65532 --regid=65532 --groups=65534 --inh-caps=-all "$@""#;
         .1
         .push_str("\nnot rego {\n");
     write_policies(&broken);
-    let started = std::time::Instant::now();
-    while !read_log().contains("policy reload failed, keeping the last good set") {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the broken version was not reported: {}",
-            read_log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_for_log(
+        &log,
+        "policy reload failed, keeping the last good set",
+        "the broken version was not reported",
+    )
+    .await;
     assert_eq!(get("/readyz").await.0, 200);
     // The next good version (a changed catalogue) is taken whole.
     let mut fixed = policy_files.clone();
@@ -846,15 +846,12 @@ exec setpriv --reuid=65532 --regid=65532 --groups=65534 --inh-caps=-all "$@""#;
         .1
         .push_str("\n# a new version\n");
     write_policies(&fixed);
-    let started = std::time::Instant::now();
-    while !read_log().contains("policy set reloaded") {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the fixed version was not loaded: {}",
-            read_log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_for_log(
+        &log,
+        "policy set reloaded",
+        "the fixed version was not loaded",
+    )
+    .await;
     // SIGTERM (what the kubelet sends after preStop): it stops, cleanly.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

@@ -201,6 +201,19 @@ struct Answer {
 }
 
 impl Http {
+    /// A client trusting the CA at `ca` (PEM), for `url`.
+    fn new(ca: &Path, url: &str) -> Http {
+        let pem = std::fs::read(ca).expect("ca");
+        Http {
+            rt: tokio::runtime::Runtime::new().expect("runtime"),
+            client: reqwest::Client::builder()
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
+                .build()
+                .expect("client"),
+            url: url.to_string(),
+        }
+    }
+
     fn post(
         &self,
         url: &str,
@@ -333,17 +346,7 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let pem = std::fs::read(&ca).expect("ca");
-    let client = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
-        .build()
-        .expect("client");
-    let http = Http {
-        rt,
-        client,
-        url: resource.clone(),
-    };
+    let http = Http::new(&ca, &resource);
 
     // Discovery: the resource metadata names the issuer.
     let (status, body) = http.get(&format!(
@@ -1069,15 +1072,7 @@ fn refusals_of_one_address_are_audited_up_to_a_budget() {
         assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    let pem = std::fs::read(&ca).expect("ca");
-    let http = Http {
-        rt: tokio::runtime::Runtime::new().expect("runtime"),
-        client: reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
-            .build()
-            .expect("client"),
-        url: resource.clone(),
-    };
+    let http = Http::new(&ca, &resource);
     for _ in 0..20 {
         let a = http.post(&http.url, None, &[], &initialize());
         assert_eq!(a.status, 401, "{}", a.body);
@@ -1196,15 +1191,7 @@ fn over_https_a_call_asked_on_one_replica_is_approved_and_applied_on_another() {
     // database; alive but not ready while the database is away (the
     // answer names the check, never the database's address or error);
     // ready again once it is back.
-    let pem = std::fs::read(&ca).expect("ca");
-    let probe = Http {
-        rt: tokio::runtime::Runtime::new().expect("runtime"),
-        client: reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
-            .build()
-            .expect("client"),
-        url: resource.clone(),
-    };
+    let probe = Http::new(&ca, &resource);
     let readyz = format!("https://127.0.0.1:{port_a}/readyz");
     assert_eq!(
         probe.get(&readyz),

@@ -35,20 +35,7 @@ async fn cluster(tweak: impl FnOnce(&mut KubeSandboxConfig)) -> Cluster {
     let dir = tempfile::tempdir().expect("tmp");
     let workspace = tempfile::tempdir().expect("workspace");
     // The gateway's own access: a kubeconfig with the CA and a token file.
-    let token = dir.path().join("token");
-    std::fs::write(&token, &kube.admin_jwt).expect("token");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        gateway::broker::kubeconfig::kubeconfig(
-            &kube.url(),
-            kube.ca_pem.as_bytes(),
-            "kubernetes",
-            &token.display().to_string(),
-            NS,
-        ),
-    )
-    .expect("kubeconfig");
+    let kubeconfig = kube.kubeconfig(dir.path(), &kube.admin_jwt, NS);
     let mut cfg = KubeSandboxConfig {
         workspace_pvc: Some("gateway-workspace".into()),
         workspace_root: workspace.path().to_path_buf(),

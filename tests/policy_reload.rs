@@ -408,15 +408,21 @@ fn kubelet_write_set(dir: &Path, v: &str) {
     common::kubelet_write(dir, &refs);
 }
 
-#[test]
-fn a_configmap_volume_is_read_one_whole_version_at_a_time() {
+/// A store on a ConfigMap-style volume holding version `v`.
+fn configmap_store(v: &str) -> (tempfile::TempDir, std::path::PathBuf, Arc<PolicyStore>) {
     let dir = tempfile::tempdir().expect("tmp");
     let volume = dir.path().join("policies");
-    kubelet_write_set(&volume, "a");
+    kubelet_write_set(&volume, v);
     let store = Arc::new(PolicyStore::open(
         vec![volume.clone()],
         LoadOptions::default(),
     ));
+    (dir, volume, store)
+}
+
+#[test]
+fn a_configmap_volume_is_read_one_whole_version_at_a_time() {
+    let (_dir, volume, store) = configmap_store("a");
     assert_eq!(store.decide(&pod_status("x")).decision.tier, "a-a");
     let _watch = store.watch(Duration::from_millis(5), |_| {});
 
@@ -478,13 +484,7 @@ fn a_configmap_volume_is_read_one_whole_version_at_a_time() {
 
 #[test]
 fn a_broken_configmap_version_keeps_the_last_good_set_and_the_next_good_one_loads() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let volume = dir.path().join("policies");
-    kubelet_write_set(&volume, "a");
-    let store = Arc::new(PolicyStore::open(
-        vec![volume.clone()],
-        LoadOptions::default(),
-    ));
+    let (_dir, volume, store) = configmap_store("a");
     let good = store.current().expect("loaded").fingerprint.clone();
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&events);

@@ -913,6 +913,26 @@ impl FakeKube {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// A kubeconfig in `dir` for this server (its CA), authenticating with
+    /// `token` (kept in a file beside it), default namespace `ns`.
+    pub fn kubeconfig(&self, dir: &std::path::Path, token: &str, ns: &str) -> std::path::PathBuf {
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, token).expect("token");
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            gateway::broker::kubeconfig::kubeconfig(
+                &self.url(),
+                self.ca_pem.as_bytes(),
+                "kubernetes",
+                &token_file.display().to_string(),
+                ns,
+            ),
+        )
+        .expect("kubeconfig");
+        kubeconfig
+    }
+
     /// Serve these pods in `ns`.
     pub fn set_pods(&self, ns: &str, pods: Vec<Value>) {
         self.state
