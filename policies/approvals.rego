@@ -43,14 +43,25 @@ counts(a) if {
 	not is_requester(a, requester_names(input.approval))
 	admitted(a)
 	in_scope(a, spend_call)
+	not token_only_on_destructive(a, spend_call)
+}
+
+# A bearer token proves whose token it is, not that a person is there: the
+# agent holds its person's token. So an SSO verdict alone does not grant a
+# destructive change (one with signals) unless identity.sso_destructive
+# says it may; a passkey (user verification) or a signed key does.
+token_only_on_destructive(id, call) if {
+	id.kind == "sso"
+	count(call.signal_kinds) > 0
+	not object.get(cfg.identity, "sso_destructive", false)
 }
 
 # The person an identity is: an OS user is itself; a key's principal is a
 # person of that name unless identity.owners names the OS user who holds
 # it (so that one person's account and key count once).
-person(id) := object.get(object.get(cfg.identity, "owners", {}), id.name, id.name) if id.kind == "ssh_key"
+person(id) := object.get(object.get(cfg.identity, "owners", {}), id.name, id.name) if id.kind in {"ssh_key", "passkey"}
 
-person(id) := id.name if not id.kind in {"ssh_key", "sso"}
+person(id) := id.name if not id.kind in {"ssh_key", "passkey", "sso"}
 
 # An SSO identity is the person identity.sso_people names for it, else the
 # person its e-mail's (or username's) local part names: bob@corp.example
@@ -144,6 +155,12 @@ requirement := {
 #                                      signers below; name = its principal
 #   {"name", "kind": "os_user", "os_user", "groups"}
 #                                      the OS user the kernel named
+#   {"name", "kind": "passkey", "os_user": "", "key": {"fingerprint":
+#    "webauthn:<credential id>", "type": "webauthn", "principals",
+#    "user_presence": <user verified>}}
+#                                      a passkey of the list below signed
+#                                      the verdict's statement on the
+#                                      approval page, with user verification
 #   {"name", "kind": "sso", "id", "issuer", "subject", "email", "groups"}
 #                                      a bearer token the HTTP transport
 #                                      verified (name = its username; groups
@@ -153,10 +170,20 @@ requirement := {
 # format). The gateway checks signatures against exactly this text.
 allowed_signers := object.get(data.config, ["approvers", "allowed_signers"], "")
 
+# The passkeys that identify approvers on the approval page: a list of
+# {"name": APPROVER, "credential": {...}} as the page's registration
+# prints them. The gateway checks assertions against exactly this list.
+passkeys := object.get(data.config, ["approvers", "passkeys"], [])
+
 # Which identities count at all.
 admitted(id) if {
 	id.kind == "ssh_key"
 	cfg.identity.keys
+}
+
+admitted(id) if {
+	id.kind == "passkey"
+	object.get(cfg.identity, "passkeys", false)
 }
 
 admitted(id) if {
@@ -230,6 +257,7 @@ verdict_refusals contains msg if {
 
 not_admitted_hint := {
 	"ssh_key": "signed approvals are off (data.config.approvals.identity.keys)",
+	"passkey": "passkey approvals are off (data.config.approvals.identity.passkeys)",
 	"os_user": "the user is not in data.config.approvals.identity users or groups; sign with an allowed key (gateway approve --key)",
 }
 
@@ -245,6 +273,12 @@ verdict_refusals contains msg if {
 	v.verdict == "grant"
 	person({"name": v.approver, "kind": object.get(v, "kind", "")}) == person(input.approver)
 	msg := sprintf("%s already approved %s; it needs approvals from other people", [person(input.approver), input.approval.id])
+}
+
+verdict_refusals contains msg if {
+	input.verdict == "grant"
+	token_only_on_destructive(input.approver, verdict_call)
+	msg := sprintf("%s approves with a token alone, and this change is destructive: approve it with a passkey on the approval page, or a signed key (data.config.approvals.identity.sso_destructive allows tokens)", [input.approver.name])
 }
 
 verdict_refusals contains msg if {
@@ -322,6 +356,12 @@ may_approve if {
 may_approve if {
 	sso_client_may_approve(input)
 	input.user in object.get(cfg.identity, "sso_users", [])
+}
+
+# A session of the approval page, opened with a listed passkey.
+may_approve if {
+	input.kind == "passkey"
+	object.get(cfg.identity, "passkeys", false)
 }
 
 may_approve if {

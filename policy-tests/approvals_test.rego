@@ -269,14 +269,14 @@ test_an_sso_approver_never_approves_a_call_of_its_own_under_any_name if {
 	r2 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": alice, "approval": os_call}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
 		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
-	contains(r2.reasons[0], "cannot approve it")
+	contains(concat(" ", r2.reasons), "cannot approve it")
 	# Named in sso_people: the OS user it also is.
 	al := sso_approver("al@corp.example", "al@corp.example", ["approvers"])
 	r3 := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": al, "approval": os_call}
 		with data.config.approvals.identity.sso_groups as ["approvers"]
 		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 		with data.config.approvals.identity.sso_people as {"al@corp.example": "alice"}
-	contains(r3.reasons[0], "cannot approve it")
+	contains(concat(" ", r3.reasons), "cannot approve it")
 }
 
 test_an_sso_caller_may_approve_by_its_own_lists if {
@@ -326,4 +326,56 @@ test_over_https_anyone_lists_only_their_own_and_runs_nothing_else if {
 	approvals.may_run with input as {"kind": "sso", "user": "carol@example.com", "groups": [], "channel": "http", "command": "approvals"}
 	not approvals.may_run with input as {"kind": "sso", "user": "carol@example.com", "groups": [], "channel": "http", "command": "audit"}
 		with data.config.approvals.identity.anyone as ["approvals", "audit"]
+}
+
+passkey_approver(name) := {"name": name, "kind": "passkey", "os_user": "", "key": {"fingerprint": "webauthn:AAAA", "type": "webauthn", "principals": [name], "user_presence": true}}
+
+destructive_sso_approval := object.union(sso_approval("x"), {"signals": [{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"], "reason": null, "paths": [], "message": "replaced"}]})
+
+test_a_token_alone_does_not_grant_a_destructive_change if {
+	bob := sso_approver("bob@example.com", "bob@example.com", ["approvers"])
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": destructive_sso_approval}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	not r.allow
+	contains(concat(" ", r.reasons), "approve it with a passkey")
+	# Unless the policy says tokens may.
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": destructive_sso_approval}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+		with data.config.approvals.identity.sso_destructive as true
+	# A non-destructive one, a token grants.
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "http", "approver": bob, "approval": sso_approval("x")}
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	# A passkey grants it.
+	approvals.verdict.allow with input as {"verdict": "grant", "channel": "web", "approver": passkey_approver("bob"), "approval": destructive_sso_approval}
+}
+
+test_a_token_grant_of_a_destructive_change_does_not_count_at_the_spend if {
+	bob := sso_approver("bob@example.com", "bob@example.com", ["approvers"])
+	sigs := [{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"], "reason": null, "paths": [], "message": "replaced"}]
+	not approvals.counts(bob) with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "approval": sso_approval("x")}
+		with data.gateway.signals.signals as sigs
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	approvals.counts(passkey_approver("bob")) with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "approval": sso_approval("x")}
+		with data.gateway.signals.signals as sigs
+}
+
+test_a_passkey_is_its_listed_names_and_never_the_requesters if {
+	# Listed under the requester's name: the requester's own passkey.
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "web", "approver": passkey_approver("alice"), "approval": object.union(stored, {"requested_by": "alice"})}
+	not r.allow
+	contains(r.reasons[0], "cannot approve it")
+	# Off: not an approver.
+	r2 := approvals.verdict with input as {"verdict": "grant", "channel": "web", "approver": passkey_approver("bob"), "approval": stored}
+		with data.config.approvals.identity.passkeys as false
+	contains(r2.reasons[0], "passkey approvals are off")
+	# A page session may read every approval when passkeys are on.
+	approvals.may_approve with input as {"kind": "passkey", "user": "bob", "groups": [], "channel": "web", "command": "approvals"}
+	not approvals.may_approve with input as {"kind": "passkey", "user": "bob", "groups": [], "channel": "web", "command": "approvals"}
+		with data.config.approvals.identity.passkeys as false
+	# One person's key and passkey count once (owners).
+	approvals.person(passkey_approver("bob-phone")) == "bob" with data.config.approvals.identity.owners as {"bob-phone": "bob"}
 }

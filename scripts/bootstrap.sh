@@ -41,6 +41,12 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 # PostgreSQL: the shared store of a team gateway; the store tests start
 # their own server from its binaries (tests/support/postgres.rs).
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need+=(postgresql)
+# OpenSSL's headers: the passkey checks (webauthn-rs) link the system's
+# OpenSSL.
+pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev pkg-config)
+# A real browser for the approval page tests (tests/approval_page.rs drives
+# Debian's Chromium headless with playwright-core, tests/browser/).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then

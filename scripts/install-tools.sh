@@ -12,6 +12,8 @@
 #                        PyYAML and jsonschema, for scripts/opa-conformance.py
 #   tests/oidc/node_modules  the OpenID provider the SSO tests start (npm
 #                        oidc-provider, the versions tests/oidc/package-lock.json pins)
+#   tests/browser/node_modules  playwright-core, which drives Debian's Chromium
+#                        in the approval page tests (tests/browser/package-lock.json)
 #   tests/inspector/node_modules  the MCP Inspector, whose CLI the HTTP tests
 #                        drive the gateway with (tests/inspector/package-lock.json)
 # Idempotent: a tool already installed at the pinned version is left alone.
@@ -142,6 +144,13 @@ install_oidc() {
     || { say "oidc-provider does not load under $(node --version)"; exit 1; }
 }
 
+install_browser() {
+  local dir="$root/tests/browser"
+  npm_ci "$dir" "playwright-core"
+  node -e "import('$dir/node_modules/playwright-core/index.mjs').then(() => {})" \
+    || { say "playwright-core does not load under $(node --version)"; exit 1; }
+}
+
 install_inspector() {
   local dir="$root/tests/inspector"
   npm_ci "$dir" "the MCP Inspector"
@@ -150,7 +159,7 @@ install_inspector() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc inspector)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc inspector browser)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
@@ -160,6 +169,7 @@ for t in "${want[@]}"; do
     opa) install_opa ;;
     oidc) install_oidc ;;
     inspector) install_inspector ;;
+    browser) install_browser ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -292,7 +292,13 @@ fn the_operator_cli_lists_shows_approves_and_refuses() {
         "{text}"
     );
     assert!(
-        text.contains("delete,create") && text.contains("replace_because_cannot_update"),
+        text.contains("replace (destroy and re-create) (1):")
+            && text.contains("replace_because_cannot_update"),
+        "{text}"
+    );
+    // The page's order: the signals before the changes.
+    assert!(
+        text.find("DESTRUCTIVE SIGNALS") < text.find("planned changes (1: 1 replace)"),
         "{text}"
     );
     assert!(

@@ -995,7 +995,17 @@ fn remote_mcp_with_sso_serves_the_policy_to_real_clients_and_refuses_every_bad_t
         .as_str()
         .expect("approval id")
         .to_string();
+    // The change replaces a resource: bob's token alone (which his agent
+    // may hold) does not grant it. A proof a token cannot give does (here
+    // the approver's OS user on the socket).
     let out = remote_from_file(&["approve", &second, "--reason", "the inspector's change"]);
+    assert!(!out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("approve it with a passkey"),
+        "{}",
+        said(&out)
+    );
+    let out = approve(&second);
     assert!(out.status.success(), "{}", said(&out));
     let applied = inspector(&[
         "--method",
@@ -1240,4 +1250,277 @@ fn over_https_a_call_asked_on_one_replica_is_approved_and_applied_on_another() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// An approval with `changes` planned changes (and a diff each) and
+/// `signals`, written to the daemon's store as the pipeline would.
+fn seed_approval(home: &Path, changes: Vec<Value>, signals: Value) -> String {
+    let mut store = gateway::approvals::ApprovalStore::in_home(home).expect("store");
+    let (a, _) = store
+        .create(&gateway::approvals::NewApproval {
+            tool: "terraform_apply".into(),
+            params: json!({"working_dir": "terraform/seeded"}),
+            plan_sha256: Some("ab".repeat(32)),
+            plan_summary: Value::Array(changes),
+            signals,
+            request_id: "seeded".into(),
+            requested_by: "sso:https://idp.example#mallory".into(),
+            requested_client: "agent <b>cli</b>".into(),
+            requester: Value::Null,
+            approvers_required: 1,
+            ttl: Duration::from_secs(1800),
+            reason_required: true,
+        })
+        .expect("create");
+    a.id
+}
+
+/// The approval page in a real browser (Debian's Chromium, headless, driven
+/// by playwright-core) with a virtual WebAuthn authenticator: an approver
+/// registers a passkey, a policy author lists it, the approver signs in,
+/// reads the page (signals first) and approves with user verification; the
+/// agent's apply then runs. The attacks: an anonymous reader, forged posts
+/// (another origin, no CSRF token, a form), a verdict without a passkey, an
+/// assertion without user verification, the requester's own session and
+/// its crafted grant, a hostile plan with markup and bidi characters. A
+/// plan of 2,000 changes renders within the budget.
+#[test]
+fn an_approver_on_another_machine_approves_from_the_page_with_a_passkey() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let playwright = common::repo().join("tests/browser/node_modules/playwright-core");
+    assert!(
+        playwright.exists(),
+        "{} is missing: run scripts/install-tools.sh browser",
+        playwright.display()
+    );
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "chromium is missing: scripts/bootstrap.sh installs it"
+    );
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    let k = rcgen::KeyPair::generate().expect("key");
+    let signing = keys.path().join("sign.pem");
+    std::fs::write(&signing, k.serialize_pem()).expect("write key");
+    let (gw_port, idp_port) = (free_port(), free_port());
+    // Named by a DNS name: browsers refuse passkeys on an IP address.
+    let resource = format!("https://localhost:{gw_port}/mcp");
+    let provider = Provider::start(
+        keys.path(),
+        idp_port,
+        &[(&signing, "key-0")],
+        &resource,
+        (&cert, &tls_key),
+    );
+    let workspace = tempfile::tempdir().expect("workspace");
+    common::copy_dir(
+        &common::repo().join("terraform/offline-demo"),
+        &workspace.path().join("terraform/offline-demo"),
+    );
+    let extra = format!(
+        "[http]\nlisten = \"127.0.0.1:{gw_port}\"\nresource = {resource:?}\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\n\
+         audited_refusals_per_minute = 1000\n\
+         [[http.issuers]]\nissuer = {iss:?}\nca_file = {ca:?}\nleeway_seconds = 5\n",
+        ws = workspace.path(),
+        iss = provider.issuer,
+    );
+    daemon::os_user(APPROVER);
+    let policies = common::policies_with(&[]);
+    let (dir, config) = Daemon::layout(policies.path(), &extra);
+    let d = Daemon::start_in(dir, config);
+    let started = Instant::now();
+    while !d.log().contains("serving MCP over HTTP") {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // alice's agent asks for an apply: it stops at the gate, and its result
+    // carries the page's link for the agent's client to show alice.
+    let alice = provider.login("alice", &resource, &ca);
+    let (ok, out) = sdk(&resource, &alice, &ca, "auto", "plan", None);
+    assert!(ok, "{out}\n{}", d.log());
+    let pending = last_json(&out);
+    let approval = pending["approval_id"]
+        .as_str()
+        .expect("approval id")
+        .to_string();
+    let base = format!("https://localhost:{gw_port}");
+    assert_eq!(
+        pending["review_url"],
+        format!("{base}/approvals/{approval}"),
+        "{pending:#}"
+    );
+    // Two more approvals: 2,000 changes, and a hostile module's.
+    let big: Vec<Value> = (0..2000)
+        .map(|i| {
+            json!({"address": format!("terraform_data.item[{i}]"), "actions": ["update"],
+                   "reason": null, "paths": [],
+                   "diff": [{"path": "input.size", "before": format!("{i}"), "after": format!("{}", i + 1)},
+                            {"path": "input.secret", "before": "(sensitive value)", "after": "(sensitive value)"}]})
+        })
+        .collect();
+    let big = seed_approval(&d.home, big, json!([]));
+    let evil = "<script>window.__pwned=true</script><a href=\"https://evil.example\">click</a>";
+    let bidi = "terraform_data.\u{202e}gol\u{200b}.web";
+    let hostile = seed_approval(
+        &d.home,
+        vec![
+            json!({"address": format!("{bidi}{evil}"), "actions": ["delete"], "reason": evil,
+                    "paths": [[evil]], "diff": [{"path": evil, "before": bidi, "after": null}]}),
+        ],
+        json!([{"address": format!("{bidi}{evil}"), "kind": "delete", "actions": ["delete"],
+                "reason": null, "paths": [], "message": format!("{bidi}{evil} will be destroyed")}]),
+    );
+    let shots = common::repo().join("target/approval-page");
+    std::fs::create_dir_all(&shots).expect("shots dir");
+    let approvers_file = d
+        .home
+        .parent()
+        .expect("layout")
+        .join("policies/config/approvers/data.yaml");
+    let out = Command::new("node")
+        .arg(common::repo().join("tests/browser/approval_page.mjs"))
+        .env("BASE", &base)
+        .env("APPROVAL", &approval)
+        .env("APPROVERS_FILE", &approvers_file)
+        .env("BIG", &big)
+        .env("HOSTILE", &hostile)
+        .env("SHOTS", &shots)
+        .output()
+        .expect("node");
+    let report = last_json(&common::stdout(&out));
+    assert!(
+        report.get("error").is_none() && report.is_object(),
+        "{report:#}\n{}\n{}",
+        common::stderr(&out),
+        d.log()
+    );
+    assert_eq!(report["registered"], json!([true, true]), "{report:#}");
+    assert!(
+        report["unlisted_sign_in"]
+            .as_str()
+            .is_some_and(|s| s.contains("no passkey is listed")),
+        "{report:#}"
+    );
+    assert_eq!(
+        report["anonymous_url"],
+        format!("/approvals/login?next={approval}"),
+        "{report:#}"
+    );
+    // What a careful reviewer needs first comes first.
+    assert_eq!(
+        report["sections"],
+        json!(["signals none", "facts", "decide", "changes"]),
+        "{report:#}"
+    );
+    let csp = report["headers"]["content-security-policy"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        csp.contains("frame-ancestors 'none'")
+            && csp.contains("script-src 'self'")
+            && !csp.contains("unsafe-inline"),
+        "{report:#}"
+    );
+    assert_eq!(report["headers"]["cache-control"], "no-store");
+    assert_eq!(report["cookie"]["sameSite"], "Strict", "{report:#}");
+    assert_eq!(report["cookie"]["httpOnly"], true, "{report:#}");
+    assert_eq!(report["cookie"]["secure"], true, "{report:#}");
+    for (forgery, status) in [
+        ("forged_origin", 403),
+        ("forged_no_csrf", 403),
+        ("forged_form", 415),
+        ("forged_verdict_without_passkey", 403),
+    ] {
+        assert_eq!(report[forgery]["status"], status, "{forgery}: {report:#}");
+    }
+    assert!(
+        report["forged_verdict_without_passkey"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("passkey is not accepted")),
+        "{report:#}"
+    );
+    // The requester's session: no grant button, and its crafted grant,
+    // signed by its own listed passkey, is refused by the policy.
+    assert_eq!(report["requester_grant_buttons"], 0, "{report:#}");
+    assert!(
+        report["requester_notice"]
+            .as_str()
+            .is_some_and(|t| t.contains("cannot approve it")),
+        "{report:#}"
+    );
+    assert_eq!(report["requester_crafted"]["step"], "verdict", "{report:#}");
+    assert!(
+        report["requester_crafted"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("requested this call and cannot approve it")),
+        "{report:#}"
+    );
+    // Without user verification: refused by the gateway (an assertion
+    // asked without it) and by the browser (the page asks for it).
+    assert_eq!(report["unverified"]["step"], "verdict", "{report:#}");
+    assert!(
+        report["unverified"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("passkey is not accepted")),
+        "{report:#}"
+    );
+    assert!(
+        report["unverified_click"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("refused")),
+        "{report:#}"
+    );
+    assert!(
+        report["approved"]
+            .as_str()
+            .is_some_and(|t| t.contains(&format!("approved {approval} as bob"))),
+        "{report:#}"
+    );
+    // 2,000 changes: all rendered, within the budget (measured: see README).
+    assert_eq!(report["big_changes"], 2000, "{report:#}");
+    assert!(
+        report["big_ms"].as_u64().is_some_and(|ms| ms < 5000),
+        "{report:#}"
+    );
+    // The hostile plan: no script of its own, no link it chose, its
+    // bidi and zero-width characters shown.
+    assert_eq!(report["hostile_scripts"], 1, "{report:#}");
+    assert_eq!(report["hostile_alerted"], false, "{report:#}");
+    assert!(
+        report["hostile_links"].as_array().is_some_and(|l| l
+            .iter()
+            .all(|h| h.as_str().is_some_and(|h| h.starts_with("/approvals")))),
+        "{report:#}"
+    );
+    let shown = report["hostile_text"].as_str().unwrap_or_default();
+    assert!(
+        shown.contains("\\u{202e}") && shown.contains("<script>") && !shown.contains('\u{202e}'),
+        "{shown}"
+    );
+
+    // The grant is a passkey's, kept whole; the agent's apply now runs.
+    let granted = last(&d, "approval.granted");
+    assert_eq!(granted["data"]["kind"], "passkey", "{granted:#}");
+    assert_eq!(granted["data"]["approver"], "bob", "{granted:#}");
+    assert!(
+        granted["data"]["signature"]
+            .as_str()
+            .is_some_and(|s| s.contains("authenticatorData"))
+    );
+    let (ok, out) = sdk(&resource, &alice, &ca, "auto", "apply", Some(&approval));
+    assert!(ok, "{out}\n{}", d.log());
+    assert_eq!(last_json(&out)["result"]["status"], "completed", "{out}");
+    assert_eq!(count(&d, "approval_page.signed_in"), 2);
+    assert_eq!(count(&d, "approval_page.passkey_registered"), 2);
+    // `audit verify` checks the passkey's assertion again.
+    let verify = common::gateway(&d.home)
+        .args(["audit", "verify"])
+        .output()
+        .expect("verify");
+    assert!(verify.status.success(), "{}", common::stdout(&verify));
+    assert!(
+        common::stdout(&verify).contains("(1 approval signature(s) checked)"),
+        "{}",
+        common::stdout(&verify)
+    );
 }

@@ -13,7 +13,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod passkey;
 pub mod proof;
+pub mod review;
 pub mod signature;
 
 use crate::db::postgres::PostgresDb;
@@ -29,7 +31,7 @@ pub const CHANGES_CHANNEL: &str = "gateway_approvals";
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -155,6 +157,29 @@ const MIGRATIONS: &[&str] = &[
             key_fingerprint, public_key, statement, signature FROM verdicts;
     DROP TABLE verdicts;
     ALTER TABLE verdicts_v5 RENAME TO verdicts;
+    "#,
+    // 6: a verdict may be given with a passkey (the approval page): its
+    // kind is `passkey`, its credential, statement and assertion are kept
+    // like a key's signature. SQLite cannot change a CHECK: rebuilt.
+    r#"
+    CREATE TABLE verdicts_v6 (
+        approval_id     TEXT NOT NULL REFERENCES approvals(id),
+        approver        TEXT NOT NULL,
+        verdict         TEXT NOT NULL CHECK (verdict IN ('grant', 'deny')),
+        reason          TEXT NOT NULL,
+        at_ms           INTEGER NOT NULL,
+        kind            TEXT NOT NULL CHECK (kind IN ('os_user', 'ssh_key', 'legacy', 'sso', 'passkey')),
+        os_user         TEXT NOT NULL,
+        key_fingerprint TEXT,
+        public_key      TEXT,
+        statement       TEXT,
+        signature       TEXT,
+        identity_json   TEXT,
+        UNIQUE (approval_id, approver, verdict)
+    );
+    INSERT INTO verdicts_v6 SELECT * FROM verdicts;
+    DROP TABLE verdicts;
+    ALTER TABLE verdicts_v6 RENAME TO verdicts;
     "#,
 ];
 
@@ -411,10 +436,11 @@ pub fn new_id() -> Result<String, ApprovalError> {
 }
 
 /// The schema on PostgreSQL (refinery's versions; SQLite's history is
-/// [`MIGRATIONS`]): the tables of SQLite's version 5.
-const POSTGRES_MIGRATIONS: &[(&str, &str)] = &[(
-    "V1__approvals",
-    r#"
+/// [`MIGRATIONS`]): the tables of SQLite's version 5, then its version 6's change.
+const POSTGRES_MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "V1__approvals",
+        r#"
     CREATE TABLE approvals (
         id                 TEXT PRIMARY KEY,
         tool               TEXT NOT NULL,
@@ -457,7 +483,16 @@ const POSTGRES_MIGRATIONS: &[(&str, &str)] = &[(
         UNIQUE (approval_id, approver, verdict)
     );
     "#,
-)];
+    ),
+    (
+        "V2__passkey_verdicts",
+        r#"
+    ALTER TABLE verdicts DROP CONSTRAINT verdicts_kind_check;
+    ALTER TABLE verdicts ADD CONSTRAINT verdicts_kind_check
+        CHECK (kind IN ('os_user', 'ssh_key', 'legacy', 'sso', 'passkey'));
+    "#,
+    ),
+];
 
 /// What a transaction found, kept out of it (a transaction may run again).
 type Found<T> = Option<Result<T, ApprovalError>>;

@@ -6,6 +6,7 @@
 
 use serde_json::{Value, json};
 
+use super::passkey::{self, Listed, PasskeyError, Proven, RelyingParty};
 use super::signature::{AllowedSigners, SignatureError, Signed, Signer, Statement};
 use super::{Approval, Approver, Verdict};
 
@@ -24,6 +25,8 @@ pub enum ProofError {
         "the signing key's principal {0:?} is not usable as a name (empty, or with control characters)"
     )]
     BadPrincipal(String),
+    #[error(transparent)]
+    Passkey(#[from] PasskeyError),
 }
 
 /// Check a signed verdict on `approval`: the statement is canonical and
@@ -42,6 +45,22 @@ pub fn check_signed(
     // sender nothing about the approval it names.
     let allowed = AllowedSigners::parse(signers).map_err(ProofError::Signers)?;
     let signer = allowed.verify(signed.statement.as_bytes(), &signed.signature, now_ms)?;
+    statement_is_for(approval, verdict, &statement, now_ms)?;
+    let name = &signer.principals[0];
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
+        return Err(ProofError::BadPrincipal(name.clone()));
+    }
+    Ok((signer, statement))
+}
+
+/// The statement names exactly this approval, tool, params, plan and
+/// verdict, and has not expired.
+fn statement_is_for(
+    approval: &Approval,
+    verdict: &str,
+    statement: &Statement,
+    now_ms: i64,
+) -> Result<(), ProofError> {
     let id = approval.id.clone();
     let mismatch = |field: &'static str, signed: &str, actual: &str| {
         // The values are not named: a caller who may not see the
@@ -74,11 +93,74 @@ pub fn check_signed(
     if statement.expires_at_ms()? <= now_ms {
         return Err(ProofError::Expired(statement.expires_at.clone()));
     }
-    let name = &signer.principals[0];
-    if name.trim().is_empty() || name.chars().any(char::is_control) {
-        return Err(ProofError::BadPrincipal(name.clone()));
+    Ok(())
+}
+
+/// What proves approvers today, from the policy: the allowed signers
+/// (SSH keys) and the listed passkeys.
+#[derive(Debug, Clone, Default)]
+pub struct Proofs {
+    pub signers: String,
+    pub passkeys: Vec<Listed>,
+}
+
+/// Check a passkey verdict on `approval`: the statement is canonical and
+/// names exactly this approval, tool, params, plan and verdict, has not
+/// expired, and the assertion (`navigator.credentials.get()`'s result, as
+/// JSON) signs its SHA-256 by a listed passkey for the page's origin, with
+/// user verification.
+pub fn check_passkey(
+    approval: &Approval,
+    verdict: &str,
+    statement: &str,
+    assertion: &str,
+    passkeys: &[Listed],
+    rp: &RelyingParty,
+    now_ms: i64,
+) -> Result<(Approver, Statement), ProofError> {
+    let st = Statement::parse(statement.as_bytes())?;
+    if assertion.len() > passkey::MAX_RESPONSE_BYTES {
+        return Err(ProofError::Passkey(PasskeyError::Malformed(
+            "too long".into(),
+        )));
     }
-    Ok((signer, statement))
+    let value: Value = serde_json::from_str(assertion)
+        .map_err(|e| ProofError::Passkey(PasskeyError::Malformed(e.to_string())))?;
+    let proven = rp.verify(
+        passkeys,
+        &passkey::statement_challenge(statement.as_bytes()),
+        &value,
+    )?;
+    statement_is_for(approval, verdict, &st, now_ms)?;
+    Ok((
+        passkey_approver(&proven, statement, assertion, &rp.origin()),
+        st,
+    ))
+}
+
+/// The approver a passkey proves. It is kept like a signed verdict: the
+/// credential stands for the key, the assertion for the signature.
+pub fn passkey_approver(p: &Proven, statement: &str, assertion: &str, origin: &str) -> Approver {
+    Approver {
+        name: p.name.clone(),
+        kind: "passkey",
+        os_user: String::new(),
+        signed: Some((
+            Signer {
+                principals: vec![p.name.clone()],
+                fingerprint: format!("webauthn:{}", p.credential_id),
+                key_type: "webauthn".into(),
+                public_key: p.credential.clone(),
+                user_presence: Some(p.user_verified),
+            },
+            Signed {
+                statement: statement.to_string(),
+                signature: assertion.to_string(),
+            },
+        )),
+        identity: Some(json!({"credential_id": p.credential_id, "origin": origin,
+                              "user_verified": p.user_verified})),
+    }
 }
 
 /// The approver a signed verdict proves.
@@ -119,7 +201,7 @@ pub fn identity_json(a: &Approver, groups: &[String]) -> Value {
 /// left out.
 pub fn identities_now(
     approval: &Approval,
-    signers: &str,
+    proofs: &Proofs,
     now_ms: i64,
     groups_of: impl Fn(&str) -> Vec<String>,
 ) -> Vec<Value> {
@@ -127,18 +209,53 @@ pub fn identities_now(
         .verdicts
         .iter()
         .filter(|v| v.verdict == "grant")
-        .filter_map(|v| proven_again(approval, v, signers, now_ms, &groups_of))
+        .filter_map(|v| proven_again(approval, v, proofs, now_ms, &groups_of))
         .collect()
 }
 
 fn proven_again(
     approval: &Approval,
     v: &Verdict,
-    signers: &str,
+    proofs: &Proofs,
     now_ms: i64,
     groups_of: &impl Fn(&str) -> Vec<String>,
 ) -> Option<Value> {
+    let signers = proofs.signers.as_str();
     match v.kind.as_str() {
+        // Verified again with the passkey as the policy lists it today (one
+        // taken off the list, or listed under another name, no longer
+        // counts), for the origin it was given at.
+        "passkey" => {
+            let (statement, assertion) = (v.statement.as_deref()?, v.signature.as_deref()?);
+            let origin = v.identity.as_ref()?["origin"].as_str()?;
+            let rp = RelyingParty::new(origin).ok()?;
+            let st = Statement::parse(statement.as_bytes()).ok()?;
+            let value: Value = serde_json::from_str(assertion).ok()?;
+            let proven = rp
+                .verify(
+                    &proofs.passkeys,
+                    &passkey::statement_challenge(statement.as_bytes()),
+                    &value,
+                )
+                .map_err(|e| {
+                    tracing::info!(
+                        "grant by {} of {} no longer proves: {e}",
+                        v.approver,
+                        approval.id
+                    )
+                })
+                .ok()?;
+            let at = chrono::DateTime::parse_from_rfc3339(&v.at)
+                .map(|t| t.timestamp_millis())
+                .ok()?;
+            statement_is_for(approval, "grant", &st, at.min(now_ms)).ok()?;
+            (proven.name == v.approver && st.reason == v.reason).then(|| {
+                identity_json(
+                    &passkey_approver(&proven, statement, assertion, origin),
+                    &[],
+                )
+            })
+        }
         "ssh_key" => {
             let signed = Signed {
                 statement: v.statement.clone()?,

@@ -47,6 +47,8 @@ pub const NAMES: &[&str] = &[
     "session.opened",
     "session.refused",
     "http.refused",
+    "approval_page.signed_in",
+    "approval_page.passkey_registered",
     "audit.recovered",
     "audit.head_lost",
 ];
@@ -313,6 +315,22 @@ pub enum Event {
     /// the query string. `remote` is the peer address; `token` what the
     /// refused token said of itself (issuer, subject, kid, algorithm),
     /// never the token.
+    /// An approver opened an approval page session with a listed passkey
+    /// (user verified).
+    #[serde(rename = "approval_page.signed_in")]
+    ApprovalPageSignedIn {
+        approver: String,
+        credential_id: String,
+        remote: String,
+    },
+    /// Someone created a passkey on the registration page (it counts only
+    /// once a policy author lists it).
+    #[serde(rename = "approval_page.passkey_registered")]
+    ApprovalPagePasskeyRegistered {
+        name: String,
+        credential_id: String,
+        remote: String,
+    },
     #[serde(rename = "http.refused")]
     HttpRefused {
         status: u16,

@@ -329,7 +329,8 @@ fn signed_verdict(event: &Map<String, Value>) -> Result<bool, String> {
     };
     let data = event.get("data").cloned().unwrap_or(Value::Null);
     let field = |k: &str| data.get(k).and_then(Value::as_str);
-    if field("kind") != Some("ssh_key") {
+    let kind = field("kind");
+    if kind != Some("ssh_key") && kind != Some("passkey") {
         if field("statement").is_some() || field("signature").is_some() {
             return Err(
                 "a verdict carries a signature but is not recorded as signed (edited)".into(),
@@ -360,6 +361,26 @@ fn signed_verdict(event: &Map<String, Value>) -> Result<bool, String> {
         return Err(
             "approval signature: the recorded reason is not the signed one (edited)".into(),
         );
+    }
+    if kind == Some("passkey") {
+        // The assertion over the statement's SHA-256, by the credential
+        // recorded with it, for the page's origin, user verified.
+        let origin = data
+            .get("identity")
+            .and_then(|i| i.get("origin"))
+            .and_then(Value::as_str)
+            .ok_or("a passkey verdict without the origin it was given at")?;
+        let approver = field("approver").unwrap_or_default();
+        return match crate::approvals::passkey::verify_recorded(
+            origin, approver, key, statement, signature,
+        ) {
+            Ok(p) if format!("webauthn:{}", p.credential_id) == fp => Ok(true),
+            Ok(p) => Err(format!(
+                "approval passkey: made by credential {}, recorded as {fp} (edited)",
+                p.credential_id
+            )),
+            Err(e) => Err(format!("approval passkey does not verify: {e}")),
+        };
     }
     match verify_with_key(key, statement.as_bytes(), signature) {
         Ok(actual) if actual == fp => Ok(true),

@@ -106,6 +106,10 @@ pub struct VerdictArgs {
     /// Its signature, as the CLI hands it to the daemon.
     #[arg(long, hide = true)]
     ssh_signature: Option<String>,
+    /// A passkey's assertion over the signed statement (WebAuthn, as JSON),
+    /// as the approval page hands it to the daemon.
+    #[arg(long, hide = true, conflicts_with = "ssh_signature")]
+    webauthn_assertion: Option<String>,
 }
 
 impl VerdictArgs {
@@ -423,6 +427,24 @@ fn render_show(a: &Approval) -> String {
     if let Some(p) = &a.plan_sha256 {
         let _ = writeln!(o, "  plan file:     sha256 {p}");
     }
+    let _ = writeln!(o, "  params digest: sha256 {}", a.params_sha256);
+    let granted: Vec<String> = a
+        .verdicts
+        .iter()
+        .filter(|v| v.verdict == "grant")
+        .map(|v| shown(&v.approver))
+        .collect();
+    let _ = writeln!(
+        o,
+        "  approvals:     {} of {} given{}",
+        a.grants(),
+        a.approvers_required,
+        if granted.is_empty() {
+            String::new()
+        } else {
+            format!(" (by {})", granted.join(", "))
+        }
+    );
     let _ = writeln!(
         o,
         "  reason needed: {}",
@@ -432,37 +454,8 @@ fn render_show(a: &Approval) -> String {
             "no"
         }
     );
-    let changes = a.plan_summary.as_array().cloned().unwrap_or_default();
-    let _ = writeln!(o, "\nplanned changes ({}):", changes.len());
-    if changes.is_empty() {
-        let _ = writeln!(o, "  (none recorded)");
-    }
-    for c in &changes {
-        let actions: Vec<&str> = c["actions"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let mark = match actions.as_slice() {
-            ["create"] => "+",
-            ["update"] => "~",
-            ["no-op"] | ["read"] => " ",
-            ["delete"] => "-",
-            _ => "!",
-        };
-        let _ = write!(
-            o,
-            "  {mark} {:<24} {}",
-            actions.join(","),
-            shown(c["address"].as_str().unwrap_or("?"))
-        );
-        if let Some(r) = c["reason"].as_str() {
-            let _ = write!(o, "  reason={}", shown(r));
-        }
-        if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
-            let _ = write!(o, "  paths={}", shown(&Value::Array(p.clone()).to_string()));
-        }
-        let _ = writeln!(o);
-    }
+    // The sections of the approval page, in its order: the destructive
+    // signals first, then the changes by action (crate::approvals::review).
     let signals = a.signals.as_array().cloned().unwrap_or_default();
     if signals.is_empty() {
         let _ = writeln!(o, "\nno destructive signals");
@@ -475,6 +468,59 @@ fn render_show(a: &Approval) -> String {
                 shown(s["kind"].as_str().unwrap_or("?")),
                 shown(s["message"].as_str().unwrap_or(""))
             );
+        }
+    }
+    let groups = crate::approvals::review::grouped(&a.plan_summary);
+    let total: usize = groups.iter().map(|g| g.2.len()).sum();
+    let counts: Vec<String> = groups
+        .iter()
+        .map(|(key, _, v)| format!("{} {key}", v.len()))
+        .collect();
+    let _ = writeln!(
+        o,
+        "\nplanned changes ({total}{}{}):",
+        if counts.is_empty() { "" } else { ": " },
+        counts.join(", ")
+    );
+    if groups.is_empty() {
+        let _ = writeln!(o, "  (none recorded)");
+    }
+    for (key, label, changes) in &groups {
+        let mark = match *key {
+            "create" => "+",
+            "update" => "~",
+            "read" => " ",
+            "delete" => "-",
+            "replace" => "-/+",
+            _ => "!",
+        };
+        let _ = writeln!(o, "  {label} ({}):", changes.len());
+        for c in changes {
+            let _ = write!(
+                o,
+                "    {mark} {}",
+                shown(c["address"].as_str().unwrap_or("?"))
+            );
+            if let Some(r) = c["reason"].as_str() {
+                let _ = write!(o, "  reason={}", shown(r));
+            }
+            if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
+                let _ = write!(o, "  paths={}", shown(&Value::Array(p.clone()).to_string()));
+            }
+            let _ = writeln!(o);
+            for d in c["diff"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                let side = |v: &Value| match v {
+                    Value::Null => "(none)".to_string(),
+                    v => shown(v.as_str().unwrap_or("?")),
+                };
+                let _ = writeln!(
+                    o,
+                    "        {}: {} -> {}",
+                    shown(d["path"].as_str().unwrap_or("?")),
+                    side(&d["before"]),
+                    side(&d["after"])
+                );
+            }
         }
     }
     if let Some(by) = &a.superseded_by {
@@ -523,7 +569,9 @@ fn render_show(a: &Approval) -> String {
                 "signed with SSH key {fp}, submitted by OS user {}",
                 shown(&v.os_user)
             ),
+            ("passkey", Some(fp)) => format!("with passkey {}, user verified", shown(fp)),
             ("os_user", _) => "as the OS user the kernel named".to_string(),
+            ("sso", _) => "with an SSO token".to_string(),
             _ => {
                 "under a name nobody proved (recorded before signatures; never counted)".to_string()
             }
@@ -638,6 +686,56 @@ pub fn verdict(
     };
     let rid = approval.request_id.clone();
     let (approver, reason) = match (&a.signed_statement, &a.ssh_signature) {
+        (Some(statement), None) if a.webauthn_assertion.is_some() => {
+            let assertion = a.webauthn_assertion.as_deref().unwrap_or_default();
+            let rp = match cli
+                .file
+                .http
+                .as_ref()
+                .map(|h| crate::approvals::passkey::RelyingParty::new(&h.resource))
+            {
+                Some(Ok(rp)) => rp,
+                Some(Err(e)) => {
+                    let why = format!("passkey verdicts need the approval page: {e}");
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+                None => {
+                    let why = "passkey verdicts come from the approval page, which needs [http]"
+                        .to_string();
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+            };
+            let proofs = crate::pipeline::approval_proofs(set);
+            match proof::check_passkey(
+                &approval,
+                verdict,
+                statement,
+                assertion,
+                &proofs.passkeys,
+                &rp,
+                crate::approvals::now_ms(),
+            ) {
+                // A page session gives verdicts only with its own passkeys.
+                Ok((who, _)) if matches!(caller, crate::daemon::Asker::Passkey(n) if *n != who.name) =>
+                {
+                    let why = format!(
+                        "the passkey is {}'s, and this page session is {}'s",
+                        who.name,
+                        caller.name()
+                    );
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+                Ok((who, st)) if a.reason.is_empty() || a.reason == st.reason => (who, st.reason),
+                Ok(_) => {
+                    let why = "--reason differs from the reason that was signed".to_string();
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+                Err(e) => {
+                    let why = format!("the passkey is not accepted: {e}");
+                    return refuse(&audit, &rid, &a.id, why, None, caller, o);
+                }
+            }
+        }
         (Some(statement), Some(signature)) => {
             let signed = crate::approvals::signature::Signed {
                 statement: statement.clone(),
@@ -664,12 +762,18 @@ pub fn verdict(
                 }
             }
         }
+        (None, None) if matches!(caller, crate::daemon::Asker::Passkey(_)) => {
+            let why =
+                "a verdict from the approval page needs the passkey's assertion over its statement"
+                    .to_string();
+            return refuse(&audit, &rid, &a.id, why, None, caller, o);
+        }
         (None, None) => (
             Approver {
                 name: caller.name().to_string(),
                 kind: match caller {
                     crate::daemon::Asker::Os(_) => "os_user",
-                    crate::daemon::Asker::Sso(_) => "sso",
+                    _ => "sso",
                 },
                 os_user: caller.os_user().unwrap_or("").to_string(),
                 signed: None,

@@ -321,6 +321,13 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     pipeline.endpoints = endpoints;
     pipeline.kubernetes = kubernetes;
+    // The approval page is served on the HTTP listener, at the resource
+    // URL's origin.
+    pipeline.approval_page = file
+        .http
+        .as_ref()
+        .and_then(|h| crate::approvals::passkey::RelyingParty::new(&h.resource).ok())
+        .map(|rp| format!("{}/approvals/", rp.origin()));
     pipeline.broker = broker.clone().map(|b| b as Arc<dyn crate::broker::Broker>);
     if let Some(b) = &broker {
         ready.push(vault_check(Arc::clone(b)));

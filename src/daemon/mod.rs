@@ -46,6 +46,10 @@ pub type ControlHandler = Arc<dyn Fn(&Asker, Vec<String>) -> Reply + Send + Sync
 pub enum Asker {
     Os(Caller),
     Sso(crate::policy::Principal),
+    /// A session of the approval page, opened with a passkey the policy
+    /// lists for this approver name. It reads approvals; a verdict from it
+    /// counts only with a passkey assertion over the verdict's statement.
+    Passkey(String),
 }
 
 impl Asker {
@@ -54,6 +58,7 @@ impl Asker {
         match self {
             Asker::Os(c) => &c.user,
             Asker::Sso(p) => &p.user,
+            Asker::Passkey(name) => name,
         }
     }
 
@@ -63,6 +68,7 @@ impl Asker {
         match self {
             Asker::Os(c) => c.user.clone(),
             Asker::Sso(p) => p.id(),
+            Asker::Passkey(name) => format!("passkey:{name}"),
         }
     }
 
@@ -70,7 +76,7 @@ impl Asker {
     pub fn os_user(&self) -> Option<&str> {
         match self {
             Asker::Os(c) => Some(&c.user),
-            Asker::Sso(_) => None,
+            Asker::Sso(_) | Asker::Passkey(_) => None,
         }
     }
 
@@ -78,6 +84,7 @@ impl Asker {
         match self {
             Asker::Os(c) => &c.groups,
             Asker::Sso(p) => &p.groups,
+            Asker::Passkey(_) => &[],
         }
     }
 
@@ -91,6 +98,8 @@ impl Asker {
                 "issuer": p.issuer, "subject": p.subject, "email": p.email,
                 "client_id": p.client_id, "groups": p.groups,
                 "channel": channel, "command": command}),
+            Asker::Passkey(name) => serde_json::json!({"kind": "passkey", "user": name,
+                "groups": [], "channel": channel, "command": command}),
         }
     }
 
@@ -99,13 +108,14 @@ impl Asker {
         match self {
             Asker::Os(_) => crate::identity::VIA_DAEMON,
             Asker::Sso(_) => "http",
+            Asker::Passkey(_) => "web",
         }
     }
 
     /// The identity an SSO approver's verdict keeps (`None` for an OS user).
     pub fn sso_identity(&self) -> Option<serde_json::Value> {
         match self {
-            Asker::Os(_) => None,
+            Asker::Os(_) | Asker::Passkey(_) => None,
             Asker::Sso(p) => Some(serde_json::json!({"id": p.id(), "issuer": p.issuer,
                 "subject": p.subject, "email": p.email, "client_id": p.client_id,
                 "groups": p.groups})),

@@ -19,6 +19,7 @@
 //! [`ReadyCheck`] the daemon gave — its database, its Vault token — passing).
 
 pub mod auth;
+pub mod page;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -89,6 +90,8 @@ pub struct HttpServer {
     /// What `/readyz` checks besides the policy set.
     ready: Vec<ReadyCheck>,
     policy: Arc<crate::policy::PolicyStore>,
+    /// The approval page (`/approvals/…`), or why there is none.
+    pages: Result<page::Pages, String>,
     /// The failing checks at the last `/readyz`, so that a change is
     /// logged once rather than at every probe.
     not_ready: Arc<std::sync::Mutex<Vec<&'static str>>>,
@@ -231,6 +234,19 @@ impl HttpServer {
             .with_cancellation_token(stop);
         let audit = Arc::clone(&pipeline.audit);
         let policy = Arc::clone(&pipeline.policy);
+        // No page for a gateway named by an IP address (browsers refuse
+        // passkeys there); said once here, and at every page request.
+        let pages = page::Pages::new(
+            &config.resource,
+            tls.is_some(),
+            Arc::clone(&policy),
+            Arc::clone(&control),
+            Arc::clone(&audit),
+        )
+        .map_err(|e| {
+            tracing::warn!("no approval page: {e}");
+            e
+        });
         let mcp = StreamableHttpService::new(
             move || {
                 Ok(
@@ -263,6 +279,7 @@ impl HttpServer {
             control_path: format!("{}/control", resource_path_for_control),
             ready: Vec::new(),
             policy,
+            pages,
             not_ready: Default::default(),
             ready_cache: Default::default(),
         })
@@ -512,7 +529,8 @@ impl HttpServer {
             };
         }
         let is_control = path == self.control_path;
-        if path != self.resource_path && !is_control {
+        let is_page = path == "/approvals" || path.starts_with("/approvals/");
+        if path != self.resource_path && !is_control && !is_page {
             return plain(StatusCode::NOT_FOUND, "not found\n");
         }
         let method = clip(req.method().as_str(), 16);
@@ -528,6 +546,35 @@ impl HttpServer {
             .and_then(|h| h.to_str().ok())
             .map(str::to_string)
             .or_else(|| req.uri().authority().map(|a| a.to_string()));
+        if is_page {
+            // The approval page checks its own origin on every state
+            // change (page::Pages::same_origin); a foreign Host never
+            // gets a page.
+            if !host.as_deref().is_some_and(|h| self.host_allowed(h)) {
+                let why = refuse(
+                    StatusCode::FORBIDDEN,
+                    "the Host is not a name of this gateway".into(),
+                    None,
+                );
+                return page::refused(StatusCode::FORBIDDEN, &why);
+            }
+            let pages = match &self.pages {
+                Ok(p) => p,
+                Err(why) => {
+                    return page::refused(
+                        StatusCode::NOT_FOUND,
+                        &format!("this gateway serves no approval page: {why}"),
+                    );
+                }
+            };
+            return match pages.handle(req, remote).await {
+                Ok(r) => r,
+                Err((status, why)) => {
+                    let why = refuse(status, why, None);
+                    page::refused(status, &why)
+                }
+            };
+        }
         if !host.as_deref().is_some_and(|h| self.host_allowed(h)) {
             let why = refuse(
                 StatusCode::FORBIDDEN,

@@ -26,10 +26,15 @@ pub fn text(r: &CallResult) -> (String, bool) {
             approval_id,
             signals,
             approve_command,
+            review_url,
             ..
         } => {
+            let page = review_url
+                .as_ref()
+                .map(|u| format!("Show your user this link to review and approve it: {u} . "))
+                .unwrap_or_default();
             let mut t = format!(
-                "Not applied: this call needs a person's approval (approval id {approval_id}). \
+                "Not applied: this call needs a person's approval (approval id {approval_id}). {page}\
                  An operator reviews it with `gateway approvals show {approval_id}` and approves it with `{approve_command}`; \
                  then call {} again with approval_id {approval_id}.",
                 r.tool

@@ -69,6 +69,7 @@ pub fn output_schema(runner: Option<&str>) -> Map<String, Value> {
             "reason": {"description": "why a later check refused the call", "type": "string"},
             "approval_id": {"type": "string"},
             "approve_command": {"description": "what an operator runs to approve (never reachable over MCP)", "type": "string"},
+            "review_url": {"description": "the approval page where a person reviews and decides this approval: show it to your user", "type": "string"},
             "signals": runners::signals_schema(),
             "changes": runners::changes_schema(),
             "ok": {"type": "boolean", "description": "false when the tool failed in its sandbox"},

@@ -57,6 +57,10 @@ pub enum Outcome {
         signals: Value,
         changes: Value,
         approve_command: String,
+        /// The approval page where a person reviews and decides it (when
+        /// the gateway serves one: `[http]`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        review_url: Option<String>,
     },
     /// Refused by a later check (approval, plan file, credential, sandbox setup).
     Refused { reason: String },
@@ -160,6 +164,9 @@ pub struct Pipeline {
     /// wakes it: often on SQLite (a CLI in another process writes the file
     /// and tells no one), rarely when the store's notifications wake it.
     pub approval_poll: std::time::Duration,
+    /// Where the approval page is (`https://host:port/approvals/`), when
+    /// the gateway serves one: results and notifiers link an approval there.
+    pub approval_page: Option<String>,
     /// Every call's own task: a call runs on it, not on its caller's
     /// future, so that one past its point of no return outlives its client.
     running: tokio_util::task::TaskTracker,
@@ -542,6 +549,7 @@ impl Pipeline {
             plan_retention_seconds: std::sync::atomic::AtomicU64::new(86_400),
             approval_changes: Arc::default(),
             approval_poll: APPROVAL_POLL,
+            approval_page: None,
             running: tokio_util::task::TaskTracker::new(),
             applying: Mutex::new(BTreeMap::new()),
             interrupted: Mutex::new(std::collections::BTreeSet::new()),
@@ -734,25 +742,29 @@ impl Pipeline {
                 regorus::Value::from(json!({})),
             )
             .unwrap_or(Value::Null);
-        notify::spawn(self.audit.clone(), list, approval);
+        notify::spawn(
+            self.audit.clone(),
+            list,
+            approval,
+            self.review_url(&approval.id),
+        );
+    }
+
+    /// The approval page of approval `id`, when there is one.
+    pub fn review_url(&self, id: &str) -> Option<String> {
+        self.approval_page.as_ref().map(|p| format!("{p}{id}"))
     }
 
     /// The grants of `approval`, each proven again with the policy of now
     /// ([`crate::approvals::proof::identities_now`]).
     pub(crate) fn approver_identities(&self, approval: &crate::approvals::Approval) -> Vec<Value> {
-        let signers = match self.policy.current() {
-            Ok(set) => match set.eval_rule(
-                "data.gateway.approvals.allowed_signers",
-                regorus::Value::from(json!({})),
-            ) {
-                Ok(Value::String(s)) => s,
-                _ => String::new(),
-            },
-            Err(_) => String::new(),
+        let proofs = match self.policy.current() {
+            Ok(set) => approval_proofs(&set),
+            Err(_) => Default::default(),
         };
         crate::approvals::proof::identities_now(
             approval,
-            &signers,
+            &proofs,
             crate::approvals::now_ms(),
             crate::approvals::proof::groups_of_user,
         )
@@ -1147,4 +1159,29 @@ impl Pipeline {
 pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What proves approvers under policy set `set`: its allowed signers
+/// (`data.gateway.approvals.allowed_signers`) and listed passkeys
+/// (`data.gateway.approvals.passkeys`). A passkey list that does not parse
+/// proves no one (and says why in the log).
+pub fn approval_proofs(set: &crate::policy::PolicySet) -> crate::approvals::proof::Proofs {
+    let rule = |name: &str| {
+        set.eval_rule(
+            &format!("data.gateway.approvals.{name}"),
+            regorus::Value::from(json!({})),
+        )
+    };
+    let signers = match rule("allowed_signers") {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
+    };
+    let passkeys = match rule("passkeys") {
+        Ok(v) => crate::approvals::passkey::listed(&v).unwrap_or_else(|e| {
+            tracing::warn!("{e}");
+            Vec::new()
+        }),
+        Err(_) => Vec::new(),
+    };
+    crate::approvals::proof::Proofs { signers, passkeys }
 }

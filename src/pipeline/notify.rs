@@ -151,13 +151,39 @@ pub fn parse(list: &Value) -> (Vec<(Notifier, Duration)>, Vec<String>) {
 /// ([`crate::text::markup_escaped_json`]: no markup, mention or link, no
 /// control or bidi character), not only `text`, since a consumer may show
 /// any field. Consumers must still treat the payload as untrusted.
-pub fn body(a: &Approval) -> Value {
+pub fn body(a: &Approval, review_url: Option<&str>) -> Value {
     let signals = a.signals.as_array().map(Vec::len).unwrap_or(0);
     let changes = a.plan_summary.as_array().map(Vec::len).unwrap_or(0);
     let params = crate::audit::scrub::scrub(&a.params);
+    // One line on what is destructive: each signal kind and how often.
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for s in a.signals.as_array().into_iter().flatten() {
+        *kinds
+            .entry(s["kind"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let review = match review_url {
+        Some(u) => format!(
+            "Review and decide at {u} (or `gateway approvals show {}`)",
+            a.id
+        ),
+        None => format!("Review with `gateway approvals show {}`", a.id),
+    };
     let text = format!(
-        "gateway: approval {} requested by {} for {} {}: {} planned change(s), {} destructive signal(s). Review with `gateway approvals show {}`; it expires at {}.",
-        a.id, a.requested_by, a.tool, params, changes, signals, a.id, a.expires_at
+        "gateway: approval {} requested by {} for {} {}: {} planned change(s), {} destructive signal(s){}. {review}; it expires at {}.",
+        a.id,
+        a.requested_by,
+        a.tool,
+        params,
+        changes,
+        signals,
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        },
+        a.expires_at
     );
     json!({
         "text": crate::text::markup_escaped(&text),
@@ -168,6 +194,9 @@ pub fn body(a: &Approval) -> Value {
             "approvers_required": a.approvers_required, "expires_at": a.expires_at,
             "show": format!("gateway approvals show {}", a.id),
         })),
+        // The gateway's own URL (from its configuration, never from the
+        // plan or the agent): the one link a consumer may make clickable.
+        "review_url": review_url,
     })
 }
 
@@ -239,7 +268,12 @@ async fn send(n: &Notifier, body: &Value, timeout: Duration) -> Result<(), Strin
 
 /// Tell every notifier about `approval`, each in a task of its own; what
 /// became of each is audited. Returns at once.
-pub fn spawn(audit: Arc<AuditLog>, notifiers: Value, approval: &Approval) {
+pub fn spawn(
+    audit: Arc<AuditLog>,
+    notifiers: Value,
+    approval: &Approval,
+    review_url: Option<String>,
+) {
     let (list, bad) = parse(&notifiers);
     let rid = approval.request_id.clone();
     let id = approval.id.clone();
@@ -256,7 +290,7 @@ pub fn spawn(audit: Arc<AuditLog>, notifiers: Value, approval: &Approval) {
     if list.is_empty() {
         return;
     }
-    let body = body(approval);
+    let body = body(approval, review_url.as_deref());
     for (n, timeout) in list {
         let (audit, body, rid, id) = (audit.clone(), body.clone(), rid.clone(), id.clone());
         tokio::spawn(async move {

@@ -55,7 +55,8 @@ async def main():
             sc = r.structured_content
             check(not r.is_error and sc["status"] == "pending_approval", sc)
             print("PASS terraform_apply waits for a person's approval")
-            print(json.dumps({"approval_id": sc["approval_id"], "request_id": (r.meta or {}).get("request_id")}))
+            print(json.dumps({"approval_id": sc["approval_id"], "review_url": sc.get("review_url"),
+                              "text": r.content[0].text, "request_id": (r.meta or {}).get("request_id")}))
         elif STEP == "apply":
             r = await c.call_tool("terraform_apply", {"working_dir": MODULE, "approval_id": APPROVAL})
             print(json.dumps({"result": r.structured_content, "text": r.content[0].text, "is_error": r.is_error}))

@@ -461,7 +461,7 @@ impl Pipeline {
             tool: call.input.tool.clone(),
             params: bound_params(&call.input.params),
             plan_sha256: Some(made.digest.clone()),
-            plan_summary: changes.clone(),
+            plan_summary: crate::approvals::review::with_diffs(&changes, made.plan.value()),
             signals: signals.clone(),
             request_id: rid.clone(),
             requested_by: call.input.principal.id(),
@@ -506,6 +506,7 @@ impl Pipeline {
             }
         );
         Ok(Outcome::PendingApproval {
+            review_url: self.review_url(&a.id),
             approval_id: a.id,
             signals,
             changes,
