@@ -186,6 +186,7 @@ fn bench(c: &mut Criterion) {
         Arc::new(|_, _| {
             gateway::daemon::wire::Reply::refused("no operator commands in this bench")
         }),
+        None,
         stop.clone(),
     )
     .expect("server");

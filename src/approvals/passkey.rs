@@ -355,6 +355,158 @@ mod tests {
         assert!(listed(&json!([{"name": "", "credential": {}}])).is_err());
     }
 
+    /// A software authenticator: one ES256 key, and assertions as a
+    /// browser returns them.
+    struct Authenticator {
+        key: openssl::ec::EcKey<openssl::pkey::Private>,
+        id: Vec<u8>,
+    }
+
+    impl Authenticator {
+        fn new() -> Authenticator {
+            let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)
+                .expect("group");
+            Authenticator {
+                key: openssl::ec::EcKey::generate(&group).expect("key"),
+                id: vec![7u8; 16],
+            }
+        }
+
+        fn listed(&self, name: &str) -> Listed {
+            use webauthn_rs_core::proto::*;
+            let mut ctx = openssl::bn::BigNumContext::new().expect("ctx");
+            let (mut x, mut y) = (
+                openssl::bn::BigNum::new().expect("x"),
+                openssl::bn::BigNum::new().expect("y"),
+            );
+            self.key
+                .public_key()
+                .affine_coordinates(self.key.group(), &mut x, &mut y, &mut ctx)
+                .expect("coordinates");
+            let credential = Credential {
+                cred_id: self.id.clone().into(),
+                cred: COSEKey {
+                    type_: COSEAlgorithm::ES256,
+                    key: COSEKeyType::EC_EC2(COSEEC2Key {
+                        curve: ECDSACurve::SECP256R1,
+                        x: x.to_vec_padded(32).expect("x").into(),
+                        y: y.to_vec_padded(32).expect("y").into(),
+                    }),
+                },
+                counter: 0,
+                transports: None,
+                user_verified: true,
+                backup_eligible: false,
+                backup_state: false,
+                registration_policy: UserVerificationPolicy::Required,
+                extensions: RegisteredExtensions::none(),
+                attestation: ParsedAttestation {
+                    data: ParsedAttestationData::None,
+                    metadata: AttestationMetadata::None,
+                },
+                attestation_format: AttestationFormat::None,
+            };
+            listed(&json!([{"name": name, "credential": credential}]))
+                .expect("listed")
+                .remove(0)
+        }
+
+        /// An assertion over `challenge` for `origin`, with the UV flag
+        /// `verified`.
+        fn assert(&self, origin: &str, rp_id: &str, challenge: &[u8], verified: bool) -> Value {
+            let client = json!({"type": "webauthn.get", "challenge": b64url(challenge),
+                                "origin": origin, "crossOrigin": false})
+            .to_string();
+            let mut auth = Sha256::digest(rp_id.as_bytes()).to_vec();
+            auth.push(if verified { 0x05 } else { 0x01 });
+            auth.extend_from_slice(&1u32.to_be_bytes());
+            let mut signed = auth.clone();
+            signed.extend_from_slice(&Sha256::digest(client.as_bytes()));
+            let digest = Sha256::digest(&signed);
+            let sig = openssl::ecdsa::EcdsaSig::sign(&digest, &self.key)
+                .expect("sign")
+                .to_der()
+                .expect("der");
+            json!({"id": b64url(&self.id), "rawId": b64url(&self.id), "type": "public-key",
+                   "extensions": {},
+                   "response": {"authenticatorData": b64url(&auth),
+                                "clientDataJSON": b64url(client.as_bytes()),
+                                "signature": b64url(&sig), "userHandle": null}})
+        }
+    }
+
+    #[test]
+    fn an_assertion_proves_its_statement_for_its_origin_with_user_verification() {
+        let rp = RelyingParty::new("https://gw.example:8443").expect("rp");
+        let a = Authenticator::new();
+        let bob = a.listed("bob");
+        let statement = b"{\"approval_id\":\"ap-1\"}\n";
+        let challenge = statement_challenge(statement);
+        let good = a.assert("https://gw.example:8443", "gw.example", &challenge, true);
+        let proven = rp
+            .verify(std::slice::from_ref(&bob), &challenge, &good)
+            .expect("verifies");
+        assert_eq!((proven.name.as_str(), proven.user_verified), ("bob", true));
+        // Recorded and checked again, as audit verify does.
+        let recorded = |st: &[u8]| {
+            verify_recorded(
+                "https://gw.example:8443",
+                "bob",
+                &proven.credential,
+                std::str::from_utf8(st).expect("utf8"),
+                &good.to_string(),
+            )
+        };
+        assert!(recorded(statement).is_ok());
+        // Another statement (another approval, verdict or reason): refused.
+        assert!(matches!(
+            recorded(b"{\"approval_id\":\"ap-2\"}\n"),
+            Err(PasskeyError::Invalid(_))
+        ));
+        let other = statement_challenge(b"other");
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &other, &good)
+                .is_err()
+        );
+        // Without user verification: refused.
+        let unverified = a.assert("https://gw.example:8443", "gw.example", &challenge, false);
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &unverified)
+                .is_err()
+        );
+        // Made for another origin (a page the agent controls): refused.
+        let phished = a.assert("https://evil.example", "gw.example", &challenge, true);
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &phished)
+                .is_err()
+        );
+        let other_rp = a.assert("https://gw.example:8443", "evil.example", &challenge, true);
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &other_rp)
+                .is_err()
+        );
+        // A passkey the policy does not list: unknown, whoever holds it.
+        let mallory = Authenticator {
+            id: vec![9u8; 16],
+            ..Authenticator::new()
+        };
+        let theirs = mallory.assert("https://gw.example:8443", "gw.example", &challenge, true);
+        assert_eq!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &theirs),
+            Err(PasskeyError::Unknown)
+        );
+        // Signed by another key under the listed id: refused.
+        let forged = Authenticator {
+            id: a.id.clone(),
+            ..Authenticator::new()
+        };
+        let forged = forged.assert("https://gw.example:8443", "gw.example", &challenge, true);
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &forged)
+                .is_err()
+        );
+    }
+
     #[test]
     fn the_challenge_is_the_statements_digest() {
         let rp = RelyingParty::new("https://g.example").expect("rp");

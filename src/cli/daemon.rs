@@ -425,6 +425,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 workspace,
                 daemon.heartbeat,
                 Arc::clone(&control_for_http),
+                file.page_session_key()
+                    .map_err(|e| anyhow::anyhow!(e))
+                    .context("the daemon refuses to start")?,
                 stop.child_token(),
             )
             .context("the daemon refuses to start")?

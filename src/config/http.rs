@@ -63,6 +63,12 @@ pub struct HttpConfig {
     /// are counted into the next one audited.
     #[serde(default = "default_audited_refusals")]
     pub audited_refusals_per_minute: u32,
+    /// A file of at least 32 random bytes whose digest keys the approval
+    /// page's session and CSRF tags, the same file for every replica (a
+    /// Secret): a session opened on one replica then holds on the others.
+    /// Without it each replica makes its own key at start.
+    #[serde(default)]
+    pub session_key_file: Option<PathBuf>,
 }
 
 fn default_audited_refusals() -> u32 {

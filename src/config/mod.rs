@@ -163,7 +163,12 @@ impl GatewayConfig {
     /// file its owner alone reads, or from a Secret on one of the daemon's
     /// pod's read-only volumes.
     pub fn store(&self) -> Result<store::Store, store::StoreConfigError> {
-        self.store.resolve_in(&store::SecretVolumes {
+        self.store.resolve_in(&self.secret_volumes())
+    }
+
+    /// Where this daemon may read a Secret volume's files.
+    fn secret_volumes(&self) -> store::SecretVolumes {
+        store::SecretVolumes {
             read_only: self.daemon.read_only_volumes.clone(),
             not_group: Some(
                 self.daemon
@@ -171,7 +176,27 @@ impl GatewayConfig {
                     .clone()
                     .unwrap_or_else(|| DAEMON_GROUP.to_string()),
             ),
-        })
+        }
+    }
+
+    /// The approval page's session key (`[http] session_key_file`): the
+    /// SHA-256 of the file's contents, which must be at least 32
+    /// characters; `None` when no file is named.
+    pub fn page_session_key(&self) -> Result<Option<[u8; 32]>, String> {
+        let Some(path) = self.http.as_ref().and_then(|h| h.session_key_file.as_ref()) else {
+            return Ok(None);
+        };
+        let text = store::read_secret_file(path, &self.secret_volumes())
+            .map_err(|e| format!("[http] session_key_file {}: {e}", path.display()))?;
+        let key = text.trim();
+        if key.len() < 32 {
+            return Err(format!(
+                "[http] session_key_file {}: at least 32 characters (e.g. openssl rand -base64 48)",
+                path.display()
+            ));
+        }
+        use sha2::Digest;
+        Ok(Some(sha2::Sha256::digest(key.as_bytes()).into()))
     }
 
     pub fn load(path: &std::path::Path, required: bool) -> Result<GatewayConfig, ConfigError> {
@@ -252,5 +277,44 @@ mod tests {
             Some(std::path::Path::new("/etc/gateway/policies"))
         );
         assert_eq!(c.daemon.socket_group.as_deref(), Some("gateway"));
+    }
+}
+
+#[cfg(test)]
+mod session_key_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn with_key(file: &std::path::Path) -> GatewayConfig {
+        let text = format!(
+            "[http]\nlisten = \"127.0.0.1:1\"\nresource = \"https://gw.example/mcp\"\nworkspace = \"/w\"\nsession_key_file = {file:?}\n"
+        );
+        toml::from_str(&text).expect("config")
+    }
+
+    #[test]
+    fn the_page_session_key_is_a_private_file_of_enough_randomness() {
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("key");
+        std::fs::write(&f, "x".repeat(48)).expect("write");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let a = with_key(&f)
+            .page_session_key()
+            .expect("read")
+            .expect("a key");
+        // The same file gives every replica the same key.
+        assert_eq!(Some(a), with_key(&f).page_session_key().expect("read"));
+        // Readable by others: refused, naming the file, never its contents.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = with_key(&f)
+            .page_session_key()
+            .expect_err("group/world readable");
+        assert!(e.contains("session_key_file") && !e.contains("xxxx"), "{e}");
+        // Too short.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::fs::write(&f, "short").expect("write");
+        assert!(with_key(&f).page_session_key().is_err());
+        // None named: none.
+        assert_eq!(GatewayConfig::default().page_session_key(), Ok(None));
     }
 }

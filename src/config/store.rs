@@ -5,7 +5,7 @@
 //! configuration itself.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
@@ -61,23 +61,7 @@ impl StoreConfig {
                     path: path.clone(),
                     message,
                 };
-                // Opened once, not through a link, and judged by what was
-                // opened (no window between the check and the read).
-                use std::io::Read;
-                use std::os::unix::fs::OpenOptionsExt;
-                let mut f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(nix::libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(|e| bad(format!("{e} (a symbolic link is not followed)")))?;
-                let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
-                if !meta.is_file() {
-                    return Err(bad("not a regular file".into()));
-                }
-                check_secret_file(&f, &meta, volumes).map_err(bad)?;
-                let mut text = Zeroizing::new(String::new());
-                f.read_to_string(&mut text)
-                    .map_err(|e| bad(e.to_string()))?;
+                let text = read_secret_file(&path, volumes).map_err(bad)?;
                 let url = Zeroizing::new(text.trim().to_string());
                 if url.is_empty() {
                     return Err(bad("empty".into()));
@@ -90,6 +74,29 @@ impl StoreConfig {
             other => Err(StoreConfigError::Backend(other.to_string())),
         }
     }
+}
+
+/// Read a file holding a secret: opened once, not through a link, judged
+/// by what was opened ([`check_secret_file`]; no window between the check
+/// and the read), at most 64 KiB.
+pub fn read_secret_file(path: &Path, volumes: &SecretVolumes) -> Result<Zeroizing<String>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("{e} (a symbolic link is not followed)"))?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    check_secret_file(&f, &meta, volumes)?;
+    let mut text = Zeroizing::new(String::new());
+    f.take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    Ok(text)
 }
 
 /// Where a Secret volume's files may be read by a group: the daemon's

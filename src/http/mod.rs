@@ -139,6 +139,7 @@ impl HttpServer {
         workspace: PathBuf,
         heartbeat: Duration,
         control: crate::daemon::ControlHandler,
+        session_key: Option<[u8; 32]>,
         stop: CancellationToken,
     ) -> Result<HttpServer, HttpError> {
         let bad = |m: String| HttpError::Config(m);
@@ -239,6 +240,7 @@ impl HttpServer {
         let pages = page::Pages::new(
             &config.resource,
             tls.is_some(),
+            session_key,
             Arc::clone(&policy),
             Arc::clone(&control),
             Arc::clone(&audit),

@@ -104,13 +104,21 @@ impl Pages {
     pub fn new(
         resource: &str,
         tls: bool,
+        key: Option<[u8; 32]>,
         policy: Arc<crate::policy::PolicyStore>,
         control: ControlHandler,
         audit: Arc<AuditLog>,
     ) -> Result<Pages, String> {
         let rp = RelyingParty::new(resource).map_err(|e| e.to_string())?;
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key).map_err(|e| format!("no random key for page sessions: {e}"))?;
+        let key = match key {
+            Some(k) => k,
+            None => {
+                let mut k = [0u8; 32];
+                getrandom::fill(&mut k)
+                    .map_err(|e| format!("no random key for page sessions: {e}"))?;
+                k
+            }
+        };
         Ok(Pages {
             key,
             rp,

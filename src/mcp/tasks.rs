@@ -87,6 +87,7 @@ impl TaskSession {
         let Outcome::PendingApproval {
             approval_id,
             approve_command,
+            review_url,
             ..
         } = &first.outcome
         else {
@@ -110,10 +111,17 @@ impl TaskSession {
             });
             (Some(first.request_id.clone()), Ok(r), end)
         };
-        let waiting = format!(
-            "waiting for a person's approval {approval_id}: an operator reviews it with \
-             `gateway approvals show {approval_id}` and approves it with `{approve_command}`"
-        );
+        let waiting = match review_url {
+            // The page first: the client shows its person where to decide.
+            Some(url) => format!(
+                "waiting for a person's approval {approval_id}: review and approve it at {url} \
+                 (or `gateway approvals show {approval_id}`, then `{approve_command}`)"
+            ),
+            None => format!(
+                "waiting for a person's approval {approval_id}: an operator reviews it with \
+                 `gateway approvals show {approval_id}` and approves it with `{approve_command}`"
+            ),
+        };
         // A verdict given on any replica wakes the wait at once when the
         // store tells of changes (PostgreSQL's notifications); the poll is
         // the bound when it cannot (SQLite, or a lost listener).

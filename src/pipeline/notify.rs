@@ -322,6 +322,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_body_links_the_page_and_sums_up_the_signals_in_one_line() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = crate::approvals::ApprovalStore::in_home(dir.path()).expect("store");
+        let sig = |kind: &str| json!({"address": "<!channel> a.b", "kind": kind, "actions": ["delete"], "reason": null, "paths": [], "message": "m"});
+        let (a, _) = store
+            .create(&crate::approvals::NewApproval {
+                tool: "terraform_apply".into(),
+                params: json!({"working_dir": "m"}),
+                plan_sha256: None,
+                plan_summary: json!([]),
+                signals: json!([sig("delete"), sig("replace"), sig("delete")]),
+                request_id: "r".into(),
+                requested_by: "alice".into(),
+                requested_client: "c".into(),
+                requester: Value::Null,
+                approvers_required: 1,
+                ttl: Duration::from_secs(60),
+                reason_required: false,
+            })
+            .expect("create");
+        let url = format!("https://gw.example/approvals/{}", a.id);
+        let b = body(&a, Some(&url));
+        let text = b["text"].as_str().expect("text");
+        assert!(text.contains("(2 delete, 1 replace)"), "{text}");
+        assert!(
+            text.contains(&format!("Review and decide at {url}")),
+            "{text}"
+        );
+        assert_eq!(b["review_url"], url.as_str());
+        assert!(!b.to_string().contains("<!channel>"), "{b}");
+        let b = body(&a, None);
+        assert_eq!(b["review_url"], Value::Null);
+        assert!(
+            b["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("Review with `gateway approvals show"))
+        );
+    }
+
+    #[test]
     fn labels_never_carry_a_webhook_path() {
         let n = Notifier::Webhook("https://hooks.slack.com/services/T000/B000/XXXXSECRET".into());
         assert_eq!(n.label(), "webhook https://hooks.slack.com");
