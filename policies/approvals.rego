@@ -36,7 +36,9 @@ approvers := {person(a) |
 	not counted_as_signer(a, ids)
 }
 
-spend_call := call_facts(input.tool, input.params, data.gateway.signals.signals)
+# The call's signals now, and those its approvers were shown (a saved plan
+# that no longer reads gives none now: what was recorded still counts).
+spend_call := call_facts(input.tool, input.params, array.concat(data.gateway.signals.signals, object.get(input.approval, "signals", [])))
 
 # A grant that counts for this call now.
 counts(a) if {
@@ -104,6 +106,13 @@ is_requester(id, names) if {
 }
 
 is_requester(id, names) if person(id) in names
+
+# A passkey or key listed with an owner (identity.owners) is the
+# requester's when its owner is.
+is_requester(id, names) if {
+	id.kind in {"ssh_key", "passkey"}
+	object.get(object.get(cfg.identity, "owners", {}), id.name, "") in names
+}
 
 # An SSO approver is the requester under its id, its e-mail's local part,
 # or the OS user identity.sso_people names for it.

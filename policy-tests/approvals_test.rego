@@ -352,6 +352,24 @@ test_a_token_alone_does_not_grant_a_destructive_change if {
 	approvals.verdict.allow with input as {"verdict": "grant", "channel": "web", "approver": passkey_approver("bob"), "approval": destructive_sso_approval}
 }
 
+test_a_token_grant_counts_nothing_when_the_recorded_plan_was_destructive if {
+	# The saved plan no longer reads (no signals now): what the approvers
+	# were shown still makes it destructive.
+	bob := sso_approver("bob@example.com", "bob@example.com", ["approvers"])
+	sigs := [{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"], "reason": null, "paths": [], "message": "replaced"}]
+	not approvals.counts(bob) with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "approval": object.union(sso_approval("x"), {"signals": sigs})}
+		with data.gateway.signals.signals as []
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+}
+
+test_an_owned_passkey_never_approves_its_owners_calls if {
+	r := approvals.verdict with input as {"verdict": "grant", "channel": "web", "approver": passkey_approver("alice-phone"), "approval": object.union(stored, {"requested_by": "alice"})}
+		with data.config.approvals.identity.owners as {"alice-phone": "alice"}
+	not r.allow
+	contains(concat(" ", r.reasons), "cannot approve it")
+}
+
 test_a_token_grant_of_a_destructive_change_does_not_count_at_the_spend if {
 	bob := sso_approver("bob@example.com", "bob@example.com", ["approvers"])
 	sigs := [{"address": "terraform_data.web", "kind": "replace", "actions": ["delete", "create"], "reason": null, "paths": [], "message": "replaced"}]

@@ -5,11 +5,17 @@
 use serde_json::Value;
 
 /// Whether `c` is a format character that can hide or reorder text on a
-/// terminal (soft hyphen, bidi marks and overrides, zero-width marks, BOM).
+/// terminal or a page (soft hyphen, bidi marks and overrides, zero-width
+/// marks, BOM, blanks that render as nothing).
 pub fn is_format_char(c: char) -> bool {
     matches!(c as u32,
         0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064
-        | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB | 0xE0000..=0xE007F)
+        | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB | 0xE0000..=0xE007F
+        // Line and paragraph separators, prepended concatenation marks
+        // (Arabic, Syriac, Kaithi), musical formatting, and the Hangul and
+        // Braille blanks that render as nothing.
+        | 0x2028 | 0x2029 | 0x0600..=0x0605 | 0x06DD | 0x070F | 0x08E2 | 0x110BD | 0x110CD
+        | 0x1D173..=0x1D17A | 0x115F | 0x1160 | 0x3164 | 0xFFA0 | 0x2800 | 0x034F)
 }
 
 /// `s` with every control character (C0, DEL, C1: ESC, CSI, OSC, BEL, CR …)

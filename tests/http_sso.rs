@@ -1422,13 +1422,17 @@ fn an_approver_on_another_machine_approves_from_the_page_with_a_passkey() {
         "{report:#}"
     );
     assert_eq!(report["headers"]["cache-control"], "no-store");
+    assert_eq!(report["headers"]["x-frame-options"], "DENY");
+    assert_eq!(report["headers"]["referrer-policy"], "no-referrer");
     assert_eq!(report["cookie"]["sameSite"], "Strict", "{report:#}");
     assert_eq!(report["cookie"]["httpOnly"], true, "{report:#}");
     assert_eq!(report["cookie"]["secure"], true, "{report:#}");
+    assert_eq!(report["cookie"]["path"], "/", "{report:#}");
     for (forgery, status) in [
         ("forged_origin", 403),
         ("forged_no_csrf", 403),
         ("forged_form", 415),
+        ("planted_cookie", 401),
         ("forged_verdict_without_passkey", 403),
     ] {
         assert_eq!(report[forgery]["status"], status, "{forgery}: {report:#}");
@@ -1474,6 +1478,12 @@ fn an_approver_on_another_machine_approves_from_the_page_with_a_passkey() {
         report["approved"]
             .as_str()
             .is_some_and(|t| t.contains(&format!("approved {approval} as bob"))),
+        "{report:#}"
+    );
+    assert!(
+        report["after"]
+            .as_str()
+            .is_some_and(|t| t.contains("approved")),
         "{report:#}"
     );
     // 2,000 changes: all rendered, within the budget (measured: see README).

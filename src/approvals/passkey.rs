@@ -355,6 +355,16 @@ mod tests {
         assert!(listed(&json!([{"name": "", "credential": {}}])).is_err());
     }
 
+    #[test]
+    fn one_passkey_listed_for_two_names_refuses_the_list() {
+        let a = Authenticator::new();
+        let cred = serde_json::to_value(&a.listed("bob").credential).expect("json");
+        let e = listed(&json!([{"name": "bob", "credential": cred},
+                               {"name": "alice", "credential": cred}]))
+        .expect_err("listed twice");
+        assert!(e.to_string().contains("already listed for bob"), "{e}");
+    }
+
     /// A software authenticator: one ES256 key, and assertions as a
     /// browser returns them.
     struct Authenticator {
@@ -478,6 +488,13 @@ mod tests {
         let phished = a.assert("https://evil.example", "gw.example", &challenge, true);
         assert!(
             rp.verify(std::slice::from_ref(&bob), &challenge, &phished)
+                .is_err()
+        );
+        // The same host on another port (another program on the gateway's
+        // host, or the agent's own server on localhost): another origin.
+        let port = a.assert("https://gw.example:9443", "gw.example", &challenge, true);
+        assert!(
+            rp.verify(std::slice::from_ref(&bob), &challenge, &port)
                 .is_err()
         );
         let other_rp = a.assert("https://gw.example:8443", "evil.example", &challenge, true);

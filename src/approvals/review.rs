@@ -8,7 +8,7 @@
 //! values are kept as text, folded when long, masked where Terraform marks
 //! them sensitive, and bounded in number. Renderers escape them.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// Attribute changes kept per resource.
 pub const MAX_DIFFS_PER_RESOURCE: usize = 64;
@@ -90,7 +90,7 @@ pub fn with_diffs(summary: &Value, plan: &regorus::Value) -> Value {
     for (mut entry, rc) in entries.into_iter().zip(rcs) {
         let c = &rc["change"];
         let diff = if budget == 0 {
-            Value::Null
+            omitted()
         } else {
             let d = attribute_changes(
                 &json(&c["before"]),
@@ -102,7 +102,7 @@ pub fn with_diffs(summary: &Value, plan: &regorus::Value) -> Value {
             let size = d.to_string().len();
             if size > budget {
                 budget = 0;
-                Value::Null
+                omitted()
             } else {
                 budget -= size;
                 d
@@ -116,6 +116,19 @@ pub fn with_diffs(summary: &Value, plan: &regorus::Value) -> Value {
     Value::Array(out)
 }
 
+/// What one attribute shows: its value, or a marker in its place.
+#[derive(Debug, Clone, PartialEq)]
+enum Shown {
+    Value(Value),
+    Sensitive,
+    Unknown,
+}
+
+/// What a resource shows when the plan's diffs passed [`MAX_DIFF_BYTES`].
+fn omitted() -> Value {
+    json!([{"path": "(attribute changes not shown: the plan's diffs passed their size budget; read the plan with terraform show)", "before": null, "after": null}])
+}
+
 /// The attribute paths whose values differ, before → after.
 fn attribute_changes(
     before: &Value,
@@ -124,126 +137,156 @@ fn attribute_changes(
     after_sensitive: &Value,
     after_unknown: &Value,
 ) -> Value {
-    let mut b = Map::new();
-    let mut a = Map::new();
-    flatten(before, "", 0, &mut b);
-    flatten(after, "", 0, &mut a);
+    let mut b = std::collections::BTreeMap::new();
+    let mut a = std::collections::BTreeMap::new();
+    flatten(
+        before,
+        before_sensitive,
+        &Value::Null,
+        String::new(),
+        0,
+        &mut b,
+    );
+    flatten(
+        after,
+        after_sensitive,
+        after_unknown,
+        String::new(),
+        0,
+        &mut a,
+    );
     let mut paths: Vec<&String> = b.keys().chain(a.keys()).collect();
     paths.sort();
     paths.dedup();
+    let null = Shown::Value(Value::Null);
     let mut out = Vec::new();
-    let mut more = 0usize;
+    let mut hidden: Vec<&str> = Vec::new();
     for p in paths {
-        let (bv, av) = (b.get(p), a.get(p));
-        let unknown = marked(after_unknown, p);
-        // Absent and null are the same to a reader.
-        if bv.unwrap_or(&Value::Null) == av.unwrap_or(&Value::Null) && !unknown {
+        let (bv, av) = (b.get(p).unwrap_or(&null), a.get(p).unwrap_or(&null));
+        // Absent and null are the same to a reader; a sensitive value is
+        // shown as changed whether it did or not (as Terraform does not
+        // say either).
+        if bv == av && !matches!(av, Shown::Sensitive | Shown::Unknown) {
             continue;
         }
         if out.len() >= MAX_DIFFS_PER_RESOURCE {
-            more += 1;
+            hidden.push(p);
             continue;
         }
-        let show = |v: Option<&Value>, sensitive: bool| match v {
-            _ if sensitive => json!("(sensitive value)"),
-            None | Some(Value::Null) => Value::Null,
-            Some(v) => json!(folded(v)),
-        };
-        let after_shown = if unknown {
-            json!("(known after apply)")
-        } else {
-            show(av, marked(after_sensitive, p))
+        let show = |v: &Shown| match v {
+            Shown::Sensitive => json!("(sensitive value)"),
+            Shown::Unknown => json!("(known after apply)"),
+            Shown::Value(Value::Null) => Value::Null,
+            Shown::Value(v) => json!(folded(v)),
         };
         out.push(json!({
             "path": if p.is_empty() { "(value)" } else { p.as_str() },
-            "before": show(bv, marked(before_sensitive, p)),
-            "after": after_shown,
+            "before": show(bv),
+            "after": show(av),
         }));
     }
-    if more > 0 {
-        out.push(
-            json!({"path": format!("(and {more} more attributes)"), "before": null, "after": null}),
-        );
+    if !hidden.is_empty() {
+        // Never cut silently: what is not shown is named (a module could
+        // pad a resource with changes to push one out of sight).
+        let names: Vec<String> = hidden
+            .iter()
+            .take(200)
+            .map(|n| {
+                let mut s: String = n.chars().take(80).collect();
+                if n.chars().count() > 80 {
+                    s.push('…');
+                }
+                s
+            })
+            .collect();
+        let more = hidden.len() - names.len();
+        out.push(json!({
+            "path": format!(
+                "(and {} more changed attributes: {}{})",
+                hidden.len(),
+                names.join(", "),
+                if more > 0 { format!(" and {more} others") } else { String::new() }
+            ),
+            "before": null,
+            "after": null,
+        }));
     }
     Value::Array(out)
 }
 
-/// Leaves by dotted path (`tags.env`, `rule[0].port`).
-fn flatten(v: &Value, path: &str, depth: usize, out: &mut Map<String, Value>) {
-    if depth >= MAX_DEPTH {
-        out.insert(path.to_string(), v.clone());
+/// Leaves by path (`tags.env`, `rule[0].port`, `data["db.password"]` for
+/// a key that is not a plain name), walking the value and Terraform's
+/// marker structures (`*_sensitive`, `after_unknown`: `true`, or
+/// objects/arrays of them mirroring the value) together, so that a marked
+/// subtree is one masked entry whatever its keys hold.
+fn flatten(
+    v: &Value,
+    sensitive: &Value,
+    unknown: &Value,
+    path: String,
+    depth: usize,
+    out: &mut std::collections::BTreeMap<String, Shown>,
+) {
+    if sensitive == &Value::Bool(true) {
+        out.insert(path, Shown::Sensitive);
         return;
     }
+    if unknown == &Value::Bool(true) {
+        out.insert(path, Shown::Unknown);
+        return;
+    }
+    let child = |m: &Value, k: &str| m.get(k).cloned().unwrap_or(Value::Null);
+    let item = |m: &Value, i: usize| m.get(i).cloned().unwrap_or(Value::Null);
     match v {
+        // Deeper than this, the rest is one value (masked if anything
+        // under it is marked).
+        Value::Object(_) | Value::Array(_) if depth >= MAX_DEPTH => {
+            let marked = |m: &Value| m.to_string().contains("true");
+            let shown = if marked(sensitive) {
+                Shown::Sensitive
+            } else {
+                Shown::Value(v.clone())
+            };
+            out.insert(path, shown);
+        }
         Value::Object(o) if !o.is_empty() => {
             for (k, x) in o {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
+                let plain = !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
+                let p = match (path.is_empty(), plain) {
+                    (true, true) => k.clone(),
+                    (false, true) => format!("{path}.{k}"),
+                    (_, false) => format!("{path}[{}]", Value::String(k.clone())),
                 };
-                flatten(x, &p, depth + 1, out);
+                flatten(
+                    x,
+                    &child(sensitive, k),
+                    &child(unknown, k),
+                    p,
+                    depth + 1,
+                    out,
+                );
             }
         }
         Value::Array(a) if !a.is_empty() => {
             for (i, x) in a.iter().enumerate() {
-                flatten(x, &format!("{path}[{i}]"), depth + 1, out);
+                flatten(
+                    x,
+                    &item(sensitive, i),
+                    &item(unknown, i),
+                    format!("{path}[{i}]"),
+                    depth + 1,
+                    out,
+                );
             }
         }
         // No object at all (before a create, after a delete).
         Value::Null if path.is_empty() => {}
         v => {
-            out.insert(path.to_string(), v.clone());
+            out.insert(path, Shown::Value(v.clone()));
         }
     }
-}
-
-/// Whether a Terraform marker structure (`after_sensitive`,
-/// `after_unknown`: `true`, or objects/arrays of them mirroring the value)
-/// marks `path` or a prefix of it.
-fn marked(marker: &Value, path: &str) -> bool {
-    if marker == &Value::Bool(true) {
-        return true;
-    }
-    let mut m = marker;
-    for part in split_path(path) {
-        m = match (m, part) {
-            (Value::Object(o), Part::Key(k)) => match o.get(k) {
-                Some(x) => x,
-                None => return false,
-            },
-            (Value::Array(a), Part::Index(i)) => match a.get(i) {
-                Some(x) => x,
-                None => return false,
-            },
-            _ => return false,
-        };
-        if m == &Value::Bool(true) {
-            return true;
-        }
-    }
-    false
-}
-
-enum Part<'a> {
-    Key(&'a str),
-    Index(usize),
-}
-
-fn split_path(path: &str) -> Vec<Part<'_>> {
-    let mut out = Vec::new();
-    for seg in path.split('.').filter(|s| !s.is_empty()) {
-        let (key, rest) = seg.split_once('[').map_or((seg, ""), |(k, r)| (k, r));
-        if !key.is_empty() {
-            out.push(Part::Key(key));
-        }
-        for idx in rest.split('[') {
-            if let Ok(i) = idx.trim_end_matches(']').parse() {
-                out.push(Part::Index(i));
-            }
-        }
-    }
-    out
 }
 
 /// A value as one line of text, at most [`MAX_VALUE_CHARS`] characters.
@@ -264,6 +307,7 @@ fn folded(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
 
     fn plan(change: Value) -> regorus::Value {
         regorus::Value::from(json!({"resource_changes": [
@@ -317,9 +361,60 @@ mod tests {
                 .expect("s")
                 .ends_with("(840 more characters)")
         );
-        assert_eq!(
-            diff[MAX_DIFFS_PER_RESOURCE]["path"],
-            "(and 36 more attributes)"
+        let rest = diff[MAX_DIFFS_PER_RESOURCE]["path"].as_str().expect("path");
+        assert!(
+            rest.starts_with("(and 36 more changed attributes: k064, k065,")
+                && rest.contains("k099"),
+            "{rest}"
+        );
+    }
+
+    #[test]
+    fn a_sensitive_map_key_with_dots_or_a_marked_subtree_stays_masked() {
+        let p = plan(json!({
+            "actions": ["update"],
+            "before": {"data": {"db.password": "hunter2", "user": "app"}, "nested": {"a": {"b": "s3cret"}}},
+            "after": {"data": {"db.password": "swordfish", "user": "app2"}, "nested": {"a": {"b": "t0psecret"}}},
+            "before_sensitive": {"data": {"db.password": true}, "nested": true},
+            "after_sensitive": {"data": {"db.password": true}, "nested": {"a": true}},
+        }));
+        let d = with_diffs(&super::super::plan_summary(&p), &p);
+        let text = d.to_string();
+        for secret in ["hunter2", "swordfish", "s3cret", "t0psecret"] {
+            assert!(!text.contains(secret), "{secret} shown: {text}");
+        }
+        let paths: Vec<&str> = d[0]["diff"]
+            .as_array()
+            .expect("diff")
+            .iter()
+            .filter_map(|x| x["path"].as_str())
+            .collect();
+        assert!(paths.contains(&"data[\"db.password\"]"), "{paths:?}");
+        assert!(paths.contains(&"data.user"), "{paths:?}");
+    }
+
+    #[test]
+    fn past_the_budget_a_resource_says_its_diff_is_not_shown() {
+        let big = "v".repeat(150);
+        let mut rcs = Vec::new();
+        for i in 0..5_000 {
+            let after: Map<String, Value> = (0..4)
+                .map(|k| (format!("k{k}"), json!(format!("{big}{i}"))))
+                .collect();
+            rcs.push(json!({"address": format!("r.x[{i}]"),
+                            "change": {"actions": ["create"], "before": null, "after": after}}));
+        }
+        let p = regorus::Value::from(json!({"resource_changes": rcs}));
+        let d = with_diffs(&super::super::plan_summary(&p), &p);
+        let last = &d[4_999]["diff"][0]["path"];
+        assert!(
+            last.as_str().is_some_and(|s| s.contains("not shown")),
+            "{last}"
+        );
+        assert!(
+            d[0]["diff"][0]["after"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("vvv"))
         );
     }
 

@@ -371,6 +371,16 @@ fn signed_verdict(event: &Map<String, Value>) -> Result<bool, String> {
             .and_then(Value::as_str)
             .ok_or("a passkey verdict without the origin it was given at")?;
         let approver = field("approver").unwrap_or_default();
+        let recorded_id = data
+            .get("identity")
+            .and_then(|i| i.get("credential_id"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if format!("webauthn:{recorded_id}") != fp {
+            return Err(format!(
+                "approval passkey: the identity names credential {recorded_id}, the fingerprint {fp} (edited)"
+            ));
+        }
         return match crate::approvals::passkey::verify_recorded(
             origin, approver, key, statement, signature,
         ) {

@@ -239,7 +239,6 @@ impl HttpServer {
         // passkeys there); said once here, and at every page request.
         let pages = page::Pages::new(
             &config.resource,
-            tls.is_some(),
             session_key,
             Arc::clone(&policy),
             Arc::clone(&control),

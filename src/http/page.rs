@@ -49,6 +49,8 @@ const STATEMENT_VALID_FOR: u64 = 300;
 const MAX_BODY: usize = 64 * 1024;
 
 const SESSION_COOKIE: &str = "gw_session";
+/// Registrations one address may start each minute.
+const REGISTRATIONS_PER_MINUTE: u32 = 10;
 const LOGIN_COOKIE: &str = "gw_login";
 const REGISTER_COOKIE: &str = "gw_register";
 
@@ -67,6 +69,9 @@ pub struct Pages {
     policy: Arc<crate::policy::PolicyStore>,
     control: ControlHandler,
     audit: Arc<AuditLog>,
+    /// Registrations started per address in the current minute.
+    registrations:
+        std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
 }
 
 impl std::fmt::Debug for Pages {
@@ -103,13 +108,13 @@ impl Pages {
     /// page's, and the passkeys' relying party).
     pub fn new(
         resource: &str,
-        tls: bool,
         key: Option<[u8; 32]>,
         policy: Arc<crate::policy::PolicyStore>,
         control: ControlHandler,
         audit: Arc<AuditLog>,
     ) -> Result<Pages, String> {
         let rp = RelyingParty::new(resource).map_err(|e| e.to_string())?;
+        let secure = rp.origin().starts_with("https://");
         let key = match key {
             Some(k) => k,
             None => {
@@ -122,10 +127,13 @@ impl Pages {
         Ok(Pages {
             key,
             rp,
-            secure: tls,
+            // From the origin browsers see (a TLS proxy in front of a
+            // plain listener is still https to them).
+            secure,
             policy,
             control,
             audit,
+            registrations: Default::default(),
         })
     }
 
@@ -166,12 +174,29 @@ impl Pages {
         (v["e"].as_i64()? > now_ms()).then_some(v)
     }
 
-    fn cookie(&self, name: &str, value: &str, max_age: Duration) -> String {
+    /// A cookie's name: over https with the `__Host-` prefix (the browser
+    /// then takes it only from this origin's host, `Secure`, `Path=/`, no
+    /// `Domain`: a sibling subdomain cannot plant one).
+    fn cookie_name(&self, base: &str) -> String {
+        if self.secure {
+            format!("__Host-{base}")
+        } else {
+            base.to_string()
+        }
+    }
+
+    fn cookie(&self, base: &str, value: &str, max_age: Duration) -> String {
         format!(
-            "{name}={value}; Path=/approvals; Max-Age={}; HttpOnly; SameSite=Strict{}",
+            "{}={value}; Path={}; Max-Age={}; HttpOnly; SameSite=Strict{}",
+            self.cookie_name(base),
+            if self.secure { "/" } else { "/approvals" },
             max_age.as_secs(),
             if self.secure { "; Secure" } else { "" }
         )
+    }
+
+    fn cookie_of(&self, req: &Request<hyper::body::Incoming>, base: &str) -> Option<String> {
+        cookie(req, &self.cookie_name(base))
     }
 
     fn passkeys(&self) -> Vec<Listed> {
@@ -184,7 +209,7 @@ impl Pages {
     /// The session's approver, while the policy still lists a passkey of
     /// theirs.
     fn session(&self, req: &Request<hyper::body::Incoming>) -> Option<(String, String)> {
-        let v = self.open("session", &cookie(req, SESSION_COOKIE)?)?;
+        let v = self.open("session", &self.cookie_of(req, SESSION_COOKIE)?)?;
         let name = v["n"].as_str()?.to_string();
         let sid = v["s"].as_str()?.to_string();
         self.passkeys()
@@ -229,16 +254,16 @@ impl Pages {
                 return self.login_options(&body);
             }
             "/approvals/login/finish" if post => {
-                let login = cookie(&req, LOGIN_COOKIE);
+                let login = self.cookie_of(&req, LOGIN_COOKIE);
                 let body = json_body(req).await?;
                 return self.login_finish(login.as_deref(), &body, remote);
             }
             "/approvals/passkeys/register/options" if post => {
                 let body = json_body(req).await?;
-                return self.register_options(&body);
+                return self.register_options(&body, remote);
             }
             "/approvals/passkeys/register/finish" if post => {
-                let state = cookie(&req, REGISTER_COOKIE);
+                let state = self.cookie_of(&req, REGISTER_COOKIE);
                 let body = json_body(req).await?;
                 return self.register_finish(state.as_deref(), &body, remote);
             }
@@ -488,13 +513,38 @@ impl Pages {
         Ok(r)
     }
 
-    fn register_options(&self, body: &Value) -> Result<Response<Body>, Refused> {
+    fn register_options(
+        &self,
+        body: &Value,
+        remote: std::net::SocketAddr,
+    ) -> Result<Response<Body>, Refused> {
         let name = body["name"].as_str().unwrap_or_default().trim().to_string();
-        if name.is_empty() || name.len() > 100 || crate::text::escaped(&name, true) != name {
+        if !plain_name(&name) {
             return Err((
                 StatusCode::BAD_REQUEST,
-                "the name must be 1 to 100 characters, with no control or format characters".into(),
+                "the name must be 1 to 100 of A-Z a-z 0-9 . _ @ - (no look-alike letters)".into(),
             ));
+        }
+        {
+            let mut seen = self.registrations.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() > 10_000 {
+                seen.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
+            }
+            let e = seen
+                .entry(remote.ip())
+                .or_insert((std::time::Instant::now(), 0));
+            if e.0.elapsed() >= Duration::from_secs(60) {
+                *e = (std::time::Instant::now(), 0);
+            }
+            if e.1 >= REGISTRATIONS_PER_MINUTE {
+                return Err((
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "at most {REGISTRATIONS_PER_MINUTE} registrations a minute from one address"
+                    ),
+                ));
+            }
+            e.1 += 1;
         }
         let (options, state) = self
             .rp
@@ -625,19 +675,7 @@ impl Pages {
     }
 
     fn shell(&self, name: &str, sid: &str, title: &str, main: &str) -> String {
-        format!(
-            "<!doctype html><html lang=en><head><meta charset=utf-8>\
-             <meta name=viewport content=\"width=device-width,initial-scale=1\">\
-             <title>{title} · gateway</title>\
-             <link rel=stylesheet href=\"/approvals/static/page.css\">\
-             <script src=\"/approvals/static/page.js\" defer></script></head>\
-             <body data-csrf=\"{csrf}\"><header><a href=\"/approvals/\">gateway approvals</a>\
-             <span>signed in as <b>{who}</b> <button id=logout type=button>sign out</button></span></header>\
-             <main>{main}</main></body></html>",
-            title = h(title),
-            csrf = h(&self.csrf(sid)),
-            who = h(name),
-        )
+        shell_html(name, &self.csrf(sid), title, main)
     }
 
     fn anonymous(&self, title: &str, main: &str) -> String {
@@ -706,121 +744,146 @@ impl Pages {
     }
 
     fn approval_page(&self, name: &str, sid: &str, a: &Value, may: &Result<(), String>) -> String {
-        let s = |v: &Value| h(v.as_str().unwrap_or(""));
-        let id = a["id"].as_str().unwrap_or_default();
-        let state = a["state"].as_str().unwrap_or("?");
-        let mut m = String::new();
+        approval_html(name, &self.csrf(sid), a, may)
+    }
+}
+
+/// A signed-in page: the header (who, sign out), the CSRF token the
+/// script sends, `main`.
+fn shell_html(name: &str, csrf: &str, title: &str, main: &str) -> String {
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+             <meta name=viewport content=\"width=device-width,initial-scale=1\">\
+             <title>{title} · gateway</title>\
+             <link rel=stylesheet href=\"/approvals/static/page.css\">\
+             <script src=\"/approvals/static/page.js\" defer></script></head>\
+             <body data-csrf=\"{csrf}\"><header><a href=\"/approvals/\">gateway approvals</a>\
+             <span>signed in as <b>{who}</b> <button id=logout type=button>sign out</button></span></header>\
+             <main>{main}</main></body></html>",
+        title = h(title),
+        csrf = h(csrf),
+        who = h(name),
+    )
+}
+
+/// The approval page of `a` (`approvals show --json`) for `name`, with the
+/// policy's answer to whether `name` may grant it (`may`).
+pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>) -> String {
+    let s = |v: &Value| h(v.as_str().unwrap_or(""));
+    let id = a["id"].as_str().unwrap_or_default();
+    let state = a["state"].as_str().unwrap_or("?");
+    let mut m = String::new();
+    m.push_str(&format!(
+        "<h1>Approval <code>{}</code> <span class=\"state state-{}\">{}</span></h1>",
+        h(id),
+        h(state),
+        h(state)
+    ));
+    // 1. The destructive signals, each with its reason.
+    let signals = a["signals"].as_array().cloned().unwrap_or_default();
+    if signals.is_empty() {
+        m.push_str("<section class=\"signals none\"><h2>No destructive signals</h2></section>");
+    } else {
         m.push_str(&format!(
-            "<h1>Approval <code>{}</code> <span class=\"state state-{}\">{}</span></h1>",
-            h(id),
-            h(state),
-            h(state)
+            "<section class=signals><h2>⚠ Destructive signals ({})</h2><ul>",
+            signals.len()
         ));
-        // 1. The destructive signals, each with its reason.
-        let signals = a["signals"].as_array().cloned().unwrap_or_default();
-        if signals.is_empty() {
-            m.push_str("<section class=\"signals none\"><h2>No destructive signals</h2></section>");
-        } else {
-            m.push_str(&format!(
-                "<section class=signals><h2>⚠ Destructive signals ({})</h2><ul>",
-                signals.len()
-            ));
-            for sig in &signals {
-                let mut why = String::new();
-                if let Some(r) = sig["reason"].as_str() {
-                    why.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
-                }
-                if let Some(p) = sig["paths"].as_array().filter(|p| !p.is_empty()) {
-                    why.push_str(&format!(
-                        " <span class=why>forced by: <code>{}</code></span>",
-                        h(&Value::Array(p.clone()).to_string())
-                    ));
-                }
-                m.push_str(&format!(
-                    "<li><b class=kind>{}</b> <code>{}</code>: {}{why}</li>",
-                    s(&sig["kind"]),
-                    s(&sig["address"]),
-                    s(&sig["message"]),
+        for sig in &signals {
+            let mut why = String::new();
+            if let Some(r) = sig["reason"].as_str() {
+                why.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
+            }
+            if let Some(p) = sig["paths"].as_array().filter(|p| !p.is_empty()) {
+                why.push_str(&format!(
+                    " <span class=why>forced by: <code>{}</code></span>",
+                    h(&Value::Array(p.clone()).to_string())
                 ));
             }
-            m.push_str("</ul></section>");
-        }
-        // 2. The call and its people.
-        let granted: Vec<String> = a["verdicts"]
-            .as_array()
-            .map(|v| {
-                v.iter()
-                    .map(|v| {
-                        format!(
-                            "{} by {} ({}) at {}: {}",
-                            s(&v["verdict"]),
-                            s(&v["approver"]),
-                            s(&v["kind"]),
-                            s(&v["at"]),
-                            s(&v["reason"])
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let grants = a["verdicts"]
-            .as_array()
-            .map(|v| v.iter().filter(|v| v["verdict"] == "grant").count())
-            .unwrap_or(0);
-        m.push_str("<section class=facts><h2>The call</h2><dl>");
-        let mut fact = |k: &str, v: String| m.push_str(&format!("<dt>{k}</dt><dd>{v}</dd>"));
-        fact("tool", s(&a["tool"]));
-        fact(
-            "module",
-            h(a["params"]["working_dir"].as_str().unwrap_or("-")),
-        );
-        fact(
-            "params",
-            format!("<code>{}</code>", h(&a["params"].to_string())),
-        );
-        fact("requested by", s(&a["requested_by"]));
-        fact(
-            "client",
-            format!(
-                "{} <span class=note>(what the client calls itself)</span>",
-                s(&a["requested_client"])
-            ),
-        );
-        fact("requested at", s(&a["created_at"]));
-        fact("expires at", s(&a["expires_at"]));
-        fact(
-            "approvals",
-            format!(
-                "{grants} of {} given",
-                a["approvers_required"].as_u64().unwrap_or(0)
-            ),
-        );
-        fact(
-            "verdicts",
-            if granted.is_empty() {
-                "none yet".into()
-            } else {
-                granted.join("<br>")
-            },
-        );
-        fact(
-            "plan digest",
-            format!("<code>{}</code>", s(&a["plan_sha256"])),
-        );
-        fact(
-            "params digest",
-            format!("<code>{}</code>", s(&a["params_sha256"])),
-        );
-        m.push_str("</dl></section>");
-        // 3. The decision (before the long list, after what it is about).
-        m.push_str("<section class=decide><h2>Decide</h2>");
-        if state != "pending" {
             m.push_str(&format!(
-                "<p>This approval is {}; there is nothing to decide.</p>",
-                h(state)
+                "<li><b class=kind>{}</b> <code>{}</code>: {}{why}</li>",
+                s(&sig["kind"]),
+                s(&sig["address"]),
+                s(&sig["message"]),
             ));
+        }
+        m.push_str("</ul></section>");
+    }
+    // 2. The call and its people.
+    let granted: Vec<String> = a["verdicts"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|v| {
+                    format!(
+                        "{} by {} ({}) at {}: {}",
+                        s(&v["verdict"]),
+                        s(&v["approver"]),
+                        s(&v["kind"]),
+                        s(&v["at"]),
+                        s(&v["reason"])
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let grants = a["verdicts"]
+        .as_array()
+        .map(|v| v.iter().filter(|v| v["verdict"] == "grant").count())
+        .unwrap_or(0);
+    m.push_str("<section class=facts><h2>The call</h2><dl>");
+    let mut fact = |k: &str, v: String| m.push_str(&format!("<dt>{k}</dt><dd>{v}</dd>"));
+    fact("tool", s(&a["tool"]));
+    fact(
+        "module",
+        h(a["params"]["working_dir"].as_str().unwrap_or("-")),
+    );
+    fact(
+        "params",
+        format!("<code>{}</code>", h(&a["params"].to_string())),
+    );
+    fact("requested by", s(&a["requested_by"]));
+    fact(
+        "client",
+        format!(
+            "{} <span class=note>(what the client calls itself)</span>",
+            s(&a["requested_client"])
+        ),
+    );
+    fact("requested at", s(&a["created_at"]));
+    fact("expires at", s(&a["expires_at"]));
+    fact(
+        "approvals",
+        format!(
+            "{grants} of {} given",
+            a["approvers_required"].as_u64().unwrap_or(0)
+        ),
+    );
+    fact(
+        "verdicts",
+        if granted.is_empty() {
+            "none yet".into()
         } else {
-            match may {
+            granted.join("<br>")
+        },
+    );
+    fact(
+        "plan digest",
+        format!("<code>{}</code>", s(&a["plan_sha256"])),
+    );
+    fact(
+        "params digest",
+        format!("<code>{}</code>", s(&a["params_sha256"])),
+    );
+    m.push_str("</dl></section>");
+    // 3. The decision (before the long list, after what it is about).
+    m.push_str("<section class=decide><h2>Decide</h2>");
+    if state != "pending" {
+        m.push_str(&format!(
+            "<p>This approval is {}; there is nothing to decide.</p>",
+            h(state)
+        ));
+    } else {
+        match may {
                 Ok(()) => m.push_str(&format!(
                     "<form id=verdict data-id=\"{}\"><label>Reason{} <input name=reason maxlength=4096{}></label>\
                      <button type=submit name=verdict value=grant class=grant>Approve with passkey</button>\
@@ -840,69 +903,76 @@ impl Pages {
                     h(id)
                 )),
             }
-        }
-        m.push_str("</section>");
-        // 4. The changes, grouped by action, with their attribute diffs.
-        let groups = crate::approvals::review::grouped(&a["plan_summary"]);
-        let total: usize = groups.iter().map(|g| g.2.len()).sum();
-        let counts: Vec<String> = groups
-            .iter()
-            .map(|(k, _, v)| format!("<span class=\"count {k}\">{} {k}</span>", v.len()))
-            .collect();
+    }
+    m.push_str("</section>");
+    // 4. The changes, grouped by action, with their attribute diffs.
+    let groups = crate::approvals::review::grouped(&a["plan_summary"]);
+    let total: usize = groups.iter().map(|g| g.2.len()).sum();
+    let counts: Vec<String> = groups
+        .iter()
+        .map(|(k, _, v)| format!("<span class=\"count {k}\">{} {k}</span>", v.len()))
+        .collect();
+    m.push_str(&format!(
+        "<section class=changes><h2>Planned changes ({total})</h2><p>{}</p>",
+        counts.join(" ")
+    ));
+    for (key, label, changes) in &groups {
         m.push_str(&format!(
-            "<section class=changes><h2>Planned changes ({total})</h2><p>{}</p>",
-            counts.join(" ")
+            "<details class=\"group {key}\"{}><summary>{} ({})</summary>",
+            if matches!(*key, "replace" | "delete" | "forget" | "other") || changes.len() <= 50 {
+                " open"
+            } else {
+                ""
+            },
+            h(label),
+            changes.len()
         ));
-        for (key, label, changes) in &groups {
+        for c in changes {
             m.push_str(&format!(
-                "<details class=\"group {key}\"{}><summary>{} ({})</summary>",
-                if matches!(*key, "replace" | "delete" | "forget" | "other") || changes.len() <= 50
-                {
-                    " open"
-                } else {
-                    ""
-                },
-                h(label),
-                changes.len()
+                "<div class=change><code class=addr>{}</code>",
+                s(&c["address"])
             ));
-            for c in changes {
+            if let Some(r) = c["reason"].as_str() {
+                m.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
+            }
+            if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
                 m.push_str(&format!(
-                    "<div class=change><code class=addr>{}</code>",
-                    s(&c["address"])
+                    " <span class=why>forced by: <code>{}</code></span>",
+                    h(&Value::Array(p.clone()).to_string())
                 ));
-                if let Some(r) = c["reason"].as_str() {
-                    m.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
-                }
-                if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
+            }
+            let diff = c["diff"].as_array().cloned().unwrap_or_default();
+            if !diff.is_empty() {
+                m.push_str("<table class=diff><tbody>");
+                for d in &diff {
+                    let side = |v: &Value| match v {
+                        Value::Null => "<i>(none)</i>".to_string(),
+                        v => h(v.as_str().unwrap_or("?")),
+                    };
                     m.push_str(&format!(
-                        " <span class=why>forced by: <code>{}</code></span>",
-                        h(&Value::Array(p.clone()).to_string())
-                    ));
-                }
-                let diff = c["diff"].as_array().cloned().unwrap_or_default();
-                if !diff.is_empty() {
-                    m.push_str("<table class=diff><tbody>");
-                    for d in &diff {
-                        let side = |v: &Value| match v {
-                            Value::Null => "<i>(none)</i>".to_string(),
-                            v => h(v.as_str().unwrap_or("?")),
-                        };
-                        m.push_str(&format!(
                             "<tr><th>{}</th><td class=before>{}</td><td>→</td><td class=after>{}</td></tr>",
                             s(&d["path"]),
                             side(&d["before"]),
                             side(&d["after"])
                         ));
-                    }
-                    m.push_str("</tbody></table>");
                 }
-                m.push_str("</div>");
+                m.push_str("</tbody></table>");
             }
-            m.push_str("</details>");
+            m.push_str("</div>");
         }
-        m.push_str("</section>");
-        self.shell(name, sid, &format!("approval {id}"), &m)
+        m.push_str("</details>");
     }
+    m.push_str("</section>");
+    shell_html(name, csrf, &format!("approval {id}"), &m)
+}
+
+/// An approver name as a passkey is listed under: ASCII letters, digits
+/// and `._@-` (no look-alike letter makes one name pass for another).
+fn plain_name(name: &str) -> bool {
+    (1..=100).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
 }
 
 /// An approval id as the store makes them (`ap-` and hex): nothing else is
@@ -913,15 +983,20 @@ fn valid_id(id: &str) -> bool {
         && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
+/// The one cookie named `name`. Two of that name (one planted by another
+/// page of the same site, beside the real one) count as none.
 fn cookie(req: &Request<hyper::body::Incoming>, name: &str) -> Option<String> {
-    req.headers()
+    let mut found = req
+        .headers()
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_string())
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string());
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
 }
 
 async fn json_body(req: Request<hyper::body::Incoming>) -> Result<Value, Refused> {
@@ -1039,6 +1114,10 @@ mod tests {
         assert!(!valid_id("../x"));
         assert!(!valid_id("a b"));
         assert!(!valid_id("--reason=x"));
+        assert!(plain_name("bob.smith@corp-1"));
+        assert!(!plain_name("b\u{043e}b"), "a Cyrillic o");
+        assert!(!plain_name("bob\u{3164}"), "a Hangul filler");
+        assert!(!plain_name(""));
         assert!(!valid_id("-x"));
         assert!(!valid_id(""));
     }

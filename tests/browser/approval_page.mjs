@@ -134,11 +134,11 @@ try {
     const r = await fetch(location.href);
     return Object.fromEntries(["content-security-policy", "x-frame-options", "cache-control", "referrer-policy"].map((h) => [h, r.headers.get(h)]));
   });
-  report.cookie = (await bob.context.cookies()).find((c) => c.name === "gw_session");
+  report.cookie = (await bob.context.cookies()).find((c) => c.name === "__Host-gw_session");
   await bob.page.screenshot({ path: `${SHOTS}/approval.png`, fullPage: true });
 
   // Forgeries with bob's session cookie: another origin, no CSRF token, a form post.
-  const cookie = `gw_session=${report.cookie.value}`;
+  const cookie = `__Host-gw_session=${report.cookie.value}`;
   const csrf = await bob.page.evaluate(() => document.body.dataset.csrf);
   const body = JSON.stringify({ csrf, verdict: "grant", reason: "forged" });
   report.forged_origin = await raw(`/approvals/${APPROVAL}/statement`,
@@ -147,6 +147,9 @@ try {
     { cookie, origin: BASE, "content-type": "application/json" }, JSON.stringify({ verdict: "grant" }));
   report.forged_form = await raw(`/approvals/${APPROVAL}/statement`,
     { cookie, origin: BASE, "content-type": "application/x-www-form-urlencoded" }, "verdict=grant");
+  // A second session cookie planted beside the real one: neither counts.
+  report.planted_cookie = await raw(`/approvals/${APPROVAL}/statement`,
+    { cookie: `${cookie}; __Host-gw_session=planted`, origin: BASE, "content-type": "application/json" }, body);
   report.forged_verdict_without_passkey = await raw(`/approvals/${APPROVAL}/verdict`,
     { cookie, origin: BASE, "content-type": "application/json" },
     JSON.stringify({ csrf, verdict: "grant", statement: "{}", assertion: {} }));

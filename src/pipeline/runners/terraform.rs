@@ -573,6 +573,7 @@ impl Pipeline {
             "id": approval.id, "status": approval.state.as_str(),
             "requested_by": approval.requested_by,
             "requester": approval.requester,
+            "signals": approval.signals,
             "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
             "identities": identities,
         }));
