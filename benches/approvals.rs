@@ -12,6 +12,9 @@
 //!   once; criterion's rate is the team's events per second, and the
 //!   latency of each append (p50, p99, max) is printed after the group.
 //!
+//! - `page/render/20` and `page/render/2000`: the approval page's HTML for
+//!   a plan of 20 and of 2,000 changes (two attribute diffs each).
+//!
 //! Run as root: `cargo bench --bench approvals`. Criterion reports time per
 //! iteration and elements per second.
 
@@ -153,5 +156,39 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// The approval page's HTML for a plan of `n` changes, each with two
+/// attribute diffs (what `GET /approvals/ID` renders after the store read):
+/// `page/render/20` and `page/render/2000` in one run, so their ratio shows
+/// how rendering grows with the plan.
+fn page(c: &mut Criterion) {
+    let approval = |n: usize| {
+        let changes: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                json!({"address": format!("terraform_data.item[{i}]"), "actions": ["update"],
+                       "reason": null, "paths": [],
+                       "diff": [{"path": "input.size", "before": format!("{i}"), "after": format!("{}", i + 1)},
+                                {"path": "input.secret", "before": "(sensitive value)", "after": "(sensitive value)"}]})
+            })
+            .collect();
+        json!({"id": "ap-0123", "state": "pending", "tool": "terraform_apply",
+               "params": {"working_dir": "terraform/x"}, "params_sha256": "ab", "plan_sha256": "cd",
+               "requested_by": "alice", "requested_client": "agent", "requester": null,
+               "created_at": "2026-12-03T00:00:00Z", "expires_at": "2026-12-03T00:30:00Z",
+               "approvers_required": 1, "reason_required": true, "verdicts": [],
+               "signals": [{"address": "terraform_data.item[0]", "kind": "delete", "message": "destroyed",
+                            "reason": null, "paths": []}],
+               "plan_summary": changes})
+    };
+    let mut g = c.benchmark_group("page");
+    for n in [20usize, 2000] {
+        let a = approval(n);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("render/{n}"), |b| {
+            b.iter(|| gateway::http::page::approval_html("bob", "csrf", &a, &Ok(())).len())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, page);
 criterion_main!(benches);
