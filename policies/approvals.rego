@@ -107,13 +107,6 @@ is_requester(id, names) if {
 
 is_requester(id, names) if person(id) in names
 
-# A passkey or key listed with an owner (identity.owners) is the
-# requester's when its owner is.
-is_requester(id, names) if {
-	id.kind in {"ssh_key", "passkey"}
-	object.get(object.get(cfg.identity, "owners", {}), id.name, "") in names
-}
-
 # An SSO approver is the requester under its id, its e-mail's local part,
 # or the OS user identity.sso_people names for it.
 is_requester(id, names) if {

@@ -361,6 +361,11 @@ test_a_token_grant_counts_nothing_when_the_recorded_plan_was_destructive if {
 		with data.gateway.signals.signals as []
 		with data.config.approvals.identity.sso_groups as ["approvers"]
 		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
+	# With no signal now or recorded, the same token grant counts.
+	approvals.counts(bob) with input as {"tool": "terraform_apply", "params": {"working_dir": "terraform/offline-demo"}, "approval": object.union(sso_approval("x"), {"signals": []})}
+		with data.gateway.signals.signals as []
+		with data.config.approvals.identity.sso_groups as ["approvers"]
+		with data.config.approvals.identity.sso_clients as ["gateway-cli"]
 }
 
 test_an_owned_passkey_never_approves_its_owners_calls if {

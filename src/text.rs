@@ -15,7 +15,12 @@ pub fn is_format_char(c: char) -> bool {
         // (Arabic, Syriac, Kaithi), musical formatting, and the Hangul and
         // Braille blanks that render as nothing.
         | 0x2028 | 0x2029 | 0x0600..=0x0605 | 0x06DD | 0x070F | 0x08E2 | 0x110BD | 0x110CD
-        | 0x1D173..=0x1D17A | 0x115F | 0x1160 | 0x3164 | 0xFFA0 | 0x2800 | 0x034F)
+        | 0x1D173..=0x1D17A | 0x115F | 0x1160 | 0x3164 | 0xFFA0 | 0x2800 | 0x034F
+        // Variation selectors, Mongolian free variation selectors, Khmer
+        // inherent vowels, shorthand format controls, Egyptian hieroglyph
+        // format controls.
+        | 0xFE00..=0xFE0F | 0xE0100..=0xE01EF | 0x180B..=0x180F | 0x17B4 | 0x17B5
+        | 0x1BCA0..=0x1BCA3 | 0x13430..=0x1343F)
 }
 
 /// `s` with every control character (C0, DEL, C1: ESC, CSI, OSC, BEL, CR …)

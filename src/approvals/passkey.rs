@@ -80,6 +80,15 @@ pub struct Proven {
     pub user_verified: bool,
 }
 
+/// An approver name a passkey is listed under: ASCII letters, digits and
+/// `._@-`, so that no look-alike letter makes one name pass for another.
+pub fn plain_name(name: &str) -> bool {
+    (1..=100).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
+}
+
 /// The challenge of a verdict: the SHA-256 of the statement's exact bytes.
 pub fn statement_challenge(statement: &[u8]) -> [u8; 32] {
     Sha256::digest(statement).into()
@@ -102,8 +111,12 @@ pub fn listed(value: &Value) -> Result<Vec<Listed>, PasskeyError> {
     for (i, item) in items.iter().enumerate() {
         let name = item["name"]
             .as_str()
-            .filter(|n| !n.trim().is_empty() && !n.chars().any(char::is_control))
-            .ok_or_else(|| PasskeyError::Listed(format!("entry {i}: no usable \"name\"")))?;
+            .filter(|n| plain_name(n))
+            .ok_or_else(|| {
+                PasskeyError::Listed(format!(
+                    "entry {i}: \"name\" must be 1 to 100 of A-Z a-z 0-9 . _ @ - (no look-alike letters)"
+                ))
+            })?;
         let credential: Credential = serde_json::from_value(item["credential"].clone())
             .map_err(|e| PasskeyError::Listed(format!("entry {i} ({name}): credential: {e}")))?;
         let id = b64url(credential.cred_id.as_ref());
@@ -353,6 +366,13 @@ mod tests {
         assert!(listed(&json!({})).is_err());
         assert!(listed(&json!([{"name": "alice", "credential": {}}])).is_err());
         assert!(listed(&json!([{"name": "", "credential": {}}])).is_err());
+        // A look-alike of a name (a Cyrillic a) is refused in the list too,
+        // whoever edited the entry.
+        let a = Authenticator::new();
+        let cred = serde_json::to_value(&a.listed("bob").credential).expect("json");
+        assert!(listed(&json!([{"name": "\u{0430}lice", "credential": cred}])).is_err());
+        assert!(plain_name("bob.smith@corp-1"));
+        assert!(!plain_name("bob\u{3164}"), "a Hangul filler");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const MAX_VALUE_CHARS: usize = 160;
 pub const MAX_DIFF_BYTES: usize = 2 * 1024 * 1024;
 /// How deep nested attributes are followed.
 const MAX_DEPTH: usize = 12;
+/// Characters of one attribute name kept in a path.
+const MAX_KEY_CHARS: usize = 100;
 
 /// The groups of changes, in the order they are shown, with the label of
 /// each: the destructive ones first.
@@ -159,10 +161,27 @@ fn attribute_changes(
     paths.sort();
     paths.dedup();
     let null = Shown::Value(Value::Null);
+    // A path one side lacks takes the marker of an enclosing path on that
+    // side (`output` known after apply covers `output.image`).
+    let side = |m: &std::collections::BTreeMap<String, Shown>, p: &str| -> Shown {
+        if let Some(v) = m.get(p) {
+            return v.clone();
+        }
+        m.iter()
+            .filter(|(k, v)| {
+                matches!(v, Shown::Sensitive | Shown::Unknown)
+                    && (k.is_empty()
+                        || p.strip_prefix(k.as_str())
+                            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('[')))
+            })
+            .map(|(_, v)| v.clone())
+            .next()
+            .unwrap_or_else(|| null.clone())
+    };
     let mut out = Vec::new();
     let mut hidden: Vec<&str> = Vec::new();
     for p in paths {
-        let (bv, av) = (b.get(p).unwrap_or(&null), a.get(p).unwrap_or(&null));
+        let (bv, av) = (&side(&b, p), &side(&a, p));
         // Absent and null are the same to a reader; a sensitive value is
         // shown as changed whether it did or not (as Terraform does not
         // say either).
@@ -237,6 +256,8 @@ fn flatten(
     }
     let child = |m: &Value, k: &str| m.get(k).cloned().unwrap_or(Value::Null);
     let item = |m: &Value, i: usize| m.get(i).cloned().unwrap_or(Value::Null);
+    let nonempty_object = |m: &Value| m.as_object().is_some_and(|o| !o.is_empty());
+    let nonempty_array = |m: &Value| m.as_array().is_some_and(|a| !a.is_empty());
     match v {
         // Deeper than this, the rest is one value (masked if anything
         // under it is marked).
@@ -249,18 +270,36 @@ fn flatten(
             };
             out.insert(path, shown);
         }
-        Value::Object(o) if !o.is_empty() => {
-            for (k, x) in o {
-                let plain = !k.is_empty()
-                    && k.chars()
+        // An object, or an attribute Terraform leaves out of `after` and
+        // marks in `after_unknown` only (known after apply): the keys of
+        // both are walked.
+        Value::Object(_) | Value::Null
+            if depth < MAX_DEPTH && (nonempty_object(v) || nonempty_object(unknown)) =>
+        {
+            let empty = serde_json::Map::new();
+            let o = v.as_object().unwrap_or(&empty);
+            let mut keys: Vec<&String> = o.keys().collect();
+            if let Some(u) = unknown.as_object() {
+                keys.extend(u.keys().filter(|k| !o.contains_key(*k)));
+            }
+            for k in keys {
+                let name: String = k.chars().take(MAX_KEY_CHARS).collect();
+                let name = if name.len() < k.len() {
+                    format!("{name}…")
+                } else {
+                    name
+                };
+                let plain = !name.is_empty()
+                    && name
+                        .chars()
                         .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
                 let p = match (path.is_empty(), plain) {
-                    (true, true) => k.clone(),
-                    (false, true) => format!("{path}.{k}"),
-                    (_, false) => format!("{path}[{}]", Value::String(k.clone())),
+                    (true, true) => name,
+                    (false, true) => format!("{path}.{name}"),
+                    (_, false) => format!("{path}[{}]", Value::String(name)),
                 };
                 flatten(
-                    x,
+                    o.get(k).unwrap_or(&Value::Null),
                     &child(sensitive, k),
                     &child(unknown, k),
                     p,
@@ -269,10 +308,14 @@ fn flatten(
                 );
             }
         }
-        Value::Array(a) if !a.is_empty() => {
-            for (i, x) in a.iter().enumerate() {
+        Value::Array(_) | Value::Null
+            if depth < MAX_DEPTH && (nonempty_array(v) || nonempty_array(unknown)) =>
+        {
+            let a = v.as_array().map(Vec::as_slice).unwrap_or_default();
+            let n = a.len().max(unknown.as_array().map_or(0, Vec::len));
+            for i in 0..n {
                 flatten(
-                    x,
+                    a.get(i).unwrap_or(&Value::Null),
                     &item(sensitive, i),
                     &item(unknown, i),
                     format!("{path}[{i}]"),
@@ -391,6 +434,38 @@ mod tests {
             .collect();
         assert!(paths.contains(&"data[\"db.password\"]"), "{paths:?}");
         assert!(paths.contains(&"data.user"), "{paths:?}");
+    }
+
+    #[test]
+    fn an_attribute_known_only_after_apply_says_so_and_never_reads_as_removed() {
+        // As Terraform writes it: left out of `after`, marked in
+        // `after_unknown` (here nested too).
+        let p = plan(json!({
+            "actions": ["update"],
+            "before": {"output": {"image": "nginx:1.27"}, "id": "x", "tags": ["a"]},
+            "after": {"id": "x", "tags": ["a"]},
+            "after_unknown": {"output": true, "tags": [false, true]},
+        }));
+        let d = with_diffs(&super::super::plan_summary(&p), &p);
+        assert_eq!(
+            d[0]["diff"],
+            json!([
+                {"path": "output", "before": null, "after": "(known after apply)"},
+                {"path": "output.image", "before": "nginx:1.27", "after": "(known after apply)"},
+                {"path": "tags[1]", "before": null, "after": "(known after apply)"},
+            ]),
+        );
+    }
+
+    #[test]
+    fn one_huge_attribute_name_is_cut_and_costs_the_others_nothing() {
+        let key = "k".repeat(2 * 1024 * 1024);
+        let p = plan(json!({"actions": ["create"], "before": null, "after": {key: "v"}}));
+        let d = with_diffs(&super::super::plan_summary(&p), &p);
+        let path = d[0]["diff"][0]["path"].as_str().expect("path");
+        // `["kkk…"]`: the name cut, quoted as a name that is not plain.
+        assert_eq!(path.chars().count(), MAX_KEY_CHARS + 5, "{}", &path[..20]);
+        assert!(path.ends_with("…\"]"), "{}", &path[path.len() - 10..]);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::Body;
-use crate::approvals::passkey::{self, Listed, RelyingParty};
+use crate::approvals::passkey::{self, Listed, RelyingParty, plain_name};
 use crate::audit::{AuditLog, Event};
 use crate::daemon::{Asker, ControlHandler};
 
@@ -49,8 +49,9 @@ const STATEMENT_VALID_FOR: u64 = 300;
 const MAX_BODY: usize = 64 * 1024;
 
 const SESSION_COOKIE: &str = "gw_session";
-/// Registrations one address may start each minute.
-const REGISTRATIONS_PER_MINUTE: u32 = 10;
+/// Registration steps one address may take each minute (a registration
+/// is two).
+const REGISTRATIONS_PER_MINUTE: u32 = 20;
 const LOGIN_COOKIE: &str = "gw_login";
 const REGISTER_COOKIE: &str = "gw_register";
 
@@ -212,9 +213,11 @@ impl Pages {
         let v = self.open("session", &self.cookie_of(req, SESSION_COOKIE)?)?;
         let name = v["n"].as_str()?.to_string();
         let sid = v["s"].as_str()?.to_string();
+        // The passkey that opened it must still be listed, for this name.
+        let credential = v["k"].as_str()?;
         self.passkeys()
             .iter()
-            .any(|l| l.name == name)
+            .any(|l| l.name == name && l.id == credential)
             .then_some((name, sid))
     }
 
@@ -497,7 +500,8 @@ impl Pages {
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let session = self.seal(
             "session",
-            &json!({"n": proven.name, "s": b64(&sid), "e": now_ms() + SESSION.as_millis() as i64}),
+            &json!({"n": proven.name, "k": proven.credential_id, "s": b64(&sid),
+                    "e": now_ms() + SESSION.as_millis() as i64}),
         );
         let _ = self.audit.record(
             "",
@@ -525,27 +529,7 @@ impl Pages {
                 "the name must be 1 to 100 of A-Z a-z 0-9 . _ @ - (no look-alike letters)".into(),
             ));
         }
-        {
-            let mut seen = self.registrations.lock().unwrap_or_else(|e| e.into_inner());
-            if seen.len() > 10_000 {
-                seen.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
-            }
-            let e = seen
-                .entry(remote.ip())
-                .or_insert((std::time::Instant::now(), 0));
-            if e.0.elapsed() >= Duration::from_secs(60) {
-                *e = (std::time::Instant::now(), 0);
-            }
-            if e.1 >= REGISTRATIONS_PER_MINUTE {
-                return Err((
-                    StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "at most {REGISTRATIONS_PER_MINUTE} registrations a minute from one address"
-                    ),
-                ));
-            }
-            e.1 += 1;
-        }
+        self.admit_registration(remote)?;
         let (options, state) = self
             .rp
             .register_options(&name)
@@ -559,12 +543,44 @@ impl Pages {
         Ok(r)
     }
 
+    /// Registration steps (options and finish, each counted) one address
+    /// (an IPv6 /64) may take each minute.
+    fn admit_registration(&self, remote: std::net::SocketAddr) -> Result<(), Refused> {
+        let key = match remote.ip() {
+            std::net::IpAddr::V6(v6) => {
+                let mut o = v6.octets();
+                o[8..].fill(0);
+                std::net::IpAddr::V6(std::net::Ipv6Addr::from(o))
+            }
+            v4 => v4,
+        };
+        let mut seen = self.registrations.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 10_000 {
+            seen.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
+        }
+        let e = seen.entry(key).or_insert((std::time::Instant::now(), 0));
+        if e.0.elapsed() >= Duration::from_secs(60) {
+            *e = (std::time::Instant::now(), 0);
+        }
+        if e.1 >= REGISTRATIONS_PER_MINUTE {
+            return Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "at most {REGISTRATIONS_PER_MINUTE} registration steps a minute from one address"
+                ),
+            ));
+        }
+        e.1 += 1;
+        Ok(())
+    }
+
     fn register_finish(
         &self,
         state: Option<&str>,
         body: &Value,
         remote: std::net::SocketAddr,
     ) -> Result<Response<Body>, Refused> {
+        self.admit_registration(remote)?;
         let v = state.and_then(|s| self.open("register", s)).ok_or((
             StatusCode::FORBIDDEN,
             "the registration expired or did not start here; start again".to_string(),
@@ -964,15 +980,6 @@ pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>
     }
     m.push_str("</section>");
     shell_html(name, csrf, &format!("approval {id}"), &m)
-}
-
-/// An approver name as a passkey is listed under: ASCII letters, digits
-/// and `._@-` (no look-alike letter makes one name pass for another).
-fn plain_name(name: &str) -> bool {
-    (1..=100).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
 }
 
 /// An approval id as the store makes them (`ap-` and hex): nothing else is
