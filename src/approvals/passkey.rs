@@ -338,8 +338,101 @@ pub fn verify_recorded(
     )
 }
 
+/// A software authenticator for tests (here and in `audit::verify`).
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A software authenticator: one ES256 key, and assertions as a
+    /// browser returns them.
+    pub(crate) struct Authenticator {
+        pub(crate) key: openssl::ec::EcKey<openssl::pkey::Private>,
+        pub(crate) id: Vec<u8>,
+    }
+
+    impl Authenticator {
+        pub(crate) fn new() -> Authenticator {
+            let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)
+                .expect("group");
+            Authenticator {
+                key: openssl::ec::EcKey::generate(&group).expect("key"),
+                id: vec![7u8; 16],
+            }
+        }
+
+        pub(crate) fn listed(&self, name: &str) -> Listed {
+            use webauthn_rs_core::proto::*;
+            let mut ctx = openssl::bn::BigNumContext::new().expect("ctx");
+            let (mut x, mut y) = (
+                openssl::bn::BigNum::new().expect("x"),
+                openssl::bn::BigNum::new().expect("y"),
+            );
+            self.key
+                .public_key()
+                .affine_coordinates(self.key.group(), &mut x, &mut y, &mut ctx)
+                .expect("coordinates");
+            let credential = Credential {
+                cred_id: self.id.clone().into(),
+                cred: COSEKey {
+                    type_: COSEAlgorithm::ES256,
+                    key: COSEKeyType::EC_EC2(COSEEC2Key {
+                        curve: ECDSACurve::SECP256R1,
+                        x: x.to_vec_padded(32).expect("x").into(),
+                        y: y.to_vec_padded(32).expect("y").into(),
+                    }),
+                },
+                counter: 0,
+                transports: None,
+                user_verified: true,
+                backup_eligible: false,
+                backup_state: false,
+                registration_policy: UserVerificationPolicy::Required,
+                extensions: RegisteredExtensions::none(),
+                attestation: ParsedAttestation {
+                    data: ParsedAttestationData::None,
+                    metadata: AttestationMetadata::None,
+                },
+                attestation_format: AttestationFormat::None,
+            };
+            listed(&json!([{"name": name, "credential": credential}]))
+                .expect("listed")
+                .remove(0)
+        }
+
+        /// An assertion over `challenge` for `origin`, with the UV flag
+        /// `verified`.
+        pub(crate) fn assert(
+            &self,
+            origin: &str,
+            rp_id: &str,
+            challenge: &[u8],
+            verified: bool,
+        ) -> Value {
+            let client = json!({"type": "webauthn.get", "challenge": b64url(challenge),
+                                "origin": origin, "crossOrigin": false})
+            .to_string();
+            let mut auth = Sha256::digest(rp_id.as_bytes()).to_vec();
+            auth.push(if verified { 0x05 } else { 0x01 });
+            auth.extend_from_slice(&1u32.to_be_bytes());
+            let mut signed = auth.clone();
+            signed.extend_from_slice(&Sha256::digest(client.as_bytes()));
+            let digest = Sha256::digest(&signed);
+            let sig = openssl::ecdsa::EcdsaSig::sign(&digest, &self.key)
+                .expect("sign")
+                .to_der()
+                .expect("der");
+            json!({"id": b64url(&self.id), "rawId": b64url(&self.id), "type": "public-key",
+                   "extensions": {},
+                   "response": {"authenticatorData": b64url(&auth),
+                                "clientDataJSON": b64url(client.as_bytes()),
+                                "signature": b64url(&sig), "userHandle": null}})
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::Authenticator;
     use super::*;
 
     #[test]
@@ -383,86 +476,6 @@ mod tests {
                                {"name": "alice", "credential": cred}]))
         .expect_err("listed twice");
         assert!(e.to_string().contains("already listed for bob"), "{e}");
-    }
-
-    /// A software authenticator: one ES256 key, and assertions as a
-    /// browser returns them.
-    struct Authenticator {
-        key: openssl::ec::EcKey<openssl::pkey::Private>,
-        id: Vec<u8>,
-    }
-
-    impl Authenticator {
-        fn new() -> Authenticator {
-            let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)
-                .expect("group");
-            Authenticator {
-                key: openssl::ec::EcKey::generate(&group).expect("key"),
-                id: vec![7u8; 16],
-            }
-        }
-
-        fn listed(&self, name: &str) -> Listed {
-            use webauthn_rs_core::proto::*;
-            let mut ctx = openssl::bn::BigNumContext::new().expect("ctx");
-            let (mut x, mut y) = (
-                openssl::bn::BigNum::new().expect("x"),
-                openssl::bn::BigNum::new().expect("y"),
-            );
-            self.key
-                .public_key()
-                .affine_coordinates(self.key.group(), &mut x, &mut y, &mut ctx)
-                .expect("coordinates");
-            let credential = Credential {
-                cred_id: self.id.clone().into(),
-                cred: COSEKey {
-                    type_: COSEAlgorithm::ES256,
-                    key: COSEKeyType::EC_EC2(COSEEC2Key {
-                        curve: ECDSACurve::SECP256R1,
-                        x: x.to_vec_padded(32).expect("x").into(),
-                        y: y.to_vec_padded(32).expect("y").into(),
-                    }),
-                },
-                counter: 0,
-                transports: None,
-                user_verified: true,
-                backup_eligible: false,
-                backup_state: false,
-                registration_policy: UserVerificationPolicy::Required,
-                extensions: RegisteredExtensions::none(),
-                attestation: ParsedAttestation {
-                    data: ParsedAttestationData::None,
-                    metadata: AttestationMetadata::None,
-                },
-                attestation_format: AttestationFormat::None,
-            };
-            listed(&json!([{"name": name, "credential": credential}]))
-                .expect("listed")
-                .remove(0)
-        }
-
-        /// An assertion over `challenge` for `origin`, with the UV flag
-        /// `verified`.
-        fn assert(&self, origin: &str, rp_id: &str, challenge: &[u8], verified: bool) -> Value {
-            let client = json!({"type": "webauthn.get", "challenge": b64url(challenge),
-                                "origin": origin, "crossOrigin": false})
-            .to_string();
-            let mut auth = Sha256::digest(rp_id.as_bytes()).to_vec();
-            auth.push(if verified { 0x05 } else { 0x01 });
-            auth.extend_from_slice(&1u32.to_be_bytes());
-            let mut signed = auth.clone();
-            signed.extend_from_slice(&Sha256::digest(client.as_bytes()));
-            let digest = Sha256::digest(&signed);
-            let sig = openssl::ecdsa::EcdsaSig::sign(&digest, &self.key)
-                .expect("sign")
-                .to_der()
-                .expect("der");
-            json!({"id": b64url(&self.id), "rawId": b64url(&self.id), "type": "public-key",
-                   "extensions": {},
-                   "response": {"authenticatorData": b64url(&auth),
-                                "clientDataJSON": b64url(client.as_bytes()),
-                                "signature": b64url(&sig), "userHandle": null}})
-        }
     }
 
     #[test]

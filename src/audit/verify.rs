@@ -527,6 +527,99 @@ mod tests {
     use crate::audit::AuditLog;
     use serde_json::json;
 
+    /// A passkey grant as the daemon records it, made by a software
+    /// authenticator over a real statement.
+    fn passkey_grant() -> Map<String, Value> {
+        use crate::approvals::passkey::{statement_challenge, testing::Authenticator};
+        let a = Authenticator::new();
+        let listed = a.listed("bob");
+        let statement = "{\"approval_id\":\"ap-1\",\"expires_at\":\"2030-01-01T00:00:00Z\",\"params_sha256\":\"aa\",\"plan_sha256\":\"bb\",\"reason\":\"ok\",\"tool\":\"terraform_apply\",\"type\":\"gateway-approval/v1\",\"verdict\":\"grant\"}\n";
+        assert!(crate::approvals::signature::Statement::parse(statement.as_bytes()).is_ok());
+        let assertion = a.assert(
+            "https://gw.example",
+            "gw.example",
+            &statement_challenge(statement.as_bytes()),
+            true,
+        );
+        let event = json!({"event": "approval.granted", "data": {
+            "approval_id": "ap-1", "approver": "bob", "kind": "passkey", "os_user": "",
+            "reason": "ok", "key_fingerprint": format!("webauthn:{}", listed.id),
+            "public_key": serde_json::to_string(&listed.credential).expect("json"),
+            "statement": statement, "signature": assertion.to_string(),
+            "identity": {"credential_id": listed.id, "origin": "https://gw.example", "user_verified": true},
+        }});
+        event.as_object().expect("object").clone()
+    }
+
+    #[test]
+    fn a_passkey_grant_is_checked_again_and_an_edit_is_found() {
+        let good = passkey_grant();
+        assert_eq!(signed_verdict(&good), Ok(true));
+        let edited = |f: &dyn Fn(&mut Map<String, Value>)| {
+            let mut e = good.clone();
+            let data = e
+                .get_mut("data")
+                .and_then(Value::as_object_mut)
+                .expect("data");
+            f(data);
+            signed_verdict(&e)
+        };
+        // The recorded reason is not the signed one.
+        assert!(
+            edited(&|d| {
+                d.insert("reason".into(), json!("other"));
+            })
+            .is_err()
+        );
+        // The statement changed (another verdict's or approval's).
+        assert!(
+            edited(&|d| {
+                let st = d["statement"]
+                    .as_str()
+                    .expect("s")
+                    .replace("\"reason\":\"ok\"", "\"reason\":\"ok!\"");
+                d.insert("statement".into(), json!(st));
+                d.insert("reason".into(), json!("ok!"));
+            })
+            .is_err()
+        );
+        // The credential swapped for another's, or the origin edited.
+        assert!(
+            edited(&|d| {
+                let other = crate::approvals::passkey::testing::Authenticator::new().listed("bob");
+                d.insert(
+                    "public_key".into(),
+                    json!(serde_json::to_string(&other.credential).expect("json")),
+                );
+            })
+            .is_err()
+        );
+        assert!(
+            edited(&|d| {
+                d.insert(
+                    "identity".into(),
+                    json!({"credential_id": "AAAA", "origin": "https://gw.example"}),
+                );
+            })
+            .is_err()
+        );
+        assert!(
+            edited(&|d| {
+                let mut i = d["identity"].clone();
+                i["origin"] = json!("https://evil.example");
+                d.insert("identity".into(), i);
+            })
+            .is_err()
+        );
+        // Recorded as another kind: its signature betrays it.
+        assert!(
+            edited(&|d| {
+                d.insert("kind".into(), json!("os_user"));
+            })
+            .is_err()
+        );
+    }
+
     fn log_of(n: usize) -> (tempfile::TempDir, std::path::PathBuf, Vec<String>) {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("a.jsonl");
