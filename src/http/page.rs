@@ -507,7 +507,7 @@ impl Pages {
             "",
             Event::ApprovalPageSignedIn {
                 approver: proven.name.clone(),
-                credential_id: proven.credential_id.clone(),
+                credential_id: format!("webauthn:{}", proven.credential_id),
                 remote: remote.to_string(),
             },
         );
@@ -599,7 +599,7 @@ impl Pages {
             "",
             Event::ApprovalPagePasskeyRegistered {
                 name: name.clone(),
-                credential_id: id,
+                credential_id: format!("webauthn:{id}"),
                 remote: remote.to_string(),
             },
         );
