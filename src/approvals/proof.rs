@@ -238,18 +238,9 @@ fn proven_again(
                     &passkey::statement_challenge(statement.as_bytes()),
                     &value,
                 )
-                .map_err(|e| {
-                    tracing::info!(
-                        "grant by {} of {} no longer proves: {e}",
-                        v.approver,
-                        approval.id
-                    )
-                })
+                .map_err(|e| no_longer_proves(approval, v, &e))
                 .ok()?;
-            let at = chrono::DateTime::parse_from_rfc3339(&v.at)
-                .map(|t| t.timestamp_millis())
-                .ok()?;
-            statement_is_for(approval, "grant", &st, at.min(now_ms)).ok()?;
+            statement_is_for(approval, "grant", &st, signed_at(v)?.min(now_ms)).ok()?;
             (proven.name == v.approver && st.reason == v.reason).then(|| {
                 identity_json(
                     &passkey_approver(&proven, statement, assertion, origin),
@@ -266,17 +257,9 @@ fn proven_again(
             // submitted, not how long the grant counts (the approval's
             // expiry does that), so it is checked against its signing time.
             let statement = Statement::parse(signed.statement.as_bytes()).ok()?;
-            let at = chrono::DateTime::parse_from_rfc3339(&v.at)
-                .map(|t| t.timestamp_millis())
-                .ok()?;
+            let at = signed_at(v)?;
             let (signer, _) = check_signed(approval, "grant", &signed, signers, at.min(now_ms))
-                .map_err(|e| {
-                    tracing::info!(
-                        "grant by {} of {} no longer proves: {e}",
-                        v.approver,
-                        approval.id
-                    )
-                })
+                .map_err(|e| no_longer_proves(approval, v, &e))
                 .ok()?;
             // Valid-after/valid-before are checked for today too.
             AllowedSigners::parse(signers)
@@ -301,6 +284,23 @@ fn proven_again(
         }),
         _ => None,
     }
+}
+
+/// When a verdict was given (a statement's own expiry bounded when it
+/// could be submitted, so it is checked against this time).
+fn signed_at(v: &Verdict) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(&v.at)
+        .map(|t| t.timestamp_millis())
+        .ok()
+}
+
+/// Say, once per spend, why a recorded grant no longer counts.
+fn no_longer_proves(approval: &Approval, v: &Verdict, e: &dyn std::fmt::Display) {
+    tracing::info!(
+        "grant by {} of {} no longer proves: {e}",
+        v.approver,
+        approval.id
+    )
 }
 
 /// The current groups of a user by name (none if the user is gone).

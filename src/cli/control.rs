@@ -209,17 +209,7 @@ pub fn forward_verdict(
     grant: bool,
 ) -> anyhow::Result<ExitCode> {
     let signed = a.signed(grant, &mut |verdict, reason, valid_for| {
-        let reply = ask_checked(
-            vec![
-                "approvals".into(),
-                "statement".into(),
-                id.into(),
-                format!("--verdict={verdict}"),
-                format!("--reason={reason}"),
-                format!("--valid-for={valid_for}"),
-            ],
-            true,
-        )?;
+        let reply = ask_checked(wire::statement_argv(id, verdict, reason, valid_for), true)?;
         if reply.code != 0 {
             anyhow::bail!(
                 "the daemon gave no statement to sign: {}",

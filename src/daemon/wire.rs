@@ -91,6 +91,20 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
 }
 
 /// `v` as one JSON line.
+/// The operator command that asks the daemon for approval `id`'s statement
+/// to sign (`gateway approvals statement`), as the CLI and the approval
+/// page send it: every value as `--flag=value`, never read as a flag.
+pub fn statement_argv(id: &str, verdict: &str, reason: &str, valid_for: u64) -> Vec<String> {
+    vec![
+        "approvals".into(),
+        "statement".into(),
+        id.into(),
+        format!("--verdict={verdict}"),
+        format!("--reason={reason}"),
+        format!("--valid-for={valid_for}"),
+    ]
+}
+
 pub fn line<T: Serialize>(v: &T) -> Vec<u8> {
     let mut out = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
     out.push(b'\n');

@@ -624,19 +624,8 @@ impl Pages {
             _ => return Err((StatusCode::BAD_REQUEST, "verdict is grant or deny".into())),
         };
         let reason = body["reason"].as_str().unwrap_or_default();
-        let reply = self
-            .run(
-                asker,
-                vec![
-                    "approvals".into(),
-                    "statement".into(),
-                    id.into(),
-                    format!("--verdict={verdict}"),
-                    format!("--reason={reason}"),
-                    format!("--valid-for={STATEMENT_VALID_FOR}"),
-                ],
-            )
-            .await;
+        let argv = crate::daemon::wire::statement_argv(id, verdict, reason, STATEMENT_VALID_FOR);
+        let reply = self.run(asker, argv).await;
         if reply.code != 0 {
             return Err((StatusCode::CONFLICT, reply.stderr.trim().to_string()));
         }
