@@ -140,8 +140,37 @@ impl Postgres {
         c
     }
 
-    /// Start the server (again) on the same port and data.
+    /// Start the server (again) on the same port and data. After a
+    /// SIGKILL the old server's backends hold its shared memory until they
+    /// notice the postmaster is gone; a start that finds it still in use
+    /// exits, and is tried again, as an operator's restart would be.
     pub fn run(&mut self) {
+        let started = Instant::now();
+        loop {
+            self.spawn();
+            loop {
+                if postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls).is_ok() {
+                    return;
+                }
+                let exited = self
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "PostgreSQL did not start: {}",
+                    self.log()
+                );
+                if exited && self.log().contains("pre-existing shared memory block") {
+                    std::thread::sleep(Duration::from_millis(200));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("postgres.log")).expect("log");
         let mut c = self.command("postgres");
         c.arg("-D")
@@ -161,18 +190,6 @@ impl Postgres {
             });
         }
         self.child = Some(c.spawn().expect("postgres"));
-        let started = Instant::now();
-        loop {
-            if postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls).is_ok() {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "PostgreSQL did not start: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     /// SIGKILL, as a crash would; `run` starts it again.
