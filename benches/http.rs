@@ -231,6 +231,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let r = rt
                 .block_on(pipeline.call(ToolCall {
+                    trace: None,
                     tool: "k8s_get_pod_status".into(),
                     params: json!({"namespace": "kube-system"}),
                     principal: principal.clone(),

@@ -106,6 +106,7 @@ fn bench(c: &mut Criterion) {
         .expect("rt");
     let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
     let call = |tool: &str, params: serde_json::Value| ToolCall {
+        trace: None,
         tool: tool.into(),
         params,
         principal: principal.clone(),

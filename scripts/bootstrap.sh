@@ -47,6 +47,9 @@ pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev pkg-config)
 # A real browser for the approval page tests (tests/approval_page.rs drives
 # Debian's Chromium headless with playwright-core, tests/browser/).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Prometheus (and promtool): the observability test scrapes the daemon with
+# it and queries the dashboard's expressions; promtool checks the alert rules.
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 # Lint for every shell script in the repository (run by scripts/test.sh).
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if [ ${#need[@]} -gt 0 ]; then

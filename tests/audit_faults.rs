@@ -132,6 +132,7 @@ fn world() -> World {
 
 fn plan_call() -> ToolCall {
     ToolCall {
+        trace: None,
         tool: "terraform_plan".into(),
         params: json!({"working_dir": MODULE}),
         principal: Principal::os_user("test-agent".into(), "alice".into(), 1000, vec![]),

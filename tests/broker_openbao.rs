@@ -494,6 +494,7 @@ fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Arc<Pipeline> {
 
 fn call(ns: &str) -> ToolCall {
     ToolCall {
+        trace: None,
         tool: "k8s_get_pod_status".into(),
         params: json!({"namespace": ns}),
         principal: principal(),

@@ -35,6 +35,7 @@ fn pipeline(
 
 fn plan(params: Value, user: &str, uid: u32) -> ToolCall {
     ToolCall {
+        trace: None,
         tool: "terraform_plan".into(),
         params,
         principal: Principal::os_user("test-agent".into(), user.into(), uid, vec![]),

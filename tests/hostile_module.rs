@@ -215,6 +215,7 @@ fn rt() -> tokio::runtime::Runtime {
 
 fn call(w: &World, tool: &str, params: Value) -> CallResult {
     rt().block_on(w.pipeline.call(ToolCall {
+        trace: None,
         tool: tool.into(),
         params,
         principal: Principal::os_user("test".into(), "agent".into(), 1000, vec![]),
@@ -624,6 +625,7 @@ fn a_notifiers_payload_carries_no_markup_from_the_agent_or_the_module() {
     let runtime = rt();
     let r = runtime
         .block_on(w.pipeline.call(ToolCall {
+            trace: None,
             tool: "terraform_apply".into(),
             params: json!({"working_dir": MODULE}),
             principal: Principal::os_user(
@@ -1143,6 +1145,7 @@ fn a_second_call_on_a_busy_module_is_refused_after_the_policys_wait() {
     let rt = rt();
     let principal = Principal::os_user("test".into(), "agent".into(), 1000, vec![]);
     let plan = || ToolCall {
+        trace: None,
         tool: "terraform_plan".into(),
         params: json!({"working_dir": MODULE}),
         principal: principal.clone(),

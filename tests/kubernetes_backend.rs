@@ -719,6 +719,7 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
     let p = std::sync::Arc::new(p);
     let call = tokio::spawn(async move {
         p.call(ToolCall {
+            trace: None,
             tool: "k8s_get_pod_status".into(),
             params: json!({"namespace": "demo-app"}),
             principal: gateway::policy::Principal::os_user(

@@ -117,6 +117,7 @@ fn recorded() -> Recorded {
     ] {
         let r = rt
             .block_on(p.call(ToolCall {
+                trace: None,
                 tool: tool.into(),
                 params,
                 principal: principal.clone(),

@@ -76,6 +76,7 @@ fn setup(deadline: u64, with_broker: bool) -> Setup {
 
 fn plan() -> ToolCall {
     ToolCall {
+        trace: None,
         tool: "terraform_plan".into(),
         params: json!({"working_dir": "terraform/offline-demo"}),
         principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
@@ -325,6 +326,7 @@ fn denied_calls_never_touch_the_broker_or_the_sandbox() {
     let rt = rt();
     let denied = rt
         .block_on(s.pipeline.call(ToolCall {
+            trace: None,
             tool: "terraform_plan".into(),
             params: json!({"working_dir": "../x"}),
             ..plan()

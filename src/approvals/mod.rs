@@ -689,6 +689,40 @@ impl ApprovalStore {
         })
     }
 
+    /// How many approvals are in each effective state (expiry applied),
+    /// for the metrics: one query, no approval read in full.
+    pub fn counts(&self) -> Result<Vec<(&'static str, i64)>, ApprovalError> {
+        let now = now_ms();
+        self.read(|tx| {
+            let rows = tx.query(
+                "SELECT state, COUNT(*) FROM approvals WHERE state NOT IN ('pending', 'approved') GROUP BY state
+                 UNION ALL
+                 SELECT CASE WHEN expires_at_ms <= ?1 THEN 'expired' ELSE state END, COUNT(*)
+                   FROM approvals WHERE state IN ('pending', 'approved')
+                   GROUP BY CASE WHEN expires_at_ms <= ?1 THEN 'expired' ELSE state END",
+                &[now.into()],
+            )?;
+            let mut out: Vec<(&'static str, i64)> = [
+                State::Pending,
+                State::Approved,
+                State::Denied,
+                State::Spent,
+                State::Superseded,
+                State::Expired,
+            ]
+            .into_iter()
+            .map(|s| (s.as_str(), 0))
+            .collect();
+            for r in rows {
+                let (state, n) = (r.text(0)?, r.int(1)?);
+                if let Some(slot) = out.iter_mut().find(|(s, _)| *s == state) {
+                    slot.1 += n;
+                }
+            }
+            Ok(Ok(out))
+        })
+    }
+
     /// A person grants the approval. Becomes `approved` once enough distinct
     /// identities granted it. Whether this approver may is the policy's
     /// (asked before); the store checks the approval's own state and binding.

@@ -33,6 +33,7 @@
 //! end of the log.
 
 pub mod events;
+pub mod export;
 pub mod scrub;
 pub mod shared;
 pub mod verify;
@@ -431,33 +432,68 @@ impl AuditLog {
         extra: Map<String, Value>,
         durability: Durability,
     ) -> Result<Map<String, Value>, AuditError> {
+        if !crate::telemetry::enabled() {
+            return self
+                .append_measured(request_id, event, data, extra, durability)
+                .map(|(e, _)| e);
+        }
+        let started = std::time::Instant::now();
+        // The counters derived from events read their data as written.
+        let (written, bytes) = self.append_measured(request_id, event, data, extra, durability)?;
+        let name = events::NAMES
+            .iter()
+            .find(|n| **n == event)
+            .copied()
+            .unwrap_or("other");
+        crate::telemetry::audit_appended(
+            request_id,
+            name,
+            written.get("data").unwrap_or(&Value::Null),
+            bytes,
+            started.elapsed(),
+        );
+        Ok(written)
+    }
+
+    /// [`AuditLog::append_durable`]: the event as written and the length
+    /// of its line.
+    fn append_measured(
+        &self,
+        request_id: &str,
+        event: &str,
+        data: Value,
+        extra: Map<String, Value>,
+        durability: Durability,
+    ) -> Result<(Map<String, Value>, usize), AuditError> {
         if let Some(chain) = &self.shared {
             let cap = self.max_event_bytes();
-            return chain
-                .append(&mut |prev| {
-                    build_capped_line(
-                        Some(prev),
-                        request_id,
-                        event,
-                        data.clone(),
-                        extra.clone(),
-                        cap,
-                    )
-                })
-                .map_err(|source| {
-                    // Every event the chain refused is in the replica's
-                    // log, with the event's name and where the chain is.
-                    tracing::error!(
-                        db = %chain.describe(),
-                        request_id,
-                        event,
-                        "the audit chain refused an event: {source}"
-                    );
-                    AuditError::Database {
-                        at: chain.describe().to_string(),
-                        source,
-                    }
-                });
+            let mut bytes = 0;
+            let appended = chain.append(&mut |prev| {
+                let (event, line) = build_capped_line(
+                    Some(prev),
+                    request_id,
+                    event,
+                    data.clone(),
+                    extra.clone(),
+                    cap,
+                );
+                bytes = line.len();
+                (event, line)
+            });
+            return appended.map(|e| (e, bytes)).map_err(|source| {
+                // Every event the chain refused is in the replica's
+                // log, with the event's name and where the chain is.
+                tracing::error!(
+                    db = %chain.describe(),
+                    request_id,
+                    event,
+                    "the audit chain refused an event: {source}"
+                );
+                AuditError::Database {
+                    at: chain.describe().to_string(),
+                    source,
+                }
+            });
         }
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         // Deferred lines are all written through the handle that will
@@ -478,11 +514,11 @@ impl AuditLog {
         );
         let _ = file.unlock();
         match result {
-            Ok((event, deferred)) => {
+            Ok((event, deferred, bytes)) => {
                 if deferred {
                     tail.pending = Some(file);
                 }
-                Ok(event)
+                Ok((event, bytes))
             }
             Err(e) => {
                 // A write may have failed half way (a full disk): what this
@@ -511,7 +547,7 @@ impl AuditLog {
         extra: Map<String, Value>,
         durability: Durability,
         owed: bool,
-    ) -> Result<(Map<String, Value>, bool), AuditError> {
+    ) -> Result<(Map<String, Value>, bool, usize), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -608,7 +644,7 @@ impl AuditLog {
         // A writer's first line is durable at once, so that its head
         // exists before anything is deferred.
         if durability == Durability::WithNext && tail.written.is_some() && !tail.sync_failed {
-            return Ok((event_obj, true));
+            return Ok((event_obj, true, line.len()));
         } else {
             if let Err(e) = file.sync_data() {
                 if owed {
@@ -626,7 +662,7 @@ impl AuditLog {
             })?;
             tail.written = Some(head);
         }
-        Ok((event_obj, false))
+        Ok((event_obj, false, line.len()))
     }
 }
 

@@ -29,7 +29,19 @@ use super::Head;
 
 /// The schema (refinery's history table on PostgreSQL:
 /// `gateway_audit_schema`).
-pub const MIGRATIONS: &[(&str, &str)] = &[("V1__audit", SCHEMA)];
+pub const MIGRATIONS: &[(&str, &str)] =
+    &[("V1__audit", SCHEMA), ("V2__audit_export", EXPORT_SCHEMA)];
+
+/// The audit exports' cursors ([`super::export`]): per export, the last
+/// event the sink acknowledged, and which replica sends it for now (one
+/// at a time, so replicas do not all send the same batches).
+const EXPORT_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS gateway_audit_export (
+         name TEXT PRIMARY KEY,
+         seq BIGINT NOT NULL,
+         hash TEXT NOT NULL,
+         owner TEXT NOT NULL,
+         lease_until_ms BIGINT NOT NULL
+     );";
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS gateway_audit (
          seq BIGINT PRIMARY KEY,
@@ -97,6 +109,7 @@ impl SharedChain {
     pub fn sqlite(path: &Path) -> Result<SharedChain, DbError> {
         let mut db = crate::db::sqlite::SqliteDb::open(path, "FULL")?;
         db.connection().execute_batch(SCHEMA)?;
+        db.connection().execute_batch(EXPORT_SCHEMA)?;
         Ok(SharedChain::on(Box::new(db)))
     }
 
@@ -143,6 +156,110 @@ impl SharedChain {
             Ok(End::Commit)
         })?;
         written.ok_or_else(|| DbError::Other("the append did not run".into()))
+    }
+
+    /// Up to `limit` events after sequence number `after`, in order, with
+    /// the head's sequence number (one snapshot).
+    pub fn lines_after(
+        &self,
+        after: u64,
+        limit: u64,
+    ) -> Result<(Vec<(u64, String)>, u64), DbError> {
+        let mut out = None;
+        let db = self.db.lock();
+        db.read(&mut |tx| {
+            let head = tx
+                .query_opt("SELECT seq FROM gateway_audit_head WHERE id = 1", &[])?
+                .ok_or_else(|| DbError::Shape("the audit head row is missing".into()))?
+                .int(0)?;
+            let rows = tx.query(
+                "SELECT seq, line FROM gateway_audit WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+                &[
+                    i64::try_from(after).unwrap_or(i64::MAX).into(),
+                    head.into(),
+                    i64::try_from(limit).unwrap_or(i64::MAX).into(),
+                ],
+            )?;
+            let mut lines = Vec::with_capacity(rows.len());
+            for r in rows {
+                lines.push((u64::try_from(r.int(0)?).unwrap_or(0), r.text(1)?));
+            }
+            out = Some((lines, u64::try_from(head).unwrap_or(0)));
+            Ok(End::Rollback)
+        })?;
+        out.ok_or_else(|| DbError::Other("the read did not run".into()))
+    }
+
+    /// Export `name`'s cursor (sequence number, hash), claiming the right
+    /// to send its next batch for `lease_ms` when no other replica holds
+    /// it: `None` while another does.
+    pub fn claim_export(
+        &self,
+        name: &str,
+        me: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Option<(u64, String)>, DbError> {
+        let mut out = None;
+        let db = self.db.lock();
+        db.write(&mut |tx| {
+            out = None;
+            tx.execute(
+                "INSERT INTO gateway_audit_export (name, seq, hash, owner, lease_until_ms)
+                 VALUES (?1, 0, '', '', 0) ON CONFLICT (name) DO NOTHING",
+                &[name.into()],
+            )?;
+            let claimed = tx.execute(
+                "UPDATE gateway_audit_export SET owner = ?2, lease_until_ms = ?3
+                 WHERE name = ?1 AND (owner = ?2 OR lease_until_ms < ?4)",
+                &[
+                    name.into(),
+                    me.into(),
+                    (now_ms + lease_ms).into(),
+                    now_ms.into(),
+                ],
+            )?;
+            if claimed == 1 {
+                let row = tx
+                    .query_opt(
+                        "SELECT seq, hash FROM gateway_audit_export WHERE name = ?1",
+                        &[name.into()],
+                    )?
+                    .ok_or_else(|| DbError::Shape("the export cursor row is missing".into()))?;
+                out = Some((u64::try_from(row.int(0)?).unwrap_or(0), row.text(1)?));
+            }
+            Ok(End::Commit)
+        })?;
+        Ok(out)
+    }
+
+    /// Move export `name`'s cursor from `from` to (`seq`, `hash`), if this
+    /// replica still holds it there; whether it moved.
+    pub fn advance_export(
+        &self,
+        name: &str,
+        me: &str,
+        from: u64,
+        seq: u64,
+        hash: &str,
+    ) -> Result<bool, DbError> {
+        let mut moved = false;
+        let db = self.db.lock();
+        db.write(&mut |tx| {
+            moved = tx.execute(
+                "UPDATE gateway_audit_export SET seq = ?4, hash = ?5
+                 WHERE name = ?1 AND owner = ?2 AND seq = ?3",
+                &[
+                    name.into(),
+                    me.into(),
+                    i64::try_from(from).unwrap_or(i64::MAX).into(),
+                    i64::try_from(seq).unwrap_or(i64::MAX).into(),
+                    hash.into(),
+                ],
+            )? == 1;
+            Ok(End::Commit)
+        })?;
+        Ok(moved)
     }
 
     /// The whole chain and its head, from one consistent snapshot.

@@ -50,6 +50,18 @@ enum AuditCommand {
         /// the end go unnoticed.
         #[arg(long)]
         no_head: bool,
+        /// Check what a SIEM received from `[audit_export]` instead: the
+        /// records (one JSON object a line, as the JSON-lines sink sends
+        /// them or as the OTLP log records' bodies), in any order,
+        /// duplicates allowed. Every event from the first on must be
+        /// there, chained, and vouched for by a checkpoint.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["file", "checkpoints", "no_head"])]
+        from_export: Option<PathBuf>,
+        /// With --from-export: an OpenSSH public key file (the export's
+        /// `signing_key_file`'s .pub); every checkpoint must be signed by
+        /// one of these keys (repeatable).
+        #[arg(long = "signer", value_name = "FILE", requires = "from_export")]
+        signers: Vec<PathBuf>,
     },
     /// Print the chain's current head (last event's hash, event count), to
     /// record outside this machine and check later with `verify --checkpoint`.
@@ -79,6 +91,10 @@ impl AuditArgs {
             || matches!(
                 &self.verify,
                 Some(AuditCommand::Verify { file: Some(_), .. })
+                    | Some(AuditCommand::Verify {
+                        from_export: Some(_),
+                        ..
+                    })
                     | Some(AuditCommand::Head { file: Some(_), .. })
                     | Some(AuditCommand::Export { .. })
             )
@@ -101,6 +117,49 @@ pub fn open_log(
             Ok(audit::AuditLog::shared(chain))
         }
     }
+}
+
+/// `audit verify --from-export FILE [--signer KEY]...`.
+fn verify_export(
+    o: &mut Out,
+    export: &std::path::Path,
+    signers: &[PathBuf],
+    json: bool,
+) -> anyhow::Result<u8> {
+    let text = std::fs::read_to_string(export)
+        .with_context(|| format!("cannot read the export {}", export.display()))?;
+    let mut keys = Vec::new();
+    for f in signers {
+        let line = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the signer key {}", f.display()))?;
+        keys.push(
+            ssh_key::PublicKey::from_openssh(line.trim())
+                .with_context(|| format!("{} is not an OpenSSH public key", f.display()))?,
+        );
+    }
+    let report = audit::export::verify_export(&text, &keys);
+    if json {
+        outln!(o, "{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        match &report.failure {
+            None => outln!(
+                o,
+                "ok: {} events verified in the export {} ({} checkpoint(s), {} signature(s) checked{}, {} duplicate record(s))",
+                report.events,
+                export.display(),
+                report.checkpoints,
+                report.signatures_verified,
+                if keys.is_empty() {
+                    ": name the export's key with --signer to check them"
+                } else {
+                    ""
+                },
+                report.duplicates
+            ),
+            Some(why) => outln!(o, "FAIL: the export {}: {why}", export.display()),
+        }
+    }
+    Ok(if report.failure.is_none() { 0 } else { 1 })
 }
 
 /// `30s`, `15m`, `2h`, `1d` as milliseconds.
@@ -247,10 +306,20 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         return Ok(0);
     }
     if let Some(AuditCommand::Verify {
+        from_export: Some(export),
+        signers,
+        json,
+        ..
+    }) = &a.verify
+    {
+        return verify_export(o, export, signers, *json);
+    }
+    if let Some(AuditCommand::Verify {
         file,
         json,
         checkpoints,
         no_head,
+        ..
     }) = &a.verify
     {
         let path = log_path(file);

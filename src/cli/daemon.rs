@@ -224,6 +224,19 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Traces, when a collector is named (README.md: "Watching it").
+    if let Some(endpoint) = &file.telemetry.otlp_endpoint {
+        crate::telemetry::trace::init(
+            endpoint,
+            file.telemetry.service_name.as_deref().unwrap_or("gateway"),
+        )
+        .map_err(|e| anyhow::anyhow!(e))
+        .context("the daemon refuses to start")?;
+    }
+    let export_sink = file
+        .audit_export_sink()
+        .map_err(|e| anyhow::anyhow!(e))
+        .context("the daemon refuses to start")?;
     let mut cluster: Option<crate::sandbox::kubernetes::KubernetesSandbox> = None;
     let sandbox: Arc<dyn crate::sandbox::Sandbox> = match file.sandbox.backend.as_str() {
         "kubernetes" => {
@@ -432,12 +445,82 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             )
             .context("the daemon refuses to start")?
             .with_ready_checks(ready);
+            let server = if file.telemetry.metrics_on_http() {
+                server.with_metrics(Arc::clone(&pipeline))
+            } else {
+                server
+            };
             for e in server.verifier().warm().await {
                 tracing::warn!("an issuer's signing keys could not be fetched at start (tried again on the first token): {e}");
             }
             let listener = server.bind().await.context("the daemon refuses to start")?;
             eprintln!("gateway daemon: serving MCP over HTTP at {}", server.describe());
             tokio::spawn(Arc::new(server).serve(listener, stop.clone()));
+        }
+        if let Some(listen) = &file.telemetry.metrics_listen {
+            let listener = crate::http::metrics::bind(listen)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))
+                .context("the daemon refuses to start")?;
+            eprintln!("gateway daemon: serving /metrics at http://{listen}/metrics");
+            tokio::spawn(crate::http::metrics::serve(
+                listener,
+                Arc::clone(&pipeline),
+                stop.child_token(),
+            ));
+        }
+        if let (Some((sink, signer)), Some(x)) = (export_sink, &file.audit_export) {
+            let source = match &file.store()? {
+                crate::config::store::Store::Sqlite => crate::audit::export::Source::File {
+                    log: p.home.join(crate::audit::FILE_NAME),
+                    cursor: p.home.join(format!("audit-export-{}.cursor", x.name)),
+                },
+                crate::config::store::Store::Postgres { url, ca_file } => {
+                    // A connection of its own: the export never waits on
+                    // the calls' appends, nor they on it.
+                    let chain = crate::db::postgres::PostgresDb::connect(url, ca_file.as_deref())
+                        .and_then(crate::audit::shared::SharedChain::postgres)
+                        .context("the audit export's connection to PostgreSQL ([store])")?;
+                    crate::audit::export::Source::Chain {
+                        chain,
+                        me: replica.clone().unwrap_or_else(|| {
+                            format!("pid-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple())
+                        }),
+                    }
+                }
+            };
+            let policy = Arc::clone(&pipeline.policy);
+            let warned = Arc::new(std::sync::Mutex::new(String::new()));
+            let settings = Arc::new(move || {
+                let data = policy
+                    .current()
+                    .ok()
+                    .and_then(|s| s.data("data.config.audit_export").ok().flatten())
+                    .unwrap_or(serde_json::Value::Null);
+                crate::audit::export::Settings::from_data(&data).unwrap_or_else(|e| {
+                    let mut last = warned.lock().unwrap_or_else(|p| p.into_inner());
+                    if *last != e {
+                        tracing::warn!("the audit export keeps its default settings: {e}");
+                        *last = e;
+                    }
+                    crate::audit::export::Settings::default()
+                })
+            });
+            let exporter = crate::audit::export::Exporter {
+                name: x.name.clone(),
+                source: Arc::new(source),
+                sink,
+                signer,
+                settings,
+            };
+            eprintln!(
+                "gateway daemon: exporting the audit trail ({}) to {}",
+                x.sink,
+                reqwest::Url::parse(&x.url)
+                    .map(|u| crate::audit::export::shown(&u))
+                    .unwrap_or_default()
+            );
+            tokio::spawn(exporter.run(stop.child_token()));
         }
         let signals = stop.clone();
         tokio::spawn(async move {
@@ -490,6 +573,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         {
             tracing::warn!("could not delete this gateway's sandbox Jobs at shutdown: {e}");
         }
+        // The last spans go out before the process does.
+        tokio::task::spawn_blocking(crate::telemetry::trace::flush).await.ok();
         anyhow::Ok(())
     })?;
     let _ = std::fs::remove_file(&socket);

@@ -110,6 +110,7 @@ fn scenario(cli: &Cli) -> anyhow::Result<ExitCode> {
         .build()?;
     let call = |tool: &str, params: Value| {
         rt.block_on(pipeline.call(ToolCall {
+            trace: None,
             tool: tool.into(),
             params,
             principal: agent.clone(),

@@ -2,6 +2,7 @@
 
 pub mod http;
 pub mod store;
+pub mod telemetry;
 
 use std::path::PathBuf;
 
@@ -52,6 +53,11 @@ pub struct GatewayConfig {
     /// PostgreSQL database shared by replicas (README.md: replicas).
     #[serde(default)]
     pub store: store::StoreConfig,
+    /// `gateway daemon`: metrics and traces (README.md: "Watching it").
+    #[serde(default)]
+    pub telemetry: telemetry::TelemetryConfig,
+    /// `gateway daemon`: ship the audit trail to a SIEM.
+    pub audit_export: Option<telemetry::AuditExportConfig>,
 }
 
 /// Where the daemon's files are when neither its flags nor its
@@ -197,6 +203,53 @@ impl GatewayConfig {
         }
         use sha2::Digest;
         Ok(Some(sha2::Sha256::digest(key.as_bytes()).into()))
+    }
+
+    /// The audit export's sink and signing key (`[audit_export]`), read
+    /// and checked: its token and key files are secrets (owner-only).
+    pub fn audit_export_sink(
+        &self,
+    ) -> Result<Option<(crate::audit::export::Sink, Option<ssh_key::PrivateKey>)>, String> {
+        let Some(x) = &self.audit_export else {
+            return Ok(None);
+        };
+        let secret = |what: &str, p: &std::path::Path| {
+            store::read_secret_file(p, &self.secret_volumes())
+                .map_err(|e| format!("[audit_export] {what} {}: {e}", p.display()))
+        };
+        let token = match &x.token_file {
+            Some(p) => Some(secret("token_file", p)?.trim().to_string()),
+            None => None,
+        };
+        let ca = match &x.ca_file {
+            Some(p) => Some(
+                std::fs::read(p)
+                    .map_err(|e| format!("[audit_export] ca_file {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
+        if x.name.is_empty()
+            || x.name.len() > 64
+            || !x
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "[audit_export] name {:?}: 1 to 64 letters, digits, - or _",
+                x.name
+            ));
+        }
+        let sink = crate::audit::export::Sink::new(&x.sink, &x.url, token, ca.as_deref())
+            .map_err(|e| e.to_string())?;
+        let key = match &x.signing_key_file {
+            Some(p) => Some(
+                crate::audit::export::signing_key(&secret("signing_key_file", p)?)
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        Ok(Some((sink, key)))
     }
 
     pub fn load(path: &std::path::Path, required: bool) -> Result<GatewayConfig, ConfigError> {

@@ -19,6 +19,7 @@
 //! [`ReadyCheck`] the daemon gave — its database, its Vault token — passing).
 
 pub mod auth;
+pub mod metrics;
 pub mod page;
 
 use std::convert::Infallible;
@@ -99,6 +100,8 @@ pub struct HttpServer {
     /// [`READY_CACHE`] of it are the same, and one check runs at a time,
     /// so that a flood of probes costs the database and Vault nothing more.
     ready_cache: Arc<tokio::sync::Mutex<Option<(std::time::Instant, StatusCode, String)>>>,
+    /// Whose metrics `/metrics` shows, when this listener serves them.
+    metrics: Option<Arc<Pipeline>>,
 }
 
 /// How long a `/readyz` answer is reused.
@@ -283,12 +286,19 @@ impl HttpServer {
             pages,
             not_ready: Default::default(),
             ready_cache: Default::default(),
+            metrics: None,
         })
     }
 
     /// Add checks to `/readyz`.
     pub fn with_ready_checks(mut self, checks: Vec<ReadyCheck>) -> HttpServer {
         self.ready.extend(checks);
+        self
+    }
+
+    /// Serve `/metrics` on this listener too ([`metrics::scrape`]).
+    pub fn with_metrics(mut self, pipeline: Arc<Pipeline>) -> HttpServer {
+        self.metrics = Some(pipeline);
         self
     }
 
@@ -509,6 +519,11 @@ impl HttpServer {
         }
         if path == "/readyz" {
             return self.readiness().await;
+        }
+        if path == "/metrics"
+            && let Some(p) = &self.metrics
+        {
+            return metrics::scrape(req.method(), Arc::clone(p)).await;
         }
         if path == "/.well-known/oauth-protected-resource"
             || path

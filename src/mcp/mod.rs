@@ -421,6 +421,7 @@ impl ServerHandler for GatewayServer {
         let principal = self.principal(&ctx)?;
         let name = request.name.to_string();
         let call = ToolCall {
+            trace: crate::telemetry::TraceParent::from_meta(&ctx.meta),
             tool: name.clone(),
             params: Value::Object(request.arguments.clone().unwrap_or_default()),
             principal: principal.clone(),

@@ -89,6 +89,9 @@ pub struct ToolCall {
     /// The workspace this call's `working_dir` is resolved in (the daemon
     /// admits it per connection); `None`: the pipeline's own.
     pub workspace: Option<PathBuf>,
+    /// The agent's trace this call continues (W3C trace context from the
+    /// request's `_meta`), when it sent one.
+    pub trace: Option<crate::telemetry::TraceParent>,
 }
 
 /// One step of a call, as progress reports it: what is happening, and,
@@ -656,6 +659,12 @@ impl Pipeline {
         progress: &Progress,
         commitment: Arc<Commitment>,
     ) -> Result<CallResult, PipelineError> {
+        let known = self
+            .policy
+            .current()
+            .is_ok_and(|set| set.knows_tool(&call.tool));
+        let tool_label = crate::telemetry::tool_label(&call.tool, known);
+        let span = crate::telemetry::CallSpan::begin(request_id, &tool_label, call.trace.as_ref());
         let mut input = DecisionInput::new(call.tool, call.params, call.principal);
         input.request_id = request_id.to_string();
         let workspace_owner = match (&call.workspace, input.principal.uid) {
@@ -674,7 +683,8 @@ impl Pipeline {
             live: &self.live_secrets,
             request_id: request_id.to_string(),
         };
-        let outcome = match self.stages(&mut call).await {
+        let mut decided = "none";
+        let outcome = match self.stages(&mut call, &mut decided).await {
             Ok(outcome) => outcome,
             Err(Stop::Denied {
                 reasons,
@@ -690,19 +700,60 @@ impl Pipeline {
                     request_id,
                     Event::ToolResult(json!({"status": "error", "error": e.to_string()})),
                 );
+                Self::observed(tool_label, decided, "error", span);
                 return Err(e);
             }
         };
-        self.finish(request_id, &call.input.tool, outcome)
+        let ended = match &outcome {
+            Outcome::Denied { .. } => "denied",
+            Outcome::PendingApproval { .. } => "pending_approval",
+            Outcome::Refused { .. } => "refused",
+            Outcome::Completed { ok: true, .. } => "completed",
+            Outcome::Completed { ok: false, .. } => "failed",
+        };
+        let r = self.finish(request_id, &call.input.tool, outcome);
+        Self::observed(
+            tool_label,
+            decided,
+            if r.is_ok() { ended } else { "error" },
+            span,
+        );
+        r
+    }
+
+    /// A call ended: its counter, and its span closed.
+    fn observed(
+        tool: String,
+        decision: &'static str,
+        outcome: &'static str,
+        span: crate::telemetry::CallSpan,
+    ) {
+        crate::telemetry::metrics().call_ended(crate::telemetry::metrics::CallLabels {
+            tool,
+            decision,
+            outcome,
+        });
+        span.end(decision, outcome);
     }
 
     /// The stages of a call, in order.
-    async fn stages(&self, call: &mut Call) -> Result<Outcome, Stop> {
-        let admitted = self.admit(&call.input);
+    async fn stages(&self, call: &mut Call, decided: &mut &'static str) -> Result<Outcome, Stop> {
+        let admitted = {
+            let _t =
+                crate::telemetry::stage(&call.input.request_id, crate::telemetry::Stage::Admission);
+            self.admit(&call.input)
+        };
         self.audit_request(&call.input)?;
         // Counted as running until the call ends, however it ends.
         let _running = admitted.map_err(Stop::refused)?;
-        let decision = self.decide(&call.input, Step::Request)?;
+        crate::telemetry::metrics().set_calls_running(self.admission.running());
+        let decision = self.decide(&call.input, Step::Request);
+        *decided = match &decision {
+            Ok(_) => "allow",
+            Err(Stop::Denied { .. }) => "deny",
+            Err(_) => "none",
+        };
+        let decision = decision?;
         call.progress.say(format!(
             "policy allowed {} (tier {})",
             call.input.tool, decision.tier
@@ -778,6 +829,18 @@ impl Pipeline {
         )
     }
 
+    /// The Prometheus metrics now, with the store's approvals counted
+    /// (blocking: the store may be a database).
+    pub fn metrics_text(&self) -> String {
+        let m = crate::telemetry::metrics();
+        match self.approvals().counts() {
+            Ok(c) => m.set_approvals(&c),
+            Err(e) => tracing::warn!("metrics: the approvals could not be counted: {e}"),
+        }
+        m.set_calls_running(self.running_calls());
+        m.encode()
+    }
+
     /// Calls running now (admitted and not ended).
     pub fn running_calls(&self) -> usize {
         self.admission.running()
@@ -816,7 +879,12 @@ impl Pipeline {
     }
 
     fn decide_only(&self, input: &DecisionInput, step: Step) -> Result<Decision, PipelineError> {
-        let ev = self.policy.decide(input);
+        let ev = {
+            let mut t =
+                crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Decision);
+            t.attribute("gateway.step", step.as_str());
+            self.policy.decide(input)
+        };
         // The plan itself is in the plans dir; the log keeps its digest.
         let mut audit_input = input.to_json_with_plan_digest();
         if let Some(obj) = audit_input.as_object_mut()
@@ -974,7 +1042,11 @@ impl Pipeline {
         let mut credential = None;
         let mut revoke = None;
         if let (Some(scope), Some(broker)) = (&decision.credential, &self.broker) {
-            match crate::broker::issue_for_call(broker, &self.audit, rid, scope).await {
+            let minted = {
+                let _t = crate::telemetry::stage(rid, crate::telemetry::Stage::CredentialMint);
+                crate::broker::issue_for_call(broker, &self.audit, rid, scope).await
+            };
+            match minted {
                 Ok(c) => {
                     progress.say("credential issued");
                     revoke = Some(RevokeGuard::new(
@@ -1039,7 +1111,11 @@ impl Pipeline {
             },
         )?;
         progress.say_within(format!("sandbox {name} started"), limits.1);
-        let mut outcome = self.sandbox.run(req).await;
+        let mut outcome = {
+            let mut t = crate::telemetry::stage(rid, crate::telemetry::Stage::SandboxRun);
+            t.attribute("gateway.sandbox", name.clone());
+            self.sandbox.run(req).await
+        };
         // The tool's output goes into the result and the audit: it must not
         // carry any live credential (this call's or another's in flight),
         // whatever the tool printed and however it encoded it.
@@ -1092,6 +1168,7 @@ impl Pipeline {
         };
         // Revoke as soon as the sandbox has ended, whatever happened in it.
         if let Some(guard) = revoke {
+            let _t = crate::telemetry::stage(rid, crate::telemetry::Stage::CredentialRevoke);
             guard.revoke().await;
         }
         audited?;

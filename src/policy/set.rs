@@ -53,6 +53,8 @@ pub struct PolicySet {
     pub signed: Option<super::bundle::Verified>,
     /// Tool lists made lately, by principal (see [`PolicySet::tool_list`]).
     tool_lists: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<ToolList>)>>,
+    /// The catalog's tool names (`data.config.tools`), read once.
+    tool_names: std::sync::OnceLock<std::collections::BTreeSet<String>>,
 }
 
 /// The tools a principal is shown, by name.
@@ -163,6 +165,7 @@ impl PolicySet {
             budget: opts.budget,
             signed: sources.signed.clone(),
             tool_lists: Default::default(),
+            tool_names: Default::default(),
         })
     }
 
@@ -231,6 +234,17 @@ impl PolicySet {
         serde_json::to_value(&value)
             .map(Some)
             .map_err(|e| PolicyError::Eval(format!("{path} is not JSON: {e}")))
+    }
+
+    /// Whether the catalog (`data.config.tools`) names `tool`: what a
+    /// metric may label a call with (an agent chooses the name it sends).
+    pub fn knows_tool(&self, tool: &str) -> bool {
+        self.tool_names
+            .get_or_init(|| match self.data("data.config.tools") {
+                Ok(Some(serde_json::Value::Object(m))) => m.keys().cloned().collect(),
+                _ => Default::default(),
+            })
+            .contains(tool)
     }
 
     /// `data.gateway.tool_list` for a principal: the tools it may see, by

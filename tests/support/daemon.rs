@@ -257,6 +257,38 @@ impl Daemon {
         );
     }
 
+    /// Stop the daemon (SIGTERM) and start it again on the same layout,
+    /// its log appended to.
+    pub fn restart(&mut self) {
+        assert!(
+            self.terminate(Duration::from_secs(30)).is_some(),
+            "the daemon did not stop within 30 s: {}",
+            self.log()
+        );
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        self.child = Daemon::command(self.dir.path(), &self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("gateway daemon");
+        let started = Instant::now();
+        while !self.socket.exists() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("the daemon exited ({st}): {}", self.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no socket after 30 s: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Send the daemon SIGTERM and wait up to `within` for it to exit.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let _ = Command::new("kill")

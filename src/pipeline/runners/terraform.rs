@@ -616,6 +616,16 @@ impl Pipeline {
             return Err(Stop::refused(refusal.to_string()));
         }
         let _applying = applying;
+        // How long the call waited for its people: from the request to
+        // the last verdict that granted it.
+        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+        if let (Some(from), Some(to)) = (
+            at(&approval.created_at),
+            approval.verdicts.iter().filter_map(|v| at(&v.at)).max(),
+        ) && let Ok(waited) = (to - from).to_std()
+        {
+            crate::telemetry::observe(crate::telemetry::Stage::ApprovalWait, waited);
+        }
         // From here every end, a failure of the audit included, leaves an
         // outcome with the approval.
         let result = match self.audit.record(

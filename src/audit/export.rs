@@ -1,0 +1,1099 @@
+//! The audit trail shipped to a SIEM (`[audit_export]`, README.md:
+//! "Watching it"): every event as written (scrubbed), at least once, in
+//! order, with the chain's hashes, and after every batch a checkpoint
+//! (the sequence number and hash reached, signed when a key is
+//! configured), so that the receiver can check order and completeness
+//! offline: `gateway audit verify --from-export FILE --signer KEY`.
+//!
+//! The queue is the audit log itself: the exporter reads what is durable
+//! past its cursor (the file up to its recorded head, or the team's chain
+//! up to its head row), sends a batch, and moves the cursor only when the
+//! sink acknowledged it (a 2xx; for OTLP, no rejected records). A crash
+//! between the two sends that batch again (the at-least-once window is one
+//! batch); a restart resumes at the cursor. The sink is never on a call's
+//! path: a sink that is down leaves the calls as fast as before, the
+//! backlog grows (a metric, `gateway_audit_export_backlog_events`) and the
+//! batch is sent again after a backoff that doubles up to the policy's
+//! `max_backoff_seconds`. Memory is bounded by the batch the policy allows
+//! (`data.config.audit_export`), not by the backlog.
+//!
+//! Records (one JSON object each; the JSON-lines sink POSTs them one per
+//! line, the OTLP sink sends each as a log record's body):
+//! `{"kind":"event","export":NAME,"seq":N,"event":{…the event…}}` and
+//! `{"kind":"checkpoint","export":NAME,"seq":N,"hash":H,"ts":T,"signature":SSHSIG|null}`.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::{GENESIS, shared::SharedChain};
+
+/// What the policy lets the exporter hold and wait (`data.config.audit_export`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Events in one batch at most.
+    pub batch_events: u64,
+    /// Bytes of audit lines in one batch at most (a single longer line
+    /// still goes, alone).
+    pub batch_bytes: u64,
+    /// The longest wait between two tries of a batch the sink did not take.
+    pub max_backoff: Duration,
+    /// How often the log is read for new events.
+    pub poll: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            batch_events: 500,
+            batch_bytes: 1024 * 1024,
+            max_backoff: Duration::from_secs(60),
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Settings {
+    /// From the policy's `data.config.audit_export`; a value out of its
+    /// range is an error (the default is kept, and the log says why).
+    pub fn from_data(v: &Value) -> Result<Settings, String> {
+        let mut s = Settings::default();
+        let num = |key: &str, lo: u64, hi: u64| -> Result<Option<u64>, String> {
+            match v.get(key) {
+                None => Ok(None),
+                Some(n) => match n.as_u64().filter(|n| (lo..=hi).contains(n)) {
+                    Some(n) => Ok(Some(n)),
+                    None => Err(format!(
+                        "data.config.audit_export.{key} is {n}: it must be a whole number from {lo} to {hi}"
+                    )),
+                },
+            }
+        };
+        if let Some(n) = num("batch_events", 1, 10_000)? {
+            s.batch_events = n;
+        }
+        if let Some(n) = num("batch_bytes", 4096, 16 * 1024 * 1024)? {
+            s.batch_bytes = n;
+        }
+        if let Some(n) = num("max_backoff_seconds", 1, 3600)? {
+            s.max_backoff = Duration::from_secs(n);
+        }
+        if let Some(n) = num("poll_milliseconds", 50, 60_000)? {
+            s.poll = Duration::from_millis(n);
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("[audit_export] {0}")]
+    Config(String),
+    #[error("reading the audit log: {0}")]
+    Source(String),
+    #[error("the sink: {0}")]
+    Sink(String),
+}
+
+/// Where the export reads from, and where its cursor is kept.
+pub enum Source {
+    /// A host's `audit.jsonl`; the cursor in a file beside it.
+    File { log: PathBuf, cursor: PathBuf },
+    /// The team's chain; the cursor in its database, claimed by one
+    /// replica at a time (`me`).
+    Chain { chain: SharedChain, me: String },
+}
+
+/// Where a batch of events ends: the last event's sequence number and
+/// hash, and (for a file) the byte offset after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub seq: u64,
+    pub hash: String,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// A batch read past the cursor.
+struct Batch {
+    /// (sequence number, the event as written).
+    events: Vec<(u64, Map<String, Value>)>,
+    /// The cursor after it.
+    end: Cursor,
+    /// Events past the cursor (this batch included).
+    backlog: u64,
+}
+
+impl Source {
+    /// The cursor to send from, or `None` when another replica sends now.
+    fn cursor(&self, name: &str) -> Result<Option<Cursor>, ExportError> {
+        match self {
+            Source::File { cursor, .. } => match std::fs::read(cursor) {
+                Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+                    ExportError::Source(format!(
+                        "the export cursor {} is damaged ({e}); move it aside to send everything again",
+                        cursor.display()
+                    ))
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(Cursor::default())),
+                Err(e) => Err(ExportError::Source(format!("{}: {e}", cursor.display()))),
+            },
+            Source::Chain { chain, me } => chain
+                .claim_export(name, me, chrono::Utc::now().timestamp_millis(), LEASE_MS)
+                .map(|c| {
+                    c.map(|(seq, hash)| Cursor {
+                        seq,
+                        hash,
+                        offset: 0,
+                    })
+                })
+                .map_err(|e| ExportError::Source(e.to_string())),
+        }
+    }
+
+    /// Move the cursor from `from` to `to` (the sink took the batch).
+    fn advance(&self, name: &str, from: &Cursor, to: &Cursor) -> Result<(), ExportError> {
+        match self {
+            Source::File { cursor, .. } => write_cursor(cursor, to)
+                .map_err(|e| ExportError::Source(format!("{}: {e}", cursor.display()))),
+            Source::Chain { chain, me } => {
+                let moved = chain
+                    .advance_export(name, me, from.seq, to.seq, &to.hash)
+                    .map_err(|e| ExportError::Source(e.to_string()))?;
+                if !moved {
+                    // Another replica took the export over meanwhile: it
+                    // sends from the cursor it read (this batch again).
+                    tracing::info!(export = name, "another replica sends the audit export now");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The batch past `from`, within `settings`.
+    fn read(&self, from: &Cursor, settings: &Settings) -> Result<Batch, ExportError> {
+        let lines = match self {
+            Source::File { log, .. } => read_file(log, from, settings)?,
+            Source::Chain { chain, .. } => {
+                let (lines, head) = chain
+                    .lines_after(from.seq, settings.batch_events)
+                    .map_err(|e| ExportError::Source(e.to_string()))?;
+                let mut bytes = 0u64;
+                let kept: Vec<(u64, String)> = lines
+                    .into_iter()
+                    .take_while(|(_, l)| {
+                        let first = bytes == 0;
+                        bytes += l.len() as u64;
+                        first || bytes <= settings.batch_bytes
+                    })
+                    .collect();
+                (kept, head.saturating_sub(from.seq), 0)
+            }
+        };
+        let (lines, backlog, end_offset) = lines;
+        let mut prev = if from.seq == 0 {
+            GENESIS.to_string()
+        } else {
+            from.hash.clone()
+        };
+        let mut events = Vec::with_capacity(lines.len());
+        let mut end = from.clone();
+        for (seq, line) in lines {
+            let event: Map<String, Value> = serde_json::from_str(line.trim_end()).map_err(|e| {
+                ExportError::Source(format!(
+                    "event {seq} is not JSON ({e}); run gateway audit verify"
+                ))
+            })?;
+            // The chain must go on from what was sent: a log cut or
+            // rewritten under the cursor is never sent as if it did.
+            if event.get("prev").and_then(Value::as_str) != Some(prev.as_str()) {
+                return Err(ExportError::Source(format!(
+                    "event {seq} does not follow the last event sent (its prev is not {prev}): the log was cut or rewritten since; run gateway audit verify"
+                )));
+            }
+            prev = event
+                .get("hash")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            end = Cursor {
+                seq,
+                hash: prev.clone(),
+                offset: 0,
+            };
+            events.push((seq, event));
+        }
+        if let Source::File { .. } = self {
+            end.offset = if events.is_empty() {
+                from.offset
+            } else {
+                end_offset
+            };
+        }
+        Ok(Batch {
+            events,
+            end,
+            backlog,
+        })
+    }
+}
+
+/// How long a replica holds the export once it claimed it (renewed with
+/// every batch; a replica that died is taken over after it).
+const LEASE_MS: i64 = 30_000;
+
+/// Lines read (sequence number, line), the events left past the cursor,
+/// and the byte offset after the lines.
+type Lines = (Vec<(u64, String)>, u64, u64);
+
+/// Up to a batch of complete, durable lines of the file after `from`
+/// (durable: before the end its head records), the events left past the
+/// cursor, and the offset after the batch.
+fn read_file(
+    log: &Path,
+    from: &Cursor,
+    settings: &Settings,
+) -> Result<Lines, ExportError> {
+    let err = |e: std::io::Error| ExportError::Source(format!("{}: {e}", log.display()));
+    let Some(head) = super::read_head(log).map_err(|e| ExportError::Source(e.to_string()))? else {
+        return Ok((Vec::new(), 0, from.offset));
+    };
+    if head.bytes < from.offset {
+        return Err(ExportError::Source(format!(
+            "{} ends at byte {} before the last event sent (byte {}): it was cut; run gateway audit verify",
+            log.display(),
+            head.bytes,
+            from.offset
+        )));
+    }
+    let mut f = std::fs::File::open(log).map_err(err)?;
+    f.seek(SeekFrom::Start(from.offset)).map_err(err)?;
+    let mut rest = Vec::new();
+    f.take(head.bytes - from.offset)
+        .read_to_end(&mut rest)
+        .map_err(err)?;
+    let backlog = rest.iter().filter(|b| **b == b'\n').count() as u64;
+    let mut lines = Vec::new();
+    let mut at = 0usize;
+    let mut bytes = 0u64;
+    let mut seq = from.seq;
+    while (lines.len() as u64) < settings.batch_events {
+        let Some(nl) = rest[at..].iter().position(|b| *b == b'\n') else {
+            break;
+        };
+        let line = &rest[at..at + nl + 1];
+        if !lines.is_empty() && bytes + line.len() as u64 > settings.batch_bytes {
+            break;
+        }
+        bytes += line.len() as u64;
+        seq += 1;
+        let text = String::from_utf8(line.to_vec())
+            .map_err(|_| ExportError::Source(format!("event {seq} is not UTF-8")))?;
+        lines.push((seq, text));
+        at += nl + 1;
+    }
+    Ok((lines, backlog, from.offset + at as u64))
+}
+
+/// Write the cursor file whole (a new file renamed over the old one).
+fn write_cursor(path: &Path, c: &Cursor) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("cursor.new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec(c).unwrap_or_default())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// How batches are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    /// JSON lines, `Content-Type: application/x-ndjson`.
+    Jsonl,
+    /// OTLP/HTTP logs, protobuf.
+    Otlp,
+}
+
+/// The sink: its kind, URL and bearer token.
+pub struct Sink {
+    kind: SinkKind,
+    url: reqwest::Url,
+    token: Option<String>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("kind", &self.kind)
+            .field("url", &shown(&self.url))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sink {
+    /// A sink of `kind` at `url`; plain http only to a loopback address.
+    pub fn new(
+        kind: &str,
+        url: &str,
+        token: Option<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Sink, ExportError> {
+        let bad = |m: String| ExportError::Config(m);
+        let kind = match kind {
+            "jsonl" => SinkKind::Jsonl,
+            "otlp" => SinkKind::Otlp,
+            other => {
+                return Err(bad(format!(
+                    "sink {other:?}: it must be \"jsonl\" or \"otlp\""
+                )));
+            }
+        };
+        let url = reqwest::Url::parse(url).map_err(|e| bad(format!("url: {e}")))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(bad(
+                "url carries a user name or password: put the sink's token in token_file".into(),
+            ));
+        }
+        let loopback = match url.host() {
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            Some(url::Host::Domain(d)) => d == "localhost",
+            None => false,
+        };
+        match url.scheme() {
+            "https" => {}
+            "http" if loopback => {}
+            _ => {
+                return Err(bad(format!(
+                    "url {}: it must be https:// (plain http only to a loopback address: the events and the token would cross the network in clear)",
+                    shown(&url)
+                )));
+            }
+        }
+        // The process's TLS provider (main installs the same one).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut b = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(pem) = ca_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| bad(format!("ca_file: {e}")))?
+            {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        let client = b
+            .build()
+            .map_err(|e| bad(format!("the HTTP client: {e}")))?;
+        Ok(Sink {
+            kind,
+            url,
+            token,
+            client,
+        })
+    }
+
+    /// Send `records`; `Ok` only when the sink took every one.
+    async fn send(&self, records: &[Value]) -> Result<(), ExportError> {
+        let (body, content_type) = match self.kind {
+            SinkKind::Jsonl => {
+                let mut body = Vec::new();
+                for r in records {
+                    body.extend_from_slice(r.to_string().as_bytes());
+                    body.push(b'\n');
+                }
+                (body, "application/x-ndjson")
+            }
+            SinkKind::Otlp => (otlp_logs(records), "application/x-protobuf"),
+        };
+        let mut req = self
+            .client
+            .post(self.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        // The error names the sink's URL (the operator's own setting),
+        // never the token.
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| ExportError::Sink(e.without_url().to_string()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(ExportError::Sink(format!(
+                "{} answered {status}",
+                shown(&self.url)
+            )));
+        }
+        if self.kind == SinkKind::Otlp {
+            use prost::Message as _;
+            let bytes = resp
+                .bytes()
+                .await
+                .map_err(|e| ExportError::Sink(e.without_url().to_string()))?;
+            if let Ok(r) =
+                opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse::decode(
+                    bytes,
+                )
+                && let Some(p) = r.partial_success
+                && p.rejected_log_records > 0
+            {
+                return Err(ExportError::Sink(format!(
+                    "{} rejected {} of the batch's records ({})",
+                    shown(&self.url),
+                    p.rejected_log_records,
+                    p.error_message.chars().take(200).collect::<String>()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A sink's URL as messages show it: no query (it may carry a key).
+pub fn shown(url: &reqwest::Url) -> String {
+    format!(
+        "{}://{}{}",
+        url.scheme(),
+        url.host_str().unwrap_or_default(),
+        url.port().map(|p| format!(":{p}")).unwrap_or_default()
+    ) + url.path()
+}
+
+/// The records as one OTLP logs request: each a log record whose body is
+/// the record's JSON, with its sequence number, kind and event as
+/// attributes.
+fn otlp_logs(records: &[Value]) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{
+        AnyValue, InstrumentationScope, KeyValue, any_value,
+    };
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use prost::Message as _;
+    let s = |v: &str| AnyValue {
+        value: Some(any_value::Value::StringValue(v.to_string())),
+    };
+    let kv = |k: &str, v: AnyValue| KeyValue {
+        key: k.to_string(),
+        value: Some(v),
+        ..Default::default()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let log_records = records
+        .iter()
+        .map(|r| {
+            let ts = r
+                .pointer("/event/ts")
+                .or_else(|| r.get("ts"))
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .and_then(|t| t.timestamp_nanos_opt())
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or(now);
+            let mut attributes = vec![
+                kv("gateway.audit.kind", s(r["kind"].as_str().unwrap_or(""))),
+                kv(
+                    "gateway.audit.seq",
+                    AnyValue {
+                        value: Some(any_value::Value::IntValue(r["seq"].as_i64().unwrap_or(0))),
+                    },
+                ),
+            ];
+            if let Some(e) = r.pointer("/event/event").and_then(Value::as_str) {
+                attributes.push(kv("gateway.audit.event", s(e)));
+            }
+            LogRecord {
+                time_unix_nano: ts,
+                observed_time_unix_nano: now,
+                severity_number: 9,
+                severity_text: "INFO".into(),
+                body: Some(s(&r.to_string())),
+                attributes,
+                ..Default::default()
+            }
+        })
+        .collect();
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", s("gateway"))],
+                ..Default::default()
+            }),
+            scope_logs: vec![ScopeLogs {
+                scope: Some(InstrumentationScope {
+                    name: "gateway.audit".into(),
+                    ..Default::default()
+                }),
+                log_records,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// The SSHSIG namespace of checkpoint signatures.
+pub const CHECKPOINT_NAMESPACE: &str = "gateway-audit-checkpoint";
+
+/// The bytes a checkpoint's signature covers.
+pub fn checkpoint_statement(export: &str, seq: u64, hash: &str, ts: &str) -> String {
+    format!("gateway-audit-checkpoint/v1\nexport={export}\nseq={seq}\nhash={hash}\nts={ts}\n")
+}
+
+/// The running export.
+pub struct Exporter {
+    pub name: String,
+    pub source: Arc<Source>,
+    pub sink: Sink,
+    pub signer: Option<ssh_key::PrivateKey>,
+    /// The policy's settings now (read before every batch).
+    pub settings: Arc<dyn Fn() -> Settings + Send + Sync>,
+}
+
+impl Exporter {
+    /// Send batches until `stop`; never returns an error (each is logged,
+    /// counted, and tried again after a backoff).
+    pub async fn run(self, stop: tokio_util::sync::CancellationToken) {
+        let mut failures = 0u32;
+        loop {
+            let settings = (self.settings)();
+            let wait = match self.round(&settings).await {
+                Ok(true) => {
+                    failures = 0;
+                    continue;
+                }
+                Ok(false) => {
+                    failures = 0;
+                    settings.poll
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    crate::telemetry::metrics().export_failed(&self.name);
+                    let backoff = backoff(failures, settings.max_backoff);
+                    tracing::warn!(
+                        export = %self.name,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "the audit export: {e}"
+                    );
+                    backoff
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One batch: whether one was sent (there may be more).
+    pub async fn round(&self, settings: &Settings) -> Result<bool, ExportError> {
+        let source = Arc::clone(&self.source);
+        let name = self.name.clone();
+        let s = settings.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let Some(from) = source.cursor(&name)? else {
+                return Ok(None);
+            };
+            let batch = source.read(&from, &s)?;
+            Ok::<_, ExportError>(Some((from, batch)))
+        })
+        .await
+        .map_err(|e| ExportError::Source(e.to_string()))??;
+        let Some((from, batch)) = read else {
+            return Ok(false);
+        };
+        // Shown before the send: a sink that is down leaves it growing.
+        crate::telemetry::metrics().export_progress(&self.name, 0, batch.backlog);
+        if batch.events.is_empty() {
+            return Ok(false);
+        }
+        let mut records: Vec<Value> = batch
+            .events
+            .iter()
+            .map(|(seq, e)| json!({"kind": "event", "export": self.name, "seq": seq, "event": e}))
+            .collect();
+        records.push(self.checkpoint(&batch.end)?);
+        self.sink.send(&records).await?;
+        let sent = batch.events.len() as u64;
+        let source = Arc::clone(&self.source);
+        let name = self.name.clone();
+        let end = batch.end.clone();
+        tokio::task::spawn_blocking(move || source.advance(&name, &from, &end))
+            .await
+            .map_err(|e| ExportError::Source(e.to_string()))??;
+        crate::telemetry::metrics().export_progress(
+            &self.name,
+            sent,
+            batch.backlog.saturating_sub(sent),
+        );
+        Ok(true)
+    }
+
+    fn checkpoint(&self, at: &Cursor) -> Result<Value, ExportError> {
+        let ts = super::now_ts();
+        let signature = match &self.signer {
+            Some(key) => {
+                let statement = checkpoint_statement(&self.name, at.seq, &at.hash, &ts);
+                let sig = key
+                    .sign(
+                        CHECKPOINT_NAMESPACE,
+                        ssh_key::HashAlg::Sha512,
+                        statement.as_bytes(),
+                    )
+                    .map_err(|e| ExportError::Config(format!("signing a checkpoint: {e}")))?;
+                let pem = sig
+                    .to_pem(ssh_key::LineEnding::LF)
+                    .map_err(|e| ExportError::Config(format!("signing a checkpoint: {e}")))?;
+                Value::String(pem)
+            }
+            None => Value::Null,
+        };
+        Ok(json!({
+            "kind": "checkpoint", "export": self.name, "seq": at.seq,
+            "hash": at.hash, "ts": ts, "signature": signature,
+        }))
+    }
+}
+
+/// The wait after `failures` failed tries in a row: 1 s doubling, at most
+/// `max`, with up to a quarter of jitter (replicas do not retry in step).
+fn backoff(failures: u32, max: Duration) -> Duration {
+    let base = Duration::from_secs(1)
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(max);
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    let jitter = base.mul_f64(f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX) / 4.0);
+    base.saturating_sub(jitter)
+}
+
+/// Read the signing key: an unencrypted OpenSSH Ed25519 private key.
+pub fn signing_key(pem: &str) -> Result<ssh_key::PrivateKey, ExportError> {
+    let key = ssh_key::PrivateKey::from_openssh(pem)
+        .map_err(|e| ExportError::Config(format!("signing_key_file: {e}")))?;
+    if key.is_encrypted() {
+        return Err(ExportError::Config(
+            "signing_key_file is encrypted: the daemon cannot ask for its passphrase".into(),
+        ));
+    }
+    if key.algorithm() != ssh_key::Algorithm::Ed25519 {
+        return Err(ExportError::Config(format!(
+            "signing_key_file is a {} key: use an Ed25519 key (ssh-keygen -t ed25519)",
+            key.algorithm()
+        )));
+    }
+    Ok(key)
+}
+
+/// What `gateway audit verify --from-export` found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ExportReport {
+    /// Events whose hash and chain check out (sequence numbers 1..=this).
+    pub events: u64,
+    /// Records received more than once (the at-least-once window), each
+    /// the same as its first copy.
+    pub duplicates: u64,
+    /// Checkpoints on the chain.
+    pub checkpoints: u64,
+    /// Of them, signatures checked with a `--signer` key.
+    pub signatures_verified: u64,
+    /// The highest sequence number a checkpoint vouches for.
+    pub last_checkpoint: Option<u64>,
+    /// The chain's last hash.
+    pub head: Option<String>,
+    /// Why the export fails, when it does.
+    pub failure: Option<String>,
+}
+
+/// Check an export as a receiver kept it (`text`: its records, one JSON
+/// object a line, in any order, duplicates allowed): every event from the
+/// first on, none missing, each hashed and chained as the gateway wrote
+/// it; every checkpoint on that chain, and, when `signers` are given,
+/// signed by one of them; no event past the last checkpoint.
+pub fn verify_export(text: &str, signers: &[ssh_key::PublicKey]) -> ExportReport {
+    let mut report = ExportReport::default();
+    match check_export(text, signers, &mut report) {
+        Ok(()) => {}
+        Err(why) => report.failure = Some(why),
+    }
+    report
+}
+
+fn check_export(
+    text: &str,
+    signers: &[ssh_key::PublicKey],
+    report: &mut ExportReport,
+) -> Result<(), String> {
+    use std::collections::BTreeMap;
+    let mut events: BTreeMap<u64, Map<String, Value>> = BTreeMap::new();
+    let mut checkpoints: BTreeMap<(u64, String), Value> = BTreeMap::new();
+    let mut export_name: Option<String> = None;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Value =
+            serde_json::from_str(line).map_err(|e| format!("record {}: not JSON ({e})", i + 1))?;
+        let name = r["export"].as_str().unwrap_or_default().to_string();
+        match &export_name {
+            None => export_name = Some(name.clone()),
+            Some(n) if *n != name => {
+                return Err(format!(
+                    "record {}: it is of export {name:?}, the others of {n:?}: check one export at a time",
+                    i + 1
+                ));
+            }
+            Some(_) => {}
+        }
+        let seq = r["seq"]
+            .as_u64()
+            .ok_or_else(|| format!("record {}: no sequence number", i + 1))?;
+        match r["kind"].as_str() {
+            Some("event") => {
+                let e = r["event"].as_object().cloned().ok_or_else(|| {
+                    format!("record {}: an event record without its event", i + 1)
+                })?;
+                match events.get(&seq) {
+                    Some(first) if *first == e => report.duplicates += 1,
+                    Some(_) => {
+                        return Err(format!(
+                            "two different events carry sequence number {seq}: the export was tampered with"
+                        ));
+                    }
+                    None => {
+                        events.insert(seq, e);
+                    }
+                }
+            }
+            Some("checkpoint") => {
+                let key = (seq, r["ts"].as_str().unwrap_or_default().to_string());
+                match checkpoints.get(&key) {
+                    Some(first) if *first == r => report.duplicates += 1,
+                    Some(_) => {
+                        return Err(format!(
+                            "two different checkpoints at sequence number {seq} and one time: the export was tampered with"
+                        ));
+                    }
+                    None => {
+                        checkpoints.insert(key, r);
+                    }
+                }
+            }
+            other => return Err(format!("record {}: unknown kind {other:?}", i + 1)),
+        }
+    }
+    // Every event from the first on, none missing.
+    let mut bytes = Vec::new();
+    for (expect, (seq, e)) in (1u64..).zip(&events) {
+        if *seq != expect {
+            return Err(format!(
+                "events {expect} to {} are missing from the export",
+                seq - 1
+            ));
+        }
+        let mut without = e.clone();
+        let claimed = without.remove("hash");
+        let (line, hash) = super::event_line(&without);
+        if claimed.as_ref().and_then(Value::as_str) != Some(hash.as_str()) {
+            return Err(format!(
+                "event {seq}: its hash does not match its content: it was edited"
+            ));
+        }
+        bytes.extend_from_slice(line.as_bytes());
+    }
+    let chain = super::verify::verify_bytes(&bytes);
+    if let Some((line, why)) = &chain.first_bad {
+        return Err(format!("event {line}: {why}"));
+    }
+    report.events = events.len() as u64;
+    report.head = chain.head.clone();
+    // Checkpoints: on the chain, and signed when signers are given.
+    for ((seq, ts), c) in &checkpoints {
+        let at = events.get(seq).ok_or_else(|| {
+            format!("a checkpoint vouches for event {seq}, which is not in the export: events are missing")
+        })?;
+        let hash = c["hash"].as_str().unwrap_or_default();
+        if at.get("hash").and_then(Value::as_str) != Some(hash) {
+            return Err(format!(
+                "the checkpoint at {seq} ({ts}) names hash {hash}, not event {seq}'s: the chain was rewritten"
+            ));
+        }
+        if !signers.is_empty() {
+            let pem = c["signature"].as_str().ok_or_else(|| {
+                format!("the checkpoint at {seq} ({ts}) is not signed, and --signer asks for signed ones")
+            })?;
+            let sig = ssh_key::SshSig::from_pem(pem).map_err(|e| {
+                format!("the checkpoint at {seq} ({ts}): its signature does not parse ({e})")
+            })?;
+            let statement =
+                checkpoint_statement(export_name.as_deref().unwrap_or_default(), *seq, hash, ts);
+            if !signers.iter().any(|k| {
+                k.verify(CHECKPOINT_NAMESPACE, statement.as_bytes(), &sig)
+                    .is_ok()
+            }) {
+                return Err(format!(
+                    "the checkpoint at {seq} ({ts}) is not signed by any --signer key"
+                ));
+            }
+            report.signatures_verified += 1;
+        }
+        report.checkpoints += 1;
+        report.last_checkpoint = Some(report.last_checkpoint.unwrap_or(0).max(*seq));
+    }
+    let last = report.last_checkpoint.unwrap_or(0);
+    if report.events > last {
+        return Err(format!(
+            "events {} to {} come after the last checkpoint ({}): the export ends inside a batch, so nothing vouches that none after them were dropped",
+            last + 1,
+            report.events,
+            if last == 0 {
+                "none".to_string()
+            } else {
+                last.to_string()
+            }
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An export of `n` events as the exporter sends them, in batches of
+    /// `batch`, each followed by its checkpoint signed with `key`.
+    fn records(n: usize, batch: usize, key: Option<&ssh_key::PrivateKey>) -> Vec<Value> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = super::super::AuditLog::open(dir.path().join("audit.jsonl")).expect("log");
+        for i in 0..n {
+            log.append("r", "tool.request", json!({"i": i})).expect("append");
+        }
+        let exporter = Exporter {
+            name: "siem".into(),
+            source: Arc::new(Source::File {
+                log: dir.path().join("audit.jsonl"),
+                cursor: dir.path().join("c"),
+            }),
+            sink: Sink::new("jsonl", "http://127.0.0.1:9/", None, None).expect("sink"),
+            signer: key.cloned(),
+            settings: Arc::new(Settings::default),
+        };
+        let settings = Settings {
+            batch_events: batch as u64,
+            ..Settings::default()
+        };
+        let mut out = Vec::new();
+        let mut at = Cursor::default();
+        loop {
+            let b = exporter.source.read(&at, &settings).expect("read");
+            if b.events.is_empty() {
+                return out;
+            }
+            for (seq, e) in &b.events {
+                out.push(json!({"kind": "event", "export": "siem", "seq": seq, "event": e}));
+            }
+            out.push(exporter.checkpoint(&b.end).expect("checkpoint"));
+            at = b.end;
+        }
+    }
+
+    fn key(dir: &Path, name: &str) -> (ssh_key::PrivateKey, ssh_key::PublicKey) {
+        let path = dir.join(name);
+        let st = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&path)
+            .status()
+            .expect("ssh-keygen");
+        assert!(st.success());
+        let private = signing_key(&std::fs::read_to_string(&path).expect("key")).expect("ed25519");
+        let public = private.public_key().clone();
+        (private, public)
+    }
+
+    fn text(records: &[Value]) -> String {
+        records.iter().map(|r| format!("{r}\n")).collect()
+    }
+
+    #[test]
+    fn a_whole_export_verifies_in_any_order_with_duplicates() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (private, public) = key(dir.path(), "k");
+        let mut r = records(10, 3, Some(&private));
+        let report = verify_export(&text(&r), std::slice::from_ref(&public));
+        assert_eq!(report.failure, None);
+        assert_eq!((report.events, report.checkpoints, report.signatures_verified), (10, 4, 4));
+        // Sent again (a batch the sink took but whose answer was lost),
+        // and received out of order.
+        let again: Vec<Value> = r[0..4].to_vec();
+        r.extend(again);
+        r.reverse();
+        let report = verify_export(&text(&r), std::slice::from_ref(&public));
+        assert_eq!(report.failure, None, "{report:?}");
+        assert_eq!((report.events, report.duplicates), (10, 4));
+    }
+
+    #[test]
+    fn a_tampered_export_fails_and_says_how() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (private, public) = key(dir.path(), "k");
+        let (other, _) = key(dir.path(), "other");
+        let good = records(6, 2, Some(&private));
+        let fails = |r: &[Value], signers: &[ssh_key::PublicKey], why: &str| {
+            let report = verify_export(&text(r), signers);
+            let failure = report.failure.unwrap_or_default();
+            assert!(failure.contains(why), "{why:?} not in {failure:?}");
+        };
+        // An event removed.
+        let mut r = good.clone();
+        r.retain(|x| !(x["kind"] == "event" && x["seq"] == 2));
+        fails(&r, &[], "events 2 to 2 are missing");
+        // An event edited (its hash kept).
+        let mut r = good.clone();
+        r[0]["event"]["data"]["i"] = json!(99);
+        fails(&r, &[], "it was edited");
+        // An edited event whose hash is made again breaks the chain.
+        let mut r = good.clone();
+        let mut e = r[0]["event"].as_object().cloned().expect("event");
+        e.remove("hash");
+        e.insert("data".into(), json!({"i": 99}));
+        let (_, hash) = super::super::event_line(&e);
+        e.insert("hash".into(), Value::String(hash));
+        r[0]["event"] = Value::Object(e);
+        fails(&r, &[], "event 2");
+        // A second, different copy of one event.
+        let mut r = good.clone();
+        let mut twin = r[0].clone();
+        twin["event"]["ts"] = json!("2000-01-01T00:00:00.000Z");
+        r.push(twin);
+        fails(&r, &[], "two different events");
+        // The last batch's checkpoint lost: its events are vouched for by none.
+        let mut r = good.clone();
+        r.pop();
+        fails(&r, &[], "come after the last checkpoint");
+        // Signed by another key, or not signed, with --signer.
+        let forged = records(6, 2, Some(&other));
+        fails(&forged, std::slice::from_ref(&public), "not signed by any --signer key");
+        let unsigned = records(6, 2, None);
+        fails(&unsigned, std::slice::from_ref(&public), "is not signed");
+        // A checkpoint's statement changed after signing.
+        let mut r = good.clone();
+        let last = r.len() - 1;
+        r[last]["ts"] = json!("2000-01-01T00:00:00.000Z");
+        fails(&r, std::slice::from_ref(&public), "not signed by any --signer key");
+        // Without --signer the unsigned export verifies (its chain only).
+        assert_eq!(verify_export(&text(&unsigned), &[]).failure, None);
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        assert_eq!(Settings::from_data(&json!({})), Ok(Settings::default()));
+        let s = Settings::from_data(&json!({"batch_events": 10, "max_backoff_seconds": 5}))
+            .expect("in range");
+        assert_eq!(
+            (s.batch_events, s.max_backoff),
+            (10, Duration::from_secs(5))
+        );
+        for bad in [
+            json!({"batch_events": 0}),
+            json!({"batch_events": 1e9}),
+            json!({"batch_bytes": "big"}),
+            json!({"max_backoff_seconds": -1}),
+        ] {
+            assert!(Settings::from_data(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let max = Duration::from_secs(60);
+        assert!(backoff(1, max) <= Duration::from_secs(1));
+        assert!(backoff(1, max) >= Duration::from_millis(750));
+        assert!(backoff(4, max) >= Duration::from_secs(6));
+        assert!(backoff(30, max) <= max);
+        assert!(backoff(30, max) >= Duration::from_secs(45));
+    }
+
+    #[test]
+    fn a_plain_http_sink_must_be_on_this_host() {
+        assert!(Sink::new("jsonl", "http://siem.example/ingest", None, None).is_err());
+        assert!(Sink::new("jsonl", "http://127.0.0.1:9/ingest", None, None).is_ok());
+        assert!(Sink::new("otlp", "https://siem.example/v1/logs", None, None).is_ok());
+        assert!(Sink::new("syslog", "https://siem.example/", None, None).is_err());
+    }
+
+    /// A file log read in batches: every event once, in order, the cursor
+    /// at each batch's end; a log cut under the cursor is refused.
+    #[test]
+    fn the_file_is_read_in_batches_from_the_cursor() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = super::super::AuditLog::open(dir.path().join("audit.jsonl")).expect("log");
+        for i in 0..7 {
+            log.append("r", "tool.request", json!({"i": i}))
+                .expect("append");
+        }
+        let source = Source::File {
+            log: dir.path().join("audit.jsonl"),
+            cursor: dir.path().join("c.cursor"),
+        };
+        let settings = Settings {
+            batch_events: 3,
+            ..Settings::default()
+        };
+        let mut at = source.cursor("t").expect("cursor").expect("mine");
+        let mut seen = Vec::new();
+        loop {
+            let b = source.read(&at, &settings).expect("read");
+            if b.events.is_empty() {
+                assert_eq!(b.backlog, 0);
+                break;
+            }
+            assert_eq!(b.backlog, 7 - seen.len() as u64);
+            seen.extend(b.events.iter().map(|(s, e)| (*s, e["data"]["i"].clone())));
+            source.advance("t", &at, &b.end).expect("advance");
+            at = source.cursor("t").expect("cursor").expect("mine");
+            assert_eq!(at, b.end);
+        }
+        assert_eq!(
+            seen,
+            (0..7).map(|i| (i as u64 + 1, json!(i))).collect::<Vec<_>>()
+        );
+        // Rewritten under the cursor: refused, nothing sent.
+        let path = dir.path().join("audit.jsonl");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let first = text.lines().next().expect("a line");
+        std::fs::write(&path, format!("{first}\n")).expect("cut");
+        super::super::write_head(
+            &path,
+            &super::super::Head {
+                hash: String::new(),
+                bytes: first.len() as u64 + 1,
+            },
+        )
+        .expect("head");
+        let err = source.read(&at, &settings).err().expect("cut");
+        assert!(err.to_string().contains("was cut"), "{err}");
+    }
+}
