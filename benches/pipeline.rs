@@ -2,6 +2,9 @@
 //! real SQLite, real audit file with fsync, real gVisor):
 //! - `pipeline/denied_call`: a k8s_get_pod_status call the policy denies —
 //!   request in to result out, no sandbox: all of it is overhead;
+//!   Metrics and traces are on (spans exported to a local OTLP endpoint);
+//! - `pipeline/denied_call/telemetry_off`: the same with both off, to state
+//!   what they cost (README.md: "Watching it");
 //! - `pipeline/denied_call/postgres_audit`: the same with the audit in the
 //!   replicas' chain in a real PostgreSQL (tests/support/postgres.rs): what
 //!   the shared audit adds per call;
@@ -104,9 +107,36 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("rt");
+    // Metrics and traces on, as a daemon with [telemetry] runs: spans go
+    // to an OTLP/HTTP endpoint that takes everything (a thread answering
+    // 200), so that the export's own work is in the run.
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").expect("collector");
+    let endpoint = format!("http://{}", collector.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in collector.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0
+                        || conn
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    gateway::telemetry::trace::init(&endpoint, "bench").expect("traces");
+    let traceparent = gateway::telemetry::TraceParent {
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        tracestate: None,
+    };
     let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
     let call = |tool: &str, params: serde_json::Value| ToolCall {
-        trace: None,
+        trace: Some(traceparent.clone()),
         tool: tool.into(),
         params,
         principal: principal.clone(),
@@ -125,6 +155,20 @@ fn bench(c: &mut Criterion) {
             assert!(matches!(r.outcome, Outcome::Denied { .. }));
         })
     });
+    // The same call with metrics and traces off (compare the two in one run).
+    gateway::telemetry::set_enabled(false);
+    g.bench_function("denied_call/telemetry_off", |b| {
+        b.iter(|| {
+            let r = rt
+                .block_on(pipeline.call(call(
+                    "k8s_get_pod_status",
+                    json!({"namespace": "kube-system"}),
+                )))
+                .expect("call");
+            assert!(matches!(r.outcome, Outcome::Denied { .. }));
+        })
+    });
+    gateway::telemetry::set_enabled(true);
     g.bench_function("denied_call/postgres_audit", |b| {
         b.iter(|| {
             let r = rt

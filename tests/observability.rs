@@ -528,3 +528,84 @@ fn a_call_is_traced_counted_scraped_and_its_audit_reaches_the_siem_through_an_ou
     assert!(check.status.success(), "{}", common::stdout(&check));
     d.assert_audit_verifies();
 }
+
+/// The JSON-lines sink: a batch counts as sent only when the sink took it
+/// with the export's bearer token; a refused batch leaves the cursor
+/// where it was; a new exporter (a restart) goes on from the cursor, with
+/// nothing sent twice once acknowledged.
+#[test]
+fn the_jsonl_sink_takes_batches_with_its_token_and_a_restart_resumes_at_the_cursor() {
+    use gateway::audit::export::{Exporter, Settings, Sink, Source};
+    use std::sync::Arc;
+    let work = tempfile::tempdir().expect("work");
+    let out = work.path().join("receiver");
+    std::fs::create_dir_all(&out).expect("out");
+    let port = free_port();
+    let token = "export-token-8f1c2d9e7a";
+    let _siem = receiver(port, &out, Some(token));
+    let log_path = work.path().join("audit.jsonl");
+    let log = gateway::audit::AuditLog::open(&log_path).expect("log");
+    for i in 0..25 {
+        log.append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let cursor = work.path().join("siem.cursor");
+    let exporter = |token: &str| Exporter {
+        name: "siem".into(),
+        source: Arc::new(Source::File {
+            log: log_path.clone(),
+            cursor: cursor.clone(),
+        }),
+        sink: Sink::new(
+            "jsonl",
+            &format!("http://127.0.0.1:{port}/ingest"),
+            Some(token.to_string()),
+            None,
+        )
+        .expect("sink"),
+        signer: None,
+        settings: Arc::new(Settings::default),
+    };
+    let settings = Settings {
+        batch_events: 10,
+        ..Settings::default()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let received = || lines(&out.join("export-jsonl.jsonl"));
+    // The wrong token: refused, nothing moves.
+    let err = rt
+        .block_on(exporter("not-the-token").round(&settings))
+        .expect_err("refused");
+    assert!(err.to_string().contains("401"), "{err}");
+    assert!(!err.to_string().contains("not-the-token"), "{err}");
+    assert!(!cursor.exists());
+    assert!(received().is_empty());
+    // The right one: three batches (10, 10, 5), each with its checkpoint.
+    let x = exporter(token);
+    while rt.block_on(x.round(&settings)).expect("sent") {}
+    let got = received();
+    assert_eq!(got.iter().filter(|r| r["kind"] == "event").count(), 25);
+    assert_eq!(got.iter().filter(|r| r["kind"] == "checkpoint").count(), 3);
+    // More events, and a new exporter: it goes on from the cursor.
+    for i in 25..30 {
+        log.append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let x = exporter(token);
+    while rt.block_on(x.round(&settings)).expect("sent") {}
+    let got = received();
+    let seqs: Vec<u64> = got
+        .iter()
+        .filter(|r| r["kind"] == "event")
+        .filter_map(|r| r["seq"].as_u64())
+        .collect();
+    assert_eq!(
+        seqs,
+        (1..=30).collect::<Vec<_>>(),
+        "each event once, in order"
+    );
+    let text: String = got.iter().map(|r| format!("{r}\n")).collect();
+    let report = gateway::audit::export::verify_export(&text, &[]);
+    assert_eq!(report.failure, None);
+    assert_eq!(report.events, 30);
+}

@@ -1049,6 +1049,85 @@ fn tampering_with_the_chain_is_caught(
     assert!(!verify_against(&e.bytes, Some(&e.head), &[]).ok());
 }
 
+/// The audit export's cursor in the team's database: one replica sends
+/// at a time, the cursor moves only for the replica that holds it and
+/// only from where it read, and a replica that stopped renewing is taken
+/// over from the last acknowledged event.
+fn the_export_is_sent_by_one_replica_at_a_time(make: &(dyn Fn() -> SharedChain + Sync)) {
+    let chain = make();
+    let log = AuditLog::shared(make());
+    for i in 0..10 {
+        log.append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let now = 1_000_000;
+    assert_eq!(
+        chain.claim_export("siem", "a", now, 30_000).expect("claim"),
+        Some((0, String::new()))
+    );
+    // B waits while A holds it.
+    assert_eq!(
+        chain
+            .claim_export("siem", "b", now + 1, 30_000)
+            .expect("claim"),
+        None
+    );
+    let (lines, head) = chain.lines_after(0, 4).expect("read");
+    assert_eq!(head, 10);
+    assert_eq!(
+        lines.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    let hash4 = serde_json::from_str::<serde_json::Value>(&lines[3].1).expect("event")["hash"]
+        .as_str()
+        .expect("hash")
+        .to_string();
+    // Only the holder moves it, and only from where it is.
+    assert!(
+        !chain
+            .advance_export("siem", "b", 0, 4, &hash4)
+            .expect("advance")
+    );
+    assert!(
+        !chain
+            .advance_export("siem", "a", 3, 4, &hash4)
+            .expect("advance")
+    );
+    assert!(
+        chain
+            .advance_export("siem", "a", 0, 4, &hash4)
+            .expect("advance")
+    );
+    assert_eq!(
+        chain
+            .claim_export("siem", "a", now + 2, 30_000)
+            .expect("claim"),
+        Some((4, hash4.clone()))
+    );
+    // A stops renewing: B takes over from the last acknowledged event, and
+    // A's late acknowledgement moves nothing.
+    assert_eq!(
+        chain
+            .claim_export("siem", "b", now + 40_000, 30_000)
+            .expect("claim"),
+        Some((4, hash4.clone()))
+    );
+    assert!(
+        !chain
+            .advance_export("siem", "a", 4, 8, "x")
+            .expect("advance")
+    );
+    let (rest, _) = chain.lines_after(4, 100).expect("read");
+    assert_eq!(rest.len(), 6);
+    // Another export has its own cursor.
+    assert_eq!(
+        chain
+            .claim_export("other", "a", now + 40_001, 30_000)
+            .expect("claim"),
+        Some((0, String::new()))
+    );
+}
+
 #[test]
 fn the_audit_chain_conforms_on_sqlite() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -1058,6 +1137,8 @@ fn the_audit_chain_conforms_on_sqlite() {
     tampering_with_the_chain_is_caught(&|| SharedChain::sqlite(&two).expect("open"), &|| {
         Box::new(gateway::db::sqlite::SqliteDb::open(&two, "FULL").expect("db"))
     });
+    let three = dir.path().join("three.db");
+    the_export_is_sent_by_one_replica_at_a_time(&|| SharedChain::sqlite(&three).expect("open"));
 }
 
 #[test]
@@ -1071,4 +1152,8 @@ fn the_audit_chain_conforms_on_postgresql() {
         &|| SharedChain::postgres(connect(&two)).expect("chain"),
         &|| Box::new(connect(&two)),
     );
+    let three = server.database("chain_export");
+    the_export_is_sent_by_one_replica_at_a_time(&|| {
+        SharedChain::postgres(connect(&three)).expect("chain")
+    });
 }

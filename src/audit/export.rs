@@ -253,11 +253,7 @@ type Lines = (Vec<(u64, String)>, u64, u64);
 /// Up to a batch of complete, durable lines of the file after `from`
 /// (durable: before the end its head records), the events left past the
 /// cursor, and the offset after the batch.
-fn read_file(
-    log: &Path,
-    from: &Cursor,
-    settings: &Settings,
-) -> Result<Lines, ExportError> {
+fn read_file(log: &Path, from: &Cursor, settings: &Settings) -> Result<Lines, ExportError> {
     let err = |e: std::io::Error| ExportError::Source(format!("{}: {e}", log.display()));
     let Some(head) = super::read_head(log).map_err(|e| ExportError::Source(e.to_string()))? else {
         return Ok((Vec::new(), 0, from.offset));
@@ -445,13 +441,25 @@ impl Sink {
         }
         if self.kind == SinkKind::Otlp {
             use prost::Message as _;
-            let bytes = resp
-                .bytes()
+            // The answer is small; a sink that sends more is not read on.
+            let mut resp = resp;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = resp
+                .chunk()
                 .await
-                .map_err(|e| ExportError::Sink(e.without_url().to_string()))?;
+                .map_err(|e| ExportError::Sink(e.without_url().to_string()))?
+            {
+                if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                    return Err(ExportError::Sink(format!(
+                        "{} answered with more than {MAX_ANSWER_BYTES} bytes",
+                        shown(&self.url)
+                    )));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
             if let Ok(r) =
                 opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse::decode(
-                    bytes,
+                    bytes.as_slice(),
                 )
                 && let Some(p) = r.partial_success
                 && p.rejected_log_records > 0
@@ -467,6 +475,9 @@ impl Sink {
         Ok(())
     }
 }
+
+/// The largest answer read from an OTLP sink (a partial-success message).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A sink's URL as messages show it: no query (it may carry a key).
 pub fn shown(url: &reqwest::Url) -> String {
@@ -889,7 +900,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = super::super::AuditLog::open(dir.path().join("audit.jsonl")).expect("log");
         for i in 0..n {
-            log.append("r", "tool.request", json!({"i": i})).expect("append");
+            log.append("r", "tool.request", json!({"i": i}))
+                .expect("append");
         }
         let exporter = Exporter {
             name: "siem".into(),
@@ -944,7 +956,14 @@ mod tests {
         let mut r = records(10, 3, Some(&private));
         let report = verify_export(&text(&r), std::slice::from_ref(&public));
         assert_eq!(report.failure, None);
-        assert_eq!((report.events, report.checkpoints, report.signatures_verified), (10, 4, 4));
+        assert_eq!(
+            (
+                report.events,
+                report.checkpoints,
+                report.signatures_verified
+            ),
+            (10, 4, 4)
+        );
         // Sent again (a batch the sink took but whose answer was lost),
         // and received out of order.
         let again: Vec<Value> = r[0..4].to_vec();
@@ -995,14 +1014,22 @@ mod tests {
         fails(&r, &[], "come after the last checkpoint");
         // Signed by another key, or not signed, with --signer.
         let forged = records(6, 2, Some(&other));
-        fails(&forged, std::slice::from_ref(&public), "not signed by any --signer key");
+        fails(
+            &forged,
+            std::slice::from_ref(&public),
+            "not signed by any --signer key",
+        );
         let unsigned = records(6, 2, None);
         fails(&unsigned, std::slice::from_ref(&public), "is not signed");
         // A checkpoint's statement changed after signing.
         let mut r = good.clone();
         let last = r.len() - 1;
         r[last]["ts"] = json!("2000-01-01T00:00:00.000Z");
-        fails(&r, std::slice::from_ref(&public), "not signed by any --signer key");
+        fails(
+            &r,
+            std::slice::from_ref(&public),
+            "not signed by any --signer key",
+        );
         // Without --signer the unsigned export verifies (its chain only).
         assert_eq!(verify_export(&text(&unsigned), &[]).failure, None);
     }

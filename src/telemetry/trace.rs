@@ -36,6 +36,9 @@ const MAX_TRACESTATE: usize = 512;
 /// base URL; spans go to `{endpoint}/v1/traces`). Once per process.
 pub fn init(endpoint: &str, service_name: &str) -> Result<(), String> {
     use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+    // The process's TLS provider (main installs the same one); the
+    // exporter's HTTP client is built now.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
