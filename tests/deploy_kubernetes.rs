@@ -657,6 +657,11 @@ async fn the_daemon_runs_as_the_kind_overlay_configures_its_pod() {
                 l.local_addr().expect("addr").port()
             }),
         );
+    let metrics_at = format!("127.0.0.1:{}", {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr").port()
+    });
+    let moved = moved.replace("0.0.0.0:9464", &metrics_at);
     assert!(!moved.contains("172.18.0.1"), "{moved}");
     let listen = moved
         .lines()
@@ -852,6 +857,28 @@ exec setpriv --reuid=65532 --regid=65532 --groups=65534 --inh-caps=-all "$@""#;
         "the fixed version was not loaded",
     )
     .await;
+    // Prometheus sees both on the metrics port: the failed reload, and
+    // the one digest in use now.
+    let metrics = reqwest::get(format!("http://{metrics_at}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains("gateway_policy_reloads_total{result=\"failed\"} 1\n"),
+        "{metrics}"
+    );
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("gateway_policy_loaded{"))
+            .count(),
+        1,
+        "{metrics}"
+    );
+    // Not on the MCP port: the operator gave it a port of its own.
+    assert_eq!(get("/metrics").await.0, 404);
     // SIGTERM (what the kubelet sends after preStop): it stops, cleanly.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
