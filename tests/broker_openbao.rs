@@ -11,6 +11,8 @@ mod common;
 mod fake_kube;
 #[path = "support/openbao.rs"]
 mod openbao;
+#[path = "support/otlp.rs"]
+mod otlp;
 #[path = "support/postgres.rs"]
 mod pg;
 
@@ -542,7 +544,47 @@ async fn k8s_get_pod_status_runs_real_kubectl_in_gvisor_with_a_minted_token() {
     let broker =
         Arc::new(VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b"));
     let p = pipeline(&w, broker);
+    // The call is traced (spans to a real OTLP receiver) and counted.
+    let spans_dir = tempfile::tempdir().expect("spans");
+    let receiver = otlp::Receiver::start(None, spans_dir.path(), None);
+    gateway::telemetry::trace::init(&receiver.url(), "gateway-test").expect("traces");
     let r = p.call(call("demo-app")).await.expect("call");
+    tokio::task::spawn_blocking(gateway::telemetry::trace::flush)
+        .await
+        .expect("flush");
+    let spans = otlp::spans_until(
+        spans_dir.path(),
+        |s| s["attributes"]["gateway.request_id"] == r.request_id.as_str(),
+        |s| s["name"] == "gateway.call",
+    );
+    let root = spans
+        .iter()
+        .find(|s| s["name"] == "gateway.call")
+        .expect("root");
+    let stage = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name && s["parent_span_id"] == root["span_id"])
+            .unwrap_or_else(|| panic!("no {name} span under the call: {spans:#?}"))
+    };
+    let (mint, run, revoke) = (
+        stage("credential_mint"),
+        stage("sandbox_run"),
+        stage("credential_revoke"),
+    );
+    let at = |s: &serde_json::Value, k: &str| s[k].as_u64().expect("time");
+    // Minted before the sandbox, revoked after it, each with its time.
+    assert!(at(mint, "end") <= at(run, "start"), "{mint} {run}");
+    assert!(at(run, "end") <= at(revoke, "start"), "{run} {revoke}");
+    assert!(at(revoke, "end") > at(revoke, "start"));
+    // (Other tests of this binary run at the same time: only what can
+    // only grow is checked.)
+    let metrics = gateway::telemetry::metrics().encode();
+    assert!(
+        !metrics.contains("gateway_credentials_issued_total 0\n")
+            && !metrics.contains("gateway_credentials_revoked_total 0\n"),
+        "{metrics}"
+    );
     let Outcome::Completed {
         ok,
         summary,
@@ -599,7 +641,13 @@ async fn k8s_get_pod_status_runs_real_kubectl_in_gvisor_with_a_minted_token() {
     // The token is nowhere: not in the result, not in anything under home.
     let result_json = serde_json::to_string(&r).expect("json");
     let written = everything_written(&w.home);
+    let traced = std::fs::read_to_string(spans_dir.path().join("spans.jsonl")).expect("spans");
     for token in &tokens {
+        assert!(!traced.contains(token.as_str()), "the token is in a span");
+        assert!(
+            !metrics.contains(token.as_str()),
+            "the token is in a metric"
+        );
         assert!(!result_json.contains(token.as_str()));
         assert!(
             !written.contains(token.as_str()),

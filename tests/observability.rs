@@ -11,6 +11,8 @@ mod agent;
 mod common;
 #[path = "support/daemon.rs"]
 mod daemon;
+#[path = "support/otlp.rs"]
+mod otlp;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,13 +22,7 @@ use serde_json::{Value, json};
 
 use agent::Agent;
 use daemon::{AGENT, Daemon};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use otlp::{free_port, lines};
 
 /// A child process killed when dropped.
 struct Proc(Child);
@@ -52,32 +48,8 @@ fn wait_for_port(port: u16, what: &str, child: &mut Child) {
     }
 }
 
-/// The OTLP/HTTP receiver, storing into `out`.
-fn receiver(port: u16, out: &Path, token: Option<&str>) -> Proc {
-    let python = common::repo().join(".tools/venv/bin/python");
-    assert!(
-        python.is_file(),
-        "the receiver's Python is installed by scripts/install-tools.sh otlp"
-    );
-    let mut c = Command::new(python);
-    c.arg(common::repo().join("tests/observability/receiver.py"))
-        .arg(port.to_string())
-        .arg(out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(out.join("receiver.log"))
-                .expect("receiver log"),
-        );
-    if let Some(t) = token {
-        c.args(["--token", t]);
-    }
-    let mut child = c.spawn().expect("the OTLP receiver");
-    wait_for_port(port, "the OTLP receiver", &mut child);
-    Proc(child)
+fn receiver(port: u16, out: &Path, token: Option<&str>) -> otlp::Receiver {
+    otlp::Receiver::start(Some(port), out, token)
 }
 
 /// Debian's Prometheus, scraping `target` every second.
@@ -168,14 +140,6 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// A tools/call with W3C trace context in its `_meta`.
 fn traced_call(a: &mut Agent, id: u64, tool: &str, args: Value, traceparent: &str) {
     a.send(
@@ -187,21 +151,11 @@ fn traced_call(a: &mut Agent, id: u64, tool: &str, args: Value, traceparent: &st
 
 /// The spans the receiver got for `trace_id`, once its root has come.
 fn trace(out: &Path, trace_id: &str) -> Vec<Value> {
-    let started = Instant::now();
-    loop {
-        let spans: Vec<Value> = lines(&out.join("spans.jsonl"))
-            .into_iter()
-            .filter(|s| s["trace_id"] == trace_id)
-            .collect();
-        if spans.iter().any(|s| s["name"] == "gateway.call") {
-            return spans;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no gateway.call span of trace {trace_id} after 60 s: {spans:?}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    otlp::spans_until(
+        out,
+        |s| s["trace_id"] == trace_id,
+        |s| s["name"] == "gateway.call",
+    )
 }
 
 #[test]
