@@ -563,3 +563,60 @@ fn the_jsonl_sink_takes_batches_with_its_token_and_a_restart_resumes_at_the_curs
     assert_eq!(report.failure, None);
     assert_eq!(report.events, 30);
 }
+
+/// The team's chain as the export's source (SQLite here; the cursor's
+/// primitives are in the store conformance suite on PostgreSQL too): two
+/// replicas run the exporter in turn; the one holding the export sends,
+/// the other waits, and the sink gets each event once, in order.
+#[test]
+fn replicas_export_the_shared_chain_in_turn_each_event_once() {
+    use gateway::audit::export::{Exporter, Settings, Sink, Source};
+    use gateway::audit::shared::SharedChain;
+    use std::sync::Arc;
+    let work = tempfile::tempdir().expect("work");
+    let out = work.path().join("receiver");
+    let siem = otlp::Receiver::start(None, &out, Some("t0ken-0123456789"));
+    let db = work.path().join("chain.db");
+    let log = gateway::audit::AuditLog::shared(SharedChain::sqlite(&db).expect("chain"));
+    for i in 0..12 {
+        log.append(&format!("req-{i}"), "tool.request", json!({"i": i}))
+            .expect("append");
+    }
+    let replica = |me: &str| Exporter {
+        name: "siem".into(),
+        source: Arc::new(Source::Chain {
+            chain: SharedChain::sqlite(&db).expect("chain"),
+            me: me.into(),
+        }),
+        sink: Sink::new(
+            "jsonl",
+            &format!("{}/ingest", siem.url()),
+            Some("t0ken-0123456789".into()),
+            None,
+        )
+        .expect("sink"),
+        signer: None,
+        settings: Arc::new(Settings::default),
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    let settings = Settings {
+        batch_events: 5,
+        ..Settings::default()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // A claims the export and sends; B, in between, sends nothing.
+    assert!(rt.block_on(a.round(&settings)).expect("a"));
+    assert!(!rt.block_on(b.round(&settings)).expect("b waits"));
+    while rt.block_on(a.round(&settings)).expect("a") {}
+    assert!(!rt.block_on(b.round(&settings)).expect("b waits"));
+    let got = lines(&out.join("export-jsonl.jsonl"));
+    let seqs: Vec<u64> = got
+        .iter()
+        .filter(|r| r["kind"] == "event")
+        .filter_map(|r| r["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs, (1..=12).collect::<Vec<_>>());
+    let text: String = got.iter().map(|r| format!("{r}\n")).collect();
+    let report = gateway::audit::export::verify_export(&text, &[]);
+    assert_eq!((report.failure, report.events), (None, 12));
+}
