@@ -282,6 +282,23 @@ fn read_file(log: &Path, from: &Cursor, settings: &Settings) -> Result<Lines, Ex
             break;
         };
         let line = &rest[at..at + nl + 1];
+        // A line a crash cut short, ended by the next writer together
+        // with its `audit.recovered` event: not an event, skipped (the
+        // recovery's `prev` is the last whole event's, as `audit verify`
+        // reads it). Anything else that is not an event stops the export.
+        if serde_json::from_slice::<Map<String, Value>>(&line[..nl]).is_err() {
+            let after = &rest[at + nl + 1..];
+            let Some(next_nl) = after.iter().position(|b| *b == b'\n') else {
+                break;
+            };
+            if !recovers(&after[..next_nl], &line[..nl]) {
+                return Err(ExportError::Source(format!(
+                    "the line after event {seq} is not an event (nor a line a crash cut short, followed by its recovery); run gateway audit verify"
+                )));
+            }
+            at += nl + 1;
+            continue;
+        }
         if !lines.is_empty() && bytes + line.len() as u64 > settings.batch_bytes {
             break;
         }
@@ -293,6 +310,18 @@ fn read_file(log: &Path, from: &Cursor, settings: &Settings) -> Result<Lines, Ex
         at += nl + 1;
     }
     Ok((lines, backlog, from.offset + at as u64))
+}
+
+/// Whether `next` is the `audit.recovered` event of the cut line `cut`.
+fn recovers(next: &[u8], cut: &[u8]) -> bool {
+    let Ok(e) = serde_json::from_slice::<Map<String, Value>>(next) else {
+        return false;
+    };
+    let data = |k: &str| e.get("data").and_then(|d| d.get(k));
+    e.get("event").and_then(Value::as_str) == Some("audit.recovered")
+        && data("truncated_sha256").and_then(Value::as_str)
+            == Some(crate::canonical::sha256_hex(cut).as_str())
+        && data("truncated_bytes").and_then(Value::as_u64) == Some(cut.len() as u64)
 }
 
 /// Write the cursor file whole (a new file renamed over the old one).
@@ -1032,6 +1061,65 @@ mod tests {
         );
         // Without --signer the unsigned export verifies (its chain only).
         assert_eq!(verify_export(&text(&unsigned), &[]).failure, None);
+    }
+
+    /// A line a crash cut short, and its recovery: the export goes on
+    /// past it, and what it sent verifies.
+    #[test]
+    fn a_line_cut_by_a_crash_is_passed_over_with_its_recovery() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.jsonl");
+        let log = super::super::AuditLog::open(&path).expect("log");
+        log.append("r", "tool.request", json!({"i": 0}))
+            .expect("append");
+        // The crash: half a line, no newline.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .expect("open");
+            f.write_all(b"{\"data\":{\"i\":1},\"ev").expect("write");
+        }
+        // The next writer (a new process) ends it and records the recovery.
+        let log = super::super::AuditLog::open(&path).expect("log");
+        log.append("r", "tool.request", json!({"i": 2}))
+            .expect("append");
+        let source = Source::File {
+            log: path.clone(),
+            cursor: dir.path().join("c"),
+        };
+        let b = source
+            .read(&Cursor::default(), &Settings::default())
+            .expect("read past the cut line");
+        let names: Vec<&str> = b
+            .events
+            .iter()
+            .filter_map(|(_, e)| e.get("event").and_then(Value::as_str))
+            .collect();
+        assert_eq!(names, ["tool.request", "audit.recovered", "tool.request"]);
+        let mut records: Vec<Value> = b
+            .events
+            .iter()
+            .map(|(seq, e)| json!({"kind": "event", "export": "siem", "seq": seq, "event": e}))
+            .collect();
+        records.push(json!({"kind": "checkpoint", "export": "siem", "seq": b.end.seq, "hash": b.end.hash, "ts": "t", "signature": null}));
+        assert_eq!(verify_export(&text(&records), &[]).failure, None);
+        // A line that is not an event and not recovered stops the export.
+        std::fs::write(&path, b"not an event\nnor this\n").expect("write");
+        super::super::write_head(
+            &path,
+            &super::super::Head {
+                hash: String::new(),
+                bytes: 22,
+            },
+        )
+        .expect("head");
+        let err = source
+            .read(&Cursor::default(), &Settings::default())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("not an event"), "{err}");
     }
 
     #[test]
