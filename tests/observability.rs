@@ -506,10 +506,7 @@ fn the_jsonl_sink_takes_batches_with_its_token_and_a_restart_resumes_at_the_curs
     let cursor = work.path().join("siem.cursor");
     let exporter = |token: &str| Exporter {
         name: "siem".into(),
-        source: Arc::new(Source::File {
-            log: log_path.clone(),
-            cursor: cursor.clone(),
-        }),
+        source: Arc::new(Source::file(log_path.clone(), cursor.clone())),
         sink: Sink::new(
             "jsonl",
             &format!("http://127.0.0.1:{port}/ingest"),
@@ -559,7 +556,7 @@ fn the_jsonl_sink_takes_batches_with_its_token_and_a_restart_resumes_at_the_curs
         "each event once, in order"
     );
     let text: String = got.iter().map(|r| format!("{r}\n")).collect();
-    let report = gateway::audit::export::verify_export(&text, &[]);
+    let report = gateway::audit::export::verify_export(&text, &Default::default());
     assert_eq!(report.failure, None);
     assert_eq!(report.events, 30);
 }
@@ -617,6 +614,6 @@ fn replicas_export_the_shared_chain_in_turn_each_event_once() {
         .collect();
     assert_eq!(seqs, (1..=12).collect::<Vec<_>>());
     let text: String = got.iter().map(|r| format!("{r}\n")).collect();
-    let report = gateway::audit::export::verify_export(&text, &[]);
+    let report = gateway::audit::export::verify_export(&text, &Default::default());
     assert_eq!((report.failure, report.events), (None, 12));
 }

@@ -22,9 +22,9 @@
 //! `{"kind":"event","export":NAME,"seq":N,"event":{…the event…}}` and
 //! `{"kind":"checkpoint","export":NAME,"seq":N,"hash":H,"ts":T,"signature":SSHSIG|null}`.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -100,15 +100,23 @@ pub enum ExportError {
 
 /// Where the export reads from, and where its cursor is kept.
 pub enum Source {
-    /// A host's `audit.jsonl`; the cursor in a file beside it.
-    File { log: PathBuf, cursor: PathBuf },
+    /// A host's `audit.jsonl`; the cursor in a file beside it
+    /// ([`Source::file`]).
+    File {
+        log: PathBuf,
+        cursor: PathBuf,
+        /// Newlines counted so far: (up to this offset, how many), so that
+        /// each byte of the log is counted once for the backlog.
+        counted: Mutex<(u64, u64)>,
+    },
     /// The team's chain; the cursor in its database, claimed by one
     /// replica at a time (`me`).
     Chain { chain: SharedChain, me: String },
 }
 
 /// Where a batch of events ends: the last event's sequence number and
-/// hash, and (for a file) the byte offset after it.
+/// hash, and (for a file) the byte offset after it and the lines before
+/// that offset.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cursor {
@@ -116,12 +124,18 @@ pub struct Cursor {
     pub hash: String,
     #[serde(default)]
     pub offset: u64,
+    #[serde(default)]
+    pub lines: u64,
 }
+
+/// The largest cursor file read.
+const MAX_CURSOR_BYTES: u64 = 4096;
 
 /// A batch read past the cursor.
 struct Batch {
-    /// (sequence number, the event as written).
-    events: Vec<(u64, Map<String, Value>)>,
+    /// (sequence number, the event as written, its line as written
+    /// without the newline).
+    events: Vec<(u64, Map<String, Value>, String)>,
     /// The cursor after it.
     end: Cursor,
     /// Events past the cursor (this batch included).
@@ -129,10 +143,19 @@ struct Batch {
 }
 
 impl Source {
+    /// A host's log at `log`, its export's cursor in the file `cursor`.
+    pub fn file(log: PathBuf, cursor: PathBuf) -> Source {
+        Source::File {
+            log,
+            cursor,
+            counted: Mutex::new((0, 0)),
+        }
+    }
+
     /// The cursor to send from, or `None` when another replica sends now.
     fn cursor(&self, name: &str) -> Result<Option<Cursor>, ExportError> {
         match self {
-            Source::File { cursor, .. } => match std::fs::read(cursor) {
+            Source::File { cursor, .. } => match read_cursor(cursor) {
                 Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
                     ExportError::Source(format!(
                         "the export cursor {} is damaged ({e}); move it aside to send everything again",
@@ -148,7 +171,7 @@ impl Source {
                     c.map(|(seq, hash)| Cursor {
                         seq,
                         hash,
-                        offset: 0,
+                        ..Cursor::default()
                     })
                 })
                 .map_err(|e| ExportError::Source(e.to_string())),
@@ -174,14 +197,56 @@ impl Source {
         }
     }
 
+    /// The chain's identity: its first event's hash (`None` while empty).
+    fn chain_id(&self) -> Result<Option<String>, ExportError> {
+        let first = match self {
+            Source::File { log, .. } => {
+                if super::read_head(log)
+                    .map_err(|e| ExportError::Source(e.to_string()))?
+                    .is_none()
+                {
+                    return Ok(None);
+                }
+                let f = std::fs::File::open(log)
+                    .map_err(|e| ExportError::Source(format!("{}: {e}", log.display())))?;
+                let mut line = Vec::new();
+                BufReader::new(f.take(MAX_FIRST_LINE))
+                    .read_until(b'\n', &mut line)
+                    .map_err(|e| ExportError::Source(format!("{}: {e}", log.display())))?;
+                line
+            }
+            Source::Chain { chain, .. } => match chain
+                .lines_after(0, 1)
+                .map_err(|e| ExportError::Source(e.to_string()))?
+                .0
+                .into_iter()
+                .next()
+            {
+                Some((_, l)) => l.into_bytes(),
+                None => return Ok(None),
+            },
+        };
+        Ok(
+            serde_json::from_slice::<Map<String, Value>>(first.trim_ascii_end())
+                .ok()
+                .and_then(|e| e.get("hash").and_then(Value::as_str).map(str::to_string)),
+        )
+    }
+
     /// The batch past `from`, within `settings`.
     fn read(&self, from: &Cursor, settings: &Settings) -> Result<Batch, ExportError> {
         let lines = match self {
-            Source::File { log, .. } => read_file(log, from, settings)?,
+            Source::File { log, counted, .. } => read_file(log, from, settings, counted)?,
             Source::Chain { chain, .. } => {
                 let (lines, head) = chain
                     .lines_after(from.seq, settings.batch_events)
                     .map_err(|e| ExportError::Source(e.to_string()))?;
+                if head < from.seq {
+                    return Err(ExportError::Source(format!(
+                        "the chain's head ({head}) is behind the last event sent ({}): the database was restored or rewritten; run gateway audit verify",
+                        from.seq
+                    )));
+                }
                 let mut bytes = 0u64;
                 let kept: Vec<(u64, String)> = lines
                     .into_iter()
@@ -191,10 +256,20 @@ impl Source {
                         first || bytes <= settings.batch_bytes
                     })
                     .collect();
-                (kept, head.saturating_sub(from.seq), 0)
+                FileLines {
+                    lines: kept,
+                    backlog: head.saturating_sub(from.seq),
+                    offset: 0,
+                    newlines: 0,
+                }
             }
         };
-        let (lines, backlog, end_offset) = lines;
+        let FileLines {
+            lines,
+            backlog,
+            offset: end_offset,
+            newlines,
+        } = lines;
         let mut prev = if from.seq == 0 {
             GENESIS.to_string()
         } else {
@@ -223,15 +298,16 @@ impl Source {
             end = Cursor {
                 seq,
                 hash: prev.clone(),
-                offset: 0,
+                ..Cursor::default()
             };
-            events.push((seq, event));
+            let raw = line.trim_end_matches('\n').to_string();
+            events.push((seq, event, raw));
         }
         if let Source::File { .. } = self {
-            end.offset = if events.is_empty() {
-                from.offset
+            (end.offset, end.lines) = if events.is_empty() {
+                (from.offset, from.lines)
             } else {
-                end_offset
+                (end_offset, from.lines + newlines)
             };
         }
         Ok(Batch {
@@ -244,19 +320,44 @@ impl Source {
 
 /// How long a replica holds the export once it claimed it (renewed with
 /// every batch; a replica that died is taken over after it).
-const LEASE_MS: i64 = 30_000;
+/// Well over a send's timeout (30 s) and a read: replicas' clocks must
+/// agree within the rest (NTP).
+const LEASE_MS: i64 = 120_000;
 
-/// Lines read (sequence number, line), the events left past the cursor,
-/// and the byte offset after the lines.
-type Lines = (Vec<(u64, String)>, u64, u64);
+/// The longest first line read for the chain's identity.
+const MAX_FIRST_LINE: u64 = 16 * 1024 * 1024;
+
+/// Lines read past a cursor.
+struct FileLines {
+    /// (sequence number, line).
+    lines: Vec<(u64, String)>,
+    /// Lines past the cursor (this batch's included).
+    backlog: u64,
+    /// The byte offset after the lines read (a file).
+    offset: u64,
+    /// Newlines in what was read (a cut line's included).
+    newlines: u64,
+}
 
 /// Up to a batch of complete, durable lines of the file after `from`
-/// (durable: before the end its head records), the events left past the
-/// cursor, and the offset after the batch.
-fn read_file(log: &Path, from: &Cursor, settings: &Settings) -> Result<Lines, ExportError> {
+/// (durable: before the end its head records), read line by line (memory
+/// is bounded by the batch, not the backlog). The backlog is counted with
+/// `counted`, so that each byte of the log is read once for it.
+fn read_file(
+    log: &Path,
+    from: &Cursor,
+    settings: &Settings,
+    counted: &Mutex<(u64, u64)>,
+) -> Result<FileLines, ExportError> {
     let err = |e: std::io::Error| ExportError::Source(format!("{}: {e}", log.display()));
+    let empty = || FileLines {
+        lines: Vec::new(),
+        backlog: 0,
+        offset: from.offset,
+        newlines: 0,
+    };
     let Some(head) = super::read_head(log).map_err(|e| ExportError::Source(e.to_string()))? else {
-        return Ok((Vec::new(), 0, from.offset));
+        return Ok(empty());
     };
     if head.bytes < from.offset {
         return Err(ExportError::Source(format!(
@@ -267,49 +368,100 @@ fn read_file(log: &Path, from: &Cursor, settings: &Settings) -> Result<Lines, Ex
         )));
     }
     let mut f = std::fs::File::open(log).map_err(err)?;
+    // The backlog: newlines up to the head, less those before the cursor.
+    let total = {
+        let mut c = counted.lock().unwrap_or_else(|p| p.into_inner());
+        if c.0 > head.bytes {
+            *c = (0, 0);
+        }
+        f.seek(SeekFrom::Start(c.0)).map_err(err)?;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut left = head.bytes - c.0;
+        while left > 0 {
+            let want = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+            let n = f.read(&mut chunk[..want]).map_err(err)?;
+            if n == 0 {
+                break;
+            }
+            c.1 += chunk[..n].iter().filter(|b| **b == b'\n').count() as u64;
+            c.0 += n as u64;
+            left -= n as u64;
+        }
+        c.1
+    };
     f.seek(SeekFrom::Start(from.offset)).map_err(err)?;
-    let mut rest = Vec::new();
-    f.take(head.bytes - from.offset)
-        .read_to_end(&mut rest)
-        .map_err(err)?;
-    let backlog = rest.iter().filter(|b| **b == b'\n').count() as u64;
-    let mut lines = Vec::new();
-    let mut at = 0usize;
+    let mut reader = BufReader::new(f.take(head.bytes - from.offset));
+    let mut next_line = || -> Result<Option<Vec<u8>>, ExportError> {
+        let mut b = Vec::new();
+        let n = reader.read_until(b'\n', &mut b).map_err(err)?;
+        Ok((n > 0 && b.last() == Some(&b'\n')).then_some(b))
+    };
+    let mut out = FileLines {
+        lines: Vec::new(),
+        backlog: total.saturating_sub(from.lines),
+        offset: from.offset,
+        newlines: 0,
+    };
+    let mut pending: Option<Vec<u8>> = None;
     let mut bytes = 0u64;
     let mut seq = from.seq;
-    while (lines.len() as u64) < settings.batch_events {
-        let Some(nl) = rest[at..].iter().position(|b| *b == b'\n') else {
-            break;
+    while (out.lines.len() as u64) < settings.batch_events {
+        let line = match pending.take() {
+            Some(l) => l,
+            None => match next_line()? {
+                Some(l) => l,
+                None => break,
+            },
         };
-        let line = &rest[at..at + nl + 1];
+        let body = &line[..line.len() - 1];
         // A line a crash cut short, ended by the next writer together
-        // with its `audit.recovered` event: not an event, skipped (the
+        // with its `audit.recovered` event: not an event, passed over (the
         // recovery's `prev` is the last whole event's, as `audit verify`
         // reads it). Anything else that is not an event stops the export.
-        if serde_json::from_slice::<Map<String, Value>>(&line[..nl]).is_err() {
-            let after = &rest[at + nl + 1..];
-            let Some(next_nl) = after.iter().position(|b| *b == b'\n') else {
+        if serde_json::from_slice::<Map<String, Value>>(body).is_err() {
+            let Some(next) = next_line()? else {
                 break;
             };
-            if !recovers(&after[..next_nl], &line[..nl]) {
+            if !recovers(&next[..next.len() - 1], body) {
                 return Err(ExportError::Source(format!(
                     "the line after event {seq} is not an event (nor a line a crash cut short, followed by its recovery); run gateway audit verify"
                 )));
             }
-            at += nl + 1;
+            out.offset += line.len() as u64;
+            out.newlines += 1;
+            pending = Some(next);
             continue;
         }
-        if !lines.is_empty() && bytes + line.len() as u64 > settings.batch_bytes {
+        if !out.lines.is_empty() && bytes + line.len() as u64 > settings.batch_bytes {
             break;
         }
         bytes += line.len() as u64;
+        out.offset += line.len() as u64;
+        out.newlines += 1;
         seq += 1;
-        let text = String::from_utf8(line.to_vec())
+        let text = String::from_utf8(line)
             .map_err(|_| ExportError::Source(format!("event {seq} is not UTF-8")))?;
-        lines.push((seq, text));
-        at += nl + 1;
+        out.lines.push((seq, text));
     }
-    Ok((lines, backlog, from.offset + at as u64))
+    Ok(out)
+}
+
+/// The cursor file's bytes: a regular file, not a link, small.
+fn read_cursor(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() || meta.len() > MAX_CURSOR_BYTES {
+        return Err(std::io::Error::other(
+            "not a regular file of at most 4 KiB; move it aside to send everything again",
+        ));
+    }
+    let mut b = Vec::new();
+    f.take(MAX_CURSOR_BYTES).read_to_end(&mut b)?;
+    Ok(b)
 }
 
 /// Whether `next` is the `audit.recovered` event of the cut line `cut`.
@@ -435,12 +587,12 @@ impl Sink {
     }
 
     /// Send `records`; `Ok` only when the sink took every one.
-    async fn send(&self, records: &[Value]) -> Result<(), ExportError> {
+    async fn send(&self, records: &[Record]) -> Result<(), ExportError> {
         let (body, content_type) = match self.kind {
             SinkKind::Jsonl => {
                 let mut body = Vec::new();
                 for r in records {
-                    body.extend_from_slice(r.to_string().as_bytes());
+                    body.extend_from_slice(r.json.as_bytes());
                     body.push(b'\n');
                 }
                 (body, "application/x-ndjson")
@@ -497,7 +649,11 @@ impl Sink {
                     "{} rejected {} of the batch's records ({})",
                     shown(&self.url),
                     p.rejected_log_records,
-                    p.error_message.chars().take(200).collect::<String>()
+                    p.error_message
+                        .chars()
+                        .filter(|c| !c.is_control())
+                        .take(200)
+                        .collect::<String>()
                 )));
             }
         }
@@ -521,7 +677,7 @@ pub fn shown(url: &reqwest::Url) -> String {
 /// The records as one OTLP logs request: each a log record whose body is
 /// the record's JSON, with its sequence number, kind and event as
 /// attributes.
-fn otlp_logs(records: &[Value]) -> Vec<u8> {
+fn otlp_logs(records: &[Record]) -> Vec<u8> {
     use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{
         AnyValue, InstrumentationScope, KeyValue, any_value,
@@ -544,24 +700,24 @@ fn otlp_logs(records: &[Value]) -> Vec<u8> {
     let log_records = records
         .iter()
         .map(|r| {
-            let ts = r
-                .pointer("/event/ts")
-                .or_else(|| r.get("ts"))
-                .and_then(Value::as_str)
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .and_then(|t| t.timestamp_nanos_opt())
-                .and_then(|n| u64::try_from(n).ok())
-                .unwrap_or(now);
+            let ts =
+                r.ts.as_deref()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .and_then(|t| t.timestamp_nanos_opt())
+                    .and_then(|n| u64::try_from(n).ok())
+                    .unwrap_or(now);
             let mut attributes = vec![
-                kv("gateway.audit.kind", s(r["kind"].as_str().unwrap_or(""))),
+                kv("gateway.audit.kind", s(r.kind)),
                 kv(
                     "gateway.audit.seq",
                     AnyValue {
-                        value: Some(any_value::Value::IntValue(r["seq"].as_i64().unwrap_or(0))),
+                        value: Some(any_value::Value::IntValue(
+                            i64::try_from(r.seq).unwrap_or(i64::MAX),
+                        )),
                     },
                 ),
             ];
-            if let Some(e) = r.pointer("/event/event").and_then(Value::as_str) {
+            if let Some(e) = &r.event {
                 attributes.push(kv("gateway.audit.event", s(e)));
             }
             LogRecord {
@@ -569,7 +725,7 @@ fn otlp_logs(records: &[Value]) -> Vec<u8> {
                 observed_time_unix_nano: now,
                 severity_number: 9,
                 severity_text: "INFO".into(),
-                body: Some(s(&r.to_string())),
+                body: Some(s(&r.json)),
                 attributes,
                 ..Default::default()
             }
@@ -598,9 +754,50 @@ fn otlp_logs(records: &[Value]) -> Vec<u8> {
 /// The SSHSIG namespace of checkpoint signatures.
 pub const CHECKPOINT_NAMESPACE: &str = "gateway-audit-checkpoint";
 
-/// The bytes a checkpoint's signature covers.
-pub fn checkpoint_statement(export: &str, seq: u64, hash: &str, ts: &str) -> String {
-    format!("gateway-audit-checkpoint/v1\nexport={export}\nseq={seq}\nhash={hash}\nts={ts}\n")
+/// The bytes a checkpoint's signature covers: the export, the chain (its
+/// first event's hash: another host's or a rotated log's chain is
+/// another), where the chain stands, and when.
+pub fn checkpoint_statement(export: &str, chain: &str, seq: u64, hash: &str, ts: &str) -> String {
+    format!(
+        "gateway-audit-checkpoint/v2\nexport={export}\nchain={chain}\nseq={seq}\nhash={hash}\nts={ts}\n"
+    )
+}
+
+/// One record as sent: its JSON text, and what the OTLP sink also puts in
+/// attributes.
+pub struct Record {
+    pub kind: &'static str,
+    pub seq: u64,
+    /// The event's name (an event record).
+    pub event: Option<String>,
+    /// The event's or the checkpoint's time.
+    pub ts: Option<String>,
+    pub json: String,
+}
+
+/// An event record: the event's line exactly as written (the receiver
+/// checks those bytes, not a re-serialization of them).
+pub fn event_record(
+    export: &str,
+    chain: &str,
+    seq: u64,
+    line: &str,
+    event: &Map<String, Value>,
+) -> Record {
+    Record {
+        kind: "event",
+        seq,
+        event: event
+            .get("event")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ts: event.get("ts").and_then(Value::as_str).map(str::to_string),
+        json: format!(
+            "{{\"kind\":\"event\",\"export\":{},\"chain\":{},\"seq\":{seq},\"event\":{line}}}",
+            Value::String(export.to_string()),
+            Value::String(chain.to_string()),
+        ),
+    }
 }
 
 /// The running export.
@@ -658,11 +855,12 @@ impl Exporter {
                 return Ok(None);
             };
             let batch = source.read(&from, &s)?;
-            Ok::<_, ExportError>(Some((from, batch)))
+            let chain = source.chain_id()?.unwrap_or_default();
+            Ok::<_, ExportError>(Some((from, batch, chain)))
         })
         .await
         .map_err(|e| ExportError::Source(e.to_string()))??;
-        let Some((from, batch)) = read else {
+        let Some((from, batch, chain)) = read else {
             return Ok(false);
         };
         // Shown before the send: a sink that is down leaves it growing.
@@ -670,12 +868,12 @@ impl Exporter {
         if batch.events.is_empty() {
             return Ok(false);
         }
-        let mut records: Vec<Value> = batch
+        let mut records: Vec<Record> = batch
             .events
             .iter()
-            .map(|(seq, e)| json!({"kind": "event", "export": self.name, "seq": seq, "event": e}))
+            .map(|(seq, e, line)| event_record(&self.name, &chain, *seq, line, e))
             .collect();
-        records.push(self.checkpoint(&batch.end)?);
+        records.push(self.checkpoint(&chain, &batch.end)?);
         self.sink.send(&records).await?;
         let sent = batch.events.len() as u64;
         let source = Arc::clone(&self.source);
@@ -692,11 +890,11 @@ impl Exporter {
         Ok(true)
     }
 
-    fn checkpoint(&self, at: &Cursor) -> Result<Value, ExportError> {
+    fn checkpoint(&self, chain: &str, at: &Cursor) -> Result<Record, ExportError> {
         let ts = super::now_ts();
         let signature = match &self.signer {
             Some(key) => {
-                let statement = checkpoint_statement(&self.name, at.seq, &at.hash, &ts);
+                let statement = checkpoint_statement(&self.name, chain, at.seq, &at.hash, &ts);
                 let sig = key
                     .sign(
                         CHECKPOINT_NAMESPACE,
@@ -711,10 +909,18 @@ impl Exporter {
             }
             None => Value::Null,
         };
-        Ok(json!({
-            "kind": "checkpoint", "export": self.name, "seq": at.seq,
+        let json = json!({
+            "kind": "checkpoint", "export": self.name, "chain": chain, "seq": at.seq,
             "hash": at.hash, "ts": ts, "signature": signature,
-        }))
+        })
+        .to_string();
+        Ok(Record {
+            kind: "checkpoint",
+            seq: at.seq,
+            event: None,
+            ts: Some(ts),
+            json,
+        })
     }
 }
 
@@ -751,6 +957,9 @@ pub fn signing_key(pem: &str) -> Result<ssh_key::PrivateKey, ExportError> {
 /// What `gateway audit verify --from-export` found.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ExportReport {
+    /// The export's name and its chain (the first event's hash).
+    pub export: Option<String>,
+    pub chain: Option<String>,
     /// Events whose hash and chain check out (sequence numbers 1..=this).
     pub events: u64,
     /// Records received more than once (the at-least-once window), each
@@ -760,94 +969,148 @@ pub struct ExportReport {
     pub checkpoints: u64,
     /// Of them, signatures checked with a `--signer` key.
     pub signatures_verified: u64,
-    /// The highest sequence number a checkpoint vouches for.
+    /// The highest sequence number a checkpoint vouches for, and when that
+    /// checkpoint was made (how fresh the export is).
     pub last_checkpoint: Option<u64>,
+    pub last_checkpoint_ts: Option<String>,
     /// The chain's last hash.
     pub head: Option<String>,
+    /// Things that do not fail the export (a lost head accepted).
+    pub warnings: Vec<String>,
     /// Why the export fails, when it does.
     pub failure: Option<String>,
 }
 
+/// What a check of an export also asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ExportChecks {
+    /// Keys one of which must have signed every checkpoint.
+    pub signers: Vec<ssh_key::PublicKey>,
+    /// Heads recorded elsewhere (`gateway audit head`): each must be on
+    /// the exported chain.
+    pub pins: Vec<String>,
+    /// Accept an `audit.head_lost` event (`--no-head`).
+    pub head_lost_ok: bool,
+}
+
+/// One record as received.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Received<'a> {
+    kind: String,
+    export: String,
+    chain: String,
+    seq: u64,
+    #[serde(borrow, default)]
+    event: Option<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    hash: Option<String>,
+    #[serde(default)]
+    ts: Option<String>,
+    #[serde(default)]
+    signature: Option<String>,
+}
+
 /// Check an export as a receiver kept it (`text`: its records, one JSON
-/// object a line, in any order, duplicates allowed): every event from the
-/// first on, none missing, each hashed and chained as the gateway wrote
-/// it; every checkpoint on that chain, and, when `signers` are given,
-/// signed by one of them; no event past the last checkpoint.
-pub fn verify_export(text: &str, signers: &[ssh_key::PublicKey]) -> ExportReport {
+/// object a line, in any order, duplicates allowed): one export of one
+/// chain; every event from the first on, none missing, each exactly the
+/// bytes the gateway wrote and chained; every checkpoint on that chain
+/// and, when `checks.signers` are given, signed by one of them; at least
+/// one event, and none past the last checkpoint.
+pub fn verify_export(text: &str, checks: &ExportChecks) -> ExportReport {
     let mut report = ExportReport::default();
-    match check_export(text, signers, &mut report) {
-        Ok(()) => {}
-        Err(why) => report.failure = Some(why),
+    if let Err(why) = check_export(text, checks, &mut report) {
+        report.failure = Some(why);
     }
     report
 }
 
 fn check_export(
     text: &str,
-    signers: &[ssh_key::PublicKey],
+    checks: &ExportChecks,
     report: &mut ExportReport,
 ) -> Result<(), String> {
     use std::collections::BTreeMap;
-    let mut events: BTreeMap<u64, Map<String, Value>> = BTreeMap::new();
-    let mut checkpoints: BTreeMap<(u64, String), Value> = BTreeMap::new();
-    let mut export_name: Option<String> = None;
+    let mut events: BTreeMap<u64, (Map<String, Value>, String)> = BTreeMap::new();
+    // Checkpoints by (sequence number, time): (hash, signature).
+    let mut checkpoints: BTreeMap<(u64, String), (String, Option<String>)> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let r: Value =
-            serde_json::from_str(line).map_err(|e| format!("record {}: not JSON ({e})", i + 1))?;
-        let name = r["export"].as_str().unwrap_or_default().to_string();
-        match &export_name {
-            None => export_name = Some(name.clone()),
-            Some(n) if *n != name => {
-                return Err(format!(
-                    "record {}: it is of export {name:?}, the others of {n:?}: check one export at a time",
-                    i + 1
-                ));
+        let at = i + 1;
+        let r: Received = serde_json::from_str(line)
+            .map_err(|e| format!("record {at}: not a record of an export ({e})"))?;
+        for (what, got, slot) in [
+            ("export", &r.export, &mut report.export),
+            ("chain", &r.chain, &mut report.chain),
+        ] {
+            match slot {
+                None => *slot = Some(got.clone()),
+                Some(first) if first != got => {
+                    return Err(format!(
+                        "record {at}: it is of {what} {got:?}, the first record of {first:?}: check one export of one chain at a time"
+                    ));
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
         }
-        let seq = r["seq"]
-            .as_u64()
-            .ok_or_else(|| format!("record {}: no sequence number", i + 1))?;
-        match r["kind"].as_str() {
-            Some("event") => {
-                let e = r["event"].as_object().cloned().ok_or_else(|| {
-                    format!("record {}: an event record without its event", i + 1)
-                })?;
-                match events.get(&seq) {
-                    Some(first) if *first == e => report.duplicates += 1,
+        if r.seq == 0 {
+            return Err(format!("record {at}: sequence number 0 (they start at 1)"));
+        }
+        match r.kind.as_str() {
+            "event" => {
+                let raw = r
+                    .event
+                    .ok_or_else(|| format!("record {at}: an event record without its event"))?
+                    .get();
+                match events.get(&r.seq) {
+                    Some((_, first)) if first == raw => report.duplicates += 1,
                     Some(_) => {
                         return Err(format!(
-                            "two different events carry sequence number {seq}: the export was tampered with"
+                            "two different events carry sequence number {}: the export was tampered with",
+                            r.seq
                         ));
                     }
                     None => {
-                        events.insert(seq, e);
+                        let e: Map<String, Value> = serde_json::from_str(raw).map_err(|e| {
+                            format!("record {at}: its event is not an object ({e})")
+                        })?;
+                        events.insert(r.seq, (e, raw.to_string()));
                     }
                 }
             }
-            Some("checkpoint") => {
-                let key = (seq, r["ts"].as_str().unwrap_or_default().to_string());
+            "checkpoint" => {
+                let key = (r.seq, r.ts.clone().unwrap_or_default());
+                let value = (r.hash.clone().unwrap_or_default(), r.signature.clone());
                 match checkpoints.get(&key) {
-                    Some(first) if *first == r => report.duplicates += 1,
+                    Some(first) if *first == value => report.duplicates += 1,
                     Some(_) => {
                         return Err(format!(
-                            "two different checkpoints at sequence number {seq} and one time: the export was tampered with"
+                            "two different checkpoints at sequence number {} and one time: the export was tampered with",
+                            r.seq
                         ));
                     }
                     None => {
-                        checkpoints.insert(key, r);
+                        checkpoints.insert(key, value);
                     }
                 }
             }
-            other => return Err(format!("record {}: unknown kind {other:?}", i + 1)),
+            other => return Err(format!("record {at}: unknown kind {other:?}")),
         }
     }
-    // Every event from the first on, none missing.
+    if events.is_empty() || checkpoints.is_empty() {
+        return Err(format!(
+            "the export holds {} event(s) and {} checkpoint(s): there is nothing to vouch for",
+            events.len(),
+            checkpoints.len()
+        ));
+    }
+    // Every event from the first on, none missing, each the bytes the
+    // gateway wrote (its canonical line: a key given twice, or any other
+    // spelling, is not).
     let mut bytes = Vec::new();
-    for (expect, (seq, e)) in (1u64..).zip(&events) {
+    for (expect, (seq, (e, raw))) in (1u64..).zip(&events) {
         if *seq != expect {
             return Err(format!(
                 "events {expect} to {} are missing from the export",
@@ -862,35 +1125,64 @@ fn check_export(
                 "event {seq}: its hash does not match its content: it was edited"
             ));
         }
+        if line.trim_end_matches('\n') != raw {
+            return Err(format!(
+                "event {seq}: it is not written as the gateway writes it (a key given twice, reordered keys, other spacing or escapes): it was edited"
+            ));
+        }
         bytes.extend_from_slice(line.as_bytes());
     }
-    let chain = super::verify::verify_bytes(&bytes);
+    let chain = super::verify::verify_against(&bytes, None, &checks.pins);
     if let Some((line, why)) = &chain.first_bad {
         return Err(format!("event {line}: {why}"));
     }
+    if let Some(line) = chain.head_lost() {
+        let why = format!(
+            "event {line}: the writer found its head file missing or not matching the log; events may have been removed from the end of the log before it"
+        );
+        if !checks.head_lost_ok {
+            return Err(format!("{why} (pass --no-head to accept it)"));
+        }
+        report.warnings.push(why);
+    }
     report.events = events.len() as u64;
     report.head = chain.head.clone();
+    // The chain is named by its first event.
+    let first = events
+        .get(&1)
+        .and_then(|(e, _)| e.get("hash").and_then(Value::as_str))
+        .unwrap_or_default();
+    if report.chain.as_deref() != Some(first) {
+        return Err(format!(
+            "the records name chain {:?}, but its first event's hash is {first}",
+            report.chain.as_deref().unwrap_or_default()
+        ));
+    }
     // Checkpoints: on the chain, and signed when signers are given.
-    for ((seq, ts), c) in &checkpoints {
+    for ((seq, ts), (hash, signature)) in &checkpoints {
         let at = events.get(seq).ok_or_else(|| {
             format!("a checkpoint vouches for event {seq}, which is not in the export: events are missing")
         })?;
-        let hash = c["hash"].as_str().unwrap_or_default();
-        if at.get("hash").and_then(Value::as_str) != Some(hash) {
+        if at.0.get("hash").and_then(Value::as_str) != Some(hash.as_str()) {
             return Err(format!(
                 "the checkpoint at {seq} ({ts}) names hash {hash}, not event {seq}'s: the chain was rewritten"
             ));
         }
-        if !signers.is_empty() {
-            let pem = c["signature"].as_str().ok_or_else(|| {
+        if !checks.signers.is_empty() {
+            let pem = signature.as_deref().ok_or_else(|| {
                 format!("the checkpoint at {seq} ({ts}) is not signed, and --signer asks for signed ones")
             })?;
             let sig = ssh_key::SshSig::from_pem(pem).map_err(|e| {
                 format!("the checkpoint at {seq} ({ts}): its signature does not parse ({e})")
             })?;
-            let statement =
-                checkpoint_statement(export_name.as_deref().unwrap_or_default(), *seq, hash, ts);
-            if !signers.iter().any(|k| {
+            let statement = checkpoint_statement(
+                report.export.as_deref().unwrap_or_default(),
+                report.chain.as_deref().unwrap_or_default(),
+                *seq,
+                hash,
+                ts,
+            );
+            if !checks.signers.iter().any(|k| {
                 k.verify(CHECKPOINT_NAMESPACE, statement.as_bytes(), &sig)
                     .is_ok()
             }) {
@@ -901,19 +1193,17 @@ fn check_export(
             report.signatures_verified += 1;
         }
         report.checkpoints += 1;
-        report.last_checkpoint = Some(report.last_checkpoint.unwrap_or(0).max(*seq));
+        if report.last_checkpoint.is_none_or(|l| *seq >= l) {
+            report.last_checkpoint = Some(*seq);
+            report.last_checkpoint_ts = Some(ts.clone());
+        }
     }
     let last = report.last_checkpoint.unwrap_or(0);
     if report.events > last {
         return Err(format!(
-            "events {} to {} come after the last checkpoint ({}): the export ends inside a batch, so nothing vouches that none after them were dropped",
+            "events {} to {} come after the last checkpoint ({last}): the export ends inside a batch, so nothing vouches that none after them were dropped",
             last + 1,
             report.events,
-            if last == 0 {
-                "none".to_string()
-            } else {
-                last.to_string()
-            }
         ));
     }
     Ok(())
@@ -932,12 +1222,19 @@ mod tests {
             log.append("r", "tool.request", json!({"i": i}))
                 .expect("append");
         }
+        export_of(
+            Source::file(dir.path().join("audit.jsonl"), dir.path().join("c")),
+            batch,
+            key,
+        )
+    }
+
+    /// Everything `source` holds, as the exporter sends it in batches of
+    /// `batch`, the records parsed.
+    fn export_of(source: Source, batch: usize, key: Option<&ssh_key::PrivateKey>) -> Vec<Value> {
         let exporter = Exporter {
             name: "siem".into(),
-            source: Arc::new(Source::File {
-                log: dir.path().join("audit.jsonl"),
-                cursor: dir.path().join("c"),
-            }),
+            source: Arc::new(source),
             sink: Sink::new("jsonl", "http://127.0.0.1:9/", None, None).expect("sink"),
             signer: key.cloned(),
             settings: Arc::new(Settings::default),
@@ -946,6 +1243,11 @@ mod tests {
             batch_events: batch as u64,
             ..Settings::default()
         };
+        let chain = exporter
+            .source
+            .chain_id()
+            .expect("chain")
+            .unwrap_or_default();
         let mut out = Vec::new();
         let mut at = Cursor::default();
         loop {
@@ -953,11 +1255,25 @@ mod tests {
             if b.events.is_empty() {
                 return out;
             }
-            for (seq, e) in &b.events {
-                out.push(json!({"kind": "event", "export": "siem", "seq": seq, "event": e}));
-            }
-            out.push(exporter.checkpoint(&b.end).expect("checkpoint"));
+            let mut records: Vec<Record> = b
+                .events
+                .iter()
+                .map(|(seq, e, line)| event_record("siem", &chain, *seq, line, e))
+                .collect();
+            records.push(exporter.checkpoint(&chain, &b.end).expect("checkpoint"));
+            out.extend(
+                records
+                    .iter()
+                    .map(|r| serde_json::from_str::<Value>(&r.json).expect("record")),
+            );
             at = b.end;
+        }
+    }
+
+    fn signed_by(k: &ssh_key::PublicKey) -> ExportChecks {
+        ExportChecks {
+            signers: vec![k.clone()],
+            ..ExportChecks::default()
         }
     }
 
@@ -983,7 +1299,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let (private, public) = key(dir.path(), "k");
         let mut r = records(10, 3, Some(&private));
-        let report = verify_export(&text(&r), std::slice::from_ref(&public));
+        let report = verify_export(&text(&r), &signed_by(&public));
         assert_eq!(report.failure, None);
         assert_eq!(
             (
@@ -998,7 +1314,7 @@ mod tests {
         let again: Vec<Value> = r[0..4].to_vec();
         r.extend(again);
         r.reverse();
-        let report = verify_export(&text(&r), std::slice::from_ref(&public));
+        let report = verify_export(&text(&r), &signed_by(&public));
         assert_eq!(report.failure, None, "{report:?}");
         assert_eq!((report.events, report.duplicates), (10, 4));
     }
@@ -1009,19 +1325,20 @@ mod tests {
         let (private, public) = key(dir.path(), "k");
         let (other, _) = key(dir.path(), "other");
         let good = records(6, 2, Some(&private));
-        let fails = |r: &[Value], signers: &[ssh_key::PublicKey], why: &str| {
-            let report = verify_export(&text(r), signers);
+        let none = ExportChecks::default();
+        let fails = |r: &[Value], checks: &ExportChecks, why: &str| {
+            let report = verify_export(&text(r), checks);
             let failure = report.failure.unwrap_or_default();
             assert!(failure.contains(why), "{why:?} not in {failure:?}");
         };
         // An event removed.
         let mut r = good.clone();
         r.retain(|x| !(x["kind"] == "event" && x["seq"] == 2));
-        fails(&r, &[], "events 2 to 2 are missing");
+        fails(&r, &none, "events 2 to 2 are missing");
         // An event edited (its hash kept).
         let mut r = good.clone();
         r[0]["event"]["data"]["i"] = json!(99);
-        fails(&r, &[], "it was edited");
+        fails(&r, &none, "it was edited");
         // An edited event whose hash is made again breaks the chain.
         let mut r = good.clone();
         let mut e = r[0]["event"].as_object().cloned().expect("event");
@@ -1030,37 +1347,68 @@ mod tests {
         let (_, hash) = super::super::event_line(&e);
         e.insert("hash".into(), Value::String(hash));
         r[0]["event"] = Value::Object(e);
-        fails(&r, &[], "event 2");
+        fails(&r, &none, "event 2");
         // A second, different copy of one event.
         let mut r = good.clone();
         let mut twin = r[0].clone();
         twin["event"]["ts"] = json!("2000-01-01T00:00:00.000Z");
         r.push(twin);
-        fails(&r, &[], "two different events");
+        fails(&r, &none, "two different events");
         // The last batch's checkpoint lost: its events are vouched for by none.
         let mut r = good.clone();
         r.pop();
-        fails(&r, &[], "come after the last checkpoint");
+        fails(&r, &none, "come after the last checkpoint");
         // Signed by another key, or not signed, with --signer.
         let forged = records(6, 2, Some(&other));
         fails(
             &forged,
-            std::slice::from_ref(&public),
+            &signed_by(&public),
             "not signed by any --signer key",
         );
         let unsigned = records(6, 2, None);
-        fails(&unsigned, std::slice::from_ref(&public), "is not signed");
+        fails(&unsigned, &signed_by(&public), "is not signed");
         // A checkpoint's statement changed after signing.
         let mut r = good.clone();
         let last = r.len() - 1;
         r[last]["ts"] = json!("2000-01-01T00:00:00.000Z");
-        fails(
-            &r,
-            std::slice::from_ref(&public),
-            "not signed by any --signer key",
-        );
+        fails(&r, &signed_by(&public), "not signed by any --signer key");
         // Without --signer the unsigned export verifies (its chain only).
-        assert_eq!(verify_export(&text(&unsigned), &[]).failure, None);
+        assert_eq!(verify_export(&text(&unsigned), &none).failure, None);
+        // A key given twice in an event (a SIEM parser may keep either):
+        // not the bytes the gateway wrote.
+        let all = text(&good);
+        let first = good[0]["event"].to_string();
+        let doubled = first.replacen('{', "{\"data\":{\"i\":99},", 1);
+        let report = verify_export(&all.replacen(&first, &doubled, 1), &none);
+        assert!(
+            report
+                .failure
+                .as_deref()
+                .unwrap_or_default()
+                .contains("not written as the gateway writes it"),
+            "{report:?}"
+        );
+        // Nothing at all, or events with no checkpoint: nothing vouched for.
+        fails(&[], &none, "nothing to vouch for");
+        let mut r = good.clone();
+        r.retain(|x| x["kind"] == "event");
+        fails(&r, &none, "nothing to vouch for");
+        // Records of another chain mixed in.
+        let mut r = good.clone();
+        r.extend(records(3, 3, Some(&private)));
+        fails(&r, &none, "check one export of one chain at a time");
+        // A sequence number 0.
+        let mut r = good.clone();
+        r[0]["seq"] = json!(0);
+        fails(&r, &none, "sequence number 0");
+        // A head recorded elsewhere must be on the chain.
+        let pinned = |pin: &str| ExportChecks {
+            pins: vec![pin.to_string()],
+            ..ExportChecks::default()
+        };
+        let on_chain = good[1]["event"]["hash"].as_str().expect("hash").to_string();
+        assert_eq!(verify_export(&all, &pinned(&on_chain)).failure, None);
+        fails(&good, &pinned(&"0".repeat(64)), "not on the chain");
     }
 
     /// A line a crash cut short, and its recovery: the export goes on
@@ -1085,26 +1433,22 @@ mod tests {
         let log = super::super::AuditLog::open(&path).expect("log");
         log.append("r", "tool.request", json!({"i": 2}))
             .expect("append");
-        let source = Source::File {
-            log: path.clone(),
-            cursor: dir.path().join("c"),
-        };
+        let source = Source::file(path.clone(), dir.path().join("c"));
         let b = source
             .read(&Cursor::default(), &Settings::default())
             .expect("read past the cut line");
         let names: Vec<&str> = b
             .events
             .iter()
-            .filter_map(|(_, e)| e.get("event").and_then(Value::as_str))
+            .filter_map(|(_, e, _)| e.get("event").and_then(Value::as_str))
             .collect();
         assert_eq!(names, ["tool.request", "audit.recovered", "tool.request"]);
-        let mut records: Vec<Value> = b
-            .events
-            .iter()
-            .map(|(seq, e)| json!({"kind": "event", "export": "siem", "seq": seq, "event": e}))
-            .collect();
-        records.push(json!({"kind": "checkpoint", "export": "siem", "seq": b.end.seq, "hash": b.end.hash, "ts": "t", "signature": null}));
-        assert_eq!(verify_export(&text(&records), &[]).failure, None);
+        let records = export_of(Source::file(path.clone(), dir.path().join("c2")), 10, None);
+        assert_eq!(records.len(), 4);
+        assert_eq!(
+            verify_export(&text(&records), &ExportChecks::default()).failure,
+            None
+        );
         // A line that is not an event and not recovered stops the export.
         std::fs::write(&path, b"not an event\nnor this\n").expect("write");
         super::super::write_head(
@@ -1169,10 +1513,7 @@ mod tests {
             log.append("r", "tool.request", json!({"i": i}))
                 .expect("append");
         }
-        let source = Source::File {
-            log: dir.path().join("audit.jsonl"),
-            cursor: dir.path().join("c.cursor"),
-        };
+        let source = Source::file(dir.path().join("audit.jsonl"), dir.path().join("c.cursor"));
         let settings = Settings {
             batch_events: 3,
             ..Settings::default()
@@ -1186,7 +1527,11 @@ mod tests {
                 break;
             }
             assert_eq!(b.backlog, 7 - seen.len() as u64);
-            seen.extend(b.events.iter().map(|(s, e)| (*s, e["data"]["i"].clone())));
+            seen.extend(
+                b.events
+                    .iter()
+                    .map(|(s, e, _)| (*s, e["data"]["i"].clone())),
+            );
             source.advance("t", &at, &b.end).expect("advance");
             at = source.cursor("t").expect("cursor").expect("mine");
             assert_eq!(at, b.end);

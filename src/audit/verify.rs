@@ -57,6 +57,11 @@ impl Report {
     pub fn ok(&self) -> bool {
         self.first_bad.is_none()
     }
+
+    /// The first `audit.head_lost` event's line, if any.
+    pub fn head_lost(&self) -> Option<usize> {
+        self.head_lost_at
+    }
 }
 
 /// Whether a log without a head file (or whose writer found its head

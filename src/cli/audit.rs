@@ -55,7 +55,8 @@ enum AuditCommand {
         /// them or as the OTLP log records' bodies), in any order,
         /// duplicates allowed. Every event from the first on must be
         /// there, chained, and vouched for by a checkpoint.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["file", "checkpoints", "no_head"])]
+        /// --checkpoint and --no-head apply to it as to a log.
+        #[arg(long, value_name = "FILE", conflicts_with = "file")]
         from_export: Option<PathBuf>,
         /// With --from-export: an OpenSSH public key file (the export's
         /// `signing_key_file`'s .pub); every checkpoint must be signed by
@@ -124,6 +125,8 @@ fn verify_export(
     o: &mut Out,
     export: &std::path::Path,
     signers: &[PathBuf],
+    pins: &[String],
+    head_lost_ok: bool,
     json: bool,
 ) -> anyhow::Result<u8> {
     let text = std::fs::read_to_string(export)
@@ -137,24 +140,39 @@ fn verify_export(
                 .with_context(|| format!("{} is not an OpenSSH public key", f.display()))?,
         );
     }
-    let report = audit::export::verify_export(&text, &keys);
+    let signed = !keys.is_empty();
+    let report = audit::export::verify_export(
+        &text,
+        &audit::export::ExportChecks {
+            signers: keys,
+            pins: pins.to_vec(),
+            head_lost_ok,
+        },
+    );
     if json {
         outln!(o, "{}", serde_json::to_string_pretty(&report)?);
     } else {
+        for w in &report.warnings {
+            outln!(o, "warning: {w}");
+        }
         match &report.failure {
             None => outln!(
                 o,
-                "ok: {} events verified in the export {} ({} checkpoint(s), {} signature(s) checked{}, {} duplicate record(s))",
+                "ok: {} events verified in the export {} ({} checkpoint(s), {} signature(s) checked{}, {} duplicate record(s)); export {}, chain {}, last checkpoint at event {} made {}",
                 report.events,
                 export.display(),
                 report.checkpoints,
                 report.signatures_verified,
-                if keys.is_empty() {
-                    ": name the export's key with --signer to check them"
-                } else {
+                if signed {
                     ""
+                } else {
+                    ": name the export's key with --signer to check them"
                 },
-                report.duplicates
+                report.duplicates,
+                report.export.as_deref().unwrap_or_default(),
+                report.chain.as_deref().unwrap_or_default(),
+                report.last_checkpoint.unwrap_or(0),
+                report.last_checkpoint_ts.as_deref().unwrap_or_default()
             ),
             Some(why) => outln!(o, "FAIL: the export {}: {why}", export.display()),
         }
@@ -309,10 +327,12 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         from_export: Some(export),
         signers,
         json,
+        checkpoints,
+        no_head,
         ..
     }) = &a.verify
     {
-        return verify_export(o, export, signers, *json);
+        return verify_export(o, export, signers, checkpoints, *no_head, *json);
     }
     if let Some(AuditCommand::Verify {
         file,

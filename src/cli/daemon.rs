@@ -471,10 +471,10 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         }
         if let (Some((sink, signer)), Some(x)) = (export_sink, &file.audit_export) {
             let source = match &file.store()? {
-                crate::config::store::Store::Sqlite => crate::audit::export::Source::File {
-                    log: p.home.join(crate::audit::FILE_NAME),
-                    cursor: p.home.join(format!("audit-export-{}.cursor", x.name)),
-                },
+                crate::config::store::Store::Sqlite => crate::audit::export::Source::file(
+                    p.home.join(crate::audit::FILE_NAME),
+                    p.home.join(format!("audit-export-{}.cursor", x.name)),
+                ),
                 crate::config::store::Store::Postgres { url, ca_file } => {
                     // A connection of its own: the export never waits on
                     // the calls' appends, nor they on it.
