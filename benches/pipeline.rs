@@ -132,7 +132,6 @@ fn bench(c: &mut Criterion) {
     gateway::telemetry::trace::init(&endpoint, "bench").expect("traces");
     let traceparent = gateway::telemetry::TraceParent {
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
-        tracestate: None,
     };
     let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
     let call = |tool: &str, params: serde_json::Value| ToolCall {

@@ -190,12 +190,13 @@ fn a_call_is_traced_counted_scraped_and_its_audit_reaches_the_siem_through_an_ou
     // runs in gVisor, each continuing the agent's trace.
     let (t1, p1) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let (t2, p2) = ("5cf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8");
+    // Not sampled by the agent: the gateway traces it all the same.
     traced_call(
         &mut a,
         1,
         "made_up_tool",
         json!({}),
-        &format!("00-{t1}-{p1}-01"),
+        &format!("00-{t1}-{p1}-00"),
     );
     let r1 = a.wait(|v| v["id"] == 1, Duration::from_secs(30));
     // Unknown to this client: a protocol error, after the pipeline denied it.

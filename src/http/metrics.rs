@@ -15,9 +15,21 @@ use crate::pipeline::Pipeline;
 
 type Body = BoxBody<Bytes, Infallible>;
 
-/// The answer to a scrape: the approvals in the store are counted now
-/// (off the async threads: the store may be a database across the
-/// network), then every metric is written out.
+/// How long a scrape's text is reused: scrapers that come faster, or many
+/// at once, cost the store one count in this time.
+const SCRAPE_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The last scrape's text and when it was made (one made at a time).
+static LAST: tokio::sync::Mutex<Option<(std::time::Instant, String)>> =
+    tokio::sync::Mutex::const_new(None);
+
+/// Connections the metrics address serves at once.
+const MAX_CONNECTIONS: usize = 16;
+
+/// The answer to a scrape: the approvals in the store are counted (off
+/// the async threads: the store may be a database across the network),
+/// then every metric is written out; the text is reused for
+/// [`SCRAPE_REUSE`].
 pub async fn scrape(method: &Method, pipeline: Arc<Pipeline>) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
         return text(
@@ -26,9 +38,18 @@ pub async fn scrape(method: &Method, pipeline: Arc<Pipeline>) -> Response<Body> 
             "text/plain",
         );
     }
-    let body = tokio::task::spawn_blocking(move || pipeline.metrics_text())
-        .await
-        .unwrap_or_default();
+    let mut last = LAST.lock().await;
+    let body = match last.as_ref() {
+        Some((at, body)) if at.elapsed() < SCRAPE_REUSE => body.clone(),
+        _ => {
+            let body = tokio::task::spawn_blocking(move || pipeline.metrics_text())
+                .await
+                .unwrap_or_default();
+            *last = Some((std::time::Instant::now(), body.clone()));
+            body
+        }
+    };
+    drop(last);
     text(
         StatusCode::OK,
         body,
@@ -63,7 +84,11 @@ pub async fn serve(
     pipeline: Arc<Pipeline>,
     stop: CancellationToken,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
         let (stream, _) = tokio::select! {
             _ = stop.cancelled() => return,
             r = listener.accept() => match r {
@@ -77,6 +102,7 @@ pub async fn serve(
         };
         let pipeline = Arc::clone(&pipeline);
         tokio::spawn(async move {
+            let _slot = slot;
             let service =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let pipeline = Arc::clone(&pipeline);

@@ -28,10 +28,6 @@ static TRACER: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();
 /// pipeline finds its parent by the request id it already has.
 static CALLS: LazyLock<Mutex<HashMap<String, Context>>> = LazyLock::new(Default::default);
 
-/// The longest `tracestate` taken from a request (W3C: 32 members of at
-/// most 256 characters; this is far more than any real one).
-const MAX_TRACESTATE: usize = 512;
-
 /// Start exporting spans to the OTLP/HTTP collector at `endpoint` (its
 /// base URL; spans go to `{endpoint}/v1/traces`). Once per process.
 pub fn init(endpoint: &str, service_name: &str) -> Result<(), String> {
@@ -39,6 +35,15 @@ pub fn init(endpoint: &str, service_name: &str) -> Result<(), String> {
     // The process's TLS provider (main installs the same one); the
     // exporter's HTTP client is built now.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let base = url::Url::parse(endpoint).map_err(|e| format!("[telemetry] otlp_endpoint: {e}"))?;
+    if !base.username().is_empty() || base.password().is_some() {
+        return Err("[telemetry] otlp_endpoint carries a user name or password: a collector that needs credentials is not supported yet".into());
+    }
+    if !matches!(base.scheme(), "http" | "https") || base.query().is_some() {
+        return Err(
+            "[telemetry] otlp_endpoint: an http:// or https:// base URL without a query".into(),
+        );
+    }
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -53,6 +58,9 @@ pub fn init(endpoint: &str, service_name: &str) -> Result<(), String> {
         .build();
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
+        // Every call is traced, whatever the agent's own trace context
+        // says (its `sampled` flag does not take a call out of the traces).
+        .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn)
         .with_resource(resource)
         .build();
     let tracer = provider.tracer("gateway");
@@ -72,12 +80,11 @@ fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get().map(|(_, t)| t)
 }
 
-/// W3C trace context an agent sent with its request (`_meta.traceparent`
-/// and `_meta.tracestate`).
+/// W3C trace context an agent sent with its request (`_meta.traceparent`;
+/// its `tracestate`, vendor data, is not taken into the gateway's spans).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TraceParent {
     pub traceparent: String,
-    pub tracestate: Option<String>,
 }
 
 impl TraceParent {
@@ -88,23 +95,15 @@ impl TraceParent {
         if tp.len() != 55 || !tp.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
             return None;
         }
-        let tracestate = meta
-            .get("tracestate")
-            .and_then(serde_json::Value::as_str)
-            .filter(|s| s.len() <= MAX_TRACESTATE && s.bytes().all(|b| (0x20..0x7f).contains(&b)))
-            .map(str::to_string);
         Some(TraceParent {
             traceparent: tp.to_string(),
-            tracestate,
         })
     }
 
+    /// The parent context: the trace and span ids and flags.
     fn context(&self) -> Context {
         let mut carrier = HashMap::new();
         carrier.insert("traceparent".to_string(), self.traceparent.clone());
-        if let Some(s) = &self.tracestate {
-            carrier.insert("tracestate".to_string(), s.clone());
-        }
         opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier)
     }
 }
@@ -243,7 +242,6 @@ mod tests {
             serde_json::json!({"traceparent": good, "tracestate": "a=b"}),
         ))
         .expect("a W3C traceparent");
-        assert_eq!(tp.tracestate.as_deref(), Some("a=b"));
         let cx = tp.context();
         assert_eq!(
             cx.span().span_context().trace_id().to_string(),
@@ -257,12 +255,5 @@ mod tests {
         ] {
             assert_eq!(TraceParent::from_meta(&meta(bad.clone())), None, "{bad}");
         }
-        // A tracestate that is too long or not printable is dropped.
-        let long = "a=".to_string() + &"b".repeat(600);
-        let tp = TraceParent::from_meta(&meta(
-            serde_json::json!({"traceparent": good, "tracestate": long}),
-        ))
-        .expect("the traceparent still");
-        assert_eq!(tp.tracestate, None);
     }
 }
