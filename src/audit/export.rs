@@ -108,6 +108,8 @@ pub enum Source {
         /// Newlines counted so far: (up to this offset, how many), so that
         /// each byte of the log is counted once for the backlog.
         counted: Mutex<(u64, u64)>,
+        /// The chain's identity, once read.
+        chain: std::sync::OnceLock<String>,
     },
     /// The team's chain; the cursor in its database, claimed by one
     /// replica at a time (`me`).
@@ -149,6 +151,7 @@ impl Source {
             log,
             cursor,
             counted: Mutex::new((0, 0)),
+            chain: std::sync::OnceLock::new(),
         }
     }
 
@@ -207,12 +210,25 @@ impl Source {
                 {
                     return Ok(None);
                 }
+                if let Some(id) = self.cached_chain() {
+                    return Ok(Some(id));
+                }
                 let f = std::fs::File::open(log)
                     .map_err(|e| ExportError::Source(format!("{}: {e}", log.display())))?;
+                let mut reader = BufReader::new(f);
+                // The first event: the first line, or, when a crash cut it
+                // short, the recovery after it.
                 let mut line = Vec::new();
-                BufReader::new(f.take(MAX_FIRST_LINE))
-                    .read_until(b'\n', &mut line)
-                    .map_err(|e| ExportError::Source(format!("{}: {e}", log.display())))?;
+                for _ in 0..2 {
+                    line.clear();
+                    (&mut reader)
+                        .take(MAX_LINE)
+                        .read_until(b'\n', &mut line)
+                        .map_err(|e| ExportError::Source(format!("{}: {e}", log.display())))?;
+                    if serde_json::from_slice::<Map<String, Value>>(line.trim_ascii_end()).is_ok() {
+                        break;
+                    }
+                }
                 line
             }
             Source::Chain { chain, .. } => match chain
@@ -226,11 +242,20 @@ impl Source {
                 None => return Ok(None),
             },
         };
-        Ok(
-            serde_json::from_slice::<Map<String, Value>>(first.trim_ascii_end())
-                .ok()
-                .and_then(|e| e.get("hash").and_then(Value::as_str).map(str::to_string)),
-        )
+        let id = serde_json::from_slice::<Map<String, Value>>(first.trim_ascii_end())
+            .ok()
+            .and_then(|e| e.get("hash").and_then(Value::as_str).map(str::to_string));
+        if let (Source::File { chain, .. }, Some(id)) = (self, &id) {
+            let _ = chain.set(id.clone());
+        }
+        Ok(id)
+    }
+
+    fn cached_chain(&self) -> Option<String> {
+        match self {
+            Source::File { chain, .. } => chain.get().cloned(),
+            Source::Chain { .. } => None,
+        }
     }
 
     /// The batch past `from`, within `settings`.
@@ -324,8 +349,9 @@ impl Source {
 /// agree within the rest (NTP).
 const LEASE_MS: i64 = 120_000;
 
-/// The longest first line read for the chain's identity.
-const MAX_FIRST_LINE: u64 = 16 * 1024 * 1024;
+/// The longest line read from the log (the policy caps an event far
+/// below: `data.config.calls.event_bytes`).
+const MAX_LINE: u64 = 16 * 1024 * 1024;
 
 /// Lines read past a cursor.
 struct FileLines {
@@ -393,7 +419,16 @@ fn read_file(
     let mut reader = BufReader::new(f.take(head.bytes - from.offset));
     let mut next_line = || -> Result<Option<Vec<u8>>, ExportError> {
         let mut b = Vec::new();
-        let n = reader.read_until(b'\n', &mut b).map_err(err)?;
+        let n = (&mut reader)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut b)
+            .map_err(err)?;
+        if n as u64 == MAX_LINE && b.last() != Some(&b'\n') {
+            return Err(ExportError::Source(format!(
+                "{}: a line longer than {MAX_LINE} bytes; run gateway audit verify",
+                log.display()
+            )));
+        }
         Ok((n > 0 && b.last() == Some(&b'\n')).then_some(b))
     };
     let mut out = FileLines {
@@ -419,8 +454,12 @@ fn read_file(
         // recovery's `prev` is the last whole event's, as `audit verify`
         // reads it). Anything else that is not an event stops the export.
         if serde_json::from_slice::<Map<String, Value>>(body).is_err() {
+            // The writer ends a cut line and writes its recovery at once:
+            // nothing after it is not a recovery.
             let Some(next) = next_line()? else {
-                break;
+                return Err(ExportError::Source(format!(
+                    "the line after event {seq} is not an event, and nothing recovers it; run gateway audit verify"
+                )));
             };
             if !recovers(&next[..next.len() - 1], body) {
                 return Err(ExportError::Source(format!(
@@ -820,15 +859,18 @@ impl Exporter {
             let wait = match self.round(&settings).await {
                 Ok(true) => {
                     failures = 0;
+                    crate::telemetry::metrics().export_up(&self.name, true);
                     continue;
                 }
                 Ok(false) => {
                     failures = 0;
+                    crate::telemetry::metrics().export_up(&self.name, true);
                     settings.poll
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     crate::telemetry::metrics().export_failed(&self.name);
+                    crate::telemetry::metrics().export_up(&self.name, false);
                     let backoff = backoff(failures, settings.max_backoff);
                     tracing::warn!(
                         export = %self.name,
@@ -855,12 +897,22 @@ impl Exporter {
                 return Ok(None);
             };
             let batch = source.read(&from, &s)?;
-            let chain = source.chain_id()?.unwrap_or_default();
+            let chain = if batch.events.is_empty() {
+                String::new()
+            } else {
+                source.chain_id()?.ok_or_else(|| {
+                    ExportError::Source(
+                        "the log's first event cannot be read (its chain is unnamed); run gateway audit verify".into(),
+                    )
+                })?
+            };
             Ok::<_, ExportError>(Some((from, batch, chain)))
         })
         .await
         .map_err(|e| ExportError::Source(e.to_string()))??;
         let Some((from, batch, chain)) = read else {
+            // Another replica sends: its own metrics show the backlog.
+            crate::telemetry::metrics().export_progress(&self.name, 0, 0);
             return Ok(false);
         };
         // Shown before the send: a sink that is down leaves it growing.
@@ -1058,6 +1110,21 @@ fn check_export(
         if r.seq == 0 {
             return Err(format!("record {at}: sequence number 0 (they start at 1)"));
         }
+        let fields_fit = match r.kind.as_str() {
+            "event" => r.hash.is_none() && r.ts.is_none() && r.signature.is_none(),
+            "checkpoint" => {
+                r.event.is_none()
+                    && r.hash.as_deref().is_some_and(|h| !h.is_empty())
+                    && r.ts.as_deref().is_some_and(|t| !t.is_empty())
+            }
+            _ => true,
+        };
+        if !fields_fit {
+            return Err(format!(
+                "record {at}: a {} record with fields of another kind",
+                r.kind
+            ));
+        }
         match r.kind.as_str() {
             "event" => {
                 let raw = r
@@ -1106,31 +1173,20 @@ fn check_export(
             checkpoints.len()
         ));
     }
-    // Every event from the first on, none missing, each the bytes the
-    // gateway wrote (its canonical line: a key given twice, or any other
-    // spelling, is not).
+    // Every event from the first on, none missing; the lines as the
+    // gateway wrote them, checked as `audit verify` checks a log (each
+    // hash, the chain, byte for byte what the writer writes: a key given
+    // twice, reordered keys or other escapes fail).
     let mut bytes = Vec::new();
-    for (expect, (seq, (e, raw))) in (1u64..).zip(&events) {
+    for (expect, (seq, (_, raw))) in (1u64..).zip(&events) {
         if *seq != expect {
             return Err(format!(
                 "events {expect} to {} are missing from the export",
                 seq - 1
             ));
         }
-        let mut without = e.clone();
-        let claimed = without.remove("hash");
-        let (line, hash) = super::event_line(&without);
-        if claimed.as_ref().and_then(Value::as_str) != Some(hash.as_str()) {
-            return Err(format!(
-                "event {seq}: its hash does not match its content: it was edited"
-            ));
-        }
-        if line.trim_end_matches('\n') != raw {
-            return Err(format!(
-                "event {seq}: it is not written as the gateway writes it (a key given twice, reordered keys, other spacing or escapes): it was edited"
-            ));
-        }
-        bytes.extend_from_slice(line.as_bytes());
+        bytes.extend_from_slice(raw.as_bytes());
+        bytes.push(b'\n');
     }
     let chain = super::verify::verify_against(&bytes, None, &checks.pins);
     if let Some((line, why)) = &chain.first_bad {
@@ -1338,7 +1394,7 @@ mod tests {
         // An event edited (its hash kept).
         let mut r = good.clone();
         r[0]["event"]["data"]["i"] = json!(99);
-        fails(&r, &none, "it was edited");
+        fails(&r, &none, "hash does not match the line's content (edited)");
         // An edited event whose hash is made again breaks the chain.
         let mut r = good.clone();
         let mut e = r[0]["event"].as_object().cloned().expect("event");
@@ -1385,9 +1441,14 @@ mod tests {
                 .failure
                 .as_deref()
                 .unwrap_or_default()
-                .contains("not written as the gateway writes it"),
+                .contains("duplicate key \"data\""),
             "{report:?}"
         );
+        // A checkpoint that carries an event (a SIEM would index it).
+        let mut r = good.clone();
+        let last = r.len() - 1;
+        r[last]["event"] = good[0]["event"].clone();
+        fails(&r, &none, "with fields of another kind");
         // Nothing at all, or events with no checkpoint: nothing vouched for.
         fails(&[], &none, "nothing to vouch for");
         let mut r = good.clone();

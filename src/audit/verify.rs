@@ -546,6 +546,34 @@ mod tests {
         event.as_object().expect("object").clone()
     }
 
+    /// Numbers an agent sends land in the log as the shortest text of
+    /// their f64; read back, each must give the same f64, or an honest log
+    /// fails its own check (serde_json's default float parser is inexact).
+    #[test]
+    fn an_agents_floats_read_back_as_written() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).expect("log");
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut floats = vec![4.520087423683831e186, 1.7976931348623157e308, 5e-324, 0.1];
+        for _ in 0..2000 {
+            // A spread of doubles over every exponent.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f64::from_bits(x);
+            if f.is_finite() {
+                floats.push(f);
+            }
+        }
+        for chunk in floats.chunks(50) {
+            log.append("r", "tool.request", json!({"params": chunk}))
+                .expect("append");
+        }
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.ok(), "{:?}", r.first_bad);
+    }
+
     #[test]
     fn a_passkey_grant_is_checked_again_and_an_edit_is_found() {
         let good = passkey_grant();

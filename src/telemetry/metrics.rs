@@ -96,6 +96,7 @@ pub struct Metrics {
     export_failures: Family<SinkLabels, Counter>,
     export_backlog: Family<SinkLabels, Gauge>,
     export_last_success: Family<SinkLabels, Gauge>,
+    export_up: Family<SinkLabels, Gauge>,
     calls_running: Gauge,
 }
 
@@ -229,6 +230,12 @@ impl Metrics {
             "When the sink last acknowledged a batch (Unix time)",
             export_last_success.clone(),
         );
+        let export_up = Family::<SinkLabels, Gauge>::default();
+        registry.register(
+            "gateway_audit_export_up",
+            "1 when the export's last round worked (the sink took the batch, or there was none to send), 0 when it failed",
+            export_up.clone(),
+        );
         let calls_running = Gauge::default();
         registry.register(
             "gateway_calls_running",
@@ -271,6 +278,7 @@ impl Metrics {
             export_failures,
             export_backlog,
             export_last_success,
+            export_up,
             calls_running,
         }
     }
@@ -331,6 +339,15 @@ impl Metrics {
         self.export_backlog
             .get_or_create(&l)
             .set(i64::try_from(backlog).unwrap_or(i64::MAX));
+    }
+
+    /// Whether the export's last round worked.
+    pub fn export_up(&self, sink: &str, up: bool) {
+        self.export_up
+            .get_or_create(&SinkLabels {
+                sink: sink.to_string(),
+            })
+            .set(i64::from(up));
     }
 
     pub fn export_failed(&self, sink: &str) {
