@@ -76,6 +76,32 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // A call's start: its admission alone (`data.gateway.calls.verdict`),
+    // and admission and decision in one evaluation (what the pipeline asks).
+    let admission = serde_json::json!({
+        "tool": "k8s_get_pod_status", "client": "bench", "kind": "os_user",
+        "user": "bench", "os_user": "bench", "uid": 1000, "issuer": null,
+        "groups": [], "params_bytes": 26, "running": {"user": 0, "total": 0},
+        "last_minute": {"user": 0},
+    });
+    c.bench_function("decision/admission", |b| {
+        b.iter(|| {
+            set.eval_rule(
+                "data.gateway.calls.verdict",
+                regorus::Value::from(admission.clone()),
+            )
+            .expect("verdict")
+        })
+    });
+    c.bench_function("decision/admit_and_decide", |b| {
+        b.iter(|| {
+            let (_, ev) = set
+                .admit_and_decide(&admission, &request)
+                .expect("one evaluation");
+            assert!(ev.expect("decided").decision.allow);
+        })
+    });
+
     let mut apply = DecisionInput::new(
         "terraform_apply",
         serde_json::json!({"working_dir": "terraform/offline-demo"}),

@@ -95,3 +95,100 @@ fn destructive_fixtures_and_only_those_carry_signals() {
         );
     }
 }
+
+/// One evaluation for a call's admission and decision
+/// (`PolicySet::admit_and_decide`, what the pipeline asks at a call's
+/// start) gives what each rule gives asked alone: for every plan fixture
+/// and for request-step calls allowed, denied, malformed and unknown. A
+/// call refused at admission gets no decision.
+#[test]
+fn one_evaluation_decides_as_two_do() {
+    let set = policies();
+    let admission = |params_bytes: u64| {
+        serde_json::json!({
+            "tool": "t", "client": "c", "kind": "os_user", "user": "alice",
+            "os_user": "alice", "uid": 1000, "issuer": null, "groups": [],
+            "params_bytes": params_bytes, "running": {"user": 0, "total": 0},
+            "last_minute": {"user": 0},
+        })
+    };
+    let mut inputs = Vec::new();
+    for fixture in FIXTURES {
+        let path = common::repo().join(format!("policy-tests/plans/{fixture}/data.json"));
+        let plan = plan::read_plan_file(&path).expect("fixture is a plan");
+        let mut input = DecisionInput::new(
+            "terraform_apply",
+            serde_json::json!({"working_dir": "terraform/offline-demo"}),
+            Principal::os_user("c".into(), "alice".into(), 1000, vec![]),
+        );
+        input.plan = Some(PlanInput::new(plan));
+        inputs.push(input);
+    }
+    for (tool, params) in [
+        (
+            "k8s_get_pod_status",
+            serde_json::json!({"namespace": "demo-app"}),
+        ),
+        (
+            "k8s_get_pod_status",
+            serde_json::json!({"namespace": "kube-system"}),
+        ),
+        ("k8s_get_pod_status", serde_json::json!({"namespace": 7})),
+        (
+            "k8s_get_pod_status",
+            serde_json::json!({"namespace": "demo-app", "extra": true}),
+        ),
+        (
+            "terraform_plan",
+            serde_json::json!({"working_dir": "terraform/offline-demo"}),
+        ),
+        (
+            "terraform_plan",
+            serde_json::json!({"working_dir": "../../etc"}),
+        ),
+        (
+            "terraform_apply",
+            serde_json::json!({"working_dir": "terraform/offline-demo"}),
+        ),
+        ("no_such_tool", serde_json::json!({})),
+    ] {
+        inputs.push(DecisionInput::new(
+            tool,
+            params,
+            Principal::os_user("c".into(), "alice".into(), 1000, vec![]),
+        ));
+    }
+    let mut allowed = 0;
+    for input in &inputs {
+        let what = format!("{} {}", input.tool, input.params);
+        let alone = set.decide(input);
+        let verdict_alone = set
+            .eval_rule(
+                "data.gateway.calls.verdict",
+                regorus::Value::from(admission(10)),
+            )
+            .expect("verdict");
+        let (verdict, ev) = set
+            .admit_and_decide(&admission(10), input)
+            .expect("one evaluation");
+        assert_eq!(verdict, verdict_alone, "{what}");
+        let ev = ev.expect("admitted, so decided");
+        assert_eq!(ev.error, alone.error, "{what}");
+        assert_eq!(
+            serde_json::to_value(&ev.decision).expect("json"),
+            serde_json::to_value(&alone.decision).expect("json"),
+            "{what}"
+        );
+        allowed += usize::from(alone.decision.allow);
+        let (verdict, ev) = set
+            .admit_and_decide(&admission(10_000_000), input)
+            .expect("one evaluation");
+        assert_eq!(verdict["admit"], serde_json::json!(false), "{what}");
+        assert!(ev.is_none(), "{what}: refused calls are not decided");
+    }
+    assert!(
+        allowed > 2 && allowed < inputs.len(),
+        "both outcomes are compared ({allowed} of {} allowed)",
+        inputs.len()
+    );
+}

@@ -93,6 +93,18 @@ impl std::io::Write for ByteCount {
     }
 }
 
+/// A call counted before its verdict (see [`Admission::reserve`]): what the
+/// policy is asked, and the guard that counts it as running.
+#[derive(Debug)]
+pub struct Reserved<'a> {
+    /// The input of `data.gateway.calls.verdict`.
+    pub query: serde_json::Value,
+    admitted: Admitted<'a>,
+}
+
+/// The rule admission asks.
+pub const VERDICT_RULE: &str = "data.gateway.calls.verdict";
+
 impl Admission {
     /// Admit `input`'s call under `set`, or say why not. A policy that
     /// errors, or a verdict of the wrong shape, refuses the call. Also
@@ -104,6 +116,21 @@ impl Admission {
         set: &PolicySet,
         input: &DecisionInput,
     ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
+        let reserved = self.reserve(input);
+        let verdict = set
+            .eval_rule(VERDICT_RULE, regorus::Value::from(reserved.query.clone()))
+            .map_err(|e| e.to_string());
+        Admission::settle(verdict, reserved)
+    }
+
+    /// Count `input`'s call before its verdict: as started in its user's
+    /// minute and as running, and say what the policy is asked (the counts
+    /// without this call). The policy is then asked without a lock held
+    /// (see [`Admission::settle`]): a call counted here and refused is
+    /// uncounted as running when settled, so two calls asked about at once
+    /// can never both pass a limit (the second sees the first), at worst
+    /// one is refused for a call that is refused too.
+    pub fn reserve<'a>(&'a self, input: &DecisionInput) -> Reserved<'a> {
         let mut size = ByteCount(0);
         let _ = serde_json::to_writer(&mut size, &input.params);
         // Counted per identity: an OS user and an SSO identity never share
@@ -111,14 +138,19 @@ impl Admission {
         let who = input.principal.id();
         let now = Instant::now();
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget users with nothing in the window, so the map stays small.
+        c.started.retain(|_, q| {
+            while q.front().is_some_and(|t| now.duration_since(*t) >= WINDOW) {
+                q.pop_front();
+            }
+            !q.is_empty()
+        });
         let recent = c.started.entry(who.clone()).or_default();
-        while recent
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= WINDOW)
-        {
-            recent.pop_front();
-        }
         let last_minute = recent.len();
+        // Bounded: a caller past any sane rate stays past it.
+        if recent.len() < MAX_COUNTED {
+            recent.push_back(now);
+        }
         let query = json!({
             "tool": input.tool,
             "client": input.principal.client,
@@ -132,8 +164,25 @@ impl Admission {
             "running": {"user": c.running.get(&who).copied().unwrap_or(0), "total": c.total},
             "last_minute": {"user": last_minute},
         });
-        let verdict = set
-            .eval_rule("data.gateway.calls.verdict", regorus::Value::from(query))
+        *c.running.entry(who.clone()).or_insert(0) += 1;
+        c.total += 1;
+        Reserved {
+            query,
+            admitted: Admitted {
+                admission: self,
+                who,
+            },
+        }
+    }
+
+    /// The verdict on a reserved call: admitted (still counted as running)
+    /// or refused with the reasons (uncounted at once). A verdict that is
+    /// an error or of the wrong shape refuses the call.
+    pub fn settle<'a>(
+        verdict: Result<serde_json::Value, String>,
+        reserved: Reserved<'a>,
+    ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
+        let verdict = verdict
             .map_err(|e| format!("the call could not be admitted: the policy failed ({e})"))
             .and_then(|v| {
                 serde_json::from_value::<Verdict>(v).map_err(|e| {
@@ -150,13 +199,6 @@ impl Admission {
             event_bytes: verdict.event_bytes,
             plan_retention: Duration::from_secs(verdict.plan_retention_seconds),
         });
-        // Forget users with nothing in the window, so the map stays small.
-        c.started.retain(|_, q| !q.is_empty());
-        // Bounded: a caller past any sane rate stays past it.
-        let recent = c.started.entry(who.clone()).or_default();
-        if recent.len() < MAX_COUNTED {
-            recent.push_back(now);
-        }
         if !verdict.admit {
             let why = if verdict.reasons.is_empty() {
                 "the policy does not admit this call now (data.gateway.calls)".to_string()
@@ -165,15 +207,7 @@ impl Admission {
             };
             return (cap, Err(why));
         }
-        *c.running.entry(who.clone()).or_insert(0) += 1;
-        c.total += 1;
-        (
-            cap,
-            Ok(Admitted {
-                admission: self,
-                who,
-            }),
-        )
+        (cap, Ok(reserved.admitted))
     }
 
     /// Calls running now, in all.
@@ -230,6 +264,34 @@ mod tests {
         let (cap, ok) = a.admit(&set, &input(3, small));
         assert!(ok.is_ok());
         assert_eq!(cap.map(|c| c.event_bytes), Some(65536));
+    }
+
+    #[test]
+    fn calls_asked_about_at_once_never_both_pass_a_limit() {
+        // Four running for user1, then two more reserved before either is
+        // settled: the second sees the first, so at most one gets in.
+        let set = set();
+        let a = Admission::default();
+        let small = json!({"namespace": "demo-app"});
+        let held: Vec<_> = (0..3)
+            .map(|_| a.admit(&set, &input(1, small.clone())).1.expect("admitted"))
+            .collect();
+        let first = a.reserve(&input(1, small.clone()));
+        let second = a.reserve(&input(1, small.clone()));
+        let ask = |r: &Reserved<'_>| {
+            set.eval_rule(VERDICT_RULE, regorus::Value::from(r.query.clone()))
+                .map_err(|e| e.to_string())
+        };
+        let (v1, v2) = (ask(&first), ask(&second));
+        let one = Admission::settle(v1, first).1.expect("the fourth gets in");
+        let e = Admission::settle(v2, second)
+            .1
+            .expect_err("the fifth does not");
+        assert!(e.contains("user1 already has 4 call(s) running"), "{e}");
+        assert_eq!(a.running(), 4, "the refused call is no longer counted");
+        drop(one);
+        drop(held);
+        assert_eq!(a.running(), 0);
     }
 
     #[test]

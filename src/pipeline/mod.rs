@@ -738,16 +738,15 @@ impl Pipeline {
 
     /// The stages of a call, in order.
     async fn stages(&self, call: &mut Call, decided: &mut &'static str) -> Result<Outcome, Stop> {
-        let admitted = {
-            let _t =
-                crate::telemetry::stage(&call.input.request_id, crate::telemetry::Stage::Admission);
-            self.admit(&call.input)
-        };
+        let (admitted, evaluated) = self.admit(&call.input);
         self.audit_request(&call.input)?;
         // Counted as running until the call ends, however it ends.
         let _running = admitted.map_err(Stop::refused)?;
         crate::telemetry::metrics().set_calls_running(self.admission.running());
-        let decision = self.decide(&call.input, Step::Request);
+        let decision = match evaluated {
+            Some(ev) => self.decided(&call.input, Step::Request, ev),
+            None => self.decide(&call.input, Step::Request),
+        };
         *decided = match &decision {
             Ok(_) => "allow",
             Err(Stop::Denied { .. }) => "deny",
@@ -762,15 +761,44 @@ impl Pipeline {
         runner.run(self, call, decision).await
     }
 
-    /// Admission: whether the call may start now (`data.gateway.calls`).
+    /// Admission: whether the call may start now (`data.gateway.calls`),
+    /// and, when it may, its decision, in one evaluation of the policy
+    /// ([`crate::policy::PolicySet::admit_and_decide`]; when that fails,
+    /// each is asked alone and the decision comes later, as [`Self::decide`]).
     /// Also applies the policy's cap on audit lines before the call's
     /// first event is written. With no usable policy set there is nothing
     /// to admit by: the decision that follows denies the call, saying why.
-    fn admit(&self, input: &DecisionInput) -> Result<Option<admission::Admitted<'_>>, String> {
+    fn admit(
+        &self,
+        input: &DecisionInput,
+    ) -> (
+        Result<Option<admission::Admitted<'_>>, String>,
+        Option<crate::policy::set::Evaluation>,
+    ) {
         let Ok(set) = self.policy.current() else {
-            return Ok(None);
+            return (Ok(None), None);
         };
-        let (settings, admitted) = self.admission.admit(&set, input);
+        let reserved = {
+            let _t = crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Admission);
+            self.admission.reserve(input)
+        };
+        let (verdict, evaluated) = {
+            let mut t =
+                crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Decision);
+            t.attribute("gateway.step", "admission+request");
+            match set.admit_and_decide(&reserved.query, input) {
+                Ok((verdict, evaluated)) => (Ok(verdict), evaluated),
+                Err(_) => (
+                    set.eval_rule(
+                        admission::VERDICT_RULE,
+                        regorus::Value::from(reserved.query.clone()),
+                    )
+                    .map_err(|e| e.to_string()),
+                    None,
+                ),
+            }
+        };
+        let (settings, admitted) = admission::Admission::settle(verdict, reserved);
         if let Some(s) = settings {
             self.audit.set_max_event_bytes(s.event_bytes);
             self.plan_retention_seconds.store(
@@ -778,7 +806,7 @@ impl Pipeline {
                 std::sync::atomic::Ordering::Relaxed,
             );
         }
-        admitted.map(Some)
+        (admitted.map(Some), evaluated)
     }
 
     /// Notify: tell the policy's notifiers that `approval` waits
@@ -866,7 +894,23 @@ impl Pipeline {
 
     /// Decide and audit the decision; a deny stops the call.
     pub(crate) fn decide(&self, input: &DecisionInput, step: Step) -> Result<Decision, Stop> {
-        let decision = self.decide_only(input, step)?;
+        let ev = {
+            let mut t =
+                crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Decision);
+            t.attribute("gateway.step", step.as_str());
+            self.policy.decide(input)
+        };
+        self.decided(input, step, ev)
+    }
+
+    /// Audit a decision made; a deny stops the call.
+    fn decided(
+        &self,
+        input: &DecisionInput,
+        step: Step,
+        ev: crate::policy::set::Evaluation,
+    ) -> Result<Decision, Stop> {
+        let decision = self.record_decision(input, step, ev)?;
         if decision.allow {
             // Nothing is done on a decision that is not on disk.
             self.audit.sync()?;
@@ -878,13 +922,12 @@ impl Pipeline {
         })
     }
 
-    fn decide_only(&self, input: &DecisionInput, step: Step) -> Result<Decision, PipelineError> {
-        let ev = {
-            let mut t =
-                crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Decision);
-            t.attribute("gateway.step", step.as_str());
-            self.policy.decide(input)
-        };
+    fn record_decision(
+        &self,
+        input: &DecisionInput,
+        step: Step,
+        ev: crate::policy::set::Evaluation,
+    ) -> Result<Decision, PipelineError> {
         // The plan itself is in the plans dir; the log keeps its digest.
         let mut audit_input = input.to_json_with_plan_digest();
         if let Some(obj) = audit_input.as_object_mut()

@@ -158,6 +158,34 @@ impl PolicySet {
                 Err(p) => return Err(PolicyError::Panic(panic_message(&p))),
             }
         }
+        // The gateway's own module, after the checks (a policy author's
+        // tests and coverage never see it); its package is the gateway's.
+        if rule_paths(&mut engine)
+            .iter()
+            .any(|r| r.starts_with(&format!("data.{CALL_PACKAGE}.")))
+        {
+            return Err(PolicyError::Compile {
+                rule: CALL_RULE.into(),
+                message: format!(
+                    "the package {CALL_PACKAGE} is the gateway's own: rename the policy's package"
+                ),
+            });
+        }
+        engine
+            .add_policy("(gateway) call.rego".into(), CALL_MODULE.into())
+            .map_err(|e| PolicyError::Parse(e.to_string()))?;
+        // Prepared once here (analysis, schedule), not again by every
+        // evaluation's copy of the engine.
+        catch_unwind(AssertUnwindSafe(|| {
+            engine
+                .compile_with_entrypoint(&CALL_RULE.into())
+                .map(|_| ())
+        }))
+        .map_err(|p| PolicyError::Panic(panic_message(&p)))?
+        .map_err(|e| PolicyError::Compile {
+            rule: CALL_RULE.into(),
+            message: e.to_string(),
+        })?;
         Ok(PolicySet {
             engine,
             fingerprint: sources.fingerprint(),
@@ -283,6 +311,40 @@ impl PolicySet {
         }
     }
 
+    /// A call's admission verdict (`data.gateway.calls.verdict` for
+    /// `admission`) and, when it admits the call, the decision for `input`,
+    /// in one evaluation ([`CALL_MODULE`]). An error says nothing of which
+    /// of the two failed: the caller then asks each alone, as
+    /// [`PolicySet::eval_rule`] and [`PolicySet::decide`] do, so that what
+    /// a failure refuses and says is the same as asked one by one.
+    pub fn admit_and_decide(
+        &self,
+        admission: &serde_json::Value,
+        input: &DecisionInput,
+    ) -> Result<(serde_json::Value, Option<Evaluation>), PolicyError> {
+        let started = Instant::now();
+        let mut both = std::collections::BTreeMap::new();
+        both.insert(
+            regorus::Value::from("admission"),
+            regorus::Value::from(admission.clone()),
+        );
+        both.insert(regorus::Value::from("decision"), input.to_rego());
+        let serde_json::Value::Object(mut answer) =
+            self.eval_rule(CALL_RULE, regorus::Value::from(both))?
+        else {
+            return Err(PolicyError::Contract(format!(
+                "{CALL_RULE} is not an object"
+            )));
+        };
+        let verdict = answer
+            .remove("admission")
+            .ok_or_else(|| PolicyError::Contract(format!("{CALL_RULE} has no admission")))?;
+        let evaluation = answer
+            .remove("decision")
+            .map(|d| self.evaluation(Decision::from_policy_value(d), started));
+        Ok((verdict, evaluation))
+    }
+
     /// The decision for `input`. Never fails: anything that keeps the policy
     /// from giving a valid decision yields a deny with the error as reason.
     pub fn decide(&self, input: &DecisionInput) -> Evaluation {
@@ -290,6 +352,10 @@ impl PolicySet {
         let result = self
             .eval_rule(DECISION_RULE, input.to_rego())
             .and_then(Decision::from_policy_value);
+        self.evaluation(result, started)
+    }
+
+    fn evaluation(&self, result: Result<Decision, PolicyError>, started: Instant) -> Evaluation {
         let (decision, error) = match result {
             Ok(d) => (d.with_default_reason(), None),
             Err(e) => {
@@ -305,6 +371,29 @@ impl PolicySet {
         }
     }
 }
+
+/// The package of the gateway's own module.
+const CALL_PACKAGE: &str = "gateway_builtin";
+
+/// The rule [`PolicySet::admit_and_decide`] evaluates.
+pub const CALL_RULE: &str = "data.gateway_builtin.call.result";
+
+/// Added by the gateway to every policy set (it is not one of the set's
+/// files): a call's admission and, only when that admits it, its decision,
+/// each rule seeing the input it always had, in one evaluation instead of
+/// two. It decides nothing itself.
+const CALL_MODULE: &str = r#"package gateway_builtin.call
+
+admission := v if {
+	v := data.gateway.calls.verdict with input as input.admission
+}
+
+result := {"admission": admission} if {
+	admission.admit != true
+} else := {"admission": admission, "decision": d} if {
+	d := data.gateway.decision with input as input.decision
+}
+"#;
 
 /// What regorus 0.14.1's bytecode compiler says of `with`.
 const WITH_UNSUPPORTED: &str = "the `with` keyword is not supported by the compiler";
@@ -395,6 +484,71 @@ decision := {
   "approval": {"required": false, "approvers": 1, "ttl_seconds": 60, "reason_required": false, "satisfied": true},
 }
 "#;
+
+    const ADMIT_SMALL: &str = r#"package gateway.calls
+verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 65536, "plan_retention_seconds": 60}
+"#;
+
+    #[test]
+    fn one_evaluation_admits_then_decides_and_hides_no_error() {
+        let rego = ALLOW_ALL.replace("data.cfg.tier", "sprintf(\"%s\", [input.params.x[0]])");
+        let set = set_from(
+            &[("d.rego", &rego), ("calls.rego", ADMIT_SMALL)],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        let small = json!({"params_bytes": 10});
+        let mut good = input();
+        good.params = json!({"x": ["high"]});
+        let (verdict, ev) = set.admit_and_decide(&small, &good).expect("one evaluation");
+        assert_eq!(verdict["admit"], json!(true));
+        let ev = ev.expect("admitted, so decided");
+        assert_eq!(ev.error, None);
+        assert_eq!(ev.decision.tier, "high");
+        assert_eq!(
+            serde_json::to_value(&ev.decision).expect("json"),
+            serde_json::to_value(set.decide(&good).decision).expect("json")
+        );
+        // Refused at admission: the decision is not evaluated at all.
+        let (verdict, ev) = set
+            .admit_and_decide(&json!({"params_bytes": 1000}), &good)
+            .expect("one evaluation");
+        assert_eq!(verdict["admit"], json!(false));
+        assert!(ev.is_none());
+        // A decision that errors is an error of the whole evaluation (the
+        // caller asks each rule alone), never a value.
+        let mut hostile = input();
+        hostile.params = json!({"x": "not an array"});
+        set.admit_and_decide(&small, &hostile)
+            .expect_err("the error is not swallowed");
+        assert!(set.decide(&hostile).error.is_some());
+        // A set without data.gateway.calls cannot be asked both at once.
+        let bare = set_from(
+            &[("d.rego", ALLOW_ALL), ("cfg/data.yaml", "tier: low\n")],
+            &LoadOptions::default(),
+        )
+        .expect("loads");
+        bare.admit_and_decide(&small, &input())
+            .expect_err("no admission rule");
+    }
+
+    #[test]
+    fn the_gateways_own_package_is_refused_in_a_policy() {
+        let err = set_from(
+            &[
+                ("d.rego", ALLOW_ALL),
+                ("cfg/data.yaml", "tier: low\n"),
+                (
+                    "mine.rego",
+                    "package gateway_builtin.call\nresult := {\"admission\": {\"admit\": true}}\n",
+                ),
+            ],
+            &LoadOptions::default(),
+        )
+        .map(|_| ())
+        .expect_err("refused");
+        assert!(err.to_string().contains("gateway_builtin"), "{err}");
+    }
 
     #[test]
     fn a_valid_set_decides_and_reads_its_data() {
