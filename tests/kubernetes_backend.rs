@@ -128,6 +128,8 @@ fn ended(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str) {
 fn running(c: &Cluster, pod: &str) {
     c.kube.with(|s| {
         s.update("pods", NS, pod, |p| {
+            // The scheduler bound it to a node before the kubelet ran it.
+            p["spec"]["nodeName"] = json!("node-1");
             p["status"] = json!({"phase": "Running", "containerStatuses": [{"name": "runner", "ready": true, "restartCount": 0,
                 "image": "gateway-runner:0.1.0", "imageID": "", "state": {"running": {}}}]});
         });
@@ -219,6 +221,37 @@ async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
         b"{\"format_version\":\"1.2\"}"
     );
     assert_eq!(r.endpoints["kube-apiserver"], "172.18.0.2:6443");
+    // Where the run's time went, step by step, in the order reached.
+    // (The container's end shows only when the pod's watch reports it
+    // before the Job's does: the streams are separate.)
+    let stages: Vec<&str> = r
+        .stages
+        .iter()
+        .map(|m| m.stage)
+        .filter(|s| *s != "container_ended")
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "secret_created",
+            "job_created",
+            "scheduled",
+            "container_running",
+            "end_seen",
+            "logs_read",
+            "cleaned_up"
+        ],
+        "{:?}",
+        r.stages
+    );
+    assert!(
+        r.stages.windows(2).all(|w| w[0].at_ms <= w[1].at_ms)
+            && r.stages
+                .last()
+                .is_some_and(|m| u128::from(m.at_ms) <= r.duration_ms),
+        "{:?}",
+        r.stages
+    );
     assert!(gone(&c, "jobs", "gw-req-0001") && gone(&c, "secrets", "gw-req-0001-in"));
     assert!(gone(&c, "pods", &pod), "the pod went with its Job");
     let deletions = c.kube.with(|s| s.deletions.clone());
@@ -804,6 +837,21 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
     let audit = std::fs::read_to_string(home.path().join("audit.jsonl")).expect("audit");
     assert!(audit.contains("\"backend\":\"kubernetes\""));
     assert!(!audit.contains("stand-in-token-for-the-pipeline"));
+    // The sandbox's steps, timed, are in its end's event.
+    let completed: Value = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "sandbox.completed")
+        .expect("sandbox.completed");
+    let stages: Vec<&str> = completed["data"]["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .filter_map(|m| m["stage"].as_str())
+        .collect();
+    assert_eq!(stages.first(), Some(&"secret_created"), "{completed}");
+    assert_eq!(stages.last(), Some(&"cleaned_up"), "{completed}");
+    assert!(stages.contains(&"logs_read"), "{completed}");
 }
 
 /// Set the Job's conditions as the job controller would.

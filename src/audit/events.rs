@@ -207,6 +207,10 @@ pub enum Event {
         duration_ms: u128,
         stdout_truncated: bool,
         stderr_truncated: bool,
+        /// When each step of the run was reached, ms from its start.
+        /// (`[{"stage", "at_ms"}]`; absent when the backend names none).
+        #[serde(skip_serializing_if = "Value::is_null")]
+        stages: Value,
     },
     /// A file the sandbox left was not one the gateway reads.
     #[serde(rename = "sandbox.output_refused")]

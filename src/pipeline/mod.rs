@@ -1157,7 +1157,16 @@ impl Pipeline {
         let mut outcome = {
             let mut t = crate::telemetry::stage(rid, crate::telemetry::Stage::SandboxRun);
             t.attribute("gateway.sandbox", name.clone());
-            self.sandbox.run(req).await
+            let outcome = self.sandbox.run(req).await;
+            if let Ok(r) = &outcome
+                && !r.stages.is_empty()
+            {
+                t.attribute(
+                    "gateway.sandbox.stages_ms",
+                    crate::sandbox::stages_text(&r.stages),
+                );
+            }
+            outcome
         };
         // The tool's output goes into the result and the audit: it must not
         // carry any live credential (this call's or another's in flight),
@@ -1192,6 +1201,11 @@ impl Pipeline {
                     duration_ms: r.duration_ms,
                     stdout_truncated: r.stdout.truncated,
                     stderr_truncated: r.stderr.truncated,
+                    stages: if r.stages.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(r.stages)
+                    },
                 },
             ),
             Err(crate::sandbox::SandboxError::Output(e)) => self.audit.record(

@@ -592,6 +592,7 @@ impl LocalSandbox {
             return Err(SandboxError::Invalid("empty command".into()));
         }
         let started = Instant::now();
+        let mut stages = super::Stages::start();
         let bundle = tempfile::Builder::new()
             .prefix(&format!("{}-", req.name))
             .tempdir_in(self.bundles_dir())?;
@@ -667,6 +668,7 @@ impl LocalSandbox {
         let mut child = cmd
             .spawn()
             .map_err(|e| SandboxError::Setup(format!("starting runsc: {e}")))?;
+        stages.mark("runsc_started");
         let cap = req.limits.output_bytes;
         let out = child.stdout.take().map(|s| tokio::spawn(capture(s, cap)));
         let err = child.stderr.take().map(|s| tokio::spawn(capture(s, cap)));
@@ -682,6 +684,7 @@ impl LocalSandbox {
             _ = tokio::time::sleep(req.deadline) => Stop::Deadline,
             _ = watch_cgroup(Arc::clone(&self.cgroups), req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), cgroup_memory, Arc::clone(&memory_hit)) => Stop::Cpu,
         };
+        stages.mark("ended");
         let (status, killed_for) = match stop {
             Stop::Exited(s) => (s?, None),
             other => {
@@ -746,7 +749,9 @@ impl LocalSandbox {
             }
             None => BTreeMap::new(),
         };
+        stages.mark("output_read");
         guard.finish();
+        stages.mark("cleaned_up");
         Ok(SandboxResult {
             name: req.name.clone(),
             exit_code,
@@ -756,6 +761,7 @@ impl LocalSandbox {
             duration_ms: started.elapsed().as_millis(),
             ended,
             endpoints,
+            stages: stages.into_marks(),
         })
     }
 }

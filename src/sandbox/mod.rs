@@ -377,6 +377,54 @@ pub struct SandboxResult {
     pub ended: Ended,
     /// Sandbox-side address (`ip:port`) of each allowed endpoint.
     pub endpoints: BTreeMap<String, String>,
+    /// When each step of the run was reached, in order (audited with the
+    /// sandbox's end and put on its trace span): where a run's time went.
+    pub stages: Vec<StageMark>,
+}
+
+/// A step of a sandbox's run reached `at_ms` after the run began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StageMark {
+    pub stage: &'static str,
+    pub at_ms: u64,
+}
+
+/// The steps a run reached, timed from its start.
+#[derive(Debug)]
+pub struct Stages {
+    started: std::time::Instant,
+    marks: Vec<StageMark>,
+}
+
+impl Stages {
+    pub fn start() -> Stages {
+        Stages {
+            started: std::time::Instant::now(),
+            marks: Vec::new(),
+        }
+    }
+
+    /// `stage` is reached now (only its first time counts).
+    pub fn mark(&mut self, stage: &'static str) {
+        if self.marks.iter().any(|m| m.stage == stage) {
+            return;
+        }
+        let at_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.marks.push(StageMark { stage, at_ms });
+    }
+
+    pub fn into_marks(self) -> Vec<StageMark> {
+        self.marks
+    }
+}
+
+/// `stage=ms` pairs, in order (a trace attribute).
+pub fn stages_text(marks: &[StageMark]) -> String {
+    marks
+        .iter()
+        .map(|m| format!("{}={}", m.stage, m.at_ms))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl SandboxResult {

@@ -170,6 +170,7 @@ impl Sandbox for ScriptedSandbox {
                     duration_ms: 1,
                     ended: Ended::Exited,
                     endpoints: BTreeMap::new(),
+                    stages: Vec::new(),
                 });
             }
             match phase {
@@ -196,6 +197,7 @@ impl Sandbox for ScriptedSandbox {
                 duration_ms: 1,
                 ended: Ended::Exited,
                 endpoints: BTreeMap::new(),
+                stages: Vec::new(),
             })
         })
     }

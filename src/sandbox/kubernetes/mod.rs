@@ -608,6 +608,7 @@ impl KubernetesSandbox {
 
     async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
         let started = Instant::now();
+        let mut stages = crate::sandbox::Stages::start();
         let (job, secret) = manifests::build(&self.cfg, &req)?;
         let (job_name, secret_name) = manifests::names(&req.name)?;
         let jobs: Api<Job> = self.api();
@@ -635,6 +636,7 @@ impl KubernetesSandbox {
             }
             return Err(kube_err("creating the sandbox Secret", e));
         }
+        stages.mark("secret_created");
         let created = match jobs.create(&pp, &job).await {
             Ok(j) => j,
             Err(e) => {
@@ -650,6 +652,7 @@ impl KubernetesSandbox {
                 return Err(kube_err("creating the sandbox Job", e));
             }
         };
+        stages.mark("job_created");
         // The Job owns the Secret: the garbage collector removes it too.
         if let Some(uid) = created.metadata.uid.clone() {
             let patch = json!({"metadata": {"ownerReferences": [{
@@ -707,6 +710,7 @@ impl KubernetesSandbox {
                     Some(Update::Pod(p)) => {
                         lost = None;
                         seen.pod(&p);
+                        pod_stages(&p, &mut stages);
                         if let (Some(name), Some(tx)) = (&seen.pod, pod_events.take()) {
                             watchers.0.push(keep_watching(
                                 events.clone(),
@@ -735,6 +739,7 @@ impl KubernetesSandbox {
             }
         };
         drop(watchers);
+        stages.mark("end_seen");
         let (exit_code, ended) = match end {
             Ok(e) => e,
             Err(why) => {
@@ -784,6 +789,7 @@ impl KubernetesSandbox {
             }
             None => (Captured::default(), Captured::default()),
         };
+        stages.mark("logs_read");
         // Files out: the working dir is on the workspace PVC, which the
         // gateway mounts at the same path; read as hostile input.
         let files_out = match &req.workdir {
@@ -801,6 +807,7 @@ impl KubernetesSandbox {
             None => BTreeMap::new(),
         };
         cleanup.finish().await;
+        stages.mark("cleaned_up");
         let mut endpoints = BTreeMap::new();
         if let Network::Endpoints(list) = &req.network {
             for e in list {
@@ -818,7 +825,37 @@ impl KubernetesSandbox {
             duration_ms: started.elapsed().as_millis(),
             ended,
             endpoints,
+            stages: stages.into_marks(),
         })
+    }
+}
+
+/// The steps a pod's updates show: placed on a node, its container
+/// running, its container ended (as the kubelet reports them).
+fn pod_stages(pod: &Pod, stages: &mut crate::sandbox::Stages) {
+    if pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.node_name.as_deref().is_some_and(|n| !n.is_empty()))
+    {
+        stages.mark("scheduled");
+    }
+    for cs in pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+    {
+        if cs.name != manifests::CONTAINER {
+            continue;
+        }
+        match &cs.state {
+            Some(s) if s.running.is_some() => stages.mark("container_running"),
+            Some(s) if s.terminated.is_some() => {
+                stages.mark("container_running");
+                stages.mark("container_ended");
+            }
+            _ => {}
+        }
     }
 }
 
