@@ -5,7 +5,10 @@
 //! FAKE Kubernetes API server of the tests (in-process, so a real API
 //! server's latency comes on top). `broker/token_lookup` is one Vault round
 //! trip (the gateway's token lookup) for scale; `broker/issue_revoke_sustained`
-//! is the same back to back, bounded by OpenBao's client-go rate limiter.
+//! is the same with as many in flight as the broker takes at once
+//! ([`LANES`] lanes of the engine's mount, two minted at once on each):
+//! criterion's time per iteration is the time per credential sustained,
+//! bounded by OpenBao's client-go rate limiter of each lane.
 //!
 //! `cargo bench --bench broker` (needs `.tools/bin/bao`: scripts/install-tools.sh).
 
@@ -21,7 +24,16 @@ use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{DecisionInput, PolicySet, Principal};
 
+/// Lanes of the Kubernetes secrets engine set up and used (`gateway vault
+/// setup --lanes`, `[vault] lanes`), unless `BENCH_LANES` says otherwise
+/// (to compare: `BENCH_LANES=1 cargo bench --bench broker`).
+const LANES: usize = 16;
+
 fn bench(c: &mut Criterion) {
+    let lanes: usize = std::env::var("BENCH_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LANES);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -54,6 +66,7 @@ fn bench(c: &mut Criterion) {
         secret_id_file: None,
         kubernetes_auth: None,
         aws: None,
+        lanes,
     };
     rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
         .expect("setup");
@@ -66,7 +79,9 @@ fn bench(c: &mut Criterion) {
         },
         home.path(),
     )
-    .expect("broker");
+    .expect("broker")
+    .with_lanes(lanes);
+    let broker = std::sync::Arc::new(broker);
     let input = DecisionInput::new(
         "k8s_get_pod_status",
         serde_json::json!({"namespace": "demo-app"}),
@@ -98,13 +113,26 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
-    // Back to back: the sustained rate, which that rate limiter sets.
+    // Many at once: the sustained rate, which the lanes' rate limiters
+    // set (the broker bounds how many it mints at once on each lane).
+    g.measurement_time(std::time::Duration::from_secs(30));
     g.bench_function("issue_revoke_sustained", |b| {
-        b.iter(|| {
+        b.iter_custom(|n| {
+            let t = std::time::Instant::now();
             rt.block_on(async {
-                let cred = broker.issue("bench", &scope).await.expect("issue");
-                broker.revoke(&cred.lease_id).await.expect("revoke");
-            })
+                let mut calls = tokio::task::JoinSet::new();
+                for _ in 0..n {
+                    let (broker, scope) = (std::sync::Arc::clone(&broker), scope.clone());
+                    calls.spawn(async move {
+                        let cred = broker.issue("bench", &scope).await.expect("issue");
+                        broker.revoke(&cred.lease_id).await.expect("revoke");
+                    });
+                }
+                while let Some(done) = calls.join_next().await {
+                    done.expect("pair");
+                }
+            });
+            t.elapsed()
         })
     });
     g.bench_function("token_lookup", |b| {

@@ -271,6 +271,97 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
     assert_eq!(ledger.is_revoked(&cred.lease_id).expect("q"), Some(true));
 }
 
+/// `vault setup --lanes 3`: every role on three mounts of the engine, the
+/// gateway's Vault policy on all three; a broker with three lanes spreads
+/// its credentials over them, each revoked (its objects deleted) as on one
+/// mount. A broker told of more lanes than were set up fails closed on the
+/// missing one, saying what to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
+    let w = world().await;
+    let ca = w.dir.path().join("kube-ca.pem");
+    let jwt = w.dir.path().join("openbao-sa.jwt");
+    let out = common::gateway(&w.home)
+        .args([
+            "vault",
+            "setup",
+            "--lanes",
+            "3",
+            "--kubernetes-host",
+            &w.kube.url(),
+        ])
+        .arg("--kubernetes-ca-file")
+        .arg(&ca)
+        .arg("--service-account-jwt-file")
+        .arg(&jwt)
+        .env("VAULT_ADDR", &w.bao.addr)
+        .env("VAULT_TOKEN", &w.bao.root_token)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .output()
+        .expect("vault setup");
+    let report = common::stdout(&out);
+    assert!(out.status.success(), "{report}{}", common::stderr(&out));
+    assert!(
+        report.contains("kubernetes-lane-3/roles/gateway-pod-reader-demo-app"),
+        "{report}"
+    );
+    // The policy as rewritten: a token made now holds the lanes.
+    let token = w.bao.token_with_policy("gateway");
+    let broker = Arc::new(
+        VaultBroker::new(settings(&w.bao.addr, &token), &w.home)
+            .expect("broker")
+            .with_lanes(3),
+    );
+    let scope = pod_reader();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..6 {
+        let (b, sc) = (Arc::clone(&broker), scope.clone());
+        calls.spawn(async move { b.issue(&format!("req-lane-{i}"), &sc).await });
+    }
+    let mut leases = Vec::new();
+    while let Some(r) = calls.join_next().await {
+        leases.push(r.expect("join").expect("issued").lease_id);
+    }
+    let mounts: std::collections::BTreeSet<&str> =
+        leases.iter().filter_map(|l| l.split('/').next()).collect();
+    assert_eq!(
+        mounts,
+        ["kubernetes", "kubernetes-lane-2", "kubernetes-lane-3"].into(),
+        "{leases:?}"
+    );
+    assert_eq!(w.kube.with(|s| s.live("serviceaccounts").len()), 6);
+    for l in &leases {
+        broker.revoke(l).await.expect("revoked");
+    }
+    w.kube.with(|s| {
+        for r in ["serviceaccounts", "roles", "rolebindings"] {
+            assert!(s.live(r).is_empty(), "{r}: {:?}", s.live(r));
+        }
+    });
+    assert!(
+        broker.ledger().open_leases().expect("ledger").is_empty(),
+        "every lease is recorded revoked"
+    );
+    // Four lanes where three were set up: the fourth is refused, clearly.
+    let over = VaultBroker::new(settings(&w.bao.addr, &token), &w.home)
+        .expect("broker")
+        .with_lanes(4);
+    let mut refused = None;
+    for i in 0..4 {
+        if let Err(e) = over.issue(&format!("req-over-{i}"), &scope).await {
+            refused = Some(e.to_string());
+        }
+    }
+    let refused = refused.expect("the missing lane is refused");
+    assert!(
+        refused.contains("kubernetes-lane-4") && refused.contains("--lanes"),
+        "{refused}"
+    );
+    for l in over.ledger().open_leases().expect("ledger") {
+        over.revoke(&l.lease_id).await.expect("revoked");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vault_refusals_are_clear_and_issue_nothing() {
     let w = world().await;

@@ -23,6 +23,26 @@ use crate::secret::SecretFile;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The most lanes `gateway vault setup --lanes` makes and `[vault] lanes`
+/// takes.
+pub const MAX_LANES: usize = 64;
+
+/// The mount of lane `lane` (0-based) of the Kubernetes secrets engine
+/// mounted at `mount`: lane 0 is `mount` itself, lane 1 `MOUNT-lane-2`…
+/// Each lane is the same engine, configured the same, with the same roles:
+/// OpenBao's engine talks to the API server through a client-side rate
+/// limiter of its own per mount (5 requests/s, burst 10), and a credential
+/// costs 7 requests: one mount sustained 1.25 credentials a second
+/// (`broker/issue_revoke_sustained`), and lanes add up.
+pub fn lane_mount(mount: &str, lane: usize) -> String {
+    let mount = mount.trim_matches('/');
+    if lane == 0 {
+        mount.to_string()
+    } else {
+        format!("{mount}-lane-{}", lane + 1)
+    }
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     #[error("the credential broker is unreachable: {0}")]

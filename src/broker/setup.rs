@@ -59,20 +59,25 @@ pub struct SetupOptions {
     /// AWS root credentials for the AWS secrets engine (from the
     /// environment); `None` skips it.
     pub aws: Option<(String, String, String)>,
+    /// Copies of each Kubernetes secrets engine mount, each with every
+    /// role ([`super::lane_mount`]); 1 is the mount alone.
+    pub lanes: usize,
 }
 
 /// The gateway's own Vault policy: mint from its roles, revoke their leases,
 /// nothing else (token self-lookup and renewal come from Vault's `default`
 /// policy).
-pub fn gateway_policy(roles: &VaultRoles) -> String {
+pub fn gateway_policy(roles: &VaultRoles, lanes: usize) -> String {
     let mut s = String::from(
         "# Written by `gateway vault setup`: the gateway may mint credentials from its\n# roles and revoke those roles' leases, and nothing else.\n",
     );
     for (name, r) in &roles.roles {
-        s.push_str(&format!(
-            "\npath \"{m}/creds/{name}\" {{\n  capabilities = [\"update\"]\n}}\n\npath \"sys/leases/revoke/{m}/creds/{name}/*\" {{\n  capabilities = [\"update\"]\n}}\n",
-            m = r.mount
-        ));
+        for lane in 0..lanes.max(1) {
+            s.push_str(&format!(
+                "\npath \"{m}/creds/{name}\" {{\n  capabilities = [\"update\"]\n}}\n\npath \"sys/leases/revoke/{m}/creds/{name}/*\" {{\n  capabilities = [\"update\"]\n}}\n",
+                m = super::lane_mount(&r.mount, lane)
+            ));
+        }
     }
     s
 }
@@ -152,8 +157,18 @@ pub async fn setup(
 ) -> Result<Vec<String>, BrokerError> {
     let client = client_for(admin)?;
     let mut report = Vec::new();
-    let k8s_mounts: std::collections::BTreeSet<&str> =
-        roles.roles.values().map(|r| r.mount.as_str()).collect();
+    if !(1..=super::MAX_LANES).contains(&opts.lanes) {
+        return Err(BrokerError::Refused(format!(
+            "--lanes {}: give 1 to {}",
+            opts.lanes,
+            super::MAX_LANES
+        )));
+    }
+    let k8s_mounts: std::collections::BTreeSet<String> = roles
+        .roles
+        .values()
+        .flat_map(|r| (0..opts.lanes).map(|lane| super::lane_mount(&r.mount, lane)))
+        .collect();
     for m in &k8s_mounts {
         enable(&client, "mounts", m, "kubernetes", &mut report).await?;
         let config = cluster_config(opts, "service_account_jwt");
@@ -168,23 +183,25 @@ pub async fn setup(
         report.push(format!("{m}/config: API server {}", opts.kubernetes_host));
     }
     for (name, def) in &roles.roles {
-        call(
-            &client,
-            RequestMethod::POST,
-            &format!("{}/roles/{name}", def.mount),
-            Some(role_body(def)),
-            &format!("writing role {name}"),
-        )
-        .await?;
-        report.push(format!(
-            "{}/roles/{name}: namespace {}, {} rule(s), max ttl {}",
-            def.mount,
-            def.namespace,
-            def.rules.len(),
-            def.max_ttl
-        ));
+        for lane in 0..opts.lanes {
+            let mount = super::lane_mount(&def.mount, lane);
+            call(
+                &client,
+                RequestMethod::POST,
+                &format!("{mount}/roles/{name}"),
+                Some(role_body(def)),
+                &format!("writing role {name} on {mount}/"),
+            )
+            .await?;
+            report.push(format!(
+                "{mount}/roles/{name}: namespace {}, {} rule(s), max ttl {}",
+                def.namespace,
+                def.rules.len(),
+                def.max_ttl
+            ));
+        }
     }
-    let policy = gateway_policy(roles);
+    let policy = gateway_policy(roles, opts.lanes);
     call(
         &client,
         RequestMethod::POST,
@@ -317,11 +334,21 @@ mod tests {
 
     #[test]
     fn the_gateway_policy_grants_only_its_roles_creds_and_their_revocation() {
-        let p = gateway_policy(&roles());
+        let p = gateway_policy(&roles(), 1);
         assert!(p.contains("path \"kubernetes/creds/r1\""));
         assert!(p.contains("path \"sys/leases/revoke/kubernetes/creds/r1/*\""));
         assert_eq!(p.matches("path ").count(), 2, "{p}");
         assert!(!p.contains("sudo") && !p.contains("\"read\""));
+        // Each lane's mount, and no other.
+        let p = gateway_policy(&roles(), 3);
+        for m in ["kubernetes", "kubernetes-lane-2", "kubernetes-lane-3"] {
+            assert!(p.contains(&format!("path \"{m}/creds/r1\"")), "{p}");
+            assert!(
+                p.contains(&format!("path \"sys/leases/revoke/{m}/creds/r1/*\"")),
+                "{p}"
+            );
+        }
+        assert_eq!(p.matches("path ").count(), 6, "{p}");
     }
 
     #[test]

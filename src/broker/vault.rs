@@ -83,6 +83,23 @@ pub struct VaultConfig {
     pub kubernetes: KubernetesAuthConfig,
     /// Per-request timeout in seconds (default 10).
     pub timeout_seconds: Option<u64>,
+    /// How many copies of each Kubernetes secrets engine mount `gateway
+    /// vault setup --lanes` made (default 1): Kubernetes credentials are
+    /// spread over them ([`super::lane_mount`]).
+    pub lanes: Option<usize>,
+}
+
+impl VaultConfig {
+    /// `lanes`, checked (1 to [`super::MAX_LANES`]).
+    pub fn lanes(&self) -> Result<usize, VaultConfigError> {
+        match self.lanes.unwrap_or(1) {
+            n @ 1..=super::MAX_LANES => Ok(n),
+            n => Err(VaultConfigError::Invalid(format!(
+                "lanes = {n}: give 1 to {} (as many as `gateway vault setup --lanes` made)",
+                super::MAX_LANES
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -354,6 +371,45 @@ pub struct VaultBroker {
     /// or not logged in yet).
     token_ttl: Mutex<Option<(Duration, bool)>>,
     ledger: Arc<dyn Ledger>,
+    lanes: Lanes,
+}
+
+/// The lanes of each Kubernetes secrets engine mount: each credential is
+/// minted on the next lane in turn, and at most [`ISSUING_PER_LANE`] at a
+/// time on one lane (more would only queue in OpenBao's rate limiter for
+/// that mount, until its requests time out).
+#[derive(Debug)]
+struct Lanes {
+    count: usize,
+    next: std::sync::atomic::AtomicUsize,
+    gates: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+/// Credentials minted at once on one lane.
+const ISSUING_PER_LANE: usize = 2;
+
+impl Lanes {
+    fn new(count: usize) -> Lanes {
+        Lanes {
+            count: count.clamp(1, super::MAX_LANES),
+            next: Default::default(),
+            gates: Default::default(),
+        }
+    }
+
+    /// The next lane's mount for `mount`, and its gate.
+    fn pick(&self, mount: &str) -> (String, Arc<tokio::sync::Semaphore>) {
+        let lane = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.count;
+        let lane_mount = super::lane_mount(mount, lane);
+        let gate = Arc::clone(
+            self.gates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(lane_mount.clone())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(ISSUING_PER_LANE))),
+        );
+        (lane_mount, gate)
+    }
 }
 
 impl std::fmt::Debug for VaultBroker {
@@ -387,7 +443,15 @@ impl VaultBroker {
             client: RwLock::new(client),
             token_ttl: Mutex::new(None),
             ledger,
+            lanes: Lanes::new(1),
         })
+    }
+
+    /// Spread Kubernetes credentials over `count` lanes of each mount (as
+    /// many as `gateway vault setup --lanes` made).
+    pub fn with_lanes(mut self, count: usize) -> VaultBroker {
+        self.lanes = Lanes::new(count);
+        self
     }
 
     /// The ledger this broker records its leases in.
@@ -853,11 +917,19 @@ impl VaultBroker {
         request_id: &str,
         scope: &CredentialScope,
     ) -> Result<IssuedCredential, BrokerError> {
-        let path = format!(
-            "{}/creds/{}",
-            scope.mount.trim_matches('/'),
-            scope.role.trim_matches('/')
-        );
+        // A Kubernetes credential goes to the next lane of its mount (the
+        // same role, set up the same on every lane).
+        let (mount, _issuing) = if scope.credential_type == "kubernetes" {
+            let (mount, gate) = self.lanes.pick(&scope.mount);
+            let permit = gate
+                .acquire_owned()
+                .await
+                .map_err(|_| BrokerError::Unreachable("the broker is shutting down".into()))?;
+            (mount, Some(permit))
+        } else {
+            (scope.mount.trim_matches('/').to_string(), None)
+        };
+        let path = format!("{mount}/creds/{}", scope.role.trim_matches('/'));
         let body: serde_json::Map<String, Value> = scope
             .params
             .iter()
@@ -871,7 +943,16 @@ impl VaultBroker {
                 Some(Value::Object(body)),
                 &what,
             )
-            .await?
+            .await
+            .map_err(|e| match e {
+                BrokerError::Refused(m) if mount != scope.mount.trim_matches('/') => {
+                    BrokerError::Refused(format!(
+                        "{m} (mount {mount} is lane of {}: `gateway vault setup --lanes N` must have made at least the [vault] lanes the gateway uses)",
+                        scope.mount.trim_matches('/')
+                    ))
+                }
+                other => other,
+            })?
             .ok_or_else(|| BrokerError::Refused(format!("{what}: Vault returned nothing")))?;
         let resp: SecretResponse = serde_json::from_value(raw)
             .map_err(|e| BrokerError::Refused(format!("{what}: unexpected answer: {e}")))?;
@@ -885,7 +966,7 @@ impl VaultBroker {
         // Record before anything uses it: a crash from here on is recovered.
         let recorded = self
             .ledger
-            .issued(&resp.lease_id, request_id, &scope.mount, &scope.role, ttl)
+            .issued(&resp.lease_id, request_id, &mount, &scope.role, ttl)
             .map_err(|e| tracing::error!("lease ledger: {e}"));
         let credential = credential_from(&data);
         // The answer's copy of the secret is wiped as soon as the file holds it.

@@ -49,6 +49,12 @@ pub struct SetupArgs {
     /// service account (NAMESPACE/NAME, e.g. gateway-sandbox/gateway).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     kubernetes_auth: Option<String>,
+    /// Mount each Kubernetes secrets engine this many times (MOUNT,
+    /// MOUNT-lane-2, …, each with every role): OpenBao limits each mount
+    /// to 5 API requests a second (a credential is 7; 1.25 credentials a
+    /// second measured). Give the gateway the same number as `[vault] lanes`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    lanes: u16,
 }
 
 /// The Vault settings from the config file and environment, if any.
@@ -75,7 +81,8 @@ pub fn broker_on(
         Some(s) => {
             let address = s.address.clone();
             let b = VaultBroker::with_ledger(s, ledger)
-                .with_context(|| format!("setting up the Vault broker for {address}"))?;
+                .with_context(|| format!("setting up the Vault broker for {address}"))?
+                .with_lanes(cli.file.vault.lanes()?);
             Ok(Some(Arc::new(b)))
         }
         None => Ok(None),
@@ -93,7 +100,8 @@ fn broker_as(
         Some(s) => {
             let address = s.address.clone();
             let b = VaultBroker::with_ledger(s, ledger(cli, home, replica)?)
-                .with_context(|| format!("setting up the Vault broker for {address}"))?;
+                .with_context(|| format!("setting up the Vault broker for {address}"))?
+                .with_lanes(cli.file.vault.lanes()?);
             Ok(Some(Arc::new(b)))
         }
         None => Ok(None),
@@ -215,6 +223,7 @@ fn setup(cli: &Cli, a: &SetupArgs) -> anyhow::Result<ExitCode> {
         secret_id_file: a.secret_id_file.clone(),
         kubernetes_auth,
         aws,
+        lanes: usize::from(a.lanes),
     };
     let report = runtime()?
         .block_on(crate::broker::setup::setup(&admin, &roles, &opts))
