@@ -67,7 +67,7 @@ pub struct SetupOptions {
 /// The gateway's own Vault policy: mint from its roles, revoke their leases,
 /// nothing else (token self-lookup and renewal come from Vault's `default`
 /// policy).
-pub fn gateway_policy(roles: &VaultRoles, lanes: usize) -> String {
+pub fn gateway_policy(roles: &VaultRoles, lanes: usize, kept: &[String]) -> String {
     let mut s = String::from(
         "# Written by `gateway vault setup`: the gateway may mint credentials from its\n# roles and revoke those roles' leases, and nothing else.\n",
     );
@@ -79,7 +79,28 @@ pub fn gateway_policy(roles: &VaultRoles, lanes: usize) -> String {
             ));
         }
     }
+    // Lanes set up before and no longer: their leases (a call's still
+    // running, an orphan's) stay revocable, and nothing new is minted there.
+    for path in kept {
+        if !s.contains(&format!("path \"{path}\"")) {
+            s.push_str(&format!(
+                "\npath \"{path}\" {{\n  capabilities = [\"update\"]\n}}\n"
+            ));
+        }
+    }
     s
+}
+
+/// The lease revocation paths a gateway policy written before grants
+/// (`sys/leases/revoke/…/*`): a new setup keeps them.
+pub fn revocations_in(policy: &str) -> Vec<String> {
+    policy
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("path \""))
+        .filter_map(|l| l.strip_suffix("\" {"))
+        .filter(|p| p.starts_with("sys/leases/revoke/") && p.ends_with("/*") && !p.contains('"'))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The Kubernetes secrets engine role for `def`.
@@ -201,7 +222,26 @@ pub async fn setup(
             ));
         }
     }
-    let policy = gateway_policy(roles, opts.lanes);
+    // What the gateway may revoke now stays revocable (fewer lanes than
+    // before must not strand the leases of the lanes dropped).
+    let kept = call(
+        &client,
+        RequestMethod::GET,
+        &format!("sys/policies/acl/{}", opts.gateway_name),
+        None,
+        "reading the gateway's policy",
+    )
+    .await
+    .ok()
+    .flatten()
+    .and_then(|v| {
+        v["data"]["policy"]
+            .as_str()
+            .or(v["policy"].as_str())
+            .map(revocations_in)
+    })
+    .unwrap_or_default();
+    let policy = gateway_policy(roles, opts.lanes, &kept);
     call(
         &client,
         RequestMethod::POST,
@@ -334,13 +374,13 @@ mod tests {
 
     #[test]
     fn the_gateway_policy_grants_only_its_roles_creds_and_their_revocation() {
-        let p = gateway_policy(&roles(), 1);
+        let p = gateway_policy(&roles(), 1, &[]);
         assert!(p.contains("path \"kubernetes/creds/r1\""));
         assert!(p.contains("path \"sys/leases/revoke/kubernetes/creds/r1/*\""));
         assert_eq!(p.matches("path ").count(), 2, "{p}");
         assert!(!p.contains("sudo") && !p.contains("\"read\""));
         // Each lane's mount, and no other.
-        let p = gateway_policy(&roles(), 3);
+        let p = gateway_policy(&roles(), 3, &[]);
         for m in ["kubernetes", "kubernetes-lane-2", "kubernetes-lane-3"] {
             assert!(p.contains(&format!("path \"{m}/creds/r1\"")), "{p}");
             assert!(
@@ -349,6 +389,24 @@ mod tests {
             );
         }
         assert_eq!(p.matches("path ").count(), 6, "{p}");
+        // Down to one lane: nothing is minted on the others any more, but
+        // their leases stay revocable.
+        let kept = revocations_in(&p);
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        let fewer = gateway_policy(&roles(), 1, &kept);
+        assert!(
+            !fewer.contains("path \"kubernetes-lane-3/creds/r1\""),
+            "{fewer}"
+        );
+        assert!(
+            fewer.contains("path \"sys/leases/revoke/kubernetes-lane-3/creds/r1/*\""),
+            "{fewer}"
+        );
+        assert_eq!(fewer.matches("path ").count(), 4, "{fewer}");
+        assert_eq!(
+            revocations_in("path \"secret/*\" {\n"),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -375,15 +375,18 @@ pub struct VaultBroker {
 }
 
 /// The lanes of each Kubernetes secrets engine mount: each credential is
-/// minted on the next lane in turn, and at most [`ISSUING_PER_LANE`] at a
-/// time on one lane (more would only queue in OpenBao's rate limiter for
-/// that mount, until its requests time out).
+/// minted on a free lane, trying them in turn from the next, and at most
+/// [`ISSUING_PER_LANE`] at a time on one lane (more would only queue in
+/// OpenBao's rate limiter for that mount, until its requests time out).
 #[derive(Debug)]
 struct Lanes {
     count: usize,
-    next: std::sync::atomic::AtomicUsize,
-    gates: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// The next lane of each mount, and each lane's gate.
+    mounts: Mutex<BTreeMap<String, (usize, Vec<Lane>)>>,
 }
+
+/// A lane's mount and the gate of what is minted on it at once.
+type Lane = (String, Arc<tokio::sync::Semaphore>);
 
 /// Credentials minted at once on one lane.
 const ISSUING_PER_LANE: usize = 2;
@@ -392,23 +395,47 @@ impl Lanes {
     fn new(count: usize) -> Lanes {
         Lanes {
             count: count.clamp(1, super::MAX_LANES),
-            next: Default::default(),
-            gates: Default::default(),
+            mounts: Default::default(),
         }
     }
 
-    /// The next lane's mount for `mount`, and its gate.
-    fn pick(&self, mount: &str) -> (String, Arc<tokio::sync::Semaphore>) {
-        let lane = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.count;
-        let lane_mount = super::lane_mount(mount, lane);
-        let gate = Arc::clone(
-            self.gates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(lane_mount.clone())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(ISSUING_PER_LANE))),
-        );
-        (lane_mount, gate)
+    /// A lane of `mount` to mint on, and the permit to: a free one from
+    /// the next in turn, else the next one's when it frees.
+    async fn acquire(
+        &self,
+        mount: &str,
+    ) -> Result<(String, tokio::sync::OwnedSemaphorePermit), BrokerError> {
+        let (start, lanes) = {
+            let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+            let (next, lanes) = mounts.entry(mount.to_string()).or_insert_with(|| {
+                (
+                    0,
+                    (0..self.count)
+                        .map(|lane| {
+                            (
+                                super::lane_mount(mount, lane),
+                                Arc::new(tokio::sync::Semaphore::new(ISSUING_PER_LANE)),
+                            )
+                        })
+                        .collect(),
+                )
+            });
+            let start = *next;
+            *next = (start + 1) % self.count;
+            (start, lanes.clone())
+        };
+        for k in 0..lanes.len() {
+            let (lane, gate) = &lanes[(start + k) % lanes.len()];
+            if let Ok(permit) = Arc::clone(gate).try_acquire_owned() {
+                return Ok((lane.clone(), permit));
+            }
+        }
+        let (lane, gate) = &lanes[start];
+        let permit = Arc::clone(gate)
+            .acquire_owned()
+            .await
+            .map_err(|_| BrokerError::Unreachable("the broker is shutting down".into()))?;
+        Ok((lane.clone(), permit))
     }
 }
 
@@ -920,11 +947,7 @@ impl VaultBroker {
         // A Kubernetes credential goes to the next lane of its mount (the
         // same role, set up the same on every lane).
         let (mount, _issuing) = if scope.credential_type == "kubernetes" {
-            let (mount, gate) = self.lanes.pick(&scope.mount);
-            let permit = gate
-                .acquire_owned()
-                .await
-                .map_err(|_| BrokerError::Unreachable("the broker is shutting down".into()))?;
+            let (mount, permit) = self.lanes.acquire(scope.mount.trim_matches('/')).await?;
             (mount, Some(permit))
         } else {
             (scope.mount.trim_matches('/').to_string(), None)
@@ -947,7 +970,7 @@ impl VaultBroker {
             .map_err(|e| match e {
                 BrokerError::Refused(m) if mount != scope.mount.trim_matches('/') => {
                     BrokerError::Refused(format!(
-                        "{m} (mount {mount} is lane of {}: `gateway vault setup --lanes N` must have made at least the [vault] lanes the gateway uses)",
+                        "{m} (mount {mount} is a lane of {}: if it was not set up, `gateway vault setup --lanes N` must have made at least the [vault] lanes the gateway uses)",
                         scope.mount.trim_matches('/')
                     ))
                 }

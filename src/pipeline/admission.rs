@@ -30,6 +30,30 @@ struct Counts {
     started: BTreeMap<String, VecDeque<Instant>>,
 }
 
+impl Counts {
+    /// `who`'s running calls, all running calls, and `who`'s calls in the
+    /// last minute (the window moved on to `now`).
+    fn now(&mut self, who: &str, now: Instant) -> (usize, usize, usize) {
+        let last_minute = match self.started.get_mut(who) {
+            Some(recent) => {
+                while recent
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) >= WINDOW)
+                {
+                    recent.pop_front();
+                }
+                recent.len()
+            }
+            None => 0,
+        };
+        (
+            self.running.get(who).copied().unwrap_or(0),
+            self.total,
+            last_minute,
+        )
+    }
+}
+
 /// The running and recent calls, by OS user id.
 #[derive(Debug, Default)]
 pub struct Admission {
@@ -93,13 +117,18 @@ impl std::io::Write for ByteCount {
     }
 }
 
-/// A call counted before its verdict (see [`Admission::reserve`]): what the
-/// policy is asked, and the guard that counts it as running.
+/// A call about to be asked about (see [`Admission::reserve`]): what the
+/// policy is asked, and the counts that went into it.
 #[derive(Debug)]
-pub struct Reserved<'a> {
+pub struct Reserved {
     /// The input of `data.gateway.calls.verdict`.
     pub query: serde_json::Value,
-    admitted: Admitted<'a>,
+    /// The size of the call's arguments (as `query.params_bytes`).
+    pub params_bytes: usize,
+    who: String,
+    /// (the user's running calls, all running calls, the user's calls in
+    /// the last minute) as the query gives them.
+    seen: (usize, usize, usize),
 }
 
 /// The rule admission asks.
@@ -117,40 +146,29 @@ impl Admission {
         input: &DecisionInput,
     ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
         let reserved = self.reserve(input);
-        let verdict = set
-            .eval_rule(VERDICT_RULE, regorus::Value::from(reserved.query.clone()))
-            .map_err(|e| e.to_string());
-        Admission::settle(verdict, reserved)
+        let ask = |q: serde_json::Value| {
+            set.eval_rule(VERDICT_RULE, regorus::Value::from(q))
+                .map_err(|e| e.to_string())
+        };
+        let verdict = ask(reserved.query.clone());
+        self.settle(verdict, reserved, ask)
     }
 
-    /// Count `input`'s call before its verdict: as started in its user's
-    /// minute and as running, and say what the policy is asked (the counts
-    /// without this call). The policy is then asked without a lock held
-    /// (see [`Admission::settle`]): a call counted here and refused is
-    /// uncounted as running when settled, so two calls asked about at once
-    /// can never both pass a limit (the second sees the first), at worst
-    /// one is refused for a call that is refused too.
-    pub fn reserve<'a>(&'a self, input: &DecisionInput) -> Reserved<'a> {
+    /// What the policy is asked about `input`'s call: the counts now,
+    /// without this call. Nothing is counted yet: the policy is asked
+    /// without a lock held, and [`Admission::settle`] counts the call if
+    /// the counts it was asked with are still the counts then (else the
+    /// policy is asked again, with the lock held).
+    pub fn reserve(&self, input: &DecisionInput) -> Reserved {
         let mut size = ByteCount(0);
         let _ = serde_json::to_writer(&mut size, &input.params);
         // Counted per identity: an OS user and an SSO identity never share
         // a count, whatever their names.
         let who = input.principal.id();
-        let now = Instant::now();
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        // Forget users with nothing in the window, so the map stays small.
-        c.started.retain(|_, q| {
-            while q.front().is_some_and(|t| now.duration_since(*t) >= WINDOW) {
-                q.pop_front();
-            }
-            !q.is_empty()
-        });
-        let recent = c.started.entry(who.clone()).or_default();
-        let last_minute = recent.len();
-        // Bounded: a caller past any sane rate stays past it.
-        if recent.len() < MAX_COUNTED {
-            recent.push_back(now);
-        }
+        let seen = {
+            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            c.now(&who, Instant::now())
+        };
         let query = json!({
             "tool": input.tool,
             "client": input.principal.client,
@@ -161,27 +179,47 @@ impl Admission {
             "issuer": input.principal.issuer,
             "groups": input.principal.groups,
             "params_bytes": size.0,
-            "running": {"user": c.running.get(&who).copied().unwrap_or(0), "total": c.total},
-            "last_minute": {"user": last_minute},
+            "running": {"user": seen.0, "total": seen.1},
+            "last_minute": {"user": seen.2},
         });
-        *c.running.entry(who.clone()).or_insert(0) += 1;
-        c.total += 1;
         Reserved {
             query,
-            admitted: Admitted {
-                admission: self,
-                who,
-            },
+            params_bytes: size.0,
+            who,
+            seen,
         }
     }
 
-    /// The verdict on a reserved call: admitted (still counted as running)
-    /// or refused with the reasons (uncounted at once). A verdict that is
-    /// an error or of the wrong shape refuses the call.
+    /// The verdict on a call asked about: admitted (counted as running
+    /// from now until the [`Admitted`] guard drops) or refused with the
+    /// reasons. When other calls started or ended since the policy was
+    /// asked, `verdict` is of counts no longer true: the policy is asked
+    /// again with the counts of now (`ask_again`), under the lock, so that
+    /// two calls can never both pass a limit and a refused call is never
+    /// counted as running by anyone. A verdict that is an error or of the
+    /// wrong shape refuses the call.
     pub fn settle<'a>(
+        &'a self,
         verdict: Result<serde_json::Value, String>,
-        reserved: Reserved<'a>,
+        reserved: Reserved,
+        ask_again: impl FnOnce(serde_json::Value) -> Result<serde_json::Value, String>,
     ) -> (Option<Settings>, Result<Admitted<'a>, String>) {
+        let Reserved {
+            mut query,
+            who,
+            seen,
+            ..
+        } = reserved;
+        let now = Instant::now();
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = c.now(&who, now);
+        let verdict = if counts == seen {
+            verdict
+        } else {
+            query["running"] = json!({"user": counts.0, "total": counts.1});
+            query["last_minute"] = json!({"user": counts.2});
+            ask_again(query)
+        };
         let verdict = verdict
             .map_err(|e| format!("the call could not be admitted: the policy failed ({e})"))
             .and_then(|v| {
@@ -199,6 +237,13 @@ impl Admission {
             event_bytes: verdict.event_bytes,
             plan_retention: Duration::from_secs(verdict.plan_retention_seconds),
         });
+        // Forget users with nothing in the window, so the map stays small.
+        c.started.retain(|_, q| !q.is_empty());
+        // Bounded: a caller past any sane rate stays past it.
+        let recent = c.started.entry(who.clone()).or_default();
+        if recent.len() < MAX_COUNTED {
+            recent.push_back(now);
+        }
         if !verdict.admit {
             let why = if verdict.reasons.is_empty() {
                 "the policy does not admit this call now (data.gateway.calls)".to_string()
@@ -207,7 +252,15 @@ impl Admission {
             };
             return (cap, Err(why));
         }
-        (cap, Ok(reserved.admitted))
+        *c.running.entry(who.clone()).or_insert(0) += 1;
+        c.total += 1;
+        (
+            cap,
+            Ok(Admitted {
+                admission: self,
+                who,
+            }),
+        )
     }
 
     /// Calls running now, in all.
@@ -268,30 +321,41 @@ mod tests {
 
     #[test]
     fn calls_asked_about_at_once_never_both_pass_a_limit() {
-        // Four running for user1, then two more reserved before either is
-        // settled: the second sees the first, so at most one gets in.
+        // Three running for user1, then two more asked about before either
+        // is settled: both were asked with three running, and both
+        // verdicts admit; the second to settle is asked again with the
+        // counts of then, and refused.
         let set = set();
         let a = Admission::default();
         let small = json!({"namespace": "demo-app"});
         let held: Vec<_> = (0..3)
             .map(|_| a.admit(&set, &input(1, small.clone())).1.expect("admitted"))
             .collect();
-        let first = a.reserve(&input(1, small.clone()));
-        let second = a.reserve(&input(1, small.clone()));
-        let ask = |r: &Reserved<'_>| {
-            set.eval_rule(VERDICT_RULE, regorus::Value::from(r.query.clone()))
+        let ask = |q: serde_json::Value| {
+            set.eval_rule(VERDICT_RULE, regorus::Value::from(q))
                 .map_err(|e| e.to_string())
         };
-        let (v1, v2) = (ask(&first), ask(&second));
-        let one = Admission::settle(v1, first).1.expect("the fourth gets in");
-        let e = Admission::settle(v2, second)
-            .1
-            .expect_err("the fifth does not");
+        let first = a.reserve(&input(1, small.clone()));
+        let second = a.reserve(&input(1, small.clone()));
+        let (v1, v2) = (ask(first.query.clone()), ask(second.query.clone()));
+        assert_eq!(v2.as_ref().expect("verdict")["admit"], json!(true));
+        let one = a.settle(v1, first, ask).1.expect("the fourth gets in");
+        let e = a.settle(v2, second, ask).1.expect_err("the fifth does not");
         assert!(e.contains("user1 already has 4 call(s) running"), "{e}");
-        assert_eq!(a.running(), 4, "the refused call is no longer counted");
+        assert_eq!(a.running(), 4);
         drop(one);
         drop(held);
         assert_eq!(a.running(), 0);
+        // A call being asked about counts for nobody: another user's calls
+        // meanwhile see none of it.
+        let pending = a.reserve(&input(9, json!({"namespace": "x".repeat(300_000)})));
+        assert_eq!(a.running(), 0);
+        let other = a.admit(&set, &input(2, small)).1.expect("admitted");
+        let verdict = ask(pending.query.clone());
+        let e = a.settle(verdict, pending, ask).1.expect_err("too large");
+        assert!(e.contains("more than the 262144"), "{e}");
+        assert_eq!(a.running(), 1, "only the admitted call runs");
+        drop(other);
     }
 
     #[test]

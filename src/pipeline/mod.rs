@@ -497,6 +497,11 @@ impl Step {
     }
 }
 
+/// Calls whose arguments are larger than this (in bytes of JSON) are
+/// admitted first and decided after, as two evaluations: their decision
+/// input (a copy of the arguments) is made only for a call admitted.
+const ONE_EVALUATION_MAX_PARAMS: usize = 64 * 1024;
+
 /// How often a waiting call reads its approval on SQLite.
 pub const APPROVAL_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 /// The bound on a wait that notifications wake (a notification lost with
@@ -782,23 +787,34 @@ impl Pipeline {
             let _t = crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Admission);
             self.admission.reserve(input)
         };
+        let ask = |q: Value| {
+            set.eval_rule(admission::VERDICT_RULE, regorus::Value::from(q))
+                .map_err(|e| e.to_string())
+        };
         let (verdict, evaluated) = {
             let mut t =
                 crate::telemetry::stage(&input.request_id, crate::telemetry::Stage::Decision);
-            t.attribute("gateway.step", "admission+request");
-            match set.admit_and_decide(&reserved.query, input) {
-                Ok((verdict, evaluated)) => (Ok(verdict), evaluated),
-                Err(_) => (
-                    set.eval_rule(
-                        admission::VERDICT_RULE,
-                        regorus::Value::from(reserved.query.clone()),
-                    )
-                    .map_err(|e| e.to_string()),
-                    None,
-                ),
+            // Arguments too large to be admitted anyway are not made into
+            // a decision's input before admission has said so.
+            if reserved.params_bytes > ONE_EVALUATION_MAX_PARAMS {
+                t.attribute("gateway.step", "admission");
+                (ask(reserved.query.clone()), None)
+            } else {
+                t.attribute("gateway.step", "admission+request");
+                match set.admit_and_decide(&reserved.query, input) {
+                    Ok((verdict, evaluated)) => (Ok(verdict), evaluated),
+                    Err(e) => {
+                        tracing::debug!(
+                            "admission and decision in one evaluation failed ({e}): asking each alone"
+                        );
+                        (ask(reserved.query.clone()), None)
+                    }
+                }
             }
         };
-        let (settings, admitted) = admission::Admission::settle(verdict, reserved);
+        // The decision does not depend on the counts: it stands when the
+        // call is admitted on a second asking.
+        let (settings, admitted) = self.admission.settle(verdict, reserved, ask);
         if let Some(s) = settings {
             self.audit.set_max_event_bytes(s.event_bytes);
             self.plan_retention_seconds.store(
