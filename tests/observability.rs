@@ -256,14 +256,15 @@ fn a_call_is_traced_counted_scraped_and_its_audit_reaches_the_siem_through_an_ou
             "{stage} is not within the call: {s} {root}"
         );
     }
-    // Two decisions: the request, then the plan.
+    // Two decisions: the request (with its admission, one evaluation),
+    // then the plan.
     let steps: Vec<&Value> = children
         .iter()
         .filter(|s| s["name"] == "decision")
         .map(|s| &s["attributes"]["gateway.step"])
         .collect();
     assert!(
-        steps.contains(&&json!("request")) && steps.contains(&&json!("plan")),
+        steps.contains(&&json!("admission+request")) && steps.contains(&&json!("plan")),
         "{steps:?}"
     );
     // No argument, user or output in any span.

@@ -91,16 +91,29 @@ pub fn gateway_policy(roles: &VaultRoles, lanes: usize, kept: &[String]) -> Stri
     s
 }
 
-/// The lease revocation paths a gateway policy written before grants
-/// (`sys/leases/revoke/…/*`): a new setup keeps them.
-pub fn revocations_in(policy: &str) -> Vec<String> {
-    policy
+/// The revocations of `roles`' leases on any lane that a gateway policy
+/// written before grants (`sys/leases/revoke/LANE/creds/ROLE/*`, exactly
+/// as setup writes them): a new setup keeps them. Nothing else in that
+/// policy is kept, however it was edited.
+pub fn revocations_in(policy: &str, roles: &VaultRoles) -> Vec<String> {
+    let granted: std::collections::BTreeSet<&str> = policy
         .lines()
         .filter_map(|l| l.trim().strip_prefix("path \""))
         .filter_map(|l| l.strip_suffix("\" {"))
-        .filter(|p| p.starts_with("sys/leases/revoke/") && p.ends_with("/*") && !p.contains('"'))
-        .map(str::to_string)
-        .collect()
+        .collect();
+    let mut kept = Vec::new();
+    for (name, def) in &roles.roles {
+        for lane in 0..super::MAX_LANES {
+            let path = format!(
+                "sys/leases/revoke/{}/creds/{name}/*",
+                super::lane_mount(&def.mount, lane)
+            );
+            if granted.contains(path.as_str()) {
+                kept.push(path);
+            }
+        }
+    }
+    kept
 }
 
 /// The Kubernetes secrets engine role for `def`.
@@ -224,7 +237,7 @@ pub async fn setup(
     }
     // What the gateway may revoke now stays revocable (fewer lanes than
     // before must not strand the leases of the lanes dropped).
-    let kept = call(
+    let before = match call(
         &client,
         RequestMethod::GET,
         &format!("sys/policies/acl/{}", opts.gateway_name),
@@ -232,15 +245,20 @@ pub async fn setup(
         "reading the gateway's policy",
     )
     .await
-    .ok()
-    .flatten()
-    .and_then(|v| {
-        v["data"]["policy"]
-            .as_str()
-            .or(v["policy"].as_str())
-            .map(revocations_in)
-    })
-    .unwrap_or_default();
+    {
+        Ok(v) => v,
+        // Not written yet (vault_error's 404).
+        Err(BrokerError::Refused(m)) if m.contains("not found in Vault") => None,
+        Err(e) => return Err(e),
+    };
+    let kept = before
+        .and_then(|v| {
+            v["data"]["policy"]
+                .as_str()
+                .or(v["policy"].as_str())
+                .map(|p| revocations_in(p, roles))
+        })
+        .unwrap_or_default();
     let policy = gateway_policy(roles, opts.lanes, &kept);
     call(
         &client,
@@ -391,7 +409,7 @@ mod tests {
         assert_eq!(p.matches("path ").count(), 6, "{p}");
         // Down to one lane: nothing is minted on the others any more, but
         // their leases stay revocable.
-        let kept = revocations_in(&p);
+        let kept = revocations_in(&p, &roles());
         assert_eq!(kept.len(), 3, "{kept:?}");
         let fewer = gateway_policy(&roles(), 1, &kept);
         assert!(
@@ -403,10 +421,11 @@ mod tests {
             "{fewer}"
         );
         assert_eq!(fewer.matches("path ").count(), 4, "{fewer}");
-        assert_eq!(
-            revocations_in("path \"secret/*\" {\n"),
-            Vec::<String>::new()
+        // Nothing but those exact revocations is kept from an edited policy.
+        let edited = format!(
+            "{p}path \"secret/*\" {{\npath \"sys/leases/revoke/*\" {{\npath \"sys/leases/revoke/+/creds/r1/*\" {{\npath \"sys/leases/revoke/other/creds/r1/*\" {{\n"
         );
+        assert_eq!(revocations_in(&edited, &roles()), kept);
     }
 
     #[test]
