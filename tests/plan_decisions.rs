@@ -27,7 +27,8 @@ fn policies() -> PolicySet {
         .expect("default policies load")
 }
 
-fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
+/// The apply of the offline demo with `fixture`'s plan.
+fn apply_input(fixture: &str) -> DecisionInput {
     let path = common::repo().join(format!("policy-tests/plans/{fixture}/data.json"));
     let plan = plan::read_plan_file(&path).expect("fixture is a plan");
     let mut input = DecisionInput::new(
@@ -35,9 +36,14 @@ fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
         serde_json::json!({"working_dir": "terraform/offline-demo"}),
         Principal::os_user("snapshot".into(), "alice".into(), 1000, vec![]),
     );
+    input.plan = Some(PlanInput::new(plan));
+    input
+}
+
+fn decide_apply(set: &PolicySet, fixture: &str) -> gateway::policy::Decision {
+    let mut input = apply_input(fixture);
     input.request_id = "req-snapshot".into();
     input.now = "2026-11-29T10:00:00Z".into();
-    input.plan = Some(PlanInput::new(plan));
     let ev = set.decide(&input);
     assert_eq!(ev.error, None, "{fixture}: the policy decided");
     ev.decision
@@ -114,15 +120,7 @@ fn one_evaluation_decides_as_two_do() {
     };
     let mut inputs = Vec::new();
     for fixture in FIXTURES {
-        let path = common::repo().join(format!("policy-tests/plans/{fixture}/data.json"));
-        let plan = plan::read_plan_file(&path).expect("fixture is a plan");
-        let mut input = DecisionInput::new(
-            "terraform_apply",
-            serde_json::json!({"working_dir": "terraform/offline-demo"}),
-            Principal::os_user("c".into(), "alice".into(), 1000, vec![]),
-        );
-        input.plan = Some(PlanInput::new(plan));
-        inputs.push(input);
+        inputs.push(apply_input(fixture));
     }
     for (tool, params) in [
         (

@@ -803,9 +803,11 @@ impl Pipeline {
                 t.attribute("gateway.step", "admission+request");
                 match set.admit_and_decide(&reserved.query, input) {
                     Ok((verdict, evaluated)) => (Ok(verdict), evaluated),
-                    Err(e) => {
+                    Err(_) => {
+                        // Not the error itself: it may quote the agent's
+                        // arguments (the decision asked alone records it).
                         tracing::debug!(
-                            "admission and decision in one evaluation failed ({e}): asking each alone"
+                            "admission and decision in one evaluation failed: asking each alone"
                         );
                         (ask(reserved.query.clone()), None)
                     }
