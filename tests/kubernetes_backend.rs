@@ -193,6 +193,12 @@ async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
     );
     assert!(secret["data"]["credential"].is_string());
     running(&c, &pod);
+    // A sandbox that hands back files: its end is the kubelet's (files are
+    // read once the container is gone), so even an end frame in its log
+    // does not end it early.
+    c.kube.with(|s| {
+        s.logs.insert(pod.clone(), b"x 0\n".to_vec());
+    });
     // The container wrote the plan JSON into its working dir (the PVC).
     std::fs::create_dir_all(module.join(".gateway")).expect("mkdir");
     std::fs::write(
@@ -219,6 +225,11 @@ async fn a_job_that_succeeds_returns_its_split_log_and_files_and_is_deleted() {
     assert_eq!(
         r.files_out[".gateway/plan.json"],
         b"{\"format_version\":\"1.2\"}"
+    );
+    assert!(
+        c.kube
+            .with(|s| s.log_queries.iter().all(|q| q.get("follow").is_none())),
+        "a sandbox with a working dir is not followed"
     );
     assert_eq!(r.endpoints["kube-apiserver"], "172.18.0.2:6443");
     // Where the run's time went, step by step, in the order reached. The
@@ -1057,4 +1068,83 @@ async fn a_log_that_is_not_utf8_is_kept_not_lost() {
         "{}",
         r.stderr.text()
     );
+}
+
+/// The node of the fake's timing model: the kubelet learns of a change only
+/// at its next relist, here every 2 s on a grid from the pod's making. The
+/// container starts at about 0.06 s (reported at 2 s: its log can be
+/// read from then) and ends at about 2.56 s, reported at 4 s: 1.4 s after
+/// the runner's end frame is in the log.
+fn slow_relist_kubelet(log: &str, exit_code: i32) -> fake_kube::Kubelet {
+    fake_kube::Kubelet {
+        schedule: Duration::from_millis(10),
+        start: Duration::from_millis(50),
+        run: Duration::from_millis(2500),
+        relist: Duration::from_secs(2),
+        report: Duration::from_millis(10),
+        follow_check: Duration::from_secs(5),
+        log: log.as_bytes().to_vec(),
+        exit_code,
+    }
+}
+
+/// Whether the API server has had the pod's container reported ended.
+fn reported_terminated(c: &Cluster, pod: &str) -> bool {
+    c.kube.with(|s| {
+        s.changes.iter().any(|(_, _, resource, p)| {
+            resource == "pods"
+                && p["metadata"]["name"] == pod
+                && p["status"]["containerStatuses"][0]["state"]["terminated"].is_object()
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runners_end_is_taken_from_its_log_before_the_kubelet_reports_it() {
+    let c = cluster(|_| {}).await;
+    c.kube.with(|s| {
+        s.kubelet = Some(slow_relist_kubelet(
+            "e ==> step 1/1: kubectl get pods\no {\"items\": []}\ne gateway-runner: step 1 failed (exit status: 3)\nx 3\n",
+            3,
+        ))
+    });
+    let run = spawn_run(&c, request("req-endframe", None));
+    let pod = pod_of(&c, "gw-req-endframe").await;
+    let r = run.await.expect("join").expect("ran");
+    // The call is over while the kubelet has not yet reported the end.
+    assert!(
+        !reported_terminated(&c, &pod),
+        "the end came from the kubelet's report, not from the log"
+    );
+    assert_eq!(r.exit_code, Some(3));
+    assert!(matches!(r.ended, Ended::Exited));
+    assert_eq!(r.stdout.text(), "{\"items\": []}\n");
+    assert_eq!(
+        r.stderr.text(),
+        "==> step 1/1: kubectl get pods\ngateway-runner: step 1 failed (exit status: 3)\n"
+    );
+    let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
+    assert!(stages.contains(&"end_logged"), "{stages:?}");
+    // The log was read once, followed: no second read.
+    let queries = c.kube.with(|s| s.log_queries.clone());
+    assert_eq!(queries.len(), 1, "{queries:?}");
+    assert_eq!(queries[0].get("follow").map(String::as_str), Some("true"));
+    assert!(eventually(|| gone(&c, "jobs", "gw-req-endframe")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_without_the_end_frame_waits_for_the_kubelets_report() {
+    // A runner that died before its end frame (or an older image): the
+    // followed log ends without one, and the end is the kubelet's.
+    let c = cluster(|_| {}).await;
+    c.kube
+        .with(|s| s.kubelet = Some(slow_relist_kubelet("o partial\n", 0)));
+    let run = spawn_run(&c, request("req-noframe", None));
+    let pod = pod_of(&c, "gw-req-noframe").await;
+    let r = run.await.expect("join").expect("ran");
+    assert!(reported_terminated(&c, &pod));
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.stdout.text(), "partial\n");
+    let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
+    assert!(!stages.contains(&"end_logged"), "{stages:?}");
 }

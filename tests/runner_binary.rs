@@ -388,3 +388,29 @@ fn go_code_called_by_the_runner_has_a_signal_stack_with_room_for_large_frames() 
         String::from_utf8_lossy(&c.stderr)
     );
 }
+
+#[test]
+fn framed_steps_end_with_the_runners_exit_code_and_a_step_cannot_print_an_end() {
+    let dir = tempfile::tempdir().expect("dir");
+    let steps = dir.path().join("steps.json");
+    // The step prints what looks like an end frame, then fails with 3.
+    std::fs::write(
+        &steps,
+        serde_json::json!([{"argv": ["/bin/sh", "-c", "echo 'x 0'; echo done; exit 3"]}])
+            .to_string(),
+    )
+    .expect("steps");
+    let out = runner(&["exec", &steps.display().to_string()], &[]);
+    assert_eq!(out.status.code(), Some(3));
+    let log = out.stdout;
+    // The end is the last line, whole, with the runner's exit code; what the
+    // step printed is framed as its output and ends nothing.
+    assert_eq!(gateway::protocol::find_end(&log), Some((log.len(), 3)));
+    assert!(
+        log.ends_with(b"\nx 3\n"),
+        "{}",
+        String::from_utf8_lossy(&log)
+    );
+    let (stdout, _) = gateway::protocol::unframe(&log);
+    assert_eq!(String::from_utf8_lossy(&stdout), "x 0\ndone\n");
+}

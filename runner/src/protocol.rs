@@ -58,12 +58,51 @@ pub fn runner_argv() -> Vec<String> {
     ]
 }
 
+/// The prefix of the line that ends a framed output: `x CODE`, the
+/// runner's exit code, written after every step's output.
+pub const END_PREFIX: &[u8] = b"x ";
+
+/// The last line of a framed output: the runner ended with `code`.
+pub fn end_frame(code: u8) -> Vec<u8> {
+    let mut line = END_PREFIX.to_vec();
+    line.extend_from_slice(code.to_string().as_bytes());
+    line.push(b'\n');
+    line
+}
+
+/// Where the first end frame in `log` ends (the bytes up to there are the
+/// whole output), with its exit code: `None` until a whole, well-formed
+/// end line is there. Every line the steps print is framed `o `/`e ` by
+/// the runner, so a tool's own output cannot look like one. A process in
+/// the sandbox that writes to the container's stdout directly can forge
+/// one, which ends its own run early with an exit code it could already
+/// choose (the exit code is the sandbox's word either way).
+pub fn find_end(log: &[u8]) -> Option<(usize, u8)> {
+    let mut at = 0;
+    for line in log.split_inclusive(|b| *b == b'\n') {
+        at += line.len();
+        let text = line.strip_suffix(b"\n")?;
+        if let Some(code) = text
+            .strip_prefix(END_PREFIX)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u8>().ok())
+        {
+            return Some((at, code));
+        }
+    }
+    None
+}
+
 /// Split a framed log into (stdout, stderr): with [`FRAMED_ENV`] set, every
-/// line is prefixed `o ` (stdout) or `e ` (stderr). Lines without a frame
-/// (from the container runtime) count as stderr.
+/// line is prefixed `o ` (stdout) or `e ` (stderr), and the last is the
+/// end frame (`x CODE`, not output). Lines without a frame (from the
+/// container runtime) count as stderr.
 pub fn unframe(log: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     for line in log.split_inclusive(|b| *b == b'\n') {
+        if line.starts_with(END_PREFIX) && line.ends_with(b"\n") {
+            continue;
+        }
         if let Some(rest) = line.strip_prefix(b"o ") {
             out.extend_from_slice(rest);
         } else if let Some(rest) = line.strip_prefix(b"e ") {
@@ -91,5 +130,23 @@ mod tests {
             String::from_utf8_lossy(&err),
             "==> step 1/1: kubectl\nwarning: x\nruntime noise\n"
         );
+    }
+
+    #[test]
+    fn the_end_frame_is_found_only_whole_and_is_not_output() {
+        let mut log = b"e ==> step 1/1: kubectl\no x 0\no done\n".to_vec();
+        // A tool printing `x 0` is framed as output: not an end.
+        assert_eq!(find_end(&log), None);
+        log.extend_from_slice(b"x 3");
+        assert_eq!(find_end(&log), None, "a line not yet whole is not an end");
+        log.push(b'\n');
+        assert_eq!(find_end(&log), Some((log.len(), 3)));
+        let (out, err) = unframe(&log);
+        assert_eq!(out, b"x 0\ndone\n");
+        assert_eq!(err, b"==> step 1/1: kubectl\n");
+        assert_eq!(end_frame(3), b"x 3\n");
+        assert_eq!(find_end(b"x 300\n"), None, "not an exit code");
+        assert_eq!(find_end(b"x abc\nx 1\n"), Some((10, 1)));
+        assert_eq!(find_end(b"x 0\n"), Some((4, 0)));
     }
 }

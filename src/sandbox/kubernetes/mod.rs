@@ -6,7 +6,11 @@
 //! mapped to the sandbox result: succeeded, failed with its exit code,
 //! deadline exceeded, killed for memory, image pull error, admission
 //! rejected. The container's log is collected and split back into stdout
-//! and stderr (the step runner frames its lines). The Job is deleted
+//! and stderr (the step runner frames its lines). Once the pod's container
+//! has started the log is followed, and the runner's end frame, its last
+//! line, is the end: the kubelet reports a container's end only at its
+//! next relist, up to a second later. Without the frame (the runner died)
+//! the end is the kubelet's. The Job is deleted
 //! (propagation `Background`; the Secret goes with it, and is deleted too)
 //! on every path, including cancellation; at start the backend deletes the
 //! leftovers of this gateway instance.
@@ -403,6 +407,61 @@ enum Update {
     Job(Box<Job>),
     Event(Box<Event>),
     Lost(String),
+    /// The followed log reached the runner's end frame: the whole log (up
+    /// to the frame) and the runner's exit code.
+    LogEnded(Vec<u8>, u8),
+}
+
+/// Follow the container's log from its start and report the runner's end
+/// frame as soon as it is written ([`Update::LogEnded`]): the kubelet
+/// reports a container's end only at its next relist (up to a second
+/// later), the log has it at once. A log that ends without the frame, or
+/// grows past `limit`, or fails, reports nothing: the watches see the end.
+fn follow_log(
+    pods: Api<Pod>,
+    pod: String,
+    limit: usize,
+    tx: tokio::sync::mpsc::UnboundedSender<Update>,
+) -> tokio::task::JoinHandle<()> {
+    use futures::AsyncReadExt;
+    tokio::spawn(async move {
+        let lp = LogParams {
+            container: Some(manifests::CONTAINER.into()),
+            follow: true,
+            limit_bytes: Some(i64::try_from(limit).unwrap_or(i64::MAX)),
+            ..LogParams::default()
+        };
+        let stream = match pods.log_stream(&pod, &lp).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("following the sandbox's log failed ({e}); waiting for its end");
+                return;
+            }
+        };
+        let mut stream = std::pin::pin!(stream);
+        let mut log = Vec::new();
+        // Where the line not yet whole starts: lines before it are looked at once.
+        let mut from = 0;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            log.extend_from_slice(&chunk[..n]);
+            if let Some((len, code)) = crate::protocol::find_end(&log[from..]) {
+                log.truncate(from + len);
+                let _ = tx.send(Update::LogEnded(log, code));
+                return;
+            }
+            if let Some(nl) = log.iter().rposition(|b| *b == b'\n') {
+                from = nl + 1;
+            }
+            if log.len() >= limit {
+                return;
+            }
+        }
+    })
 }
 
 /// Follow `api` with kube's watcher (a list, then a watch resumed from the
@@ -698,12 +757,21 @@ impl KubernetesSandbox {
         ]);
         // The pod's own events (the kubelet's: its sandbox, its volumes),
         // watched once the pod has a name.
-        let mut pod_events: Option<tokio::sync::mpsc::UnboundedSender<Update>> = Some(tx);
+        let mut pod_events: Option<tokio::sync::mpsc::UnboundedSender<Update>> = Some(tx.clone());
         let give_up =
             tokio::time::sleep(req.deadline + Duration::from_secs(self.cfg.grace_seconds));
         let mut give_up = std::pin::pin!(give_up);
         let mut seen = Seen::default();
         let mut lost: Option<String> = None;
+        let cap = req.limits.output_bytes;
+        let log_limit = cap.saturating_mul(2);
+        // The log as the runner ended it, when its end came from there.
+        let mut ended_log: Option<Vec<u8>> = None;
+        // Only a sandbox that hands back no files: files out are read from
+        // the workspace once the container is really gone, never while a
+        // process that wrote (or forged) the end frame may still change them.
+        let mut follow: Option<tokio::sync::mpsc::UnboundedSender<Update>> =
+            req.workdir.is_none().then_some(tx);
         let end = loop {
             tokio::select! {
                 u = rx.recv() => match u {
@@ -711,6 +779,11 @@ impl KubernetesSandbox {
                         lost = None;
                         seen.pod(&p);
                         pod_stages(&p, &mut stages);
+                        if let (Some(name), true) = (&seen.pod, container_started(&p))
+                            && let Some(tx) = follow.take()
+                        {
+                            watchers.0.push(follow_log(pods.clone(), name.clone(), log_limit, tx));
+                        }
                         if let (Some(name), Some(tx)) = (&seen.pod, pod_events.take()) {
                             watchers.0.push(keep_watching(
                                 events.clone(),
@@ -725,6 +798,11 @@ impl KubernetesSandbox {
                     Some(Update::Job(j)) => { lost = None; seen.job(&j) }
                     Some(Update::Event(e)) => { lost = None; seen.event(&e) }
                     Some(Update::Lost(why)) => lost = Some(why),
+                    Some(Update::LogEnded(log, code)) => {
+                        stages.mark("end_logged");
+                        ended_log = Some(log);
+                        break Ok((Some(i32::from(code)), Ended::Exited));
+                    }
                     None => break Err("the watches ended".to_string()),
                 },
                 _ = &mut give_up => {
@@ -760,12 +838,15 @@ impl KubernetesSandbox {
                 .ok()
                 .and_then(|l| l.items.into_iter().find_map(|p| p.metadata.name)),
         };
-        let cap = req.limits.output_bytes;
-        let (stdout, stderr) = match &pod_name {
-            Some(pod) => {
+        let (stdout, stderr) = match (&pod_name, ended_log) {
+            (_, Some(log)) => {
+                let (o, e) = crate::protocol::unframe(&log);
+                (capped(o, cap), capped(e, cap))
+            }
+            (Some(pod), None) => {
                 let lp = LogParams {
                     container: Some(manifests::CONTAINER.into()),
-                    limit_bytes: Some(i64::try_from(cap.saturating_mul(2)).unwrap_or(i64::MAX)),
+                    limit_bytes: Some(i64::try_from(log_limit).unwrap_or(i64::MAX)),
                     ..LogParams::default()
                 };
                 let retry_for = Duration::from_secs(self.cfg.grace_seconds);
@@ -787,7 +868,7 @@ impl KubernetesSandbox {
                     ),
                 }
             }
-            None => (Captured::default(), Captured::default()),
+            (None, None) => (Captured::default(), Captured::default()),
         };
         stages.mark("logs_read");
         // Files out: the working dir is on the workspace PVC, which the
@@ -828,6 +909,21 @@ impl KubernetesSandbox {
             stages: stages.into_marks(),
         })
     }
+}
+
+/// Whether the pod's container has started (running or ended): its log
+/// can be read from then on.
+fn container_started(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .any(|cs| {
+            cs.name == manifests::CONTAINER
+                && cs
+                    .state
+                    .as_ref()
+                    .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+        })
 }
 
 /// The steps a pod's updates show: placed on a node, its container
