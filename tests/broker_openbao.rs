@@ -2240,3 +2240,53 @@ async fn two_hundred_calls_with_cancellations_and_disconnects_leave_nothing_behi
         "the daemon's peak RSS was {peak} KiB, over the {PEAK_BOUND_KIB} KiB bound"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_while_it_waits_for_a_lane_leaves_nothing_minted() {
+    // The attack: start calls and cancel them at once, so that credential
+    // requests pile up behind the lane's permits and are each minted (and
+    // revoked) after their calls are gone, stalling everyone's minting.
+    let w = world().await;
+    // A slow API server: each mint takes seconds, so the lane's two
+    // permits stay taken while the third call waits.
+    w.kube
+        .with(|s| s.request_latency = std::time::Duration::from_millis(300));
+    let broker: Arc<dyn Broker> =
+        Arc::new(VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b"));
+    let audit =
+        Arc::new(gateway::audit::AuditLog::open(w.dir.path().join("audit.jsonl")).expect("audit"));
+    let scope = pod_reader();
+    let mut minting = tokio::task::JoinSet::new();
+    for i in 0..2 {
+        let (b, a, sc) = (Arc::clone(&broker), Arc::clone(&audit), scope.clone());
+        minting.spawn(async move {
+            gateway::broker::issue_for_call(&b, &a, &format!("req-busy-{i}"), &sc).await
+        });
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The third waits for a permit, and its caller goes away.
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        gateway::broker::issue_for_call(&broker, &audit, "req-cancelled", &scope),
+    )
+    .await;
+    assert!(cancelled.is_err(), "it was still waiting for its turn");
+    let mut leases = Vec::new();
+    while let Some(r) = minting.join_next().await {
+        leases.push(r.expect("join").expect("issued").lease_id);
+    }
+    // Long enough for a third mint, had one been queued, to be made.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let made = w.kube.with(|s| {
+        s.created
+            .iter()
+            .filter(|(r, _)| r == "serviceaccounts")
+            .count()
+    });
+    assert_eq!(made, 2, "only the calls still there got a credential");
+    let log = std::fs::read_to_string(w.dir.path().join("audit.jsonl")).unwrap_or_default();
+    assert!(!log.contains("req-cancelled"), "{log}");
+    for l in &leases {
+        broker.revoke(l).await.expect("revoked");
+    }
+}

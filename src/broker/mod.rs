@@ -78,6 +78,17 @@ pub enum CredentialMeta {
     Opaque,
 }
 
+/// A broker's leave to mint one credential now (a lane and its permit):
+/// held from [`Broker::turn`] to [`Broker::issue_in_turn`]; dropped
+/// unused, it gives the turn back and nothing was minted.
+#[derive(Debug, Default)]
+pub struct Turn {
+    /// The mount to mint on (a lane of the scope's), when the broker chose one.
+    pub mount: Option<String>,
+    /// Held while minting.
+    pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// A source of per-call credentials.
 pub trait Broker: Send + Sync {
     /// Mint exactly the credential `scope` names, for request `request_id`.
@@ -86,6 +97,21 @@ pub trait Broker: Send + Sync {
         request_id: &'a str,
         scope: &'a CredentialScope,
     ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>>;
+    /// Wait until `scope` may be minted now. Nothing is asked of the
+    /// secrets engine before this returns, so dropping the future (the
+    /// call was cancelled while it waited) costs nothing.
+    fn turn<'a>(&'a self, _scope: &'a CredentialScope) -> BoxFuture<'a, Result<Turn, BrokerError>> {
+        Box::pin(async { Ok(Turn::default()) })
+    }
+    /// Mint `scope` in a turn [`Broker::turn`] gave.
+    fn issue_in_turn<'a>(
+        &'a self,
+        _turn: Turn,
+        request_id: &'a str,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+        self.issue(request_id, scope)
+    }
     /// Revoke a lease (synchronously: it is dead when this returns Ok).
     fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>>;
 }
@@ -103,6 +129,10 @@ pub async fn issue_for_call(
     request_id: &str,
     scope: &CredentialScope,
 ) -> Result<IssuedCredential, BrokerError> {
+    // The wait for a turn is the caller's: a call cancelled while it waits
+    // leaves nothing to mint (a burst of started-and-cancelled calls does
+    // not queue mints that nobody will use).
+    let turn = broker.turn(scope).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Unclaimed, BrokerError>>();
     let (b, a, rid, sc) = (
         Arc::clone(broker),
@@ -115,7 +145,7 @@ pub async fn issue_for_call(
     let pending = AbortRevocation::start();
     tokio::spawn(async move {
         let _pending = pending;
-        let issued = b.issue(&rid, &sc).await.map(|c| Unclaimed {
+        let issued = b.issue_in_turn(turn, &rid, &sc).await.map(|c| Unclaimed {
             credential: Some(c),
             broker: b,
             audit: a,

@@ -939,19 +939,29 @@ impl VaultBroker {
         result
     }
 
+    /// A Kubernetes credential goes to a lane of its mount (the same
+    /// role, set up the same on every lane), when one has room.
+    async fn turn_for(&self, scope: &CredentialScope) -> Result<super::Turn, BrokerError> {
+        if scope.credential_type != "kubernetes" {
+            return Ok(super::Turn::default());
+        }
+        let (mount, permit) = self.lanes.acquire(scope.mount.trim_matches('/')).await?;
+        Ok(super::Turn {
+            mount: Some(mount),
+            permit: Some(permit),
+        })
+    }
+
     async fn issue_scope(
         &self,
+        turn: super::Turn,
         request_id: &str,
         scope: &CredentialScope,
     ) -> Result<IssuedCredential, BrokerError> {
-        // A Kubernetes credential goes to the next lane of its mount (the
-        // same role, set up the same on every lane).
-        let (mount, _issuing) = if scope.credential_type == "kubernetes" {
-            let (mount, permit) = self.lanes.acquire(scope.mount.trim_matches('/')).await?;
-            (mount, Some(permit))
-        } else {
-            (scope.mount.trim_matches('/').to_string(), None)
-        };
+        let _issuing = turn.permit;
+        let mount = turn
+            .mount
+            .unwrap_or_else(|| scope.mount.trim_matches('/').to_string());
         let path = format!("{mount}/creds/{}", scope.role.trim_matches('/'));
         let body: serde_json::Map<String, Value> = scope
             .params
@@ -1116,7 +1126,26 @@ impl Broker for VaultBroker {
         request_id: &'a str,
         scope: &'a CredentialScope,
     ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
-        Box::pin(self.issue_scope(request_id, scope))
+        Box::pin(async move {
+            let turn = self.turn_for(scope).await?;
+            self.issue_scope(turn, request_id, scope).await
+        })
+    }
+
+    fn turn<'a>(
+        &'a self,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<super::Turn, BrokerError>> {
+        Box::pin(self.turn_for(scope))
+    }
+
+    fn issue_in_turn<'a>(
+        &'a self,
+        turn: super::Turn,
+        request_id: &'a str,
+        scope: &'a CredentialScope,
+    ) -> BoxFuture<'a, Result<IssuedCredential, BrokerError>> {
+        Box::pin(self.issue_scope(turn, request_id, scope))
     }
 
     fn revoke<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<(), BrokerError>> {
