@@ -115,12 +115,20 @@ fn terminate(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str, 
     ended(c, pod, phase, exit_code, reason);
 }
 
-/// The kubelet: the container ended (its log as it is).
+/// The kubelet: the container ended (its log as it is). One the runtime
+/// could not start (`StartError`) has the zero start time, as the real
+/// kubelet reports it.
 fn ended(c: &Cluster, pod: &str, phase: &str, exit_code: i32, reason: &str) {
+    let started = if reason == "StartError" {
+        "1970-01-01T00:00:00Z"
+    } else {
+        "2026-12-04T10:00:00Z"
+    };
     c.kube.with(|s| {
         s.update("pods", NS, pod, |p| {
             p["status"] = json!({"phase": phase, "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
-                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}]});
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"terminated": {"exitCode": exit_code, "reason": reason,
+                "startedAt": started, "finishedAt": "2026-12-04T10:00:01Z"}}}]});
         });
     });
 }
@@ -1147,4 +1155,17 @@ async fn a_log_without_the_end_frame_waits_for_the_kubelets_report() {
     assert_eq!(r.stdout.text(), "partial\n");
     let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
     assert!(!stages.contains(&"end_logged"), "{stages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_the_runtime_could_not_start_is_not_timed_as_running() {
+    let c = cluster(|_| {}).await;
+    let run = spawn_run(&c, request("req-starterr", None));
+    let pod = pod_of(&c, "gw-req-starterr").await;
+    ended(&c, &pod, "Failed", 128, "StartError");
+    let r = run.await.expect("join").expect("ran");
+    assert_eq!(r.exit_code, Some(128));
+    let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
+    assert!(stages.contains(&"container_ended"), "{stages:?}");
+    assert!(!stages.contains(&"container_running"), "{stages:?}");
 }

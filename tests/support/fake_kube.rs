@@ -211,6 +211,7 @@ async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
     }
     tokio::time::sleep(k.start).await;
     let started = Instant::now();
+    let started_at = rfc3339(now());
     let exits = started + k.run;
     let running_seen = k.reported(epoch, started);
     let end_seen = k.reported(epoch, exits);
@@ -249,7 +250,8 @@ async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
             p["status"] = json!({"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
                 "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
                 "image": "gateway-runner:0.1.0", "imageID": "",
-                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason}}}]});
+                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason,
+                    "startedAt": started_at, "finishedAt": rfc3339(now())}}}]});
         });
     }
 }

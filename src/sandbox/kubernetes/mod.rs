@@ -946,8 +946,16 @@ fn pod_stages(pod: &Pod, stages: &mut crate::sandbox::Stages) {
         }
         match &cs.state {
             Some(s) if s.running.is_some() => stages.mark("container_running"),
-            Some(s) if s.terminated.is_some() => {
-                stages.mark("container_running");
+            Some(s) if let Some(t) = &s.terminated => {
+                // A container the runtime could not start ends with no
+                // start (or the zero time): it never ran.
+                let ran = !matches!(
+                    t.reason.as_deref(),
+                    Some("StartError" | "ContainerCannotRun")
+                ) && t.started_at.as_ref().is_some_and(|at| at.0.as_second() > 0);
+                if ran {
+                    stages.mark("container_running");
+                }
                 stages.mark("container_ended");
             }
             _ => {}

