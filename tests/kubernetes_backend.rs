@@ -1079,16 +1079,16 @@ async fn a_log_that_is_not_utf8_is_kept_not_lost() {
 }
 
 /// The node of the fake's timing model: the kubelet learns of a change only
-/// at its next relist, here every 2 s on a grid from the pod's making. The
-/// container starts at about 0.06 s (reported at 2 s: its log can be
-/// read from then) and ends at about 2.56 s, reported at 4 s: 1.4 s after
+/// at its next relist, here every 3 s on a grid from the pod's making. The
+/// container starts at about 0.06 s (reported at 3 s: its log can be
+/// read from then) and ends at about 3.56 s, reported at 6 s: 2.4 s after
 /// the runner's end frame is in the log.
 fn slow_relist_kubelet(log: &str, exit_code: i32) -> fake_kube::Kubelet {
     fake_kube::Kubelet {
         schedule: Duration::from_millis(10),
         start: Duration::from_millis(50),
-        run: Duration::from_millis(2500),
-        relist: Duration::from_secs(2),
+        run: Duration::from_millis(3500),
+        relist: Duration::from_secs(3),
         report: Duration::from_millis(10),
         follow_check: Duration::from_secs(5),
         log: log.as_bytes().to_vec(),
@@ -1168,4 +1168,20 @@ async fn a_container_the_runtime_could_not_start_is_not_timed_as_running() {
     let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
     assert!(stages.contains(&"container_ended"), "{stages:?}");
     assert!(!stages.contains(&"container_running"), "{stages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_frame_written_after_the_deadline_does_not_make_the_run_a_success() {
+    // The runner (PID 1) ignores SIGTERM, so a step can still end, and the
+    // runner write `x 0`, after the deadline while the pod is being
+    // killed: that is not the tool's own end.
+    let c = cluster(|_| {}).await;
+    c.kube
+        .with(|s| s.kubelet = Some(slow_relist_kubelet("o late\nx 0\n", 0)));
+    let mut req = request("req-late", None);
+    req.deadline = Duration::from_secs(2);
+    let r = spawn_run(&c, req).await.expect("join").expect("ran");
+    assert_eq!(r.ended, Ended::Deadline, "{r:?}");
+    let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
+    assert!(!stages.contains(&"end_logged"), "{stages:?}");
 }

@@ -413,4 +413,15 @@ fn framed_steps_end_with_the_runners_exit_code_and_a_step_cannot_print_an_end() 
     );
     let (stdout, _) = gateway::protocol::unframe(&log);
     assert_eq!(String::from_utf8_lossy(&stdout), "x 0\ndone\n");
+    // Nor can an argument: the runner's own message naming the step is
+    // framed line by line.
+    std::fs::write(
+        &steps,
+        serde_json::json!([{"argv": ["/bin/sh", "-c", "exit 4", "\nx 0\n"]}]).to_string(),
+    )
+    .expect("steps");
+    let out = runner(&["exec", &steps.display().to_string()], &[]);
+    assert_eq!(out.status.code(), Some(4));
+    let log = out.stdout;
+    assert_eq!(gateway::protocol::find_end(&log), Some((log.len(), 4)));
 }

@@ -70,39 +70,95 @@ pub fn end_frame(code: u8) -> Vec<u8> {
     line
 }
 
+/// The exit code `line` (one line, its newline included) ends the output
+/// with, when it is exactly an end frame (`x CODE\n` as [`end_frame`]
+/// writes it: no sign, no leading zero, no `\r`).
+pub fn end_code(line: &[u8]) -> Option<u8> {
+    let code = line.strip_prefix(END_PREFIX)?.strip_suffix(b"\n")?;
+    let code: u8 = std::str::from_utf8(code).ok()?.parse().ok()?;
+    (end_frame(code) == line).then_some(code)
+}
+
 /// Where the first end frame in `log` ends (the bytes up to there are the
-/// whole output), with its exit code: `None` until a whole, well-formed
-/// end line is there. Every line the steps print is framed `o `/`e ` by
-/// the runner, so a tool's own output cannot look like one. A process in
-/// the sandbox that writes to the container's stdout directly can forge
-/// one, which ends its own run early with an exit code it could already
-/// choose (the exit code is the sandbox's word either way).
+/// whole output), with its exit code: `None` until a whole end line is
+/// there. Every line the steps print is framed `o `/`e ` by the runner,
+/// and so is every line of the runner's own messages, so neither a tool's
+/// output nor an argument can look like one. A process in the sandbox
+/// that writes to the container's stdout directly can forge one, which
+/// ends its own run early with an exit code it could already choose (the
+/// exit code is the sandbox's word either way).
 pub fn find_end(log: &[u8]) -> Option<(usize, u8)> {
-    let mut at = 0;
-    for line in log.split_inclusive(|b| *b == b'\n') {
-        at += line.len();
-        let text = line.strip_suffix(b"\n")?;
-        if let Some(code) = text
-            .strip_prefix(END_PREFIX)
-            .and_then(|c| std::str::from_utf8(c).ok())
-            .and_then(|c| c.parse::<u8>().ok())
-        {
-            return Some((at, code));
+    let mut scan = EndScan::default();
+    scan.push(log)
+}
+
+/// [`find_end`] over a log that arrives in pieces, looking at each byte
+/// once: a long line in many pieces costs its length, not its square.
+#[derive(Debug, Default)]
+pub struct EndScan {
+    /// The line not yet whole (at most an end frame's length is kept:
+    /// a longer line cannot be one).
+    partial: Vec<u8>,
+    /// The partial line is already longer than any end frame.
+    too_long: bool,
+    /// Bytes seen so far.
+    seen: usize,
+}
+
+/// The longest end frame: `x 255\n`.
+const END_MAX: usize = 6;
+
+impl EndScan {
+    /// Look at the next piece of the log; the end, as [`find_end`] would
+    /// report it for everything pushed so far.
+    pub fn push(&mut self, piece: &[u8]) -> Option<(usize, u8)> {
+        let mut rest = piece;
+        while let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+            let (line, after) = rest.split_at(nl + 1);
+            self.seen += line.len();
+            rest = after;
+            let whole = !self.too_long && self.partial.len() + line.len() <= END_MAX;
+            let code = if whole {
+                self.partial.extend_from_slice(line);
+                end_code(&self.partial)
+            } else {
+                None
+            };
+            self.partial.clear();
+            self.too_long = false;
+            if let Some(code) = code {
+                return Some((self.seen, code));
+            }
         }
+        self.seen += rest.len();
+        if !self.too_long {
+            if self.partial.len() + rest.len() <= END_MAX {
+                self.partial.extend_from_slice(rest);
+            } else {
+                self.partial.clear();
+                self.too_long = true;
+            }
+        }
+        None
     }
-    None
 }
 
 /// Split a framed log into (stdout, stderr): with [`FRAMED_ENV`] set, every
 /// line is prefixed `o ` (stdout) or `e ` (stderr), and the last is the
 /// end frame (`x CODE`, not output). Lines without a frame (from the
-/// container runtime) count as stderr.
+/// container runtime, or an `x` line that is not the runner's last) count
+/// as stderr, so a forged frame in the middle stays visible.
 pub fn unframe(log: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let body = match log[..log.len().saturating_sub(1)]
+        .iter()
+        .rposition(|b| *b == b'\n')
+    {
+        Some(nl) if end_code(&log[nl + 1..]).is_some() => &log[..=nl],
+        None if end_code(log).is_some() => &log[..0],
+        _ => log,
+    };
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    for line in log.split_inclusive(|b| *b == b'\n') {
-        if line.starts_with(END_PREFIX) && line.ends_with(b"\n") {
-            continue;
-        }
+    for line in body.split_inclusive(|b| *b == b'\n') {
         if let Some(rest) = line.strip_prefix(b"o ") {
             out.extend_from_slice(rest);
         } else if let Some(rest) = line.strip_prefix(b"e ") {
@@ -145,8 +201,59 @@ mod tests {
         assert_eq!(out, b"x 0\ndone\n");
         assert_eq!(err, b"==> step 1/1: kubectl\n");
         assert_eq!(end_frame(3), b"x 3\n");
-        assert_eq!(find_end(b"x 300\n"), None, "not an exit code");
+        // Only exactly what the runner writes.
+        for not in [
+            &b"x 300\n"[..],
+            b"x +3\n",
+            b"x 03\n",
+            b"x 3\r\n",
+            b"x  3\n",
+            b"x 3 \n",
+            b"xx 3\n",
+        ] {
+            assert_eq!(find_end(not), None, "{}", String::from_utf8_lossy(not));
+        }
         assert_eq!(find_end(b"x abc\nx 1\n"), Some((10, 1)));
         assert_eq!(find_end(b"x 0\n"), Some((4, 0)));
+        assert_eq!(find_end(b"o \xff\xfex 1\nx 255\n"), Some((14, 255)));
+    }
+
+    #[test]
+    fn the_end_is_found_however_the_log_is_cut_into_pieces() {
+        let log = b"e step\no a very long line \xff with bytes\ne x 0\nx 7\no after\n";
+        let want = find_end(log);
+        assert_eq!(want, Some((log.len() - 8, 7)));
+        for size in 1..log.len() {
+            let mut scan = EndScan::default();
+            let mut got = None;
+            for piece in log.chunks(size) {
+                if let Some(end) = scan.push(piece) {
+                    got = Some(end);
+                    break;
+                }
+            }
+            assert_eq!(got, want, "pieces of {size}");
+        }
+        // A long line is looked at once: what it could hide is not kept.
+        let mut scan = EndScan::default();
+        for _ in 0..1000 {
+            assert_eq!(scan.push(&[b'x'; 4096]), None);
+        }
+        assert!(scan.partial.is_empty());
+        assert_eq!(scan.push(b"\nx 1\n"), Some((4_096_000 + 5, 1)));
+    }
+
+    #[test]
+    fn only_a_last_well_formed_end_frame_is_dropped_from_the_output() {
+        // A frame forged in the middle stays visible, as stderr.
+        let (out, err) = unframe(b"o a\nx 0\no b\nx 1\n");
+        assert_eq!(out, b"a\nb\n");
+        assert_eq!(err, b"x 0\n");
+        let (_, err) = unframe(b"x 0\n");
+        assert!(err.is_empty());
+        let (_, err) = unframe(b"o a\nx 01\n");
+        assert_eq!(err, b"x 01\n");
+        let (out, err) = unframe(b"");
+        assert!(out.is_empty() && err.is_empty());
     }
 }

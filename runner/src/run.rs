@@ -26,9 +26,13 @@ impl Out {
     fn line(&self, stream: u8, bytes: &[u8]) {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.framed {
+            // Every line framed, also inside one message (the runner's
+            // own name the steps' arguments, which the agent chose).
             let mut o = std::io::stdout().lock();
-            let _ = o.write_all(if stream == 1 { b"o " } else { b"e " });
-            let _ = o.write_all(bytes);
+            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                let _ = o.write_all(if stream == 1 { b"o " } else { b"e " });
+                let _ = o.write_all(line);
+            }
             if !bytes.ends_with(b"\n") {
                 let _ = o.write_all(b"\n");
             }

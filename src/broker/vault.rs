@@ -958,6 +958,12 @@ impl VaultBroker {
         request_id: &str,
         scope: &CredentialScope,
     ) -> Result<IssuedCredential, BrokerError> {
+        // A Kubernetes credential is minted only with a lane's permit, also
+        // when the caller brought no turn.
+        let turn = match turn.permit {
+            None if scope.credential_type == "kubernetes" => self.turn_for(scope).await?,
+            _ => turn,
+        };
         let _issuing = turn.permit;
         let mount = turn
             .mount

@@ -312,11 +312,13 @@ fn follow_log(st: Arc<Mutex<State>>, ns: String, pod: String, limit: Option<usiz
                 return;
             }
             // At the end of what is written: stop at once when the
-            // container is gone; else it is checked every `check`.
+            // container is gone (the kubelet asks the runtime before it
+            // waits); else its exit is noticed at a check every `check`.
+            let first = waiting_since.is_none();
             let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
             if exited {
                 let waited = since.elapsed();
-                if check.is_zero() || waited.is_zero() {
+                if check.is_zero() || first {
                     return;
                 }
                 let periods = waited.as_nanos().div_ceil(check.as_nanos()).max(1);

@@ -440,8 +440,8 @@ fn follow_log(
         };
         let mut stream = std::pin::pin!(stream);
         let mut log = Vec::new();
-        // Where the line not yet whole starts: lines before it are looked at once.
-        let mut from = 0;
+        // Each byte is looked at once, however the log is cut.
+        let mut scan = crate::protocol::EndScan::default();
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
             let n = match stream.read(&mut chunk).await {
@@ -449,13 +449,10 @@ fn follow_log(
                 Ok(n) => n,
             };
             log.extend_from_slice(&chunk[..n]);
-            if let Some((len, code)) = crate::protocol::find_end(&log[from..]) {
-                log.truncate(from + len);
+            if let Some((len, code)) = scan.push(&chunk[..n]) {
+                log.truncate(len);
                 let _ = tx.send(Update::LogEnded(log, code));
                 return;
-            }
-            if let Some(nl) = log.iter().rposition(|b| *b == b'\n') {
-                from = nl + 1;
             }
             if log.len() >= limit {
                 return;
@@ -799,9 +796,20 @@ impl KubernetesSandbox {
                     Some(Update::Event(e)) => { lost = None; seen.event(&e) }
                     Some(Update::Lost(why)) => lost = Some(why),
                     Some(Update::LogEnded(log, code)) => {
-                        stages.mark("end_logged");
-                        ended_log = Some(log);
-                        break Ok((Some(i32::from(code)), Ended::Exited));
+                        // The runner's word ends the run only while nothing
+                        // else has: past the deadline, or once the pod is
+                        // being killed or the Job failed, a step that ends
+                        // (the runner ignores SIGTERM) is not the tool's
+                        // own end, and the watches decide as before.
+                        let overtaken = seen.killed
+                            || seen.deadline
+                            || seen.job_failed.is_some()
+                            || started.elapsed() >= req.deadline;
+                        if !overtaken {
+                            stages.mark("end_logged");
+                            ended_log = Some(log);
+                            break Ok((Some(i32::from(code)), Ended::Exited));
+                        }
                     }
                     None => break Err("the watches ended".to_string()),
                 },
