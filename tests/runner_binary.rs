@@ -425,3 +425,84 @@ fn framed_steps_end_with_the_runners_exit_code_and_a_step_cannot_print_an_end() 
     let log = out.stdout;
     assert_eq!(gateway::protocol::find_end(&log), Some((log.len(), 4)));
 }
+
+#[test]
+fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
+    // In a PID namespace of its own the runner is PID 1, as in a pod, where
+    // a signal it has no handler for is ignored: before, the kubelet's
+    // SIGTERM (a deadline, a deleted pod) left the step running through the
+    // pod's grace period. Needs root, as the sandbox tests do.
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("dir");
+    let steps = dir.path().join("steps.json");
+    std::fs::write(
+        &steps,
+        serde_json::json!([{"argv": ["/bin/sh", "-c", "echo started; sleep 60; echo never"]}])
+            .to_string(),
+    )
+    .expect("steps");
+    let mut unshare = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(common::runner_bin())
+        .args(["exec", &steps.display().to_string()])
+        .env("GATEWAY_FRAMED_OUTPUT", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare (util-linux), as root");
+    let stdout = unshare.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the step started");
+        let started = line == "o started";
+        log.push(line);
+        if started {
+            break;
+        }
+    }
+    // The runner: unshare's one child.
+    let pid = unshare.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .expect("children of unshare");
+    let runner: u32 = children.trim().parse().expect("one child");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &runner.to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = unshare.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if stopped.elapsed() > std::time::Duration::from_secs(10) {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let Some(status) = status else {
+        let _ = unshare.kill();
+        let _ = unshare.wait();
+        panic!("the runner ignored SIGTERM: its step still ran 10 s later");
+    };
+    let _ = reader.join();
+    log.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(143), "{log:?}");
+    let text = log.join("\n");
+    assert!(text.contains("stopped by SIGTERM"), "{text}");
+    assert!(!log.iter().any(|l| l == "o never"), "{text}");
+    assert!(
+        !log.iter().any(|l| l.starts_with("x ")),
+        "a stopped run has no end frame: {text}"
+    );
+}

@@ -162,6 +162,7 @@ const LOCKED_ROUNDS: u32 = 3;
 /// the kubelet reports the container's end.
 pub fn run_steps(steps_file: &Path) -> ExitCode {
     let out = Out::from_env();
+    stop_on_sigterm(&out);
     let code = steps(&out, steps_file);
     if out.framed {
         let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -170,6 +171,48 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
         let _ = o.flush();
     }
     ExitCode::from(code)
+}
+
+/// The process group of the step running now (0: none).
+static STEP_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Stop at SIGTERM: kill the running step's process group and exit 143,
+/// with no end frame (the run did not end on its own). The runner is the
+/// container's PID 1, for which a signal with no handler is ignored:
+/// without this a deadline or a deleted pod left every step running
+/// through the pod's grace period, then SIGKILL. SIGTERM is blocked in
+/// every thread (this is called before any other thread starts) and taken
+/// by one thread that waits for it; each step starts with the signal mask
+/// cleared (std's `Command` does that).
+fn stop_on_sigterm(out: &Out) {
+    // SAFETY: sigset operations on a local set; pthread_sigmask on the
+    // calling thread with a valid set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return;
+        }
+        set
+    };
+    let out = out.clone();
+    std::thread::spawn(move || {
+        loop {
+            let mut sig = 0;
+            // SAFETY: `set` is a valid signal set; `sig` a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 && sig == libc::SIGTERM {
+                break;
+            }
+        }
+        let group = STEP_GROUP.load(std::sync::atomic::Ordering::SeqCst);
+        if group > 0 {
+            // SAFETY: kill(2) on the step's own process group.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
+        out.say("gateway-runner: stopped by SIGTERM (the sandbox is being deleted); the step was killed");
+        std::process::exit(143);
+    });
 }
 
 fn steps(out: &Out, steps_file: &Path) -> u8 {
@@ -237,7 +280,14 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                 }
             }
         }
+        // Its own process group, so that a SIGTERM to the runner kills
+        // the step and what it started.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let status = cmd.spawn().and_then(|mut child| {
+            STEP_GROUP.store(
+                i32::try_from(child.id()).unwrap_or(0),
+                std::sync::atomic::Ordering::SeqCst,
+            );
             let pumps: Vec<_> = [
                 child.stdout.take().map(|s| out.pump(1, s)),
                 child.stderr.take().map(|s| out.pump(2, s)),
@@ -246,6 +296,7 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
             .flatten()
             .collect();
             let status = child.wait();
+            STEP_GROUP.store(0, std::sync::atomic::Ordering::SeqCst);
             for p in pumps {
                 let _ = p.join();
             }
