@@ -1172,9 +1172,9 @@ async fn a_container_the_runtime_could_not_start_is_not_timed_as_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_end_frame_written_after_the_deadline_does_not_make_the_run_a_success() {
-    // The runner (PID 1) ignores SIGTERM, so a step can still end, and the
-    // runner write `x 0`, after the deadline while the pod is being
-    // killed: that is not the tool's own end.
+    // A step can still end, and the runner write `x 0`, after the
+    // deadline before the kill reaches the pod: that is not the tool's own
+    // end.
     let c = cluster(|_| {}).await;
     c.kube
         .with(|s| s.kubelet = Some(slow_relist_kubelet("o late\nx 0\n", 0)));

@@ -799,8 +799,8 @@ impl KubernetesSandbox {
                         // The runner's word ends the run only while nothing
                         // else has: past the deadline, or once the pod is
                         // being killed or the Job failed, a step that ends
-                        // (the runner ignores SIGTERM) is not the tool's
-                        // own end, and the watches decide as before.
+                        // before the kill reaches it is not the tool's own
+                        // end, and the watches decide as before.
                         let overtaken = seen.killed
                             || seen.deadline
                             || seen.job_failed.is_some()
