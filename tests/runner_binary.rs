@@ -433,6 +433,10 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
     // SIGTERM (a deadline, a deleted pod) left the step running through the
     // pod's grace period. Needs root, as the sandbox tests do.
     use std::io::BufRead;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "a PID namespace of its own needs root"
+    );
     let dir = tempfile::tempdir().expect("dir");
     let steps = dir.path().join("steps.json");
     std::fs::write(
@@ -441,15 +445,26 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
             .to_string(),
     )
     .expect("steps");
-    let mut unshare = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child"])
-        .arg(common::runner_bin())
-        .args(["exec", &steps.display().to_string()])
-        .env("GATEWAY_FRAMED_OUTPUT", "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("unshare (util-linux), as root");
-    let stdout = unshare.stdout.take().expect("stdout");
+    /// Killed when dropped (a failed assertion): unshare's `--kill-child`
+    /// then kills the runner, whose exit as PID 1 ends its step.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut unshare = KillOnDrop(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(common::runner_bin())
+            .args(["exec", &steps.display().to_string()])
+            .env("GATEWAY_FRAMED_OUTPUT", "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux), as root"),
+    );
+    let stdout = unshare.0.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
         for line in std::io::BufReader::new(stdout)
@@ -471,7 +486,7 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
         }
     }
     // The runner: unshare's one child.
-    let pid = unshare.id();
+    let pid = unshare.0.id();
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         .expect("children of unshare");
     let runner: u32 = children.trim().parse().expect("one child");
@@ -482,7 +497,7 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
     assert!(sent.success());
     let stopped = std::time::Instant::now();
     let status = loop {
-        if let Some(s) = unshare.try_wait().expect("wait") {
+        if let Some(s) = unshare.0.try_wait().expect("wait") {
             break Some(s);
         }
         if stopped.elapsed() > std::time::Duration::from_secs(10) {
@@ -491,8 +506,6 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     let Some(status) = status else {
-        let _ = unshare.kill();
-        let _ = unshare.wait();
         panic!("the runner ignored SIGTERM: its step still ran 10 s later");
     };
     let _ = reader.join();
@@ -505,4 +518,28 @@ fn as_the_containers_pid_1_the_runner_stops_its_step_at_sigterm() {
         !log.iter().any(|l| l.starts_with("x ")),
         "a stopped run has no end frame: {text}"
     );
+}
+
+#[test]
+fn a_step_starts_with_sigterm_unblocked_though_the_runner_blocks_it() {
+    // The runner blocks SIGTERM to take it on one thread; a step that
+    // inherited the block could not be stopped by it (`timeout`, `kill`, a
+    // shell's `trap`).
+    let dir = tempfile::tempdir().expect("dir");
+    let steps = dir.path().join("steps.json");
+    std::fs::write(
+        &steps,
+        serde_json::json!([
+            {"argv": ["/bin/sh", "-c", "kill -TERM $$; echo survived"]}
+        ])
+        .to_string(),
+    )
+    .expect("steps");
+    let out = runner(&["exec", &steps.display().to_string()], &[]);
+    let (stdout, stderr) = gateway::protocol::unframe(&out.stdout);
+    let stdout = String::from_utf8_lossy(&stdout);
+    assert!(!stdout.contains("survived"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(stderr.contains("step 1 failed (signal: 15"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
 }

@@ -110,7 +110,8 @@ const END_MAX: usize = 6;
 
 impl EndScan {
     /// Look at the next piece of the log; the end, as [`find_end`] would
-    /// report it for everything pushed so far.
+    /// report it for everything pushed so far. Once it has reported an end
+    /// the rest of that piece is not looked at: push nothing more.
     pub fn push(&mut self, piece: &[u8]) -> Option<(usize, u8)> {
         let mut rest = piece;
         while let Some(nl) = rest.iter().position(|b| *b == b'\n') {

@@ -25,6 +25,11 @@ struct Out {
 impl Out {
     fn line(&self, stream: u8, bytes: &[u8]) {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.write(stream, bytes);
+    }
+
+    /// Write one message; the caller holds `lock`.
+    fn write(&self, stream: u8, bytes: &[u8]) {
         if self.framed {
             // Every line framed, also inside one message (the runner's
             // own name the steps' arguments, which the agent chose).
@@ -164,8 +169,15 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
     let out = Out::from_env();
     stop_on_sigterm(&out);
     let code = steps(&out, steps_file);
+    let guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
+    if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+        // Stopped by SIGTERM: the stopping thread says so and exits 143.
+        drop(guard);
+        loop {
+            std::thread::park();
+        }
+    }
     if out.framed {
-        let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut o = std::io::stdout().lock();
         let _ = o.write_all(&protocol::end_frame(code));
         let _ = o.flush();
@@ -175,27 +187,41 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
 
 /// The process group of the step running now (0: none).
 static STEP_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// Set (under the output lock) once SIGTERM came: no step starts and no
+/// end frame is written after it.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// How long a step has, after SIGINT, to stop on its own (Terraform then
+/// ends its operation cleanly) before it is killed; the pod's grace period
+/// (5 s) bounds it anyway.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Stop at SIGTERM: kill the running step's process group and exit 143,
-/// with no end frame (the run did not end on its own). The runner is the
-/// container's PID 1, for which a signal with no handler is ignored:
-/// without this a deadline or a deleted pod left every step running
-/// through the pod's grace period, then SIGKILL. SIGTERM is blocked in
-/// every thread (this is called before any other thread starts) and taken
-/// by one thread that waits for it; each step starts with the signal mask
-/// cleared (std's `Command` does that).
-fn stop_on_sigterm(out: &Out) {
-    // SAFETY: sigset operations on a local set; pthread_sigmask on the
-    // calling thread with a valid set.
-    let set = unsafe {
+/// The SIGTERM set.
+fn sigterm_set() -> libc::sigset_t {
+    // SAFETY: sigset operations on a local, zeroed set.
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return;
-        }
         set
-    };
+    }
+}
+
+/// Stop at SIGTERM: the running step's process group gets SIGINT, then
+/// SIGKILL after [`STOP_GRACE`], and the runner exits 143 with no end
+/// frame (the run did not end on its own). The runner is the container's
+/// PID 1, for which (on Linux) a signal with no handler is ignored:
+/// without this a deadline or a deleted pod left every step running
+/// through the pod's grace period. SIGTERM is blocked in every thread
+/// (this is called before any other thread starts) and taken by one
+/// thread that waits for it; each step starts with it unblocked again
+/// ([`unblock_sigterm`]). Whatever a step leaves behind, even outside its
+/// group, ends with the runner: PID 1's exit ends every process in the pod.
+fn stop_on_sigterm(out: &Out) {
+    let set = sigterm_set();
+    // SAFETY: pthread_sigmask on the calling thread with a valid set.
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
+        return;
+    }
     let out = out.clone();
     std::thread::spawn(move || {
         loop {
@@ -205,14 +231,49 @@ fn stop_on_sigterm(out: &Out) {
                 break;
             }
         }
+        {
+            let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
+            STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let group = STEP_GROUP.load(std::sync::atomic::Ordering::SeqCst);
         if group > 0 {
             // SAFETY: kill(2) on the step's own process group.
+            unsafe { libc::kill(-group, libc::SIGINT) };
+            let until = std::time::Instant::now() + STOP_GRACE;
+            while STEP_GROUP.load(std::sync::atomic::Ordering::SeqCst) == group
+                && std::time::Instant::now() < until
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            // SAFETY: as above; a group already gone is a harmless ESRCH.
             unsafe { libc::kill(-group, libc::SIGKILL) };
         }
-        out.say("gateway-runner: stopped by SIGTERM (the sandbox is being deleted); the step was killed");
+        // The lock is held to the exit: nothing is written after this.
+        let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
+        out.write(
+            2,
+            b"gateway-runner: stopped by SIGTERM (the sandbox is being deleted); the step was stopped\n",
+        );
         std::process::exit(143);
     });
+}
+
+/// In a step's process, before it runs: SIGTERM unblocked (std's
+/// `Command` keeps the parent's signal mask, and the runner blocks it).
+fn unblock_sigterm(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let set = sigterm_set();
+    // SAFETY: the closure runs in the child between fork and exec and
+    // calls only pthread_sigmask, which is async-signal-safe, on a set
+    // copied in.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 fn steps(out: &Out, steps_file: &Path) -> u8 {
@@ -280,9 +341,13 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                 }
             }
         }
-        // Its own process group, so that a SIGTERM to the runner kills
+        // Its own process group, so that a SIGTERM to the runner stops
         // the step and what it started.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        unblock_sigterm(&mut cmd);
+        if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+            return 143;
+        }
         let status = cmd.spawn().and_then(|mut child| {
             STEP_GROUP.store(
                 i32::try_from(child.id()).unwrap_or(0),
@@ -379,6 +444,9 @@ pub fn run_terraform(args: &[String]) -> ExitCode {
 /// locked down first, as steps do: a probe sees the network a tool would.
 pub fn probe(args: &[String]) -> ExitCode {
     let out = Out::from_env();
+    // A probe server is its pod's PID 1 too: deleting the pod stops it at
+    // once instead of after the grace period.
+    stop_on_sigterm(&out);
     // What the probe prints, framed like a step's output.
     let print = |line: String| out.line(1, format!("{line}\n").as_bytes());
     let complain = |line: String| out.say(&line);
