@@ -1049,6 +1049,13 @@ async fn a_pod_whose_sandbox_never_starts_ends_the_call_with_the_kubelets_reason
         "{e}"
     );
     assert!(gone(&c, "jobs", "gw-req-nosb"));
+    // How far it got is kept with the failure (audited in sandbox.failed).
+    let stages: Vec<&str> = e.stages().iter().map(|m| m.stage).collect();
+    assert_eq!(
+        stages,
+        ["secret_created", "job_created", "end_seen", "cleaned_up"],
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,7 +216,14 @@ pub enum Event {
     #[serde(rename = "sandbox.output_refused")]
     SandboxOutputRefused { sandbox: String, reason: String },
     #[serde(rename = "sandbox.failed")]
-    SandboxFailed { sandbox: String, error: String },
+    SandboxFailed {
+        sandbox: String,
+        error: String,
+        /// The steps the run reached before it failed, as in
+        /// `sandbox.completed` (absent when none are known).
+        #[serde(skip_serializing_if = "Value::is_null")]
+        stages: Value,
+    },
     /// A plan file and its JSON were saved (HOME/plans).
     #[serde(rename = "plan.saved")]
     PlanSaved {

@@ -1238,6 +1238,11 @@ impl Pipeline {
                 Event::SandboxFailed {
                     sandbox: name.clone(),
                     error: e.to_string(),
+                    stages: if e.stages().is_empty() {
+                        Value::Null
+                    } else {
+                        json!(e.stages())
+                    },
                 },
             ),
         };

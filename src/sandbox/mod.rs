@@ -53,6 +53,20 @@ pub enum SandboxError {
     /// FIFO, a device, over the cap): the sandbox is hostile input.
     #[error("the sandbox's output was refused: {0}")]
     Output(#[from] beneath::BeneathError),
+    /// The run started and could not finish (its pod never started, the
+    /// API server went away…): why, and the steps it reached.
+    #[error("sandbox setup failed: {why}")]
+    Stopped { why: String, stages: Vec<StageMark> },
+}
+
+impl SandboxError {
+    /// The steps a failed run reached (empty when none are known).
+    pub fn stages(&self) -> &[StageMark] {
+        match self {
+            SandboxError::Stopped { stages, .. } => stages,
+            _ => &[],
+        }
+    }
 }
 
 pub use crate::secret::SecretFile;

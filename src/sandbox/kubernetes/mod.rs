@@ -830,7 +830,11 @@ impl KubernetesSandbox {
             Ok(e) => e,
             Err(why) => {
                 cleanup.finish().await;
-                return Err(SandboxError::Setup(why));
+                stages.mark("cleaned_up");
+                return Err(SandboxError::Stopped {
+                    why,
+                    stages: stages.into_marks(),
+                });
             }
         };
         // The container's log, split back into stdout and stderr. The
