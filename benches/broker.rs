@@ -19,8 +19,7 @@ mod openbao;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gateway::broker::Broker;
-use gateway::broker::setup::{SetupOptions, VaultRoles};
-use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
+use gateway::broker::vault::VaultBroker;
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{DecisionInput, PolicySet, Principal};
 
@@ -44,43 +43,17 @@ fn bench(c: &mut Criterion) {
     let kube = rt.block_on(fake_kube::FakeKube::start());
     let bao = openbao::OpenBao::start();
     let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default()).expect("policies");
-    let roles: VaultRoles = serde_json::from_value(
-        set.data("data.config.vault_roles")
-            .expect("data")
-            .expect("roles"),
-    )
-    .expect("shape");
-    let admin = VaultSettings {
-        address: bao.addr.clone(),
-        namespace: None,
-        ca_cert: None,
-        auth: VaultAuth::Token(Secret::from(bao.root_token.clone())),
-        timeout: std::time::Duration::from_secs(10),
-    };
-    let opts = SetupOptions {
-        kubernetes_host: kube.url(),
-        kubernetes_ca_pem: kube.ca_pem.clone(),
-        service_account_jwt: Some(kube.admin_jwt.clone()),
-        gateway_name: "gateway".into(),
-        approle: false,
-        secret_id_file: None,
-        kubernetes_auth: None,
-        aws: None,
+    let settings = bao.set_up_gateway(
+        &rt,
+        kube.url(),
+        kube.ca_pem.clone(),
+        kube.admin_jwt.clone(),
         lanes,
-    };
-    rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
-        .expect("setup");
-    let token = bao.token_with_policy("gateway");
+    );
     let home = tempfile::tempdir().expect("home");
-    let broker = VaultBroker::new(
-        VaultSettings {
-            auth: VaultAuth::Token(Secret::from(token)),
-            ..admin
-        },
-        home.path(),
-    )
-    .expect("broker")
-    .with_lanes(lanes);
+    let broker = VaultBroker::new(settings, home.path())
+        .expect("broker")
+        .with_lanes(lanes);
     let broker = std::sync::Arc::new(broker);
     let input = DecisionInput::new(
         "k8s_get_pod_status",

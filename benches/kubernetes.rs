@@ -31,11 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use gateway::broker::setup::{SetupOptions, VaultRoles};
-use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
+use gateway::broker::vault::VaultBroker;
 use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
-use gateway::policy::{PolicySet, PolicyStore, Principal};
+use gateway::policy::{PolicyStore, Principal};
 use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox};
 use serde_json::json;
 
@@ -95,45 +94,17 @@ fn bench(c: &mut Criterion) {
         .expect("rt");
     let kube = rt.block_on(fake_kube::FakeKube::start());
     let bao = openbao::OpenBao::start();
-    let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default()).expect("policies");
-    let roles: VaultRoles = serde_json::from_value(
-        set.data("data.config.vault_roles")
-            .expect("data")
-            .expect("roles"),
-    )
-    .expect("shape");
-    let admin = VaultSettings {
-        address: bao.addr.clone(),
-        namespace: None,
-        ca_cert: None,
-        auth: VaultAuth::Token(Secret::from(bao.root_token.clone())),
-        timeout: Duration::from_secs(10),
-    };
-    let opts = SetupOptions {
-        kubernetes_host: kube.url(),
-        kubernetes_ca_pem: kube.ca_pem.clone(),
-        service_account_jwt: Some(kube.admin_jwt.clone()),
-        gateway_name: "gateway".into(),
-        approle: false,
-        secret_id_file: None,
-        kubernetes_auth: None,
-        aws: None,
-        lanes: 1,
-    };
-    rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
-        .expect("setup");
-    let token = bao.token_with_policy("gateway");
+    let settings = bao.set_up_gateway(
+        &rt,
+        kube.url(),
+        kube.ca_pem.clone(),
+        kube.admin_jwt.clone(),
+        1,
+    );
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
     let dir = tempfile::tempdir().expect("dir");
-    let broker = VaultBroker::new(
-        VaultSettings {
-            auth: VaultAuth::Token(Secret::from(token)),
-            ..admin
-        },
-        home.path(),
-    )
-    .expect("broker");
+    let broker = VaultBroker::new(settings, home.path()).expect("broker");
     let cfg = KubeSandboxConfig {
         workspace_pvc: Some("gateway-workspace".into()),
         workspace_root: workspace.path().to_path_buf(),

@@ -130,3 +130,56 @@ impl Drop for OpenBao {
         self.stop();
     }
 }
+
+impl OpenBao {
+    /// What `gateway vault setup` does, in-process, for the API server at
+    /// `kube_url` (the default policies' roles, on `lanes` lanes of the
+    /// Kubernetes engine), and the settings of a gateway whose token holds
+    /// only the policy it wrote: the benches' set-up.
+    pub fn set_up_gateway(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        kube_url: String,
+        kube_ca_pem: String,
+        kube_jwt: String,
+        lanes: usize,
+    ) -> gateway::broker::vault::VaultSettings {
+        use gateway::broker::vault::{Secret, VaultAuth, VaultSettings};
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let set = gateway::policy::PolicySet::load(
+            &[repo.join("policies")],
+            &gateway::policy::set::LoadOptions::default(),
+        )
+        .expect("policies");
+        let roles: gateway::broker::setup::VaultRoles = serde_json::from_value(
+            set.data("data.config.vault_roles")
+                .expect("data")
+                .expect("roles"),
+        )
+        .expect("shape");
+        let admin = VaultSettings {
+            address: self.addr.clone(),
+            namespace: None,
+            ca_cert: None,
+            auth: VaultAuth::Token(Secret::from(self.root_token.clone())),
+            timeout: Duration::from_secs(10),
+        };
+        let opts = gateway::broker::setup::SetupOptions {
+            kubernetes_host: kube_url,
+            kubernetes_ca_pem: kube_ca_pem,
+            service_account_jwt: Some(kube_jwt),
+            gateway_name: "gateway".into(),
+            approle: false,
+            secret_id_file: None,
+            kubernetes_auth: None,
+            aws: None,
+            lanes,
+        };
+        rt.block_on(gateway::broker::setup::setup(&admin, &roles, &opts))
+            .expect("setup");
+        VaultSettings {
+            auth: VaultAuth::Token(Secret::from(self.token_with_policy("gateway"))),
+            ..admin
+        }
+    }
+}
