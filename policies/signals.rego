@@ -28,7 +28,20 @@ else := []
 
 # Every signal, ordered by address (then kind and message) so that decisions
 # are deterministic.
-signals := [entry[3] | some entry in sort({[s.address, s.kind, s.message, s] | some s in found})]
+signals := [entry[3] | some entry in sort({[s.address, s.kind, s.message, s] | some s in found})] if inspected
+
+else := []
+
+# Whether the call carries anything the rules below read: a plan, or the
+# configuration files of its plan file. Without either, every rule finds
+# nothing, so none is evaluated (a kubectl call's decision skips them all).
+inspected if {
+	_ = input.plan
+}
+
+inspected if {
+	_ = input.plan_config_files
+}
 
 # --- Per-resource signals ---------------------------------------------------
 

@@ -331,3 +331,24 @@ test_ordinary_configuration_files_raise_nothing if {
 	sig_with_files(plan_with([]), {"m-/main.tf": {"resource": {"terraform_data": {"removed_things": {"input": "provisioner action backend"}}}}}) == []
 	sig_with_files(plan_with([]), {"m-/main.tf": {"removed": {"from": "${terraform_data.x}"}}}) == []
 }
+
+# --- Calls with nothing to inspect --------------------------------------------
+
+# The rules are skipped only when the input has neither a plan nor plan
+# files: either one alone is still read.
+test_configuration_files_without_a_plan_are_still_read if {
+	files := {"m-/bad.tf": {"gateway_unreadable": "unexpected token"}}
+	[s] := signals.signals with input as {"tool": "terraform_apply", "params": {}, "plan_config_files": files}
+	s.kind == "config-unreadable"
+}
+
+test_an_empty_plan_is_still_read if {
+	kinds := {s.kind | some s in signals.signals with input as {"tool": "terraform_apply", "params": {}, "plan": {}}}
+	kinds == {"plan-unknown-format"}
+}
+
+test_a_call_without_a_plan_has_no_signals_and_skips_the_rules if {
+	signals.signals == [] with input as {"tool": "k8s_get_pod_status", "params": {"namespace": "demo-app"}}
+	not signals.inspected with input as {"tool": "k8s_get_pod_status", "params": {"namespace": "demo-app"}}
+	signals.inspected with input as {"tool": "terraform_apply", "params": {}, "plan": {}}
+}
