@@ -5,7 +5,11 @@
 //!   Metrics and traces are on (spans exported to a local OTLP endpoint);
 //! - `pipeline/denied_call/telemetry_off`: the same with both off, to state
 //!   what they cost (README.md: "Watching it"); the two interleave their
-//!   calls (each times its own), so both see the same machine;
+//!   calls (each times its own), so both see the same machine; both make
+//!   their calls from a task on the runtime, as the transports do;
+//! - `pipeline/denied_call/from_thread`: the same call made from the
+//!   bench's own thread (`block_on`), as `denied_call` was until
+//!   2026-12-04: what that hand-off to the runtime added;
 //! - `pipeline/denied_call/postgres_audit`: the same with the audit in the
 //!   replicas' chain in a real PostgreSQL (tests/support/postgres.rs): what
 //!   the shared audit adds per call;
@@ -144,33 +148,46 @@ fn bench(c: &mut Criterion) {
     };
 
     let mut g = c.benchmark_group("pipeline");
-    let denied = || {
-        let r = rt
-            .block_on(pipeline.call(call(
-                "k8s_get_pod_status",
-                json!({"namespace": "kube-system"}),
-            )))
-            .expect("call");
+    let denied_call = call("k8s_get_pod_status", json!({"namespace": "kube-system"}));
+    // One denied call, awaited on the runtime: the way every transport
+    // calls the pipeline (an MCP request's handler is a task).
+    let denied = |pipeline: Arc<Pipeline>, one: ToolCall| async move {
+        let r = pipeline.call(one).await.expect("call");
         assert!(matches!(r.outcome, Outcome::Denied { .. }));
     };
     // Telemetry on and off are interleaved call by call (each bench times
     // only its own state's calls), so that both see the same machine: on a
     // noisy 2-core host, two benches run one after the other differed by
-    // more than the cost being measured.
+    // more than the cost being measured. The calls are made from a task on
+    // the runtime, as a transport makes them; until 2026-12-04 they were
+    // made from the bench's own thread (`block_on`), which added a hand-off
+    // to a worker thread and back to every call: `denied_call/from_thread`
+    // still measures that way.
     let interleaved = |timed: bool| {
+        let pipeline = Arc::clone(&pipeline);
+        let one = denied_call.clone();
+        let rt = &rt;
         move |b: &mut criterion::Bencher| {
             b.iter_custom(|iters| {
-                let mut took = Duration::ZERO;
-                for _ in 0..iters {
-                    gateway::telemetry::set_enabled(!timed);
-                    denied();
-                    gateway::telemetry::set_enabled(timed);
-                    let started = Instant::now();
-                    denied();
-                    took += started.elapsed();
-                }
-                gateway::telemetry::set_enabled(true);
-                took
+                let pipeline = Arc::clone(&pipeline);
+                let one = one.clone();
+                rt.block_on(async move {
+                    tokio::spawn(async move {
+                        let mut took = Duration::ZERO;
+                        for _ in 0..iters {
+                            gateway::telemetry::set_enabled(!timed);
+                            denied(Arc::clone(&pipeline), one.clone()).await;
+                            gateway::telemetry::set_enabled(timed);
+                            let started = Instant::now();
+                            denied(Arc::clone(&pipeline), one.clone()).await;
+                            took += started.elapsed();
+                        }
+                        gateway::telemetry::set_enabled(true);
+                        took
+                    })
+                    .await
+                    .expect("the bench's task")
+                })
             })
         }
     };
@@ -180,6 +197,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("denied_call", interleaved(true));
     // The same call with metrics and traces off.
     g.bench_function("denied_call/telemetry_off", interleaved(false));
+    // The same call made as the bench made it before 2026-12-04: each one
+    // from the bench's thread, through `block_on`.
+    g.bench_function("denied_call/from_thread", |b| {
+        b.iter(|| rt.block_on(denied(Arc::clone(&pipeline), denied_call.clone())))
+    });
     g.measurement_time(Duration::from_secs(5));
     g.bench_function("denied_call/postgres_audit", |b| {
         b.iter(|| {
