@@ -100,11 +100,24 @@ pub fn head_path(log: &Path) -> PathBuf {
 /// called damaged.
 pub fn read_head(log: &Path) -> Result<Option<Head>, AuditError> {
     let path = head_path(log);
+    parse_head(path, |path| match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    })
+}
+
+/// The head record `read` gives (`None`: there is none), read again a few
+/// times when it does not parse ([`read_head`]).
+fn parse_head(
+    path: PathBuf,
+    mut read: impl FnMut(&Path) -> std::io::Result<Option<Vec<u8>>>,
+) -> Result<Option<Head>, AuditError> {
     let mut tries = 0;
     loop {
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        let bytes = match read(&path) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
             Err(source) => return Err(AuditError::Io { path, source }),
         };
         match serde_json::from_slice(&bytes) {
@@ -182,6 +195,10 @@ struct Tail {
     /// later fsync can say otherwise. Every later sync fails (fail closed:
     /// nothing more is done on a decision) until the process restarts.
     sync_failed: bool,
+    /// The head record's file, open while its name still leads to it:
+    /// read and rewritten in place through this handle, not opened by
+    /// name at every append ([`Tail::head_now`], [`Tail::write_head`]).
+    head: Option<File>,
 }
 
 impl Tail {
@@ -192,6 +209,77 @@ impl Tail {
         self.len = 0;
         self.last_hash = None;
         self.written = None;
+    }
+
+    /// The kept head file, while its name still leads to it: once it is
+    /// unlinked or renamed over (its link count is 0) it is let go, so
+    /// that the file now at the name (or its absence) is what is read.
+    fn kept_head(&mut self) -> Option<&File> {
+        use std::os::unix::fs::MetadataExt;
+        let linked = self
+            .head
+            .as_ref()
+            .is_some_and(|f| f.metadata().is_ok_and(|m| m.nlink() > 0));
+        if !linked {
+            self.head = None;
+        }
+        self.head.as_ref()
+    }
+
+    /// The head of the log at `log` now ([`read_head_now`]), through the
+    /// kept handle when there is one (opened and kept when there is not).
+    fn head_now(&mut self, log: &Path) -> Result<HeadNow, AuditError> {
+        if self.kept_head().is_none() {
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(head_path(log))
+            {
+                Ok(f) => self.head = Some(f),
+                // Missing, or not ours to keep open: read by name.
+                Err(_) => return read_head_now(log),
+            }
+        }
+        let Some(f) = self.head.as_ref() else {
+            return read_head_now(log);
+        };
+        head_now_from(parse_head(head_path(log), |_| read_all_at(f).map(Some)))
+    }
+
+    /// [`write_head`], in place through the kept handle when there is one
+    /// still at the head's name; otherwise by name, and the file is then
+    /// kept.
+    fn write_head(&mut self, log: &Path, head: &Head) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = self.kept_head() {
+            let record = head_record(head);
+            f.write_all_at(&record, 0)?;
+            if f.metadata()?.len() != record.len() as u64 {
+                f.set_len(record.len() as u64)?;
+            }
+            return Ok(());
+        }
+        write_head(log, head)?;
+        self.head = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(head_path(log))
+            .ok();
+        Ok(())
+    }
+}
+
+/// Every byte of `f`, read from its start (not its position).
+fn read_all_at(f: &File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::with_capacity(HEAD_RECORD);
+    let mut buf = [0u8; HEAD_RECORD * 2];
+    loop {
+        let n = f.read_at(&mut buf, out.len() as u64)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
     }
 }
 
@@ -381,10 +469,11 @@ impl AuditLog {
             // Another writer that appended since made our lines durable
             // with its own and recorded a head past them.
             if len == tail.len {
-                write_head(&self.path, &ours).map_err(|source| AuditError::Io {
-                    path: head_path(&self.path),
-                    source,
-                })?;
+                tail.write_head(&self.path, &ours)
+                    .map_err(|source| AuditError::Io {
+                        path: head_path(&self.path),
+                        source,
+                    })?;
                 tail.written = Some(ours);
             }
             Ok(())
@@ -558,7 +647,7 @@ impl AuditLog {
         // What the last writer recorded as the end of the log; a head this
         // writer did not leave means someone else wrote (another process,
         // or someone cutting the log), so everything is checked again.
-        let head = read_head_now(&self.path)?;
+        let head = tail.head_now(&self.path)?;
         let ours = matches!(&head, HeadNow::Found(h) if Some(h) == tail.written.as_ref());
         if len != tail.len || tail.last_hash.is_none() || !ours {
             // The end this writer last left, when it knows one: lines it
@@ -656,10 +745,11 @@ impl AuditLog {
                 hash: tail.last_hash.clone().unwrap_or_default(),
                 bytes: tail.len,
             };
-            write_head(&self.path, &head).map_err(|source| AuditError::Io {
-                path: head_path(&self.path),
-                source,
-            })?;
+            tail.write_head(&self.path, &head)
+                .map_err(|source| AuditError::Io {
+                    path: head_path(&self.path),
+                    source,
+                })?;
             tail.written = Some(head);
         }
         Ok((event_obj, false, line.len()))
@@ -876,7 +966,11 @@ enum HeadNow {
 /// descriptor left, an I/O error) fails the append instead: only a head
 /// that reads but does not parse is damaged.
 fn read_head_now(log: &Path) -> Result<HeadNow, AuditError> {
-    match read_head(log) {
+    head_now_from(read_head(log))
+}
+
+fn head_now_from(read: Result<Option<Head>, AuditError>) -> Result<HeadNow, AuditError> {
+    match read {
         Ok(Some(h)) => Ok(HeadNow::Found(h)),
         Ok(None) => Ok(HeadNow::Missing),
         Err(e @ AuditError::BadHead { .. }) => Ok(HeadNow::Damaged(e.to_string())),
@@ -1317,5 +1411,62 @@ mod tests {
         drop(log);
         let head = read_head(&path).expect("head").expect("a head");
         assert_eq!(head.hash, last["hash"]);
+    }
+
+    /// A writer keeps its head file open between appends; what someone
+    /// does to the file at the head's name meanwhile is still seen at the
+    /// next append, as when the head was opened by name each time.
+    #[test]
+    fn a_writer_keeping_its_head_open_still_sees_it_removed_replaced_or_rewritten() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let head = head_path(&path);
+        let log = AuditLog::open(&path).expect("open");
+        let lost = |log: &AuditLog| {
+            log.append("r", "x", json!({})).expect("append");
+            let events = read_events(&path).expect("read");
+            let n = events.len();
+            (
+                events[n - 2]["event"] == "audit.head_lost",
+                events[n - 2]["data"]["head"].clone(),
+            )
+        };
+        log.append("r", "x", json!({})).expect("append");
+        log.append("r", "x", json!({})).expect("append");
+        assert!(!lost(&log).0, "an untouched head raised head_lost");
+
+        // Removed.
+        std::fs::remove_file(&head).expect("rm head");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found == "missing", "{found}");
+        assert!(!lost(&log).0, "the head written again was not kept");
+
+        // Renamed over by another file, holding a head the log does not.
+        let other = Head {
+            hash: "0".repeat(64),
+            bytes: 3,
+        };
+        let tmp = dir.path().join("other");
+        std::fs::write(&tmp, head_record(&other)).expect("write");
+        std::fs::rename(&tmp, &head).expect("rename");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found["bytes"] == 3, "{found}");
+        assert!(!lost(&log).0);
+
+        // Rewritten in place (the same file).
+        std::fs::write(&head, head_record(&other)).expect("rewrite");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found["bytes"] == 3, "{found}");
+        assert!(!lost(&log).0);
+
+        // Damaged in place.
+        std::fs::write(&head, b"{\"hash\":").expect("damage");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found["damaged"].is_string(), "{found}");
+        assert!(
+            verify::verify_file(&path, &[], verify::HeadRule::Optional)
+                .expect("verify")
+                .ok()
+        );
     }
 }
