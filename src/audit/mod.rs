@@ -763,8 +763,8 @@ impl AuditLog {
     pub fn policy_decision(
         &self,
         request_id: &str,
-        input: &Value,
-        result: &Value,
+        input: Value,
+        result: Value,
         policy_fingerprint: &str,
     ) -> Result<Map<String, Value>, AuditError> {
         let mut extra = Map::new();
@@ -773,10 +773,11 @@ impl AuditLog {
             format!("{request_id}/{}", uuid::Uuid::new_v4().simple()).into(),
         );
         extra.insert("path".into(), "gateway/decision".into());
-        extra.insert("input".into(), input.clone());
-        extra.insert("result".into(), result.clone());
+        let allow = result.get("allow").cloned().unwrap_or(Value::Null);
+        extra.insert("input".into(), input);
+        extra.insert("result".into(), result);
         extra.insert("timestamp".into(), now_ts().into());
-        let data = serde_json::json!({"policy": policy_fingerprint, "allow": result.get("allow").cloned().unwrap_or(Value::Null)});
+        let data = serde_json::json!({"policy": policy_fingerprint, "allow": allow});
         // Durable with what follows: the call's result for a deny, the
         // pipeline's sync before it acts on an allow.
         self.append_durable(
@@ -816,13 +817,13 @@ fn build_line(
     obj.insert("ts".into(), now_ts().into());
     obj.insert("request_id".into(), request_id.into());
     obj.insert("event".into(), event.into());
-    obj.insert("data".into(), scrub::scrub(&data));
+    obj.insert("data".into(), scrub::scrub_owned(data));
     for (k, v) in extra {
         if !matches!(
             k.as_str(),
             "ts" | "request_id" | "event" | "data" | "prev" | "hash"
         ) {
-            obj.insert(k, scrub::scrub(&v));
+            obj.insert(k, scrub::scrub_owned(v));
         }
     }
     obj.insert("prev".into(), prev.unwrap_or(GENESIS).into());
@@ -1148,8 +1149,8 @@ mod tests {
         let e = log
             .policy_decision(
                 "req-9",
-                &json!({"tool": "t", "params": {"password": "hunter2"}}),
-                &json!({"allow": false}),
+                json!({"tool": "t", "params": {"password": "hunter2"}}),
+                json!({"allow": false}),
                 "abc",
             )
             .expect("append");

@@ -58,14 +58,64 @@ fn is_secret_key(key: &str) -> bool {
     !SAFE_KEYS.contains(&k.as_str()) && SECRET_KEY_PARTS.iter().any(|p| k.contains(p))
 }
 
+/// Whether `s` could hold a match of [`SECRET_VALUE`]: every match is 9
+/// bytes or longer and holds a `.` (a JWT, a Vault token), white space (an
+/// authorization value; the pattern's `\s` is Unicode White_Space, which
+/// is what `char::is_whitespace` tests) or a `-` (a PEM key). Most keys and
+/// values hold none of these and are passed by without a regex search.
+fn may_hold_secret(s: &str) -> bool {
+    s.len() >= 9 && s.chars().any(|c| c == '.' || c == '-' || c.is_whitespace())
+}
+
 /// Cut secret-shaped substrings out of a string.
 pub fn scrub_str(s: &str) -> String {
+    if !may_hold_secret(s) {
+        return s.to_owned();
+    }
     SECRET_VALUE.replace_all(s, REDACTED).into_owned()
 }
 
 /// A scrubbed copy of `value`.
 pub fn scrub(value: &Value) -> Value {
     scrub_inner(value, false)
+}
+
+/// `value` scrubbed, in place: what needs no change is not copied. The
+/// same result as [`scrub`].
+pub fn scrub_owned(mut value: Value) -> Value {
+    scrub_in_place(&mut value, false);
+    value
+}
+
+fn scrub_in_place(value: &mut Value, secret_key: bool) {
+    match value {
+        Value::String(s) if secret_key && !s.is_empty() => *s = REDACTED.into(),
+        Value::Number(_) if secret_key => *value = Value::String(REDACTED.into()),
+        Value::String(s) => {
+            if may_hold_secret(s)
+                && let std::borrow::Cow::Owned(cut) = SECRET_VALUE.replace_all(s, REDACTED)
+            {
+                *s = cut;
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| scrub_in_place(v, secret_key)),
+        Value::Object(m) => {
+            if m.keys()
+                .any(|k| may_hold_secret(k) && SECRET_VALUE.is_match(k))
+            {
+                // A key to cut (rare): the object is made again, in order.
+                for (k, mut v) in std::mem::take(m) {
+                    scrub_in_place(&mut v, is_secret_key(&k));
+                    m.insert(scrub_str(&k), v);
+                }
+            } else {
+                for (k, v) in m.iter_mut() {
+                    scrub_in_place(v, is_secret_key(k));
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 fn scrub_inner(value: &Value, secret_key: bool) -> Value {
@@ -225,11 +275,64 @@ mod tests {
         plant_at(tree, &planted, &mut n);
     }
 
+    /// Scrubbing as it was before [`may_hold_secret`] and
+    /// [`scrub_owned`]: every key and string through the regex, a copy.
+    fn reference(value: &Value, secret_key: bool) -> Value {
+        let cut = |s: &str| SECRET_VALUE.replace_all(s, REDACTED).into_owned();
+        match value {
+            Value::String(s) if secret_key && !s.is_empty() => Value::String(REDACTED.into()),
+            Value::Number(_) if secret_key => Value::String(REDACTED.into()),
+            Value::String(s) => Value::String(cut(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|v| reference(v, secret_key)).collect()),
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, v)| (cut(k), reference(v, is_secret_key(k))))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// Strings near the patterns: pieces of them, with the separators the
+    /// prefilter looks for (and some it does not) in any order.
+    fn near_secret() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("eyJ".to_string()),
+            Just("hvs".to_string()),
+            Just("s".to_string()),
+            Just("Bearer".to_string()),
+            Just("BASIC".to_string()),
+            Just("-----BEGIN RSA PRIVATE KEY-----".to_string()),
+            Just("-----END RSA PRIVATE KEY-----".to_string()),
+            "[A-Za-z0-9_]{1,24}",
+            "[.\\- \t\n\u{a0}\u{2003}\u{3000}:/=~+]{1,2}",
+        ];
+        prop::collection::vec(piece, 0..8).prop_map(|p| p.concat())
+    }
+
     proptest! {
         #[test]
         fn a_planted_secret_never_survives_scrubbing((tree, needle) in tree_with_secret()) {
             let out = serde_json::to_string(&scrub(&tree)).expect("json");
             prop_assert!(!out.contains(&needle), "secret {} leaked in {}", needle, out);
+            let owned = serde_json::to_string(&scrub_owned(tree.clone())).expect("json");
+            prop_assert!(!owned.contains(&needle), "secret {} leaked in {}", needle, owned);
+        }
+
+        #[test]
+        fn the_prefilter_and_the_in_place_scrub_change_nothing(
+            (tree, _) in tree_with_secret(),
+            s in near_secret(),
+            any_s in any::<String>(),
+        ) {
+            let want = reference(&tree, false);
+            prop_assert_eq!(&scrub(&tree), &want);
+            prop_assert_eq!(&scrub_owned(tree), &want);
+            for s in [s, any_s] {
+                prop_assert_eq!(scrub_str(&s), SECRET_VALUE.replace_all(&s, REDACTED).into_owned());
+                let v = json!({"k": s.clone(), s.clone(): [s.clone()], "token": s.clone()});
+                prop_assert_eq!(scrub_owned(v.clone()), reference(&v, false));
+            }
         }
     }
 }

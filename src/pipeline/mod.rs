@@ -960,7 +960,7 @@ impl Pipeline {
         }
         let result = serde_json::to_value(&ev.decision).unwrap_or(Value::Null);
         self.audit
-            .policy_decision(&input.request_id, &audit_input, &result, &ev.policy)?;
+            .policy_decision(&input.request_id, audit_input, result, &ev.policy)?;
         if let Some(err) = &ev.error {
             self.audit.record_deferred(
                 &input.request_id,
