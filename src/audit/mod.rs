@@ -99,12 +99,37 @@ pub fn head_path(log: &Path) -> PathBuf {
 /// the writer's in-place update could see it half written) before it is
 /// called damaged.
 pub fn read_head(log: &Path) -> Result<Option<Head>, AuditError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = head_path(log);
-    parse_head(path, |path| match std::fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    parse_head(path, |path| {
+        // Non-blocking: a FIFO at the name does not hold the reader.
+        let f = match OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        read_head_bytes(&f).map(Some)
     })
+}
+
+/// At most one byte more than a head record, from the start of `f` (its
+/// position is not used): a file longer than a record is damaged, and is
+/// not read whole (it may be any size).
+fn read_head_bytes(f: &File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; HEAD_RECORD + 1];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], n as u64)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(buf[..n].to_vec())
 }
 
 /// The head record `read` gives (`None`: there is none), read again a few
@@ -120,6 +145,12 @@ fn parse_head(
             Ok(None) => return Ok(None),
             Err(source) => return Err(AuditError::Io { path, source }),
         };
+        if bytes.len() > HEAD_RECORD {
+            return Err(AuditError::BadHead {
+                path,
+                why: format!("longer than a head record ({HEAD_RECORD} bytes)"),
+            });
+        }
         match serde_json::from_slice(&bytes) {
             Ok(head) => return Ok(Some(head)),
             Err(_) if tries < 3 => {
@@ -148,12 +179,16 @@ fn write_head(log: &Path, head: &Head) -> std::io::Result<()> {
     let record = head_record(head);
     let path = head_path(log);
     let created = std::fs::symlink_metadata(&path).is_err();
+    // Never through a symlink (one to the log would have the log cut to a
+    // record), never blocked on a FIFO, and only into a regular file.
     let f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(&path)?;
+    regular_head(&f)?;
     f.write_all_at(&record, 0)?;
     if f.metadata()?.len() != record.len() as u64 {
         f.set_len(record.len() as u64)?;
@@ -198,7 +233,47 @@ struct Tail {
     /// The head record's file, open while its name still leads to it:
     /// read and rewritten in place through this handle, not opened by
     /// name at every append ([`Tail::head_now`], [`Tail::write_head`]).
-    head: Option<File>,
+    head: Option<KeptHead>,
+}
+
+/// An open head file and the file it is (device, inode): an open file's
+/// inode cannot be reused while it is open, so the name still leads to
+/// this file exactly when a stat of the name gives the same pair.
+#[derive(Debug)]
+struct KeptHead {
+    file: File,
+    dev: u64,
+    ino: u64,
+}
+
+/// A head file is a regular file: anything else at the name is refused.
+fn regular_head(f: &File) -> std::io::Result<std::fs::Metadata> {
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::other(
+            "the head record's name is not a regular file",
+        ));
+    }
+    Ok(m)
+}
+
+impl KeptHead {
+    /// The head file at `path`, opened as [`write_head`] opens it (not
+    /// through a symlink, a regular file only).
+    fn open(path: &Path) -> std::io::Result<KeptHead> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(path)?;
+        let m = regular_head(&file)?;
+        Ok(KeptHead {
+            file,
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 impl Tail {
@@ -211,39 +286,45 @@ impl Tail {
         self.written = None;
     }
 
-    /// The kept head file, while its name still leads to it: once it is
-    /// unlinked or renamed over (its link count is 0) it is let go, so
-    /// that the file now at the name (or its absence) is what is read.
-    fn kept_head(&mut self) -> Option<&File> {
+    /// The kept head file, while the head's name is still it (a stat of
+    /// the name, not following a symlink, as the head is opened): once the
+    /// file is removed, renamed over or replaced in any way it is let go,
+    /// so that the file now at the name (or its absence) is what is read.
+    fn kept_head(&mut self, log: &Path) -> Option<&File> {
         use std::os::unix::fs::MetadataExt;
-        let linked = self
-            .head
-            .as_ref()
-            .is_some_and(|f| f.metadata().is_ok_and(|m| m.nlink() > 0));
-        if !linked {
+        let same = self.head.as_ref().is_some_and(|k| {
+            std::fs::symlink_metadata(head_path(log))
+                .is_ok_and(|m| m.dev() == k.dev && m.ino() == k.ino)
+        });
+        if !same {
             self.head = None;
         }
-        self.head.as_ref()
+        self.head.as_ref().map(|k| &k.file)
     }
 
     /// The head of the log at `log` now ([`read_head_now`]), through the
     /// kept handle when there is one (opened and kept when there is not).
     fn head_now(&mut self, log: &Path) -> Result<HeadNow, AuditError> {
-        if self.kept_head().is_none() {
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(head_path(log))
-            {
-                Ok(f) => self.head = Some(f),
-                // Missing, or not ours to keep open: read by name.
-                Err(_) => return read_head_now(log),
+        if self.kept_head(log).is_none() {
+            match KeptHead::open(&head_path(log)) {
+                Ok(k) => self.head = Some(k),
+                // Missing, or not ours to write: read by name.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                    ) =>
+                {
+                    return read_head_now(log);
+                }
+                // A symlink, a FIFO, a directory: not a head record.
+                Err(e) => return Ok(HeadNow::Damaged(e.to_string())),
             }
         }
-        let Some(f) = self.head.as_ref() else {
+        let Some(f) = self.head.as_ref().map(|k| &k.file) else {
             return read_head_now(log);
         };
-        head_now_from(parse_head(head_path(log), |_| read_all_at(f).map(Some)))
+        head_now_from(parse_head(head_path(log), |_| read_head_bytes(f).map(Some)))
     }
 
     /// [`write_head`], in place through the kept handle when there is one
@@ -251,7 +332,7 @@ impl Tail {
     /// kept.
     fn write_head(&mut self, log: &Path, head: &Head) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        if let Some(f) = self.kept_head() {
+        if let Some(f) = self.kept_head(log) {
             let record = head_record(head);
             f.write_all_at(&record, 0)?;
             if f.metadata()?.len() != record.len() as u64 {
@@ -260,26 +341,8 @@ impl Tail {
             return Ok(());
         }
         write_head(log, head)?;
-        self.head = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(head_path(log))
-            .ok();
+        self.head = KeptHead::open(&head_path(log)).ok();
         Ok(())
-    }
-}
-
-/// Every byte of `f`, read from its start (not its position).
-fn read_all_at(f: &File) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let mut out = Vec::with_capacity(HEAD_RECORD);
-    let mut buf = [0u8; HEAD_RECORD * 2];
-    loop {
-        let n = f.read_at(&mut buf, out.len() as u64)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(&buf[..n]);
     }
 }
 
@@ -1416,7 +1479,8 @@ mod tests {
 
     /// A writer keeps its head file open between appends; what someone
     /// does to the file at the head's name meanwhile is still seen at the
-    /// next append, as when the head was opened by name each time.
+    /// next append, as when the head was opened by name each time (a file
+    /// still linked under another name too).
     #[test]
     fn a_writer_keeping_its_head_open_still_sees_it_removed_replaced_or_rewritten() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -1454,10 +1518,58 @@ mod tests {
         assert!(was_lost && found["bytes"] == 3, "{found}");
         assert!(!lost(&log).0);
 
+        // Renamed away: the name is empty, the file lives on elsewhere.
+        std::fs::rename(&head, dir.path().join("away")).expect("rename");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found == "missing", "{found}");
+        assert!(!lost(&log).0);
+        assert!(
+            std::fs::read(dir.path().join("away")).expect("away")
+                != std::fs::read(&head).expect("head"),
+            "the writer kept writing the head into the file renamed away"
+        );
+
+        // A sparse head file of a terabyte: damaged, and not read whole.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&head)
+            .expect("open")
+            .set_len(1 << 40)
+            .expect("grow");
+        let (was_lost, found) = lost(&log);
+        assert!(
+            was_lost
+                && found["damaged"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("longer than")),
+            "{found}"
+        );
+        assert!(!lost(&log).0);
+
+        // Renamed over while another name still links the writer's file.
+        std::fs::hard_link(&head, dir.path().join("kept")).expect("link");
+        std::fs::write(&tmp, head_record(&other)).expect("write");
+        std::fs::rename(&tmp, &head).expect("rename");
+        let (was_lost, found) = lost(&log);
+        assert!(was_lost && found["bytes"] == 3, "{found}");
+        assert!(!lost(&log).0);
+
         // Rewritten in place (the same file).
         std::fs::write(&head, head_record(&other)).expect("rewrite");
         let (was_lost, found) = lost(&log);
         assert!(was_lost && found["bytes"] == 3, "{found}");
+        assert!(!lost(&log).0);
+
+        // A symlink at the name, even to the log: never written through.
+        let before = std::fs::read(&path).expect("log");
+        std::fs::remove_file(&head).expect("rm head");
+        std::os::unix::fs::symlink(&path, &head).expect("symlink");
+        let refused = log.append("r", "x", json!({}));
+        assert!(refused.is_err(), "an append wrote a head through a symlink");
+        let after = std::fs::read(&path).expect("log");
+        assert!(after.len() > before.len() && after.starts_with(&before));
+        std::fs::remove_file(&head).expect("rm link");
+        assert!(lost(&log).0, "the head symlinked away was not reported");
         assert!(!lost(&log).0);
 
         // Damaged in place.
