@@ -250,11 +250,21 @@ struct KeptHead {
 fn regular_head(f: &File) -> std::io::Result<std::fs::Metadata> {
     let m = f.metadata()?;
     if !m.is_file() {
-        return Err(std::io::Error::other(
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
             "the head record's name is not a regular file",
         ));
     }
     Ok(m)
+}
+
+/// An error opening the head that says what is at its name is not a head
+/// record (a symlink, a directory, a device or FIFO, anything not a
+/// regular file), not that the machine failed.
+fn not_a_head(e: &std::io::Error) -> bool {
+    use nix::libc::{EISDIR, ELOOP, ENXIO};
+    matches!(e.raw_os_error(), Some(ELOOP | EISDIR | ENXIO))
+        || e.kind() == std::io::ErrorKind::InvalidData
 }
 
 impl KeptHead {
@@ -317,14 +327,27 @@ impl Tail {
                 {
                     return read_head_now(log);
                 }
-                // A symlink, a FIFO, a directory: not a head record.
-                Err(e) => return Ok(HeadNow::Damaged(e.to_string())),
+                // A symlink, a directory, a FIFO: not a head record.
+                Err(e) if not_a_head(&e) => return Ok(HeadNow::Damaged(e.to_string())),
+                // The machine's (no file descriptor left, an I/O error):
+                // the append fails, nothing is said of the head.
+                Err(source) => {
+                    return Err(AuditError::Io {
+                        path: head_path(log),
+                        source,
+                    });
+                }
             }
         }
         let Some(f) = self.head.as_ref().map(|k| &k.file) else {
             return read_head_now(log);
         };
-        head_now_from(parse_head(head_path(log), |_| read_head_bytes(f).map(Some)))
+        let read = parse_head(head_path(log), |_| read_head_bytes(f).map(Some));
+        if matches!(read, Err(AuditError::Io { .. })) {
+            // Opened again by name at the next append.
+            self.head = None;
+        }
+        head_now_from(read)
     }
 
     /// [`write_head`], in place through the kept handle when there is one
@@ -334,11 +357,17 @@ impl Tail {
         use std::os::unix::fs::FileExt;
         if let Some(f) = self.kept_head(log) {
             let record = head_record(head);
-            f.write_all_at(&record, 0)?;
-            if f.metadata()?.len() != record.len() as u64 {
-                f.set_len(record.len() as u64)?;
+            let written = f.write_all_at(&record, 0).and_then(|()| {
+                if f.metadata()?.len() != record.len() as u64 {
+                    f.set_len(record.len() as u64)?;
+                }
+                Ok(())
+            });
+            if written.is_err() {
+                // Opened again by name at the next append.
+                self.head = None;
             }
-            return Ok(());
+            return written;
         }
         write_head(log, head)?;
         self.head = KeptHead::open(&head_path(log)).ok();
@@ -1529,12 +1558,12 @@ mod tests {
             "the writer kept writing the head into the file renamed away"
         );
 
-        // A sparse head file of a terabyte: damaged, and not read whole.
+        // A sparse head file of 64 GiB: damaged, and not read whole.
         std::fs::OpenOptions::new()
             .write(true)
             .open(&head)
             .expect("open")
-            .set_len(1 << 40)
+            .set_len(1 << 36)
             .expect("grow");
         let (was_lost, found) = lost(&log);
         assert!(
@@ -1568,8 +1597,29 @@ mod tests {
         assert!(refused.is_err(), "an append wrote a head through a symlink");
         let after = std::fs::read(&path).expect("log");
         assert!(after.len() > before.len() && after.starts_with(&before));
+        let said = |what: &str| {
+            let events = read_events(&path).expect("read");
+            let n = events.len();
+            assert_eq!(events[n - 2]["event"], "audit.head_lost", "{what}");
+            let damaged = events[n - 2]["data"]["head"]["damaged"].clone();
+            assert!(damaged.is_string(), "{what}: {damaged}");
+        };
+        said("a symlink");
         std::fs::remove_file(&head).expect("rm link");
-        assert!(lost(&log).0, "the head symlinked away was not reported");
+        assert!(lost(&log).0);
+        assert!(!lost(&log).0);
+
+        // A FIFO and a directory at the name: refused, said, never waited on.
+        std::fs::remove_file(&head).expect("rm head");
+        nix::unistd::mkfifo(&head, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        assert!(log.append("r", "x", json!({})).is_err());
+        said("a FIFO");
+        std::fs::remove_file(&head).expect("rm fifo");
+        std::fs::create_dir(&head).expect("mkdir");
+        assert!(log.append("r", "x", json!({})).is_err());
+        said("a directory");
+        std::fs::remove_dir(&head).expect("rmdir");
+        assert!(lost(&log).0);
         assert!(!lost(&log).0);
 
         // Damaged in place.
