@@ -75,13 +75,12 @@ pub fn scrub_str(s: &str) -> String {
     SECRET_VALUE.replace_all(s, REDACTED).into_owned()
 }
 
-/// A scrubbed copy of `value`.
+/// A scrubbed copy of `value` ([`scrub_owned`] of a copy).
 pub fn scrub(value: &Value) -> Value {
-    scrub_inner(value, false)
+    scrub_owned(value.clone())
 }
 
-/// `value` scrubbed, in place: what needs no change is not copied. The
-/// same result as [`scrub`].
+/// `value` scrubbed, in place: what needs no change is not copied.
 pub fn scrub_owned(mut value: Value) -> Value {
     scrub_in_place(&mut value, false);
     value
@@ -115,21 +114,6 @@ fn scrub_in_place(value: &mut Value, secret_key: bool) {
             }
         }
         _ => {}
-    }
-}
-
-fn scrub_inner(value: &Value, secret_key: bool) -> Value {
-    match value {
-        Value::String(s) if secret_key && !s.is_empty() => Value::String(REDACTED.into()),
-        Value::Number(_) if secret_key => Value::String(REDACTED.into()),
-        Value::String(s) => Value::String(scrub_str(s)),
-        Value::Array(a) => Value::Array(a.iter().map(|v| scrub_inner(v, secret_key)).collect()),
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| (scrub_str(k), scrub_inner(v, is_secret_key(k))))
-                .collect(),
-        ),
-        other => other.clone(),
     }
 }
 
