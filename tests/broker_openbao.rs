@@ -342,10 +342,60 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
         broker.ledger().open_leases().expect("ledger").is_empty(),
         "every lease is recorded revoked"
     );
+    // The lanes set up pass the start's check.
+    let mounts: std::collections::BTreeSet<String> = ["kubernetes".to_string()].into();
+    broker
+        .check_lanes(&mounts)
+        .await
+        .expect("three lanes set up");
     // Four lanes where three were set up: the fourth is refused, clearly.
     let over = VaultBroker::new(settings(&w.bao.addr, &token), &w.home)
         .expect("broker")
         .with_lanes(4);
+    // At the start, before any call: the missing lane and what to run.
+    match over.check_lanes(&mounts).await {
+        Err(gateway::broker::vault::LaneCheck::Missing(m)) => assert!(
+            m.contains("kubernetes-lane-4") && m.contains("vault setup --lanes 4"),
+            "{m}"
+        ),
+        other => panic!("the fourth lane is missing: {other:?}"),
+    }
+    // A mount at a lane's path that is not the Kubernetes engine is no
+    // lane, even when the token may use it.
+    w.bao.ok(&["secrets", "enable", "-path=other-lane-2", "kv"]);
+    let grant = w.dir.path().join("other-lane.hcl");
+    std::fs::write(
+        &grant,
+        "path \"other-lane-2/*\" {\n  capabilities = [\"read\"]\n}\n",
+    )
+    .expect("policy file");
+    w.bao.ok(&[
+        "policy",
+        "write",
+        "other-lane",
+        &grant.display().to_string(),
+    ]);
+    let kv_token = w.bao.token_with_policy("other-lane");
+    let kv = VaultBroker::new(settings(&w.bao.addr, &kv_token), &w.home)
+        .expect("broker")
+        .with_lanes(2);
+    match kv.check_lanes(&["other".to_string()].into()).await {
+        Err(gateway::broker::vault::LaneCheck::Missing(m)) => {
+            assert!(m.contains("other-lane-2") && m.contains("\"kv\""), "{m}")
+        }
+        other => panic!("a kv mount is no lane: {other:?}"),
+    }
+    // A token Vault refuses says nothing of the lanes.
+    let bad = VaultBroker::new(settings(&w.bao.addr, "not-a-token"), &w.home)
+        .expect("broker")
+        .with_lanes(4);
+    assert!(
+        matches!(
+            bad.check_lanes(&mounts).await,
+            Err(gateway::broker::vault::LaneCheck::Unknown(_))
+        ),
+        "a refused token is not a missing lane"
+    );
     let mut refused = None;
     for i in 0..4 {
         if let Err(e) = over.issue(&format!("req-over-{i}"), &scope).await {
@@ -360,6 +410,43 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
     for l in over.ledger().open_leases().expect("ledger") {
         over.revoke(&l.lease_id).await.expect("revoked");
     }
+}
+
+/// `[vault] lanes` larger than `vault setup --lanes` made (here one): the
+/// daemon refuses to start, naming the missing lane and what to run,
+/// instead of failing the first call that lands on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_told_of_more_lanes_than_were_set_up_refuses_to_start() {
+    let w = world().await;
+    let policies = common::repo().join("policies");
+    let (config, socket) = daemon_config(&w, "lanes", "", "lanes = 2", &policies, &w.home);
+    let log = w.dir.path().join("daemon-lanes.log");
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .env_remove("GATEWAY_HOME")
+        .env_remove("VAULT_ADDR")
+        .env_remove("VAULT_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("gateway daemon");
+    let ended = wait_until(Duration::from_secs(30), || {
+        matches!(daemon.try_wait(), Ok(Some(_)))
+    });
+    let _ = daemon.kill();
+    let status = daemon.wait().expect("wait");
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ended && !status.success(), "the daemon started: {err}");
+    assert!(
+        err.contains("refuses to start")
+            && err.contains("kubernetes-lane-2")
+            && err.contains("vault setup --lanes 2"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "it never listened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -802,6 +889,37 @@ struct Served {
     _workspace: tempfile::TempDir,
 }
 
+/// A daemon's configuration file on `w` (extra `[daemon]` and `[vault]`
+/// settings), and its socket.
+fn daemon_config(
+    w: &World,
+    tag: &str,
+    daemon_extra: &str,
+    vault_extra: &str,
+    policies: &Path,
+    home: &Path,
+) -> (PathBuf, PathBuf) {
+    let token_file = w.dir.path().join("gateway-token");
+    std::fs::write(&token_file, &w.gateway_token).expect("token file");
+    let config = w.dir.path().join(format!("gateway-{tag}.toml"));
+    let socket = w.dir.path().join(format!("run-{tag}/gateway.sock"));
+    std::fs::write(
+        &config,
+        format!(
+            "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n{daemon_extra}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n{vault_extra}\n[kubernetes]\nca_file = {:?}\n",
+            policies,
+            home,
+            socket,
+            w.kube.port,
+            w.bao.addr,
+            token_file,
+            w.ca_file
+        ),
+    )
+    .expect("config");
+    (config, socket)
+}
+
 impl Served {
     fn start(w: &World, tag: &str) -> Served {
         Served::start_with(w, tag, "")
@@ -820,24 +938,7 @@ impl Served {
     /// With its state in `home`.
     fn start_in(w: &World, tag: &str, daemon_extra: &str, policies: &Path, home: &Path) -> Served {
         use std::process::Stdio;
-        let token_file = w.dir.path().join("gateway-token");
-        std::fs::write(&token_file, &w.gateway_token).expect("token file");
-        let config = w.dir.path().join(format!("gateway-{tag}.toml"));
-        let socket = w.dir.path().join(format!("run-{tag}/gateway.sock"));
-        std::fs::write(
-            &config,
-            format!(
-                "policies = {:?}\nhome = {:?}\n[daemon]\nsocket = {:?}\nsocket_group = \"root\"\n{daemon_extra}\n[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
-                policies,
-                home,
-                socket,
-                w.kube.port,
-                w.bao.addr,
-                token_file,
-                w.ca_file
-            ),
-        )
-        .expect("config");
+        let (config, socket) = daemon_config(w, tag, daemon_extra, "", policies, home);
         let stderr = w.dir.path().join(format!("daemon-{tag}.log"));
         let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
             .arg("--config")

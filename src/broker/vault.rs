@@ -364,6 +364,17 @@ pub fn client_for(settings: &VaultSettings) -> Result<VaultClient, BrokerError> 
         .map_err(|e| BrokerError::Refused(format!("Vault client: {e}")))
 }
 
+/// What [`VaultBroker::check_lanes`] found wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneCheck {
+    /// A lane the gateway would mint on is not there to mint on.
+    #[error("{0}")]
+    Missing(String),
+    /// Vault could not say (unreachable, sealed, the token refused).
+    #[error("the lanes could not be checked: {0}")]
+    Unknown(BrokerError),
+}
+
 pub struct VaultBroker {
     settings: VaultSettings,
     client: RwLock<VaultClient>,
@@ -584,6 +595,67 @@ impl VaultBroker {
             *t = Some((Duration::from_secs(ttl), renewable));
         }
         Ok((Duration::from_secs(ttl), renewable))
+    }
+
+    /// Check that every lane past the first of each Kubernetes secrets
+    /// engine mount in `mounts` is one this gateway can mint on: a mount of
+    /// the `kubernetes` engine its token holds a grant under (OpenBao's and
+    /// Vault's `sys/internal/ui/mounts/<path>` answer that for any token,
+    /// and only that). Each lane `gateway vault setup --lanes N` made is
+    /// such a mount; a `[vault] lanes` larger than that is refused here, at
+    /// the start, rather than at the first call that lands on the missing
+    /// lane. The first lane is the mount itself: with one lane nothing is
+    /// asked. Its own token is checked first, so that a token Vault
+    /// refuses is not taken for a missing lane.
+    pub async fn check_lanes(
+        &self,
+        mounts: &std::collections::BTreeSet<String>,
+    ) -> Result<(), LaneCheck> {
+        if self.lanes.count < 2 || mounts.is_empty() {
+            return Ok(());
+        }
+        self.check().await.map_err(LaneCheck::Unknown)?;
+        for mount in mounts {
+            let mount = mount.trim_matches('/');
+            for lane in 1..self.lanes.count {
+                let path = super::lane_mount(mount, lane);
+                let what = format!("looking up the mount {path}");
+                let missing = |why: String| {
+                    LaneCheck::Missing(format!(
+                        "[vault] lanes = {} but lane {} of the mount {mount}, {path}, {why}: `gateway vault setup --lanes {}` makes every lane (and the gateway's Vault policy for them); or give [vault] lanes as many as it made",
+                        self.lanes.count,
+                        lane + 1,
+                        self.lanes.count
+                    ))
+                };
+                let found = match self
+                    .call(
+                        rustify::enums::RequestMethod::GET,
+                        &format!("sys/internal/ui/mounts/{path}"),
+                        None,
+                        &what,
+                    )
+                    .await
+                {
+                    Ok(v) => v.unwrap_or(Value::Null),
+                    // A path with no mount, or none the token may use:
+                    // refused alike (`preflight capability check`).
+                    Err(BrokerError::Refused(m)) if m.contains("permission denied") => {
+                        return Err(missing(
+                            "is not a mount this gateway's Vault token may mint on".into(),
+                        ));
+                    }
+                    Err(e) => return Err(LaneCheck::Unknown(e)),
+                };
+                let kind = found["data"]["type"].as_str().unwrap_or("");
+                if kind != "kubernetes" {
+                    return Err(missing(format!(
+                        "is a mount of the {kind:?} engine, not the Kubernetes secrets engine"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Renew the gateway's own token once (or log in again with AppRole

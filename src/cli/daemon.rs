@@ -224,6 +224,18 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // More lanes than `vault setup --lanes` made: refused now, not at the
+    // first call that lands on a missing one.
+    if let (Some(b), Ok(set)) = (&broker, policy.current()) {
+        use crate::broker::vault::LaneCheck;
+        match rt.block_on(b.check_lanes(&role_mounts(&set))) {
+            Ok(()) => {}
+            Err(LaneCheck::Missing(m)) => anyhow::bail!("the daemon refuses to start: {m}"),
+            Err(e @ LaneCheck::Unknown(_)) => tracing::warn!(
+                "{e}; a call that lands on a lane that was not set up is refused, saying so"
+            ),
+        }
+    }
     // Traces, when a collector is named (README.md: "Watching it").
     if let Some(endpoint) = &file.telemetry.otlp_endpoint {
         crate::telemetry::trace::init(
@@ -600,6 +612,25 @@ fn database_check(db: Arc<crate::db::postgres::PostgresDb>) -> crate::http::Read
             })
         }),
     }
+}
+
+/// The mounts of the Vault roles the policy set names
+/// (`data.config.vault_roles`): the Kubernetes secrets engine mounts its
+/// credentials are minted on.
+fn role_mounts(set: &crate::policy::PolicySet) -> std::collections::BTreeSet<String> {
+    let roles = set
+        .data("data.config.vault_roles.roles")
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    roles
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+        .filter_map(|r| r["mount"].as_str())
+        .map(|m| m.trim_matches('/').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
 }
 
 /// `/readyz`: the gateway's own Vault token is valid (Vault reachable,
