@@ -561,6 +561,15 @@ impl AuditLog {
             // Another writer that appended since made our lines durable
             // with its own and recorded a head past them.
             if len == tail.len {
+                // Only over the head this writer left: one removed,
+                // replaced or damaged since its last append is left as it
+                // is found, for the next append to check against the log
+                // and report (`audit.head_lost`), as it would have been
+                // without this sync.
+                let head = tail.head_now(&self.path)?;
+                if !matches!(&head, HeadNow::Found(h) if Some(h) == tail.written.as_ref()) {
+                    return Ok(());
+                }
                 tail.write_head(&self.path, &ours)
                     .map_err(|source| AuditError::Io {
                         path: head_path(&self.path),
@@ -1510,6 +1519,57 @@ mod tests {
     /// does to the file at the head's name meanwhile is still seen at the
     /// next append, as when the head was opened by name each time (a file
     /// still linked under another name too).
+    #[test]
+    fn a_sync_leaves_a_head_changed_since_the_last_append_for_the_next_append_to_report() {
+        use super::events::Event;
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let head = head_path(&path);
+        let log = AuditLog::open(&path).expect("open");
+        log.append("r", "x", json!({})).expect("append");
+        let defer = |log: &AuditLog| {
+            log.record_deferred("r", Event::ToolResult(json!({"n": 1})))
+                .expect("deferred");
+        };
+        let lost_at_next = |log: &AuditLog| {
+            log.append("r", "x", json!({})).expect("append");
+            let events = read_events(&path).expect("read");
+            let n = events.len();
+            (events[n - 2]["event"] == "audit.head_lost")
+                .then(|| events[n - 2]["data"]["head"].clone())
+        };
+        // Untouched: the sync records the head past the deferred line.
+        defer(&log);
+        log.sync().expect("sync");
+        assert_eq!(lost_at_next(&log), None);
+
+        // Removed between a deferred append and its sync.
+        defer(&log);
+        std::fs::remove_file(&head).expect("rm head");
+        log.sync().expect("sync");
+        assert!(!head.exists(), "the sync wrote a head over a removed one");
+        assert_eq!(lost_at_next(&log), Some(json!("missing")));
+
+        // Replaced by one the log does not hold.
+        defer(&log);
+        let other = Head {
+            hash: "0".repeat(64),
+            bytes: 3,
+        };
+        std::fs::write(&head, head_record(&other)).expect("write");
+        log.sync().expect("sync");
+        let found = lost_at_next(&log).expect("head_lost");
+        assert_eq!(found["bytes"], 3, "{found}");
+
+        // Damaged.
+        defer(&log);
+        std::fs::write(&head, b"not a head").expect("write");
+        log.sync().expect("sync");
+        let found = lost_at_next(&log).expect("head_lost");
+        assert!(found["damaged"].is_string(), "{found}");
+        assert_eq!(lost_at_next(&log), None, "the head is kept again after");
+    }
+
     #[test]
     fn a_writer_keeping_its_head_open_still_sees_it_removed_replaced_or_rewritten() {
         let dir = tempfile::tempdir().expect("tmp");
