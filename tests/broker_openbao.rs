@@ -755,6 +755,33 @@ async fn k8s_get_pod_status_runs_real_kubectl_in_gvisor_with_a_minted_token() {
     assert!(at(mint, "end") <= at(run, "start"), "{mint} {run}");
     assert!(at(run, "end") <= at(revoke, "start"), "{run} {revoke}");
     assert!(at(revoke, "end") > at(revoke, "start"));
+    // The run's stages, as in its `sandbox.completed`, are events on the
+    // run's span, in order, within it.
+    let completed: Value = std::fs::read_to_string(w.home.join("audit.jsonl"))
+        .expect("audit")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["request_id"] == r.request_id.as_str() && e["event"] == "sandbox.completed")
+        .expect("sandbox.completed");
+    let audited: Vec<&str> = completed["data"]["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .filter_map(|m| m["stage"].as_str())
+        .collect();
+    let events = run["events"].as_array().expect("events");
+    let traced: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert!(
+        !audited.is_empty() && traced == audited,
+        "{traced:?} vs {audited:?}"
+    );
+    let times: Vec<u64> = events.iter().map(|e| at(e, "time")).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1])
+            && times[0] >= at(run, "start")
+            && times[times.len() - 1] <= at(run, "end"),
+        "{times:?} in {run}"
+    );
     // (Other tests of this binary run at the same time: only what can
     // only grow is checked.)
     let metrics = gateway::telemetry::metrics().encode();

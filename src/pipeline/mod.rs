@@ -1175,14 +1175,24 @@ impl Pipeline {
         let mut outcome = {
             let mut t = crate::telemetry::stage(rid, crate::telemetry::Stage::SandboxRun);
             t.attribute("gateway.sandbox", name.clone());
+            let run_started = std::time::SystemTime::now();
             let outcome = self.sandbox.run(req).await;
-            if let Ok(r) = &outcome
-                && !r.stages.is_empty()
-            {
+            // The steps the run reached, ended or failed: as an attribute
+            // and as events on the span's timeline.
+            let stages = match &outcome {
+                Ok(r) => r.stages.as_slice(),
+                Err(e) => e.stages(),
+            };
+            if !stages.is_empty() {
                 t.attribute(
                     "gateway.sandbox.stages_ms",
-                    crate::sandbox::stages_text(&r.stages),
+                    crate::sandbox::stages_text(stages),
                 );
+                let now = std::time::SystemTime::now();
+                for m in stages {
+                    let at = run_started + std::time::Duration::from_millis(m.at_ms);
+                    t.event_at(m.stage, at.min(now));
+                }
             }
             outcome
         };

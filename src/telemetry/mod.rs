@@ -100,6 +100,16 @@ impl StageTimer {
     }
 }
 
+impl StageTimer {
+    /// A point the stage reached at `at`, as an event on its span (one of
+    /// the gateway's own step names: a sandbox run's stages).
+    pub fn event_at(&mut self, name: &'static str, at: std::time::SystemTime) {
+        if let Some(s) = &mut self.span {
+            s.event_at(name, at);
+        }
+    }
+}
+
 impl Drop for StageTimer {
     fn drop(&mut self) {
         if enabled() {

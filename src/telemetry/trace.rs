@@ -192,6 +192,9 @@ impl StageSpan {
     pub(super) fn attribute(&mut self, key: &'static str, value: String) {
         self.0.set_attribute(KeyValue::new(key, value));
     }
+    pub(super) fn event_at(&mut self, name: &'static str, at: SystemTime) {
+        self.0.add_event_with_timestamp(name, at, Vec::new());
+    }
     pub(super) fn end(mut self) {
         self.0.end();
     }

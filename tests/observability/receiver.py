@@ -70,6 +70,7 @@ class Handler(BaseHTTPRequestHandler):
                             "start": s.start_time_unix_nano,
                             "end": s.end_time_unix_nano,
                             "attributes": {a.key: value(a.value) for a in s.attributes},
+                            "events": [{"name": e.name, "time": e.time_unix_nano} for e in s.events],
                         }))
             append("spans.jsonl", spans)
             self.answer(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
