@@ -18,7 +18,7 @@ import time
 
 def main() -> int:
     where = sys.argv[1] if len(sys.argv) > 1 else "."
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
+    rounds = max(1, int(sys.argv[2])) if len(sys.argv) > 2 else 2000
     lines = [b"a" * 433 + b"\n", b"b" * 1477 + b"\n", b"c" * 365 + b"\n"]
     with tempfile.TemporaryDirectory(dir=where) as d:
         fd = os.open(os.path.join(d, "audit.jsonl"), os.O_RDWR | os.O_CREAT, 0o600)

@@ -343,7 +343,10 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
         "every lease is recorded revoked"
     );
     // The lanes set up pass the start's check.
-    let mounts: std::collections::BTreeSet<String> = ["kubernetes".to_string()].into();
+    let roles = |mount: &str, role: &str| -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        [(mount.to_string(), [role.to_string()].into())].into()
+    };
+    let mounts = roles("kubernetes", "gateway-pod-reader-demo-app");
     broker
         .check_lanes(&mounts)
         .await
@@ -353,38 +356,51 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
         .expect("broker")
         .with_lanes(4);
     // At the start, before any call: the missing lane and what to run.
-    match over.check_lanes(&mounts).await {
-        Err(gateway::broker::vault::LaneCheck::Missing(m)) => assert!(
-            m.contains("kubernetes-lane-4") && m.contains("vault setup --lanes 4"),
-            "{m}"
-        ),
-        other => panic!("the fourth lane is missing: {other:?}"),
-    }
+    let missing = |r: Result<(), gateway::broker::vault::LaneCheck>, what: &[&str]| match r {
+        Err(gateway::broker::vault::LaneCheck::Missing(m)) => {
+            assert!(what.iter().all(|w| m.contains(w)), "{what:?}: {m}")
+        }
+        other => panic!("{what:?} is missing: {other:?}"),
+    };
+    missing(
+        over.check_lanes(&mounts).await,
+        &["kubernetes-lane-4", "vault setup --lanes 4", "not a mount"],
+    );
     // A mount at a lane's path that is not the Kubernetes engine is no
-    // lane, even when the token may use it.
+    // lane, even when the token may use it; nor is a Kubernetes mount
+    // the token may not mint on.
+    let grant = |name: &str, hcl: &str| {
+        let file = w.dir.path().join(format!("{name}.hcl"));
+        std::fs::write(&file, hcl).expect("policy file");
+        w.bao
+            .ok(&["policy", "write", name, &file.display().to_string()]);
+        w.bao.token_with_policy(name)
+    };
     w.bao.ok(&["secrets", "enable", "-path=other-lane-2", "kv"]);
-    let grant = w.dir.path().join("other-lane.hcl");
-    std::fs::write(
-        &grant,
-        "path \"other-lane-2/*\" {\n  capabilities = [\"read\"]\n}\n",
-    )
-    .expect("policy file");
-    w.bao.ok(&[
-        "policy",
-        "write",
+    let kv_token = grant(
         "other-lane",
-        &grant.display().to_string(),
-    ]);
-    let kv_token = w.bao.token_with_policy("other-lane");
+        "path \"other-lane-2/*\" {\n  capabilities = [\"read\"]\n}\n",
+    );
     let kv = VaultBroker::new(settings(&w.bao.addr, &kv_token), &w.home)
         .expect("broker")
         .with_lanes(2);
-    match kv.check_lanes(&["other".to_string()].into()).await {
-        Err(gateway::broker::vault::LaneCheck::Missing(m)) => {
-            assert!(m.contains("other-lane-2") && m.contains("\"kv\""), "{m}")
-        }
-        other => panic!("a kv mount is no lane: {other:?}"),
-    }
+    missing(
+        kv.check_lanes(&roles("other", "r")).await,
+        &["other-lane-2", "\"kv\""],
+    );
+    w.bao
+        .ok(&["secrets", "enable", "-path=hand-lane-2", "kubernetes"]);
+    let hand_token = grant(
+        "hand-lane",
+        "path \"hand-lane-2/roles/*\" {\n  capabilities = [\"read\"]\n}\n",
+    );
+    let hand = VaultBroker::new(settings(&w.bao.addr, &hand_token), &w.home)
+        .expect("broker")
+        .with_lanes(2);
+    missing(
+        hand.check_lanes(&roles("hand", "r")).await,
+        &["hand-lane-2/creds/r", "mint"],
+    );
     // A token Vault refuses says nothing of the lanes.
     let bad = VaultBroker::new(settings(&w.bao.addr, "not-a-token"), &w.home)
         .expect("broker")
@@ -410,6 +426,37 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
     for l in over.ledger().open_leases().expect("ledger") {
         over.revoke(&l.lease_id).await.expect("revoked");
     }
+    // A later setup with fewer lanes: the lane it dropped is still
+    // mounted, but no longer the gateway's to mint on.
+    let out = common::gateway(&w.home)
+        .args([
+            "vault",
+            "setup",
+            "--lanes",
+            "2",
+            "--kubernetes-host",
+            &w.kube.url(),
+        ])
+        .arg("--kubernetes-ca-file")
+        .arg(&ca)
+        .arg("--service-account-jwt-file")
+        .arg(&jwt)
+        .env("VAULT_ADDR", &w.bao.addr)
+        .env("VAULT_TOKEN", &w.bao.root_token)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .output()
+        .expect("vault setup");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let fewer = VaultBroker::new(
+        settings(&w.bao.addr, &w.bao.token_with_policy("gateway")),
+        &w.home,
+    )
+    .expect("broker")
+    .with_lanes(3);
+    missing(
+        fewer.check_lanes(&mounts).await,
+        &["kubernetes-lane-3", "vault setup --lanes 3"],
+    );
 }
 
 /// `[vault] lanes` larger than `vault setup --lanes` made (here one): the

@@ -566,9 +566,19 @@ impl AuditLog {
                 // is found, for the next append to check against the log
                 // and report (`audit.head_lost`), as it would have been
                 // without this sync.
-                let head = tail.head_now(&self.path)?;
-                if !matches!(&head, HeadNow::Found(h) if Some(h) == tail.written.as_ref()) {
-                    return Ok(());
+                match tail.head_now(&self.path)? {
+                    HeadNow::Found(h) if Some(&h) == tail.written.as_ref() => {}
+                    // Not a head at all (garbage, a symlink, a FIFO): as
+                    // writing over it would have, the sync fails.
+                    HeadNow::Damaged(why) => {
+                        return Err(AuditError::Io {
+                            path: head_path(&self.path),
+                            source: std::io::Error::other(format!(
+                                "the audit head is damaged ({why}); the next append records it as lost"
+                            )),
+                        });
+                    }
+                    HeadNow::Found(_) | HeadNow::Missing => return Ok(()),
                 }
                 tail.write_head(&self.path, &ours)
                     .map_err(|source| AuditError::Io {
@@ -1515,10 +1525,10 @@ mod tests {
         assert_eq!(head.hash, last["hash"]);
     }
 
-    /// A writer keeps its head file open between appends; what someone
-    /// does to the file at the head's name meanwhile is still seen at the
-    /// next append, as when the head was opened by name each time (a file
-    /// still linked under another name too).
+    /// A sync writes the head only over the one its writer left: a head
+    /// removed or replaced between a deferred append and its sync is left
+    /// for the next append to report; a damaged one fails the sync (the
+    /// allowed call it was for is not acted on).
     #[test]
     fn a_sync_leaves_a_head_changed_since_the_last_append_for_the_next_append_to_report() {
         use super::events::Event;
@@ -1541,6 +1551,8 @@ mod tests {
         // Untouched: the sync records the head past the deferred line.
         defer(&log);
         log.sync().expect("sync");
+        let len = std::fs::metadata(&path).expect("log").len();
+        assert_eq!(read_head(&path).expect("head").expect("a head").bytes, len);
         assert_eq!(lost_at_next(&log), None);
 
         // Removed between a deferred append and its sync.
@@ -1561,15 +1573,28 @@ mod tests {
         let found = lost_at_next(&log).expect("head_lost");
         assert_eq!(found["bytes"], 3, "{found}");
 
-        // Damaged.
+        // Damaged, or not a file: the sync fails, and the next append
+        // reports what it found.
         defer(&log);
         std::fs::write(&head, b"not a head").expect("write");
-        log.sync().expect("sync");
+        assert!(log.sync().is_err(), "a damaged head passed the sync");
+        assert_eq!(std::fs::read(&head).expect("head"), b"not a head");
         let found = lost_at_next(&log).expect("head_lost");
         assert!(found["damaged"].is_string(), "{found}");
         assert_eq!(lost_at_next(&log), None, "the head is kept again after");
+        defer(&log);
+        std::fs::remove_file(&head).expect("rm head");
+        std::os::unix::fs::symlink(&path, &head).expect("symlink");
+        assert!(log.sync().is_err(), "a symlinked head passed the sync");
+        std::fs::remove_file(&head).expect("rm symlink");
+        let found = lost_at_next(&log).expect("head_lost");
+        assert_eq!(found, json!("missing"));
     }
 
+    /// A writer keeps its head file open between appends; what someone
+    /// does to the file at the head's name meanwhile is still seen at the
+    /// next append, as when the head was opened by name each time (a file
+    /// still linked under another name too).
     #[test]
     fn a_writer_keeping_its_head_open_still_sees_it_removed_replaced_or_rewritten() {
         let dir = tempfile::tempdir().expect("tmp");

@@ -598,28 +598,29 @@ impl VaultBroker {
     }
 
     /// Check that every lane past the first of each Kubernetes secrets
-    /// engine mount in `mounts` is one this gateway can mint on: a mount of
-    /// the `kubernetes` engine its token holds a grant under (OpenBao's and
-    /// Vault's `sys/internal/ui/mounts/<path>` answer that for any token,
-    /// and only that). Each lane `gateway vault setup --lanes N` made is
-    /// such a mount; a `[vault] lanes` larger than that is refused here, at
+    /// engine mount in `roles` (mount → the roles on it) is one this
+    /// gateway can mint on: a mount of the `kubernetes` engine at exactly
+    /// that path (OpenBao's and Vault's `sys/internal/ui/mounts/<path>`,
+    /// which any token may ask of a mount it holds a grant under), and the
+    /// gateway's token may `update` each role's `creds/` on it
+    /// (`sys/capabilities-self`). Each lane `gateway vault setup --lanes
+    /// N` made is; a `[vault] lanes` larger than that is refused here, at
     /// the start, rather than at the first call that lands on the missing
     /// lane. The first lane is the mount itself: with one lane nothing is
-    /// asked. Its own token is checked first, so that a token Vault
-    /// refuses is not taken for a missing lane.
+    /// asked. The token is checked first, so that a token Vault refuses is
+    /// not taken for a missing lane.
     pub async fn check_lanes(
         &self,
-        mounts: &std::collections::BTreeSet<String>,
+        roles: &BTreeMap<String, std::collections::BTreeSet<String>>,
     ) -> Result<(), LaneCheck> {
-        if self.lanes.count < 2 || mounts.is_empty() {
+        if self.lanes.count < 2 || roles.is_empty() {
             return Ok(());
         }
         self.check().await.map_err(LaneCheck::Unknown)?;
-        for mount in mounts {
+        for (mount, names) in roles {
             let mount = mount.trim_matches('/');
             for lane in 1..self.lanes.count {
                 let path = super::lane_mount(mount, lane);
-                let what = format!("looking up the mount {path}");
                 let missing = |why: String| {
                     LaneCheck::Missing(format!(
                         "[vault] lanes = {} but lane {} of the mount {mount}, {path}, {why}: `gateway vault setup --lanes {}` makes every lane (and the gateway's Vault policy for them); or give [vault] lanes as many as it made",
@@ -633,25 +634,64 @@ impl VaultBroker {
                         rustify::enums::RequestMethod::GET,
                         &format!("sys/internal/ui/mounts/{path}"),
                         None,
-                        &what,
+                        &format!("looking up the mount {path}"),
                     )
                     .await
                 {
                     Ok(v) => v.unwrap_or(Value::Null),
-                    // A path with no mount, or none the token may use:
-                    // refused alike (`preflight capability check`).
-                    Err(BrokerError::Refused(m)) if m.contains("permission denied") => {
+                    // Vault's answer for a path with no mount, or none
+                    // the token holds a grant under. Any other refusal
+                    // (a proxy's, a token that just expired) says nothing
+                    // of the lane.
+                    Err(BrokerError::Refused(m)) if m.contains("preflight capability check") => {
                         return Err(missing(
                             "is not a mount this gateway's Vault token may mint on".into(),
                         ));
                     }
                     Err(e) => return Err(LaneCheck::Unknown(e)),
                 };
+                // The mount that holds the path: the lane itself, not a
+                // mount above it.
+                let at = found["data"]["path"].as_str().unwrap_or("");
+                let at = at.trim_matches('/');
+                if at != path && !at.ends_with(&format!("/{path}")) {
+                    return Err(missing(format!(
+                        "is not a mount (the path is under {at:?})"
+                    )));
+                }
                 let kind = found["data"]["type"].as_str().unwrap_or("");
                 if kind != "kubernetes" {
                     return Err(missing(format!(
                         "is a mount of the {kind:?} engine, not the Kubernetes secrets engine"
                     )));
+                }
+                let paths: Vec<String> = names
+                    .iter()
+                    .map(|r| format!("{path}/creds/{}", r.trim_matches('/')))
+                    .collect();
+                let caps = self
+                    .call(
+                        rustify::enums::RequestMethod::POST,
+                        "sys/capabilities-self",
+                        Some(serde_json::json!({ "paths": paths })),
+                        &format!("asking what the gateway's token may do on {path}"),
+                    )
+                    .await
+                    .map_err(LaneCheck::Unknown)?
+                    .unwrap_or(Value::Null);
+                for p in &paths {
+                    let may = caps["data"][p]
+                        .as_array()
+                        .or_else(|| caps[p].as_array())
+                        .is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c == "update" || c == "root" || c == "sudo")
+                        });
+                    if !may {
+                        return Err(missing(format!(
+                            "does not let the gateway's token mint {p}"
+                        )));
+                    }
                 }
             }
         }

@@ -226,13 +226,18 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     // More lanes than `vault setup --lanes` made: refused now, not at the
     // first call that lands on a missing one.
-    if let (Some(b), Ok(set)) = (&broker, policy.current()) {
+    if let Some(b) = &broker {
         use crate::broker::vault::LaneCheck;
-        match rt.block_on(b.check_lanes(&role_mounts(&set))) {
-            Ok(()) => {}
-            Err(LaneCheck::Missing(m)) => anyhow::bail!("the daemon refuses to start: {m}"),
-            Err(e @ LaneCheck::Unknown(_)) => tracing::warn!(
-                "{e}; a call that lands on a lane that was not set up is refused, saying so"
+        match policy.current() {
+            Ok(set) => match rt.block_on(b.check_lanes(&role_mounts(&set))) {
+                Ok(()) => {}
+                Err(LaneCheck::Missing(m)) => anyhow::bail!("the daemon refuses to start: {m}"),
+                Err(e @ LaneCheck::Unknown(_)) => tracing::warn!(
+                    "{e}; a call that lands on a lane that was not set up is refused, saying so"
+                ),
+            },
+            Err(e) => tracing::warn!(
+                "the Vault lanes were not checked (no policy set loaded: {e}); a call that lands on a lane that was not set up is refused, saying so"
             ),
         }
     }
@@ -614,23 +619,28 @@ fn database_check(db: Arc<crate::db::postgres::PostgresDb>) -> crate::http::Read
     }
 }
 
-/// The mounts of the Vault roles the policy set names
-/// (`data.config.vault_roles`): the Kubernetes secrets engine mounts its
-/// credentials are minted on.
-fn role_mounts(set: &crate::policy::PolicySet) -> std::collections::BTreeSet<String> {
+/// The Vault roles the policy set names (`data.config.vault_roles`), by
+/// mount: the Kubernetes secrets engine mounts its credentials are minted
+/// on.
+fn role_mounts(
+    set: &crate::policy::PolicySet,
+) -> BTreeMap<String, std::collections::BTreeSet<String>> {
     let roles = set
         .data("data.config.vault_roles.roles")
         .ok()
         .flatten()
         .unwrap_or_default();
-    roles
-        .as_object()
-        .into_iter()
-        .flat_map(|m| m.values())
-        .filter_map(|r| r["mount"].as_str())
-        .map(|m| m.trim_matches('/').to_string())
-        .filter(|m| !m.is_empty())
-        .collect()
+    let mut by_mount: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (name, role) in roles.as_object().into_iter().flatten() {
+        let mount = role["mount"].as_str().unwrap_or("").trim_matches('/');
+        if !mount.is_empty() {
+            by_mount
+                .entry(mount.to_string())
+                .or_default()
+                .insert(name.clone());
+        }
+    }
+    by_mount
 }
 
 /// `/readyz`: the gateway's own Vault token is valid (Vault reachable,
