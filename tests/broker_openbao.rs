@@ -347,16 +347,36 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
         [(mount.to_string(), [role.to_string()].into())].into()
     };
     let mounts = roles("kubernetes", "gateway-pod-reader-demo-app");
-    broker
-        .check_lanes(&mounts)
-        .await
-        .expect("three lanes set up");
+    assert_eq!(
+        broker
+            .check_lanes(&mounts)
+            .await
+            .expect("three lanes set up"),
+        Vec::<String>::new()
+    );
+    // A role or a mount that is not set up at all is no matter of lanes:
+    // noted, and the start goes on (the calls needing it are refused).
+    let mut more = mounts.clone();
+    more.get_mut("kubernetes")
+        .expect("mount")
+        .insert("never-set-up".into());
+    more.insert("nowhere".into(), ["r".to_string()].into());
+    let notes = broker.check_lanes(&more).await.expect("noted, not refused");
+    assert!(
+        notes.len() == 2
+            && notes
+                .iter()
+                .any(|n| n.contains("kubernetes/creds/never-set-up"))
+            && notes.iter().any(|n| n.contains("the mount nowhere")),
+        "{notes:?}"
+    );
     // Four lanes where three were set up: the fourth is refused, clearly.
     let over = VaultBroker::new(settings(&w.bao.addr, &token), &w.home)
         .expect("broker")
         .with_lanes(4);
     // At the start, before any call: the missing lane and what to run.
-    let missing = |r: Result<(), gateway::broker::vault::LaneCheck>, what: &[&str]| match r {
+    let missing = |r: Result<Vec<String>, gateway::broker::vault::LaneCheck>, what: &[&str]| match r
+    {
         Err(gateway::broker::vault::LaneCheck::Missing(m)) => {
             assert!(what.iter().all(|w| m.contains(w)), "{what:?}: {m}")
         }
@@ -376,10 +396,12 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
             .ok(&["policy", "write", name, &file.display().to_string()]);
         w.bao.token_with_policy(name)
     };
+    w.bao
+        .ok(&["secrets", "enable", "-path=other", "kubernetes"]);
     w.bao.ok(&["secrets", "enable", "-path=other-lane-2", "kv"]);
     let kv_token = grant(
         "other-lane",
-        "path \"other-lane-2/*\" {\n  capabilities = [\"read\"]\n}\n",
+        "path \"other/creds/r\" {\n  capabilities = [\"update\"]\n}\npath \"other-lane-2/*\" {\n  capabilities = [\"read\"]\n}\n",
     );
     let kv = VaultBroker::new(settings(&w.bao.addr, &kv_token), &w.home)
         .expect("broker")
@@ -388,11 +410,13 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
         kv.check_lanes(&roles("other", "r")).await,
         &["other-lane-2", "\"kv\""],
     );
+    w.bao.ok(&["secrets", "enable", "-path=hand", "kubernetes"]);
     w.bao
         .ok(&["secrets", "enable", "-path=hand-lane-2", "kubernetes"]);
+    // `sudo` alone is no grant to mint.
     let hand_token = grant(
         "hand-lane",
-        "path \"hand-lane-2/roles/*\" {\n  capabilities = [\"read\"]\n}\n",
+        "path \"hand/creds/r\" {\n  capabilities = [\"update\"]\n}\npath \"hand-lane-2/creds/r\" {\n  capabilities = [\"read\", \"sudo\"]\n}\n",
     );
     let hand = VaultBroker::new(settings(&w.bao.addr, &hand_token), &w.home)
         .expect("broker")

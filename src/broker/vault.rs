@@ -601,24 +601,41 @@ impl VaultBroker {
     /// engine mount in `roles` (mount → the roles on it) is one this
     /// gateway can mint on: a mount of the `kubernetes` engine at exactly
     /// that path (OpenBao's and Vault's `sys/internal/ui/mounts/<path>`,
-    /// which any token may ask of a mount it holds a grant under), and the
-    /// gateway's token may `update` each role's `creds/` on it
-    /// (`sys/capabilities-self`). Each lane `gateway vault setup --lanes
-    /// N` made is; a `[vault] lanes` larger than that is refused here, at
-    /// the start, rather than at the first call that lands on the missing
-    /// lane. The first lane is the mount itself: with one lane nothing is
-    /// asked. The token is checked first, so that a token Vault refuses is
-    /// not taken for a missing lane.
+    /// which any token may ask of a mount it holds a grant under), where
+    /// its token may `update` the `creds/` of every role it may on the
+    /// first lane (`sys/capabilities-self`). Each lane `gateway vault setup
+    /// --lanes N` made is; a `[vault] lanes` larger than that is refused
+    /// here, at the start, rather than at the first call that lands on the
+    /// missing lane. What is not set up on the first lane (the mount
+    /// itself) either is no matter of lanes: it is returned as notes to
+    /// log, and the calls that need it are refused when they come, as with
+    /// one lane. With one lane nothing is asked.
     pub async fn check_lanes(
         &self,
         roles: &BTreeMap<String, std::collections::BTreeSet<String>>,
-    ) -> Result<(), LaneCheck> {
+    ) -> Result<Vec<String>, LaneCheck> {
+        let mut notes = Vec::new();
         if self.lanes.count < 2 || roles.is_empty() {
-            return Ok(());
+            return Ok(notes);
         }
         self.check().await.map_err(LaneCheck::Unknown)?;
         for (mount, names) in roles {
             let mount = mount.trim_matches('/');
+            if let Err(why) = self.kubernetes_mount(mount).await? {
+                notes.push(format!(
+                    "the mount {mount} {why}: calls needing its roles are refused"
+                ));
+                continue;
+            }
+            let on_first = self.mintable(mount, names).await?;
+            for r in names.difference(&on_first) {
+                notes.push(format!(
+                    "the gateway's Vault token may not mint {mount}/creds/{r}: calls needing that role are refused (`gateway vault setup` defines every role of vault_roles)"
+                ));
+            }
+            if on_first.is_empty() {
+                continue;
+            }
             for lane in 1..self.lanes.count {
                 let path = super::lane_mount(mount, lane);
                 let missing = |why: String| {
@@ -629,73 +646,98 @@ impl VaultBroker {
                         self.lanes.count
                     ))
                 };
-                let found = match self
-                    .call(
-                        rustify::enums::RequestMethod::GET,
-                        &format!("sys/internal/ui/mounts/{path}"),
-                        None,
-                        &format!("looking up the mount {path}"),
-                    )
-                    .await
-                {
-                    Ok(v) => v.unwrap_or(Value::Null),
-                    // Vault's answer for a path with no mount, or none
-                    // the token holds a grant under. Any other refusal
-                    // (a proxy's, a token that just expired) says nothing
-                    // of the lane.
-                    Err(BrokerError::Refused(m)) if m.contains("preflight capability check") => {
-                        return Err(missing(
-                            "is not a mount this gateway's Vault token may mint on".into(),
-                        ));
-                    }
-                    Err(e) => return Err(LaneCheck::Unknown(e)),
-                };
-                // The mount that holds the path: the lane itself, not a
-                // mount above it.
-                let at = found["data"]["path"].as_str().unwrap_or("");
-                let at = at.trim_matches('/');
-                if at != path && !at.ends_with(&format!("/{path}")) {
-                    return Err(missing(format!(
-                        "is not a mount (the path is under {at:?})"
-                    )));
+                if let Err(why) = self.kubernetes_mount(&path).await? {
+                    return Err(missing(why));
                 }
-                let kind = found["data"]["type"].as_str().unwrap_or("");
-                if kind != "kubernetes" {
+                let on_lane = self.mintable(&path, &on_first).await?;
+                if let Some(r) = on_first.difference(&on_lane).next() {
                     return Err(missing(format!(
-                        "is a mount of the {kind:?} engine, not the Kubernetes secrets engine"
+                        "does not let the gateway's token mint {path}/creds/{r}, which it may mint on {mount}"
                     )));
-                }
-                let paths: Vec<String> = names
-                    .iter()
-                    .map(|r| format!("{path}/creds/{}", r.trim_matches('/')))
-                    .collect();
-                let caps = self
-                    .call(
-                        rustify::enums::RequestMethod::POST,
-                        "sys/capabilities-self",
-                        Some(serde_json::json!({ "paths": paths })),
-                        &format!("asking what the gateway's token may do on {path}"),
-                    )
-                    .await
-                    .map_err(LaneCheck::Unknown)?
-                    .unwrap_or(Value::Null);
-                for p in &paths {
-                    let may = caps["data"][p]
-                        .as_array()
-                        .or_else(|| caps[p].as_array())
-                        .is_some_and(|c| {
-                            c.iter()
-                                .any(|c| c == "update" || c == "root" || c == "sudo")
-                        });
-                    if !may {
-                        return Err(missing(format!(
-                            "does not let the gateway's token mint {p}"
-                        )));
-                    }
                 }
             }
         }
-        Ok(())
+        Ok(notes)
+    }
+
+    /// Whether `path` is a mount of the Kubernetes secrets engine, at
+    /// exactly that path, that the token holds a grant under (`Err`: why
+    /// not); [`LaneCheck::Unknown`] when Vault's answer does not say.
+    async fn kubernetes_mount(&self, path: &str) -> Result<Result<(), String>, LaneCheck> {
+        let found = match self
+            .call(
+                rustify::enums::RequestMethod::GET,
+                &format!("sys/internal/ui/mounts/{path}"),
+                None,
+                &format!("looking up the mount {path}"),
+            )
+            .await
+        {
+            Ok(v) => v.unwrap_or(Value::Null),
+            // Vault's answer for a path with no mount, or none the token
+            // holds a grant under. Any other refusal (a proxy's, a token
+            // that just expired) says nothing of the mount.
+            Err(BrokerError::Refused(m)) if m.contains("preflight capability check") => {
+                return Ok(Err(
+                    "is not a mount this gateway's Vault token may mint on".into()
+                ));
+            }
+            Err(e) => return Err(LaneCheck::Unknown(e)),
+        };
+        let (Some(at), Some(kind)) = (
+            found["data"]["path"].as_str(),
+            found["data"]["type"].as_str(),
+        ) else {
+            return Err(LaneCheck::Unknown(BrokerError::Refused(format!(
+                "looking up the mount {path}: the answer names no mount path and type"
+            ))));
+        };
+        // The mount that holds the path: this one, not one above it.
+        let at = at.trim_matches('/');
+        if at != path && !at.ends_with(&format!("/{path}")) {
+            return Ok(Err(format!("is not a mount (the path is under {at:?})")));
+        }
+        if kind != "kubernetes" {
+            return Ok(Err(format!(
+                "is a mount of the {kind:?} engine, not the Kubernetes secrets engine"
+            )));
+        }
+        Ok(Ok(()))
+    }
+
+    /// The roles of `roles` whose `creds/` on the mount `path` the token
+    /// may `update` (mint).
+    async fn mintable(
+        &self,
+        path: &str,
+        roles: &std::collections::BTreeSet<String>,
+    ) -> Result<std::collections::BTreeSet<String>, LaneCheck> {
+        let paths: Vec<String> = roles
+            .iter()
+            .map(|r| format!("{path}/creds/{}", r.trim_matches('/')))
+            .collect();
+        let caps = self
+            .call(
+                rustify::enums::RequestMethod::POST,
+                "sys/capabilities-self",
+                Some(serde_json::json!({ "paths": paths })),
+                &format!("asking what the gateway's token may do on {path}"),
+            )
+            .await
+            .map_err(LaneCheck::Unknown)?
+            .unwrap_or(Value::Null);
+        Ok(roles
+            .iter()
+            .zip(&paths)
+            .filter(|(_, p)| {
+                caps["data"][p.as_str()]
+                    .as_array()
+                    .or_else(|| caps[p.as_str()].as_array())
+                    // `sudo` adds to a grant; it is none by itself.
+                    .is_some_and(|c| c.iter().any(|c| c == "update" || c == "root"))
+            })
+            .map(|(r, _)| r.clone())
+            .collect())
     }
 
     /// Renew the gateway's own token once (or log in again with AppRole

@@ -229,13 +229,30 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     if let Some(b) = &broker {
         use crate::broker::vault::LaneCheck;
         match policy.current() {
-            Ok(set) => match rt.block_on(b.check_lanes(&role_mounts(&set))) {
-                Ok(()) => {}
-                Err(LaneCheck::Missing(m)) => anyhow::bail!("the daemon refuses to start: {m}"),
-                Err(e @ LaneCheck::Unknown(_)) => tracing::warn!(
-                    "{e}; a call that lands on a lane that was not set up is refused, saying so"
-                ),
-            },
+            Ok(set) => {
+                // A few requests; a Vault that answers each one just in
+                // time does not hold the start for long.
+                let checked = rt.block_on(async {
+                    tokio::time::timeout(LANE_CHECK_LIMIT, b.check_lanes(&role_mounts(&set))).await
+                });
+                match checked {
+                    Ok(Ok(notes)) => {
+                        for n in notes {
+                            tracing::warn!("{n}");
+                        }
+                    }
+                    Ok(Err(LaneCheck::Missing(m))) => {
+                        anyhow::bail!("the daemon refuses to start: {m}")
+                    }
+                    Ok(Err(e @ LaneCheck::Unknown(_))) => tracing::warn!(
+                        "{e}; a call that lands on a lane that was not set up is refused, saying so"
+                    ),
+                    Err(_) => tracing::warn!(
+                        "the Vault lanes could not be checked within {} s; a call that lands on a lane that was not set up is refused, saying so",
+                        LANE_CHECK_LIMIT.as_secs()
+                    ),
+                }
+            }
             Err(e) => tracing::warn!(
                 "the Vault lanes were not checked (no policy set loaded: {e}); a call that lands on a lane that was not set up is refused, saying so"
             ),
@@ -618,6 +635,9 @@ fn database_check(db: Arc<crate::db::postgres::PostgresDb>) -> crate::http::Read
         }),
     }
 }
+
+/// How long the start waits for Vault to say whether the lanes are set up.
+const LANE_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The Vault roles the policy set names (`data.config.vault_roles`), by
 /// mount: the Kubernetes secrets engine mounts its credentials are minted
