@@ -60,6 +60,9 @@ pub struct ScriptedSandbox {
     pub seen: Mutex<Vec<Seen>>,
     /// Run as each sandbox "runs" (a fault to inject mid-call).
     pub on_run: Mutex<Option<OnRun>>,
+    /// When set, every run stops part way, as a pod that never started
+    /// does: `SandboxError::Stopped` with these stages reached.
+    pub stop_at: Mutex<Option<Vec<gateway::sandbox::StageMark>>>,
     scratch: tempfile::TempDir,
 }
 
@@ -75,6 +78,7 @@ impl ScriptedSandbox {
             }),
             seen: Mutex::new(Vec::new()),
             on_run: Mutex::new(None),
+            stop_at: Mutex::new(None),
             scratch: tempfile::tempdir().expect("scratch"),
         }
     }
@@ -147,6 +151,13 @@ impl Sandbox for ScriptedSandbox {
             });
             if let Some(hook) = self.on_run.lock().expect("hook").as_ref() {
                 hook(phase);
+            }
+            let stop = self.stop_at.lock().expect("stop").clone();
+            if let Some(stages) = stop {
+                return Err(SandboxError::Stopped {
+                    why: "scripted: the pod never started".into(),
+                    stages,
+                });
             }
             let mut script = self.script.lock().expect("script");
             let mut files_out = BTreeMap::new();
