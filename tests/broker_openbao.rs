@@ -271,6 +271,22 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
     assert_eq!(ledger.is_revoked(&cred.lease_id).expect("q"), Some(true));
 }
 
+/// `gateway vault setup --lanes N` again on `w`'s OpenBao and cluster.
+fn setup_lanes(w: &World, lanes: u16) -> std::process::Output {
+    common::gateway(&w.home)
+        .args(["vault", "setup", "--lanes", &lanes.to_string()])
+        .args(["--kubernetes-host", &w.kube.url()])
+        .arg("--kubernetes-ca-file")
+        .arg(&w.ca_file)
+        .arg("--service-account-jwt-file")
+        .arg(w.dir.path().join("openbao-sa.jwt"))
+        .env("VAULT_ADDR", &w.bao.addr)
+        .env("VAULT_TOKEN", &w.bao.root_token)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .output()
+        .expect("vault setup")
+}
+
 /// `vault setup --lanes 3`: every role on three mounts of the engine, the
 /// gateway's Vault policy on all three; a broker with three lanes spreads
 /// its credentials over them, each revoked (its objects deleted) as on one
@@ -279,26 +295,7 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
     let w = world().await;
-    let ca = w.dir.path().join("kube-ca.pem");
-    let jwt = w.dir.path().join("openbao-sa.jwt");
-    let out = common::gateway(&w.home)
-        .args([
-            "vault",
-            "setup",
-            "--lanes",
-            "3",
-            "--kubernetes-host",
-            &w.kube.url(),
-        ])
-        .arg("--kubernetes-ca-file")
-        .arg(&ca)
-        .arg("--service-account-jwt-file")
-        .arg(&jwt)
-        .env("VAULT_ADDR", &w.bao.addr)
-        .env("VAULT_TOKEN", &w.bao.root_token)
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .output()
-        .expect("vault setup");
+    let out = setup_lanes(&w, 3);
     let report = common::stdout(&out);
     assert!(out.status.success(), "{report}{}", common::stderr(&out));
     assert!(
@@ -452,24 +449,7 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
     }
     // A later setup with fewer lanes: the lane it dropped is still
     // mounted, but no longer the gateway's to mint on.
-    let out = common::gateway(&w.home)
-        .args([
-            "vault",
-            "setup",
-            "--lanes",
-            "2",
-            "--kubernetes-host",
-            &w.kube.url(),
-        ])
-        .arg("--kubernetes-ca-file")
-        .arg(&ca)
-        .arg("--service-account-jwt-file")
-        .arg(&jwt)
-        .env("VAULT_ADDR", &w.bao.addr)
-        .env("VAULT_TOKEN", &w.bao.root_token)
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .output()
-        .expect("vault setup");
+    let out = setup_lanes(&w, 2);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let fewer = VaultBroker::new(
         settings(&w.bao.addr, &w.bao.token_with_policy("gateway")),
@@ -798,14 +778,7 @@ async fn k8s_get_pod_status_runs_real_kubectl_in_gvisor_with_a_minted_token() {
     let receiver = otlp::Receiver::start(None, spans_dir.path(), None);
     gateway::telemetry::trace::init(&receiver.url(), "gateway-test").expect("traces");
     let r = p.call(call("demo-app")).await.expect("call");
-    tokio::task::spawn_blocking(gateway::telemetry::trace::flush)
-        .await
-        .expect("flush");
-    let spans = otlp::spans_until(
-        spans_dir.path(),
-        |s| s["attributes"]["gateway.request_id"] == r.request_id.as_str(),
-        |s| s["name"] == "gateway.call",
-    );
+    let spans = otlp::call_spans(spans_dir.path(), &r.request_id).await;
     let root = spans
         .iter()
         .find(|s| s["name"] == "gateway.call")

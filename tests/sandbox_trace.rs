@@ -65,14 +65,7 @@ async fn a_run_that_stops_part_way_has_its_stages_as_events_on_its_span() {
         "{:?}",
         r.outcome
     );
-    tokio::task::spawn_blocking(gateway::telemetry::trace::flush)
-        .await
-        .expect("flush");
-    let spans = otlp::spans_until(
-        spans_dir.path(),
-        |s| s["attributes"]["gateway.request_id"] == r.request_id.as_str(),
-        |s| s["name"] == "gateway.call",
-    );
+    let spans = otlp::call_spans(spans_dir.path(), &r.request_id).await;
     let run = spans
         .iter()
         .find(|s| s["name"] == "sandbox_run")

@@ -118,3 +118,16 @@ pub fn spans_until(
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// The spans of the call `request_id` made in this process, once its
+/// `gateway.call` span came in: this process's spans flushed first.
+pub async fn call_spans(out: &Path, request_id: &str) -> Vec<Value> {
+    tokio::task::spawn_blocking(gateway::telemetry::trace::flush)
+        .await
+        .expect("flush");
+    spans_until(
+        out,
+        |s| s["attributes"]["gateway.request_id"] == request_id,
+        |s| s["name"] == "gateway.call",
+    )
+}
