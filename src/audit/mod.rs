@@ -47,7 +47,7 @@ use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
-use crate::canonical::{canonical_json, sha256_hex};
+use crate::canonical::{canonical_json, sha256_hex, write_canonical_object};
 
 /// `prev` of the first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -409,19 +409,29 @@ const PREFIX_CHARS: usize = 200;
 /// The hash of an event: SHA-256 over its canonical JSON without `hash`
 /// (the bytes of its line before `,"hash"`, with the closing brace).
 pub fn event_hash(event: &Map<String, Value>) -> String {
-    let mut without = event.clone();
-    without.remove("hash");
-    sha256_hex(canonical_json(&Value::Object(without)).as_bytes())
+    let mut body = Vec::new();
+    write_canonical_object(event, |k| k != "hash", &mut body);
+    sha256_hex(&body)
 }
 
 /// The line of an event (without `hash`) and its hash: the canonical JSON,
 /// then `,"hash":"…"}` and a newline.
 pub fn event_line(without_hash: &Map<String, Value>) -> (String, String) {
-    let body = canonical_json(&Value::Object(without_hash.clone()));
-    let hash = sha256_hex(body.as_bytes());
-    let open = body.strip_suffix('}').unwrap_or(&body);
-    let sep = if open.len() > 1 { "," } else { "" };
-    (format!("{open}{sep}\"hash\":\"{hash}\"}}\n"), hash)
+    let mut line = Vec::with_capacity(512);
+    write_canonical_object(without_hash, |_| true, &mut line);
+    let hash = sha256_hex(&line);
+    // The body ends with its object's `}`: the hash goes in before it.
+    line.pop();
+    if line.len() > 1 {
+        line.push(b',');
+    }
+    line.extend_from_slice(b"\"hash\":\"");
+    line.extend_from_slice(hash.as_bytes());
+    line.extend_from_slice(b"\"}\n");
+    // serde_json's text (UTF-8) and ASCII only.
+    let line = String::from_utf8(line)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    (line, hash)
 }
 
 pub fn now_ts() -> String {
