@@ -53,9 +53,18 @@ static SECRET_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     .expect("the secret patterns are valid regular expressions")
 });
 
+/// Whether `key`, lowercased (ASCII), holds one of [`SECRET_KEY_PARTS`]
+/// and is none of [`SAFE_KEYS`]. Every key of every event is asked, so the
+/// key is searched in place rather than lowercased into a new string.
 fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    !SAFE_KEYS.contains(&k.as_str()) && SECRET_KEY_PARTS.iter().any(|p| k.contains(p))
+    let k = key.as_bytes();
+    let holds_part = (0..k.len()).any(|at| {
+        SECRET_KEY_PARTS.iter().any(|part| {
+            k.get(at..at + part.len())
+                .is_some_and(|here| here.eq_ignore_ascii_case(part.as_bytes()))
+        })
+    });
+    holds_part && !SAFE_KEYS.iter().any(|safe| key.eq_ignore_ascii_case(safe))
 }
 
 /// Whether `s` could hold a match of [`SECRET_VALUE`]: every match is 9
@@ -125,6 +134,25 @@ mod tests {
 
     const JWT: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ.c2lnbmF0dXJlLWJ5dGVz";
     const HVS: &str = "hvs.CAESIJ3kq2m9x0Zr7Yt5UvWbXcDeFgHiJkLmNoPqRsTuVwX";
+
+    proptest! {
+        /// The search in place says what lowercasing the key and looking
+        /// for each part in it (as it was done before) says.
+        #[test]
+        fn a_secret_key_is_found_as_lowercasing_finds_it(
+            key in prop_oneof![
+                "[a-zA-Z_]{0,24}",
+                "(?i)[a-z_]{0,6}(token|secret|passw(or)?d|session|client_key|api_?key|cookie)[a-z_]{0,6}",
+                "(?i)(lease_id|token_ttl|token_type|token_policies|lease_duration)",
+                "\\PC{0,12}",
+            ]
+        ) {
+            let lower = key.to_ascii_lowercase();
+            let before = !SAFE_KEYS.contains(&lower.as_str())
+                && SECRET_KEY_PARTS.iter().any(|p| lower.contains(p));
+            prop_assert_eq!(is_secret_key(&key), before, "{}", key);
+        }
+    }
 
     #[test]
     fn keeps_scopes_lease_ids_and_ttls() {
