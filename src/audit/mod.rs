@@ -1240,6 +1240,43 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// An event's line and hash as an independent writer gives them
+    /// (Python's `json.dumps(sort_keys=True, separators=(",", ":"),
+    /// ensure_ascii=False)` and `hashlib.sha256`): a line's bytes, and so
+    /// every hash in a log, never change with the writer's code.
+    #[test]
+    fn an_event_line_is_the_canonical_text_another_writer_gives() {
+        let event = json!({
+            "ts": "2026-12-05T00:00:00.000Z", "request_id": "r-1", "event": "tool.request",
+            "data": {
+                "tool": "k8s_get_pod_status",
+                "params": {"namespace": "demo-app", "Note": "é\n\t\"x\"\\ \u{2028}\u{1}"},
+                "n": [1, -2, 3.5, null, true],
+                "a": {},
+            },
+            "prev": "genesis",
+        });
+        let Value::Object(event) = event else {
+            unreachable!("an object literal")
+        };
+        let hash = "88055dd9c0bbd5f4428b049d5b1b76e91aaa25e2b150976d61db82ddd35ac5ca";
+        let line = concat!(
+            r#"{"data":{"a":{},"n":[1,-2,3.5,null,true],"params":{"Note":"é\n\t\"x\"\\ "#,
+            "\u{2028}",
+            r#"\u0001","namespace":"demo-app"},"tool":"k8s_get_pod_status"},"event":"tool.request","prev":"genesis","request_id":"r-1","ts":"2026-12-05T00:00:00.000Z","hash":""#,
+            "88055dd9c0bbd5f4428b049d5b1b76e91aaa25e2b150976d61db82ddd35ac5ca",
+            "\"}\n"
+        );
+        assert_eq!(event_line(&event), (line.to_string(), hash.to_string()));
+        let mut with_hash = event.clone();
+        with_hash.insert("hash".into(), hash.into());
+        assert_eq!(event_hash(&with_hash), hash);
+        // An empty event: no comma before the hash.
+        let (line, hash) = event_line(&Map::new());
+        assert_eq!(line, format!("{{\"hash\":\"{hash}\"}}\n"));
+        assert_eq!(hash, sha256_hex(b"{}"));
+    }
+
     #[test]
     fn events_chain_and_are_scrubbed() {
         let dir = tempfile::tempdir().expect("tmp");

@@ -135,6 +135,19 @@ mod tests {
     const JWT: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQifQ.c2lnbmF0dXJlLWJ5dGVz";
     const HVS: &str = "hvs.CAESIJ3kq2m9x0Zr7Yt5UvWbXcDeFgHiJkLmNoPqRsTuVwX";
 
+    /// The search in place folds only the key's case: it finds what
+    /// lowercasing finds only while every part and safe key is lowercase
+    /// ASCII and not empty.
+    #[test]
+    fn the_key_lists_are_lowercase_ascii() {
+        for k in SECRET_KEY_PARTS.iter().chain(SAFE_KEYS) {
+            assert!(
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()),
+                "{k:?}"
+            );
+        }
+    }
+
     proptest! {
         /// The search in place says what lowercasing the key and looking
         /// for each part in it (as it was done before) says.
