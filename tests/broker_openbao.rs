@@ -471,14 +471,28 @@ async fn a_daemon_told_of_more_lanes_than_were_set_up_refuses_to_start() {
     let w = world().await;
     let policies = common::repo().join("policies");
     let (config, socket) = daemon_config(&w, "lanes", "", "lanes = 2", &policies, &w.home);
-    let log = w.dir.path().join("daemon-lanes.log");
+    let err = refused_start(&w, &config, "lanes");
+    assert!(
+        err.contains("refuses to start")
+            && err.contains("kubernetes-lane-2")
+            && err.contains("vault setup --lanes 2"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "it never listened");
+}
+
+/// Run the daemon with `config`, which must refuse to start within 30 s:
+/// what it said on stderr.
+fn refused_start(w: &World, config: &Path, tag: &str) -> String {
+    let log = w.dir.path().join(format!("daemon-{tag}.log"));
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .arg("daemon")
         .env_remove("GATEWAY_HOME")
         .env_remove("VAULT_ADDR")
         .env_remove("VAULT_TOKEN")
+        .env("RUST_LOG", "warn,gateway=info,rustify=off")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log"))
@@ -491,13 +505,111 @@ async fn a_daemon_told_of_more_lanes_than_were_set_up_refuses_to_start() {
     let status = daemon.wait().expect("wait");
     let err = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(ended && !status.success(), "the daemon started: {err}");
+    err
+}
+
+/// A start refused after it logged in to Vault (AppRole) revokes the token
+/// it got: under a service manager that retries, each refused start left
+/// one live token behind until its TTL. So does a clean stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_start_and_a_clean_stop_revoke_the_vault_token_it_logged_in_for() {
+    let w = world().await;
+    let role_id = w
+        .setup_output
+        .lines()
+        .find_map(|l| l.strip_prefix("approle gateway: role_id "))
+        .expect("role id printed")
+        .to_string();
+    let policies = common::repo().join("policies");
+    let (config, socket) = daemon_config(&w, "approle", "", "lanes = 2", &policies, &w.home);
+    // AppRole auth instead of the token daemon_config writes.
+    let approle = |text: &str| {
+        assert!(text.contains("auth = \"token\"\n"), "{text}");
+        format!(
+            "{}[vault.approle]\nrole_id = {role_id:?}\nsecret_id_file = {:?}\n",
+            text.replace("auth = \"token\"\n", "auth = \"approle\"\n"),
+            w.dir.path().join("secret-id")
+        )
+    };
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, approle(&text)).expect("config");
+    // Every live token, by accessor (the root token may list them).
+    let live = || -> std::collections::BTreeSet<String> {
+        serde_json::from_str(&w.bao.ok(&["list", "-format=json", "auth/token/accessors"]))
+            .expect("a JSON list of accessors")
+    };
+    let before = live();
+    let err = refused_start(&w, &config, "approle");
     assert!(
-        err.contains("refuses to start")
-            && err.contains("kubernetes-lane-2")
-            && err.contains("vault setup --lanes 2"),
+        err.contains("refuses to start") && err.contains("kubernetes-lane-2"),
+        "refused for its lanes: {err}"
+    );
+    // It did log in (the lane check asks Vault with its own token).
+    assert!(
+        err.contains("logged in to Vault with AppRole auth"),
+        "{err}"
+    );
+    let left: Vec<String> = live().difference(&before).cloned().collect();
+    assert!(
+        left.is_empty(),
+        "the refused start's login token is still live ({left:?}): {err}"
+    );
+    assert!(
+        err.contains("revoked the Vault token this refused start logged in for"),
         "{err}"
     );
     assert!(!socket.exists(), "it never listened");
+
+    // A clean stop with none of its credentials open revokes its token too.
+    let (config, socket) = daemon_config(&w, "approle-stop", "", "", &policies, &w.home);
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, approle(&text)).expect("config");
+    let before = live();
+    let log = w.dir.path().join("daemon-approle-stop.log");
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&config)
+        .arg("daemon")
+        .env_remove("GATEWAY_HOME")
+        .env_remove("VAULT_ADDR")
+        .env_remove("VAULT_TOKEN")
+        .env("RUST_LOG", "warn,gateway=info,rustify=off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("gateway daemon");
+    let said = |what: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    let up = wait_until(Duration::from_secs(30), || {
+        socket.exists() && said("logged in to Vault with AppRole auth")
+    });
+    let during: Vec<String> = live().difference(&before).cloned().collect();
+    signal(&daemon, "-TERM");
+    let ended = wait_until(Duration::from_secs(30), || {
+        matches!(daemon.try_wait(), Ok(Some(_)))
+    });
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(up && ended, "the daemon did not serve and stop: {err}");
+    assert_eq!(
+        during.len(),
+        1,
+        "its login token was live while it served: {err}"
+    );
+    let left: Vec<String> = live().difference(&before).cloned().collect();
+    assert!(
+        left.is_empty(),
+        "its login token outlived a clean stop ({left:?}): {err}"
+    );
+    assert!(
+        err.contains("revoked the Vault token this gateway logged in for"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -383,7 +383,15 @@ pub struct VaultBroker {
     token_ttl: Mutex<Option<(Duration, bool)>>,
     ledger: Arc<dyn Ledger>,
     lanes: Lanes,
+    /// Its login token was revoked ([`VaultBroker::revoke_login`]): it
+    /// logs in no more (a renewal or an orphan revocation still running
+    /// would otherwise leave a new live token behind).
+    closed: std::sync::atomic::AtomicBool,
 }
+
+/// Why a broker whose login was revoked does not log in again.
+const STOPPED: &str =
+    "the gateway is stopping: its Vault login was revoked, and it logs in no more";
 
 /// The lanes of each Kubernetes secrets engine mount: each credential is
 /// minted on a free lane, trying them in turn from the next, and at most
@@ -482,6 +490,7 @@ impl VaultBroker {
             token_ttl: Mutex::new(None),
             ledger,
             lanes: Lanes::new(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -523,6 +532,9 @@ impl VaultBroker {
         let mut client = self.client.write().await;
         if !client.settings.token.is_empty() {
             return Ok(());
+        }
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BrokerError::Refused(STOPPED.into()));
         }
         if let Some((token, ttl)) = self.login_on(&client).await? {
             client.set_token(&token);
@@ -575,6 +587,36 @@ impl VaultBroker {
         tracing::info!(mount = %mount, ttl = info.lease_duration, "logged in to Vault with {method} auth");
         let ttl = (Duration::from_secs(info.lease_duration), info.renewable);
         Ok(Some((Zeroizing::new(info.client_token), ttl)))
+    }
+
+    /// Revoke the token this gateway logged in for (AppRole or Kubernetes
+    /// auth), when it holds one, and log in no more after: a daemon that refuses to start leaves no
+    /// live Vault token behind it (one a start retried by its service
+    /// manager would leave at every try). A token given to the gateway
+    /// (`auth = "token"`) is the operator's and is never revoked. Vault
+    /// revokes a token's leases with it: call this only before any
+    /// credential was minted with the token. `Ok(false)`: there was none.
+    pub async fn revoke_login(&self) -> Result<bool, BrokerError> {
+        if matches!(self.settings.auth, VaultAuth::Token(_)) {
+            return Ok(false);
+        }
+        let mut client = self.client.write().await;
+        // No login after this one (under the lock a login takes).
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if client.settings.token.is_empty() {
+            return Ok(false);
+        }
+        call(
+            &client,
+            rustify::enums::RequestMethod::POST,
+            "auth/token/revoke-self",
+            None,
+            "revoking the gateway's own Vault login token",
+        )
+        .await?;
+        // Nothing uses it again; a later call would log in anew.
+        client.set_token("");
+        Ok(true)
     }
 
     /// Look up the gateway's own token: checks that Vault is reachable,
@@ -854,7 +896,10 @@ impl VaultBroker {
     /// it would revoke the credentials it minted). Returns the new token's
     /// TTL, and `false` (not a renewal).
     async fn login_again(&self) -> Result<(Duration, bool), BrokerError> {
-        let fresh = client_for(&self.settings)?;
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BrokerError::Refused(STOPPED.into()));
+        }
+        let mut fresh = client_for(&self.settings)?;
         let Some((token, ttl)) = self.login_on(&fresh).await? else {
             return Ok((Duration::ZERO, false));
         };
@@ -862,6 +907,20 @@ impl VaultBroker {
             // The TTL is the new token's, recorded with the swap (a check
             // of the old token meanwhile cannot overwrite it after).
             let mut client = self.client.write().await;
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                // Revoked while this login ran: the new token goes too.
+                drop(client);
+                fresh.set_token(&token);
+                call(
+                    &fresh,
+                    rustify::enums::RequestMethod::POST,
+                    "auth/token/revoke-self",
+                    None,
+                    "revoking a Vault login token got as the gateway stopped",
+                )
+                .await?;
+                return Err(BrokerError::Refused(STOPPED.into()));
+            }
             client.set_token(&token);
             self.set_token_ttl(ttl);
         }

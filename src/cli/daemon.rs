@@ -224,6 +224,15 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // From here the start may log in to Vault (the lane check, the orphan
+    // recovery): a refusal before calls are served revokes that token
+    // (dropped before `rt`, declared after it).
+    let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _revoke_login = RevokeLoginOnRefusal {
+        broker: broker.clone(),
+        rt: rt.handle().clone(),
+        serving: Arc::clone(&serving),
+    };
     // More lanes than `vault setup --lanes` made: refused now, not at the
     // first call that lands on a missing one.
     if let Some(b) = &broker {
@@ -489,6 +498,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             }
             let listener = server.bind().await.context("the daemon refuses to start")?;
             eprintln!("gateway daemon: serving MCP over HTTP at {}", server.describe());
+            // Calls may mint with the token from now on.
+            serving.store(true, std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(Arc::new(server).serve(listener, stop.clone()));
         }
         if let Some(listen) = &file.telemetry.metrics_listen {
@@ -573,6 +584,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         });
         // One grace for everything the stop waits on: the cancelled calls
         // ending, then their credentials' revocation.
+        serving.store(true, std::sync::atomic::Ordering::SeqCst);
         let stopped = Arc::clone(&daemon).serve(listener, stop, grace).await;
         let deadline = stopped
             .checked_add(grace)
@@ -600,6 +612,21 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                     still_open = left,
                     "leases left open at shutdown stay in the ledger; the next start (or, with replicas, a survivor) revokes them"
                 );
+            } else {
+                // No credential of this process is live: its login token
+                // (AppRole, Kubernetes auth) goes too. Vault would revoke a
+                // lease still open with it, so not before.
+                match tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await {
+                    Ok(Ok(true)) => tracing::info!("revoked the Vault token this gateway logged in for"),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::warn!(
+                        "the Vault token this gateway logged in for was not revoked (it lives until its TTL): {e}"
+                    ),
+                    Err(_) => tracing::warn!(
+                        "the Vault token this gateway logged in for was not revoked within {} s (it lives until its TTL)",
+                        REVOKE_LOGIN_LIMIT.as_secs()
+                    ),
+                }
             }
         }
         if let Some(sb) = &cluster
@@ -633,6 +660,46 @@ fn database_check(db: Arc<crate::db::postgres::PostgresDb>) -> crate::http::Read
                 .map_err(|e| e.to_string())?
             })
         }),
+    }
+}
+
+/// How long a refused start waits for Vault to revoke its login token.
+const REVOKE_LOGIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Dropped when the daemon's start ends: unless calls were served, the
+/// Vault token the start logged in for (AppRole or Kubernetes auth) is
+/// revoked, so that a refused start (retried by systemd, say) leaves no
+/// live token behind. No credential was minted with it before `serving`.
+struct RevokeLoginOnRefusal {
+    broker: Option<Arc<crate::broker::vault::VaultBroker>>,
+    rt: tokio::runtime::Handle,
+    serving: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for RevokeLoginOnRefusal {
+    fn drop(&mut self) {
+        if self.serving.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let Some(b) = self.broker.take() else {
+            return;
+        };
+        let revoked = self
+            .rt
+            .block_on(async { tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await });
+        match revoked {
+            Ok(Ok(true)) => {
+                tracing::info!("revoked the Vault token this refused start logged in for")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "the Vault token this refused start logged in for was not revoked (it lives until its TTL): {e}"
+            ),
+            Err(_) => tracing::warn!(
+                "the Vault token this refused start logged in for was not revoked within {} s (it lives until its TTL)",
+                REVOKE_LOGIN_LIMIT.as_secs()
+            ),
+        }
     }
 }
 
