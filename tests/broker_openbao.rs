@@ -481,11 +481,9 @@ async fn a_daemon_told_of_more_lanes_than_were_set_up_refuses_to_start() {
     assert!(!socket.exists(), "it never listened");
 }
 
-/// Run the daemon with `config`, which must refuse to start within 30 s:
-/// what it said on stderr.
-fn refused_start(w: &World, config: &Path, tag: &str) -> String {
-    let log = w.dir.path().join(format!("daemon-{tag}.log"));
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
+/// The daemon with `config`, its stderr (info from the gateway) in `log`.
+fn spawn_daemon(config: &Path, log: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_gateway"))
         .arg("--config")
         .arg(config)
         .arg("daemon")
@@ -495,9 +493,16 @@ fn refused_start(w: &World, config: &Path, tag: &str) -> String {
         .env("RUST_LOG", "warn,gateway=info,rustify=off")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
+        .stderr(std::fs::File::create(log).expect("log"))
         .spawn()
-        .expect("gateway daemon");
+        .expect("gateway daemon")
+}
+
+/// Run the daemon with `config`, which must refuse to start within 30 s:
+/// what it said on stderr.
+fn refused_start(w: &World, config: &Path, tag: &str) -> String {
+    let log = w.dir.path().join(format!("daemon-{tag}.log"));
+    let mut daemon = spawn_daemon(config, &log);
     let ended = wait_until(Duration::from_secs(30), || {
         matches!(daemon.try_wait(), Ok(Some(_)))
     });
@@ -566,19 +571,7 @@ async fn a_refused_start_and_a_clean_stop_revoke_the_vault_token_it_logged_in_fo
     std::fs::write(&config, approle(&text)).expect("config");
     let before = live();
     let log = w.dir.path().join("daemon-approle-stop.log");
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_gateway"))
-        .arg("--config")
-        .arg(&config)
-        .arg("daemon")
-        .env_remove("GATEWAY_HOME")
-        .env_remove("VAULT_ADDR")
-        .env_remove("VAULT_TOKEN")
-        .env("RUST_LOG", "warn,gateway=info,rustify=off")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("gateway daemon");
+    let mut daemon = spawn_daemon(&config, &log);
     let said = |what: &str| {
         std::fs::read_to_string(&log)
             .unwrap_or_default()

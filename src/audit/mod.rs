@@ -1240,6 +1240,39 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// What a hostile agent can put in its params reaches the writer as an
+    /// event's data: control characters, U+2028, a BOM, keys differing only
+    /// in case, secret-named keys in any case, a JWT. The log verifies
+    /// (the hash covers what the verifier reads), and no secret is in it.
+    #[test]
+    fn hostile_params_are_written_verifiably_and_scrubbed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        let jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhZ2VudCJ9.c2lnbmF0dXJlLWJ5dGVz";
+        let params = json!({
+            "namespace": "kube-system\u{0}\n\r\t\u{1f}\u{7f}\u{2028}\u{feff}\"\\",
+            "Namespace": "case only",
+            "API_KEY": "sk-live-opaque-1",
+            "Session_Token": 424242,
+            "nested": [{"PassWord": "hunter2-opaque"}, {"note": format!("bearer {jwt}")}],
+            "\u{1}key\u{2028}": {},
+        });
+        for event in ["tool.request", "policy.decision", "tool.result"] {
+            log.append("req-hostile", event, json!({"params": params}))
+                .expect("append");
+        }
+        let bytes = std::fs::read_to_string(&path).expect("read");
+        for secret in ["sk-live-opaque-1", "424242", "hunter2-opaque", jwt] {
+            assert!(!bytes.contains(secret), "{secret} reached the log");
+        }
+        assert_eq!(bytes.lines().count(), 3, "one line per event: {bytes}");
+        let report =
+            crate::audit::verify::verify_file(&path, &[], crate::audit::verify::HeadRule::Required)
+                .expect("read");
+        assert!(report.ok() && report.verified == 3, "{report:?}");
+    }
+
     /// An event's line and hash as an independent writer gives them
     /// (Python's `json.dumps(sort_keys=True, separators=(",", ":"),
     /// ensure_ascii=False)` and `hashlib.sha256`): a line's bytes, and so

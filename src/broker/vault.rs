@@ -314,6 +314,20 @@ fn vault_error(e: rustify::errors::ClientError, what: &str) -> BrokerError {
     }
 }
 
+/// Revoke `client`'s own token (`auth/token/revoke-self`); `what` names
+/// the step in an error.
+async fn revoke_self(client: &VaultClient, what: &str) -> Result<(), BrokerError> {
+    call(
+        client,
+        rustify::enums::RequestMethod::POST,
+        "auth/token/revoke-self",
+        None,
+        what,
+    )
+    .await
+    .map(|_| ())
+}
+
 /// One Vault API call (`/v1/{path}`) with `client`'s token and namespace;
 /// `Ok(None)` for an empty (204) answer.
 pub async fn call(
@@ -606,15 +620,8 @@ impl VaultBroker {
         if client.settings.token.is_empty() {
             return Ok(false);
         }
-        call(
-            &client,
-            rustify::enums::RequestMethod::POST,
-            "auth/token/revoke-self",
-            None,
-            "revoking the gateway's own Vault login token",
-        )
-        .await?;
-        // Nothing uses it again; a later call would log in anew.
+        revoke_self(&client, "revoking the gateway's own Vault login token").await?;
+        // Nothing uses it again (and `closed` keeps a new one from coming).
         client.set_token("");
         Ok(true)
     }
@@ -911,11 +918,8 @@ impl VaultBroker {
                 // Revoked while this login ran: the new token goes too.
                 drop(client);
                 fresh.set_token(&token);
-                call(
+                revoke_self(
                     &fresh,
-                    rustify::enums::RequestMethod::POST,
-                    "auth/token/revoke-self",
-                    None,
                     "revoking a Vault login token got as the gateway stopped",
                 )
                 .await?;

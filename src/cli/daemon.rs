@@ -616,17 +616,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 // No credential of this process is live: its login token
                 // (AppRole, Kubernetes auth) goes too. Vault would revoke a
                 // lease still open with it, so not before.
-                match tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await {
-                    Ok(Ok(true)) => tracing::info!("revoked the Vault token this gateway logged in for"),
-                    Ok(Ok(false)) => {}
-                    Ok(Err(e)) => tracing::warn!(
-                        "the Vault token this gateway logged in for was not revoked (it lives until its TTL): {e}"
-                    ),
-                    Err(_) => tracing::warn!(
-                        "the Vault token this gateway logged in for was not revoked within {} s (it lives until its TTL)",
-                        REVOKE_LOGIN_LIMIT.as_secs()
-                    ),
-                }
+                let revoked = tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await;
+                log_login_revocation(revoked, "this gateway");
             }
         }
         if let Some(sb) = &cluster
@@ -687,19 +678,25 @@ impl Drop for RevokeLoginOnRefusal {
         let revoked = self
             .rt
             .block_on(async { tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await });
-        match revoked {
-            Ok(Ok(true)) => {
-                tracing::info!("revoked the Vault token this refused start logged in for")
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::warn!(
-                "the Vault token this refused start logged in for was not revoked (it lives until its TTL): {e}"
-            ),
-            Err(_) => tracing::warn!(
-                "the Vault token this refused start logged in for was not revoked within {} s (it lives until its TTL)",
-                REVOKE_LOGIN_LIMIT.as_secs()
-            ),
-        }
+        log_login_revocation(revoked, "this refused start");
+    }
+}
+
+/// Log what came of revoking the Vault token `who` logged in for.
+fn log_login_revocation(
+    revoked: Result<Result<bool, crate::broker::BrokerError>, tokio::time::error::Elapsed>,
+    who: &str,
+) {
+    match revoked {
+        Ok(Ok(true)) => tracing::info!("revoked the Vault token {who} logged in for"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(
+            "the Vault token {who} logged in for was not revoked (it lives until its TTL): {e}"
+        ),
+        Err(_) => tracing::warn!(
+            "the Vault token {who} logged in for was not revoked within {} s (it lives until its TTL)",
+            REVOKE_LOGIN_LIMIT.as_secs()
+        ),
     }
 }
 
