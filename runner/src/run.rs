@@ -168,7 +168,115 @@ const LOCKED_ROUNDS: u32 = 3;
 pub fn run_steps(steps_file: &Path) -> ExitCode {
     let out = Out::from_env();
     stop_on_sigterm(&out);
-    let code = steps(&out, steps_file);
+    let code = match locked_down(&out) {
+        Ok(()) => steps(&out, steps_file),
+        Err(why) => {
+            out.say(&format!("gateway-runner: {why}"));
+            protocol::EXIT_NOT_LOCKED_DOWN
+        }
+    };
+    finish(&out, code)
+}
+
+/// `gateway-runner pooled`, a warm pod's runner: show the network locked
+/// down, write [`protocol::READY_LINE`], then wait for the one call this
+/// pod will ever run: its files and credential as one line of JSON on
+/// stdin ([`protocol::Payload`]), placed where a cold sandbox has them
+/// ([`protocol::FILES_IN_DIR`], [`protocol::CREDENTIAL_PATH`], on the
+/// pod's memory-backed /run/gateway), then its steps, as `exec` runs
+/// them. Nothing is read before the network is locked down, and the
+/// runner exits after the one call.
+pub fn run_pooled() -> ExitCode {
+    let out = Out::from_env();
+    stop_on_sigterm(&out);
+    let code = pooled(&out, &mut std::io::stdin().lock(), Path::new("/"));
+    finish(&out, code)
+}
+
+/// The pooled runner's work, reading the payload from `input` and placing
+/// it under `root` (`/` in a sandbox; a scratch dir in tests).
+fn pooled(out: &Out, input: &mut impl BufRead, root: &Path) -> u8 {
+    if let Err(why) = locked_down(out) {
+        out.say(&format!("gateway-runner: {why}"));
+        return protocol::EXIT_NOT_LOCKED_DOWN;
+    }
+    {
+        let _guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(protocol::READY_LINE);
+        let _ = o.flush();
+    }
+    let payload = match read_payload(input) {
+        Ok(p) => p,
+        Err(why) => {
+            out.say(&format!("gateway-runner: {why}; nothing was run"));
+            return 125;
+        }
+    };
+    let files_in = root.join(protocol::FILES_IN_DIR.trim_start_matches('/'));
+    if let Err(why) = place(
+        &payload,
+        &files_in,
+        &root.join(protocol::CREDENTIAL_PATH.trim_start_matches('/')),
+    ) {
+        out.say(&format!("gateway-runner: {why}; nothing was run"));
+        return 125;
+    }
+    drop(payload);
+    steps(out, &files_in.join(protocol::STEPS_FILE))
+}
+
+/// One line of JSON, at most [`protocol::PAYLOAD_MAX`] bytes.
+fn read_payload(input: &mut impl BufRead) -> Result<protocol::Payload, String> {
+    use std::io::Read;
+    let mut line = Vec::new();
+    input
+        .take(u64::try_from(protocol::PAYLOAD_MAX).unwrap_or(u64::MAX) + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("reading the call from stdin failed: {e}"))?;
+    if line.len() > protocol::PAYLOAD_MAX {
+        return Err(format!(
+            "the call on stdin is longer than {} bytes",
+            protocol::PAYLOAD_MAX
+        ));
+    }
+    if line.last() != Some(&b'\n') {
+        return Err("stdin ended before the call was whole".into());
+    }
+    serde_json::from_slice(&line).map_err(|e| format!("the call on stdin is not valid: {e}"))
+}
+
+/// Write the payload's files (0444) into `files_in` and its credential
+/// (0400) at `credential`, each a new file: a name given twice, or one
+/// that is not flat, is refused.
+fn place(payload: &protocol::Payload, files_in: &Path, credential: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let write = |path: &Path, mode: u32, bytes: &[u8]| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(files_in)
+        .map_err(|e| format!("cannot make {}: {e}", files_in.display()))?;
+    for f in &payload.files {
+        if !protocol::flat_file_name(&f.path) {
+            return Err(format!("file in {:?} is not a flat file name", f.path));
+        }
+        write(&files_in.join(&f.path), 0o444, &f.contents)?;
+    }
+    if let Some(c) = &payload.credential {
+        write(credential, 0o400, c)?;
+    }
+    Ok(())
+}
+
+/// Write the end frame (framed output) and exit with `code`, unless
+/// SIGTERM came first.
+fn finish(out: &Out, code: u8) -> ExitCode {
     let guard = out.lock.lock().unwrap_or_else(|p| p.into_inner());
     if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
         // Stopped by SIGTERM: the stopping thread says so and exits 143.
@@ -276,11 +384,8 @@ fn unblock_sigterm(cmd: &mut Command) {
     }
 }
 
+/// Run the steps in `steps_file`, the network already shown locked down.
 fn steps(out: &Out, steps_file: &Path) -> u8 {
-    if let Err(why) = locked_down(out) {
-        out.say(&format!("gateway-runner: {why}"));
-        return protocol::EXIT_NOT_LOCKED_DOWN;
-    }
     let steps: Vec<Step> = match std::fs::read(steps_file)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
@@ -517,5 +622,113 @@ pub fn probe(args: &[String]) -> ExitCode {
             complain("gateway-runner probe kernel | connect HOST:PORT | serve PORT".into());
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("gw-runner-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn out() -> Out {
+        Out {
+            framed: false,
+            lock: Arc::new(Mutex::new(())),
+        }
+    }
+
+    fn payload(files: Vec<(&str, Vec<u8>)>, credential: Option<&[u8]>) -> Vec<u8> {
+        let p = protocol::Payload {
+            files: files
+                .into_iter()
+                .map(|(path, contents)| protocol::PayloadFile {
+                    path: path.into(),
+                    contents,
+                })
+                .collect(),
+            credential: credential.map(<[u8]>::to_vec),
+        };
+        let mut line = serde_json::to_vec(&p).expect("json");
+        line.push(b'\n');
+        line
+    }
+
+    #[test]
+    fn a_pooled_runner_places_its_one_call_as_a_cold_sandbox_has_it_and_runs_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = scratch("pooled");
+        let mark = root.join("ran");
+        let steps = serde_json::to_vec(&vec![Step {
+            argv: vec!["/usr/bin/touch".into(), mark.display().to_string()],
+            stdout_file: None,
+        }])
+        .expect("steps");
+        let mut input = payload(
+            vec![("steps.json", steps), ("kubeconfig", b"k".to_vec())],
+            Some(b"the-token"),
+        );
+        // What comes after the call's line is never read as a call.
+        input.extend_from_slice(b"{\"files\":[]}\n");
+        let code = pooled(&out(), &mut input.as_slice(), &root);
+        assert_eq!(code, 0);
+        assert!(mark.exists(), "the step ran");
+        let cred = root.join("run/gateway/credential");
+        assert_eq!(std::fs::read(&cred).expect("credential"), b"the-token");
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode(&cred), 0o400);
+        let kc = root.join("run/gateway/in/kubeconfig");
+        assert_eq!(std::fs::read(&kc).expect("file in"), b"k");
+        assert_eq!(mode(&kc), 0o444);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_pooled_runner_runs_nothing_from_a_call_that_is_not_whole_or_well_formed() {
+        let root = scratch("pooled-bad");
+        let mark = root.join("ran");
+        let steps = serde_json::to_vec(&vec![Step {
+            argv: vec!["/usr/bin/touch".into(), mark.display().to_string()],
+            stdout_file: None,
+        }])
+        .expect("steps");
+        let whole = payload(vec![("steps.json", steps.clone())], Some(b"t"));
+        let cut = whole[..whole.len() - 1].to_vec();
+        let escaping = payload(
+            vec![("steps.json", steps.clone()), ("../escape", b"x".to_vec())],
+            None,
+        );
+        let twice = payload(
+            vec![("steps.json", steps.clone()), ("steps.json", steps.clone())],
+            None,
+        );
+        let as_credential = payload(
+            vec![("steps.json", steps.clone()), ("credential", b"x".to_vec())],
+            None,
+        );
+        let unknown = b"{\"files\":[],\"argv\":[\"/bin/sh\"]}\n".to_vec();
+        let mut long = vec![b' '; protocol::PAYLOAD_MAX + 1];
+        long.push(b'\n');
+        for (what, input) in [
+            ("cut before its newline", cut),
+            ("a name that leaves the dir", escaping),
+            ("a name given twice", twice),
+            ("a file named as the credential", as_credential),
+            ("a field the protocol does not have", unknown),
+            ("longer than the limit", long),
+            ("empty", Vec::new()),
+        ] {
+            let _ = std::fs::remove_dir_all(root.join("run"));
+            let code = pooled(&out(), &mut input.as_slice(), &root);
+            assert_eq!(code, 125, "{what}");
+            assert!(!mark.exists(), "{what}: nothing runs");
+            assert!(!root.join("run/escape").exists(), "{what}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

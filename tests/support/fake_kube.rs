@@ -13,7 +13,10 @@
 //!   (`batch/v1`), Pods and Events — create, get, list and **watch** with
 //!   `labelSelector`/`fieldSelector` and `resourceVersion` (a watch replays
 //!   the changes after the version it is given, then streams new ones),
-//!   merge patches, pod logs, deletion with `propagationPolicy` (the
+//!   merge patches, pod logs, `pods/attach` over a WebSocket
+//!   (`v5.channel.k8s.io`, else `v4`; stdin only, as the gateway attaches;
+//!   a container's `stdinOnce`: what a later session writes is dropped),
+//!   deletion with `propagationPolicy` (the
 //!   garbage collector removes what the deleted object owns unless
 //!   `Orphan`), `409 AlreadyExists` / `404 NotFound` `Status` bodies. A
 //!   "job controller" creates the Job's pod (or, when admission is set to
@@ -138,6 +141,16 @@ pub struct State {
     /// How long every request takes before it is answered (a real API
     /// server's round trip; zero here by default).
     pub request_latency: Duration,
+    /// What each pod's container got on its stdin (the first attach
+    /// session's; `stdinOnce`).
+    pub stdin: BTreeMap<String, Vec<u8>>,
+    /// Pods whose stdin is closed (their first attach session ended).
+    pub stdin_closed: BTreeSet<String>,
+    /// Attach sessions, by pod, in order.
+    pub attaches: Vec<String>,
+    /// While set, every attach is forbidden (403), as RBAC without
+    /// `pods/attach` answers.
+    pub refuse_attach: bool,
     /// When each pod's container really exited (the runtime's word, which
     /// the kubelet reports only at its next relist).
     pub exited: BTreeMap<String, std::time::Instant>,
@@ -155,7 +168,9 @@ pub struct State {
 /// - the scheduler binds the pod `schedule` after the Job's pod is made;
 /// - the container starts `start` later (volumes, the runtime's sandbox,
 ///   the container), runs `run`, writes `log` as it ends and exits with
-///   `exit_code`;
+///   `exit_code`; a warm pod's runner (`pooled`) instead writes its ready
+///   line after `gate`, then waits for a whole line on its stdin (an
+///   attach) and runs the rest of `run` from then;
 /// - the kubelet learns of each change only at its next relist (the PLEG
 ///   relists every `relist`, 1 s by default upstream, on a fixed grid) and
 ///   the status is in the API server `report` after that; two changes in
@@ -171,6 +186,10 @@ pub struct Kubelet {
     pub schedule: Duration,
     pub start: Duration,
     pub run: Duration,
+    /// The part of `run` the runner's network gate takes. A warm pod
+    /// (`gateway-runner pooled`) writes its ready line after it, waits for
+    /// a line on its stdin, and then runs the rest of `run`.
+    pub gate: Duration,
     pub relist: Duration,
     pub report: Duration,
     pub follow_check: Duration,
@@ -212,6 +231,14 @@ async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
     tokio::time::sleep(k.start).await;
     let started = Instant::now();
     let started_at = rfc3339(now());
+    let pooled = st.lock().is_ok_and(|s| {
+        s.objects
+            .get(&("pods".to_string(), ns.clone(), pod.clone()))
+            .is_some_and(|p| p["spec"]["containers"][0]["command"][1] == "pooled")
+    });
+    if pooled {
+        return warm_kubelet(st, ns, pod, k, epoch, started, started_at).await;
+    }
     let exits = started + k.run;
     let running_seen = k.reported(epoch, started);
     let end_seen = k.reported(epoch, exits);
@@ -254,6 +281,223 @@ async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
                     "startedAt": started_at, "finishedAt": rfc3339(now())}}}]});
         });
     }
+}
+
+/// The rest of [`kubelet`] for a warm pod: running (at the next relist),
+/// its ready line after `gate`, then, once a whole line is on its stdin,
+/// the rest of `run`, its log, its exit.
+async fn warm_kubelet(
+    st: Arc<Mutex<State>>,
+    ns: String,
+    pod: String,
+    k: Kubelet,
+    epoch: std::time::Instant,
+    started: std::time::Instant,
+    started_at: String,
+) {
+    use std::time::Instant;
+    let key = ("pods".to_string(), ns.clone(), pod.clone());
+    tokio::time::sleep_until(k.reported(epoch, started).into()).await;
+    let alive = st.lock().is_ok_and(|mut s| {
+        s.update("pods", &ns, &pod, |p| {
+            p["status"] = json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "runner", "ready": true, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "", "state": {"running": {"startedAt": started_at}}}]});
+        })
+    });
+    if !alive {
+        return;
+    }
+    tokio::time::sleep_until((started + k.gate).into()).await;
+    match st.lock() {
+        Ok(mut s) if s.objects.contains_key(&key) => {
+            s.logs.insert(pod.clone(), b"r ready\n".to_vec());
+        }
+        _ => return,
+    }
+    // Its runner reads one line from stdin.
+    loop {
+        {
+            let Ok(s) = st.lock() else { return };
+            if !s.objects.contains_key(&key) {
+                return;
+            }
+            if s.stdin.get(&pod).is_some_and(|b| b.contains(&b'\n')) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let exits = Instant::now() + k.run.saturating_sub(k.gate);
+    tokio::time::sleep_until(exits.into()).await;
+    {
+        let Ok(mut s) = st.lock() else { return };
+        if !s.objects.contains_key(&key) {
+            return;
+        }
+        let mut log = b"r ready\n".to_vec();
+        log.extend_from_slice(&k.log);
+        s.logs.insert(pod.clone(), log);
+        s.exited.insert(pod.clone(), Instant::now());
+    }
+    tokio::time::sleep_until(k.reported(epoch, exits).into()).await;
+    let (phase, reason) = if k.exit_code == 0 {
+        ("Succeeded", "Completed")
+    } else {
+        ("Failed", "Error")
+    };
+    if let Ok(mut s) = st.lock() {
+        s.update("pods", &ns, &pod, |p| {
+            p["status"] = json!({"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                "image": "gateway-runner:0.1.0", "imageID": "",
+                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason,
+                    "startedAt": started_at, "finishedAt": rfc3339(now())}}}]});
+        });
+    }
+}
+
+/// `GET pods/{name}/attach` with a WebSocket upgrade, as the API server
+/// (and the kubelet behind it) answers it: authorized as `get` and
+/// `create` on `pods/attach`, only to a running container whose `stdin`
+/// is open, the channel protocol `v5.channel.k8s.io` (else `v4`); what
+/// the client writes on channel 0 is the container's stdin until the
+/// session ends or a v5 close of channel 0, after which (`stdinOnce`) the
+/// stdin is closed for good.
+async fn attach(
+    mut req: Request<Incoming>,
+    st: Arc<Mutex<State>>,
+    admin: String,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (ns, pod) = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", pod, "attach"] => (ns.to_string(), pod.to_string()),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "not found".into(),
+                json!({}),
+            );
+        }
+    };
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let auth = header("authorization");
+    let key = header("sec-websocket-key").unwrap_or_default();
+    let protocols = header("sec-websocket-protocol").unwrap_or_default();
+    {
+        let mut s = st.lock().expect("state");
+        s.arrived.push(path.clone());
+        let who = s.who(auth.as_deref(), &admin);
+        let ok = !s.refuse_attach
+            && match &who {
+                Who::Admin => true,
+                Who::Sa { ns: sa_ns, name } => ["get", "create"]
+                    .iter()
+                    .all(|verb| s.allowed(sa_ns, name, verb, "", "pods/attach", Some(&pod), &ns)),
+                _ => false,
+            };
+        if !ok {
+            let code = if matches!(who, Who::Sa { .. }) {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            return status(
+                code,
+                "Forbidden",
+                format!("pods \"{pod}\" is forbidden: cannot create resource \"pods/attach\""),
+                json!({}),
+            );
+        }
+        let Some(p) = s
+            .objects
+            .get(&("pods".to_string(), ns.clone(), pod.clone()))
+        else {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("pods \"{pod}\" not found"),
+                json!({"name": pod, "kind": "pods"}),
+            );
+        };
+        if p["status"]["phase"] != "Running" {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("pod {pod} is not running"),
+                json!({}),
+            );
+        }
+        if p["spec"]["containers"][0]["stdin"] != true {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("stdin is not enabled for container runner of pod {pod}"),
+                json!({}),
+            );
+        }
+        s.attaches.push(pod.clone());
+    }
+    let proto = if protocols
+        .split(',')
+        .any(|p| p.trim() == "v5.channel.k8s.io")
+    {
+        "v5.channel.k8s.io"
+    } else {
+        "v4.channel.k8s.io"
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let Ok(upgraded) = upgrade.await else { return };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        let open = |s: &State| !s.stdin_closed.contains(&pod);
+        while let Some(Ok(msg)) = ws.next().await {
+            let Message::Binary(data) = msg else {
+                if matches!(msg, Message::Close(_)) {
+                    break;
+                }
+                continue;
+            };
+            let Ok(mut s) = st.lock() else { return };
+            match data.first() {
+                Some(0) if open(&s) => s
+                    .stdin
+                    .entry(pod.clone())
+                    .or_default()
+                    .extend_from_slice(&data[1..]),
+                Some(255) if data.get(1) == Some(&0) => {
+                    s.stdin_closed.insert(pod.clone());
+                }
+                _ => {}
+            }
+        }
+        if let Ok(mut s) = st.lock() {
+            s.stdin_closed.insert(pod.clone());
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", accept)
+        .header("sec-websocket-protocol", proto)
+        .body(full(Bytes::new()))
+        .expect("response")
 }
 
 /// Whether `pod`'s container has exited: the runtime's word when the
@@ -1781,7 +2025,8 @@ fn serve(
                     async move { Ok::<_, std::convert::Infallible>(handle(req, st, admin).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .with_upgrades();
                 if *shutdown.borrow() != born {
                     return;
                 }
@@ -1795,6 +2040,14 @@ fn serve(
 }
 
 async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) -> Response<Body> {
+    if req.uri().path().ends_with("/attach")
+        && req
+            .headers()
+            .get("upgrade")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+    {
+        return attach(req, st, admin).await;
+    }
     let at = std::time::Instant::now();
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();

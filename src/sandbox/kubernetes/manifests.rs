@@ -78,6 +78,13 @@ pub struct KubeSandboxConfig {
     pub egress_canary: Option<String>,
     /// How long the runner waits for the lock-down, in seconds.
     pub lockdown_seconds: u64,
+    /// How many warm sandboxes to keep of each shape of call that has come
+    /// (0: none, every call starts its own pod). See README: "Warm
+    /// sandboxes".
+    pub warm_pool: usize,
+    /// How long warm sandboxes of a shape are kept after its last call, in
+    /// seconds; also each warm Job's deadline while it waits.
+    pub warm_pool_idle_seconds: u64,
     /// This replica's name (set by the daemon when replicas share a
     /// `[store]`, never read from the file): its objects carry it, it
     /// deletes only its own at start and stop, and a survivor deletes a
@@ -104,6 +111,8 @@ impl Default for KubeSandboxConfig {
             kubeconfig: None,
             egress_canary: None,
             lockdown_seconds: 30,
+            warm_pool: 0,
+            warm_pool_idle_seconds: 600,
             replica: None,
         }
     }
@@ -177,15 +186,9 @@ pub fn egress_label(name: &str) -> String {
 }
 
 fn secret_key(path: &str) -> Result<String, SandboxError> {
-    let ok = !path.is_empty()
-        && path.len() <= 253
-        && path
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && path != "."
-        && path != ".."
-        && path != CREDENTIAL_KEY;
-    if ok {
+    // The credential's key is the same word the flat-name rule refuses.
+    debug_assert!(!crate::protocol::flat_file_name(CREDENTIAL_KEY));
+    if crate::protocol::flat_file_name(path) {
         Ok(path.to_string())
     } else {
         Err(SandboxError::Invalid(format!(
@@ -480,4 +483,166 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         status: None,
     };
     Ok((job, secret))
+}
+
+/// The label of a warm Job and its pod: the shape of call it was made for
+/// (see [`warm_job`]).
+pub const POOL: &str = "gateway.dev/pool";
+/// The label a warm Job gets when a call claims it: the call's request.
+pub const CLAIMED: &str = "gateway.dev/claimed-by";
+/// Where a warm pod's runner writes the call's files and credential: a
+/// memory-backed volume, as the Secret's files are in a cold sandbox.
+const RUN_DIR: &str = "/run/gateway";
+/// The size of that volume: the runner's payload limit and room to spare.
+const RUN_DIR_SIZE: &str = "16Mi";
+
+/// Whether `req` can run in a warm pod: the step runner over the steps
+/// file, with no working dir and no files out (a Terraform call, which
+/// mounts its own dir of the workspace, always runs cold).
+pub fn poolable(req: &SandboxRequest) -> bool {
+    req.argv == crate::protocol::runner_argv() && req.workdir.is_none() && req.files_out.is_empty()
+}
+
+/// `req` without its files and credential, named `name`: what a warm pod
+/// for calls like it is made from.
+pub fn shell(req: &SandboxRequest, name: &str) -> SandboxRequest {
+    SandboxRequest {
+        name: name.to_string(),
+        argv: req.argv.clone(),
+        env: req.env.clone(),
+        binds: req.binds.clone(),
+        workdir: req.workdir.clone(),
+        files_in: Vec::new(),
+        credential: None,
+        limits: req.limits,
+        deadline: req.deadline,
+        network: req.network.clone(),
+        files_out: req.files_out.clone(),
+    }
+}
+
+/// The warm Job for calls shaped like `req`, named for `id`, and the
+/// shape's key. The Job is the one [`build`] makes for `req` without its
+/// files, its credential and their Secret: its runner (`gateway-runner
+/// pooled`) shows the network locked down, says it is ready, and takes
+/// the call's files and credential on stdin (`stdin`, `stdinOnce`: the
+/// first attach is the only one that can write). Its deadline is
+/// `idle_seconds`, reset when a call claims it. The key is a hash of the
+/// pod's spec and labels (the request's name left out): everything the
+/// decision put into the pod (image, limits, endpoints and their labels,
+/// environment), so a call runs only in a pod made exactly as its own
+/// cold pod would have been.
+pub fn warm_job(
+    cfg: &KubeSandboxConfig,
+    req: &SandboxRequest,
+    id: &str,
+    idle_seconds: u64,
+) -> Result<(Job, String), SandboxError> {
+    if !poolable(req) {
+        return Err(SandboxError::Invalid(
+            "this call cannot run in a warm sandbox".into(),
+        ));
+    }
+    for f in &req.files_in {
+        secret_key(&f.path)?;
+    }
+    let mut shell = shell(req, id);
+    shell.argv = crate::protocol::pooled_argv();
+    let (mut job, _) = build(cfg, &shell)?;
+    let spec = job
+        .spec
+        .as_mut()
+        .ok_or_else(|| SandboxError::Invalid("the Job has no spec".into()))?;
+    spec.active_deadline_seconds = Some(i64::try_from(idle_seconds.max(1)).unwrap_or(i64::MAX));
+    let template = &mut spec.template;
+    let pod = template
+        .spec
+        .as_mut()
+        .ok_or_else(|| SandboxError::Invalid("the Job has no pod".into()))?;
+    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: "run".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(Quantity(RUN_DIR_SIZE.into())),
+        }),
+        ..Volume::default()
+    });
+    let container = pod
+        .containers
+        .first_mut()
+        .ok_or_else(|| SandboxError::Invalid("the Job has no container".into()))?;
+    container.stdin = Some(true);
+    container.stdin_once = Some(true);
+    container
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: "run".into(),
+            mount_path: RUN_DIR.into(),
+            ..VolumeMount::default()
+        });
+    let mut shaped = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    shaped.remove(REQUEST);
+    let key = {
+        use sha2::Digest;
+        let bytes = serde_json::to_vec(&(&shaped, &*pod))
+            .map_err(|e| SandboxError::Invalid(format!("the warm pod's spec: {e}")))?;
+        hex::encode(&sha2::Sha256::digest(&bytes)[..8])
+    };
+    for labels in [
+        job.metadata.labels.get_or_insert_with(BTreeMap::new),
+        template
+            .metadata
+            .get_or_insert_with(ObjectMeta::default)
+            .labels
+            .get_or_insert_with(BTreeMap::new),
+    ] {
+        labels.insert(POOL.to_string(), key.clone());
+    }
+    Ok((job, key))
+}
+
+/// The line a warm pod's runner reads on stdin: `req`'s files and
+/// credential ([`crate::protocol::Payload`]), kept in memory that is
+/// zeroed when dropped.
+pub fn payload(req: &SandboxRequest) -> Result<zeroize::Zeroizing<Vec<u8>>, SandboxError> {
+    let mut p = crate::protocol::Payload {
+        files: req
+            .files_in
+            .iter()
+            .map(|f| {
+                secret_key(&f.path).map(|path| crate::protocol::PayloadFile {
+                    path,
+                    contents: f.contents.clone(),
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        credential: req.credential.as_ref().map(|c| c.expose().to_vec()),
+    };
+    let credential_len = p.credential.as_ref().map_or(0, Vec::len);
+    let mut line = zeroize::Zeroizing::new(Vec::with_capacity(
+        credential_len * 4
+            + p.files
+                .iter()
+                .map(|f| f.contents.len() * 4 + 64)
+                .sum::<usize>()
+            + 64,
+    ));
+    let written = serde_json::to_writer(&mut *line, &p);
+    if let Some(c) = p.credential.as_mut() {
+        zeroize::Zeroize::zeroize(c);
+    }
+    written.map_err(|e| SandboxError::Invalid(format!("the call's payload: {e}")))?;
+    line.push(b'\n');
+    if line.len() > crate::protocol::PAYLOAD_MAX {
+        return Err(SandboxError::Invalid(format!(
+            "the call's files and credential are over {} bytes",
+            crate::protocol::PAYLOAD_MAX
+        )));
+    }
+    Ok(line)
 }

@@ -26,6 +26,7 @@
 
 pub mod manifests;
 pub mod podsecurity;
+mod pool;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,6 +54,8 @@ type LabelTest<'a> =
 pub struct KubernetesSandbox {
     client: Client,
     cfg: Arc<KubeSandboxConfig>,
+    /// The warm pool, when `warm_pool` is above 0.
+    pool: Option<Arc<pool::Pool>>,
 }
 
 impl std::fmt::Debug for KubernetesSandbox {
@@ -421,6 +424,7 @@ fn follow_log(
     pods: Api<Pod>,
     pod: String,
     limit: usize,
+    pooled: bool,
     tx: tokio::sync::mpsc::UnboundedSender<Update>,
 ) -> tokio::task::JoinHandle<()> {
     use futures::AsyncReadExt;
@@ -440,6 +444,9 @@ fn follow_log(
         };
         let mut stream = std::pin::pin!(stream);
         let mut log = Vec::new();
+        // Where the call's part of the log begins: at once for a cold pod,
+        // after the runner's ready line for a warm one.
+        let mut from = (!pooled).then_some(0);
         // Each byte is looked at once, however the log is cut.
         let mut scan = crate::protocol::EndScan::default();
         let mut chunk = vec![0u8; 64 * 1024];
@@ -449,9 +456,21 @@ fn follow_log(
                 Ok(n) => n,
             };
             log.extend_from_slice(&chunk[..n]);
-            if let Some((len, code)) = scan.push(&chunk[..n]) {
-                log.truncate(len);
-                let _ = tx.send(Update::LogEnded(log, code));
+            let piece = match from {
+                Some(_) => &chunk[..n],
+                None => match crate::protocol::after_ready(&log) {
+                    Some(at) => {
+                        from = Some(at);
+                        &log[at..]
+                    }
+                    None if log.len() >= limit => return,
+                    None => continue,
+                },
+            };
+            if let Some((len, code)) = scan.push(piece) {
+                let at = from.unwrap_or(0);
+                let body = log[at..at + len].to_vec();
+                let _ = tx.send(Update::LogEnded(body, code));
                 return;
             }
             if log.len() >= limit {
@@ -459,6 +478,31 @@ fn follow_log(
             }
         }
     })
+}
+
+/// What a warm pod's log may hold before the call's part (the runner's
+/// messages while it waited for the lock-down).
+const READY_SLACK: usize = 64 * 1024;
+
+/// A sandbox's Job, made for its call or claimed from the pool, as the
+/// wait for its end takes it.
+struct Running {
+    job: String,
+    /// Selects its pod.
+    pod_sel: String,
+    cleanup: Cleanup,
+    /// A warm pod: its log's call part begins after the ready line.
+    pooled: bool,
+    /// Tasks that last as long as the call (a warm pod's attach).
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Why a warm pod could not take a call.
+enum Claim {
+    /// Nothing reached the pod: the call can run in a new one.
+    Untouched(String),
+    /// The call's files or credential may have: the call fails.
+    Failed(SandboxError),
 }
 
 /// Follow `api` with kube's watcher (a list, then a watch resumed from the
@@ -583,9 +627,16 @@ fn capped(bytes: Vec<u8>, cap: usize) -> Captured {
 
 impl KubernetesSandbox {
     pub fn new(client: Client, cfg: KubeSandboxConfig) -> KubernetesSandbox {
+        let pool = (cfg.warm_pool > 0).then(|| {
+            Arc::new(pool::Pool::new(
+                cfg.warm_pool,
+                Duration::from_secs(cfg.warm_pool_idle_seconds),
+            ))
+        });
         KubernetesSandbox {
             client,
             cfg: Arc::new(cfg),
+            pool,
         }
     }
 
@@ -665,12 +716,139 @@ impl KubernetesSandbox {
     async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
         let started = Instant::now();
         let mut stages = crate::sandbox::Stages::start();
-        let (job, secret) = manifests::build(&self.cfg, &req)?;
+        if let Some(pool) = self.pool.clone()
+            && manifests::poolable(&req)
+        {
+            let shell = manifests::shell(&req, "pool-shape");
+            let (_, key) =
+                manifests::warm_job(&self.cfg, &shell, "pool-shape", pool.idle_seconds())?;
+            let (warm, stale) = pool.take(&key);
+            self.refill(&key, shell);
+            for w in stale {
+                let sb = self.clone();
+                tokio::spawn(async move { sb.delete_warm(&w.job).await });
+            }
+            if let Some(w) = warm {
+                match self.claim(&req, w, &mut stages).await {
+                    Ok(running) => return self.wait(req, started, stages, running).await,
+                    Err(Claim::Untouched(why)) => {
+                        tracing::info!(
+                            "a warm sandbox could not be claimed ({why}); the call runs in a new one"
+                        );
+                    }
+                    Err(Claim::Failed(e)) => return Err(e),
+                }
+            }
+        }
+        let running = self.start_cold(&req, &mut stages).await?;
+        self.wait(req, started, stages, running).await
+    }
+
+    /// Take warm pod `w` for `req`: mark its Job claimed with the call's
+    /// deadline, then write the call's files and credential to its stdin.
+    /// `Untouched` when nothing reached the pod (the call can run cold);
+    /// the pod is deleted either way when this fails.
+    async fn claim(
+        &self,
+        req: &SandboxRequest,
+        w: pool::Warm,
+        stages: &mut crate::sandbox::Stages,
+    ) -> Result<Running, Claim> {
+        use tokio::io::AsyncWriteExt;
+        let jobs: Api<Job> = self.api();
+        let pods: Api<Pod> = self.api();
+        let cleanup = Cleanup {
+            jobs: jobs.clone(),
+            secrets: self.api(),
+            job: w.job.clone(),
+            secret: format!("{}-in", w.job),
+            armed: true,
+        };
+        let line = match manifests::payload(req) {
+            Ok(l) => l,
+            Err(e) => {
+                cleanup.finish().await;
+                return Err(Claim::Failed(e));
+            }
+        };
+        // The Job's deadline counts from its start: what it has waited,
+        // plus the call's own.
+        let deadline = w.made.elapsed().as_secs() + req.deadline.as_secs().max(1) + 1;
+        let patch = json!({
+            "metadata": {"labels": {manifests::CLAIMED: req.name.to_ascii_lowercase()}},
+            "spec": {"activeDeadlineSeconds": deadline},
+        });
+        if let Err(e) = jobs
+            .patch(&w.job, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            cleanup.finish().await;
+            return Err(Claim::Untouched(format!(
+                "claiming its Job: {}",
+                describe(&e)
+            )));
+        }
+        stages.mark("claimed");
+        let ap = kube::api::AttachParams::default()
+            .container(manifests::CONTAINER)
+            .stdin(true)
+            .stdout(false)
+            .stderr(false);
+        let mut attached = match pods.attach(&w.pod, &ap).await {
+            Ok(a) => a,
+            Err(e) => {
+                cleanup.finish().await;
+                return Err(Claim::Untouched(format!(
+                    "attaching to its pod: {}",
+                    describe(&e)
+                )));
+            }
+        };
+        let Some(mut stdin) = attached.stdin() else {
+            cleanup.finish().await;
+            return Err(Claim::Untouched("its pod's stdin is not open".into()));
+        };
+        let sent = tokio::time::timeout(Duration::from_secs(10), async {
+            stdin.write_all(&line).await?;
+            stdin.shutdown().await
+        })
+        .await;
+        drop(line);
+        if !matches!(sent, Ok(Ok(()))) {
+            let why = match sent {
+                Ok(Err(e)) => e.to_string(),
+                _ => "no answer in 10 s".into(),
+            };
+            cleanup.finish().await;
+            return Err(Claim::Failed(SandboxError::Setup(format!(
+                "the call could not be written to the warm sandbox's stdin ({why}); it was deleted"
+            ))));
+        }
+        stages.mark("attached");
+        // The attach stays open until the pod ends (or the call's end
+        // aborts it).
+        let session = tokio::spawn(async move {
+            let _ = attached.join().await;
+        });
+        Ok(Running {
+            job: w.job,
+            pod_sel: format!("{}={}", manifests::REQUEST, w.request),
+            cleanup,
+            pooled: true,
+            tasks: vec![session],
+        })
+    }
+
+    /// Make `req`'s Secret and Job.
+    async fn start_cold(
+        &self,
+        req: &SandboxRequest,
+        stages: &mut crate::sandbox::Stages,
+    ) -> Result<Running, SandboxError> {
+        let (job, secret) = manifests::build(&self.cfg, req)?;
         let (job_name, secret_name) = manifests::names(&req.name)?;
         let jobs: Api<Job> = self.api();
         let secrets: Api<Secret> = self.api();
-        let pods: Api<Pod> = self.api();
-        let events: Api<Event> = self.api();
         let pp = PostParams::default();
         // The guard exists before anything is created: a call cancelled
         // while the Secret is being created still deletes it (a delete of
@@ -723,9 +901,34 @@ impl KubernetesSandbox {
                 );
             }
         }
+        Ok(Running {
+            pod_sel: format!("{}={}", manifests::REQUEST, req.name.to_ascii_lowercase()),
+            job: job_name,
+            cleanup,
+            pooled: false,
+            tasks: Vec::new(),
+        })
+    }
 
+    /// Follow a made or claimed Job to its end; its output, cleaned up.
+    async fn wait(
+        &self,
+        req: SandboxRequest,
+        started: Instant,
+        mut stages: crate::sandbox::Stages,
+        running: Running,
+    ) -> Result<SandboxResult, SandboxError> {
+        let Running {
+            job: job_name,
+            pod_sel,
+            cleanup,
+            pooled,
+            tasks,
+        } = running;
+        let jobs: Api<Job> = self.api();
+        let pods: Api<Pod> = self.api();
+        let events: Api<Event> = self.api();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let pod_sel = format!("{}={}", manifests::REQUEST, req.name.to_ascii_lowercase());
         let mut watchers = Watchers(vec![
             keep_watching(
                 pods.clone(),
@@ -752,6 +955,7 @@ impl KubernetesSandbox {
                 |e| Update::Event(Box::new(e)),
             ),
         ]);
+        watchers.0.extend(tasks);
         // The pod's own events (the kubelet's: its sandbox, its volumes),
         // watched once the pod has a name.
         let mut pod_events: Option<tokio::sync::mpsc::UnboundedSender<Update>> = Some(tx.clone());
@@ -761,7 +965,10 @@ impl KubernetesSandbox {
         let mut seen = Seen::default();
         let mut lost: Option<String> = None;
         let cap = req.limits.output_bytes;
-        let log_limit = cap.saturating_mul(2);
+        // A warm pod's log has the runner's wait before the call's part.
+        let log_limit = cap
+            .saturating_mul(2)
+            .saturating_add(if pooled { READY_SLACK } else { 0 });
         // The log as the runner ended it, when its end came from there.
         let mut ended_log: Option<Vec<u8>> = None;
         // Only a sandbox that hands back no files: files out are read from
@@ -779,7 +986,7 @@ impl KubernetesSandbox {
                         if let (Some(name), true) = (&seen.pod, container_started(&p))
                             && let Some(tx) = follow.take()
                         {
-                            watchers.0.push(follow_log(pods.clone(), name.clone(), log_limit, tx));
+                            watchers.0.push(follow_log(pods.clone(), name.clone(), log_limit, pooled, tx));
                         }
                         if let (Some(name), Some(tx)) = (&seen.pod, pod_events.take()) {
                             watchers.0.push(keep_watching(
@@ -864,7 +1071,12 @@ impl KubernetesSandbox {
                 let retry_for = Duration::from_secs(self.cfg.grace_seconds);
                 match read_log(&pods, pod, &lp, retry_for).await {
                     Ok(log) => {
-                        let (o, e) = crate::protocol::unframe(&log);
+                        let from = if pooled {
+                            crate::protocol::after_ready(&log).unwrap_or(0)
+                        } else {
+                            0
+                        };
+                        let (o, e) = crate::protocol::unframe(&log[from..]);
                         (capped(o, cap), capped(e, cap))
                     }
                     Err(e) => (

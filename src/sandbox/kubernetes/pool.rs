@@ -1,0 +1,378 @@
+//! The warm pool (`sandbox.kubernetes.warm_pool`, README: "Warm
+//! sandboxes"): pods started before their call, so that a call does not
+//! wait for a pod to start and for its network to be shown locked down.
+//!
+//! - A pool is kept per shape of call ([`manifests::warm_job`]: the pod a
+//!   call would get, without its files and credential). A shape is learnt
+//!   from a call: the first call of a shape runs cold, and from then on
+//!   `warm_pool` pods of it are kept until no call of it has come for
+//!   `warm_pool_idle_seconds`.
+//! - A warm pod runs `gateway-runner pooled`: it shows the network locked
+//!   down (the egress canary), then writes its ready line. Only then is it
+//!   offered; until then, and while it waits, it holds no credential and
+//!   has run nothing but the runner.
+//! - A call takes one pod (under the pool's lock: never two calls), marks
+//!   its Job claimed and gives it the call's deadline, then writes the
+//!   call's files and credential to its stdin (`pods/attach`). The pod
+//!   runs that one call and ends; it is deleted as a cold one is. A pod
+//!   that fails to be claimed before anything was written to it is
+//!   deleted and the call runs cold.
+//! - A warm pod that ends or is deleted while it waits (its idle deadline,
+//!   a drain, an eviction) is dropped and replaced; a shape whose pods keep
+//!   failing to become ready is not refilled for a while.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{KubernetesSandbox, SandboxRequest, container_started, describe, manifests};
+
+/// A warm pod, ready for one call.
+pub(super) struct Warm {
+    /// Its Job.
+    pub job: String,
+    /// The request label its pod carries (`pool-…`).
+    pub request: String,
+    /// Its pod.
+    pub pod: String,
+    /// When its Job was made (its idle deadline counts from about then).
+    pub made: Instant,
+    /// The task that drops it when it ends while it waits.
+    watch: tokio::task::JoinHandle<()>,
+}
+
+/// One shape's pool.
+struct Shape {
+    /// A call of this shape without its files and credential: what each
+    /// new warm pod is made from.
+    shell: SandboxRequest,
+    ready: Vec<Warm>,
+    starting: usize,
+    /// The last call of this shape.
+    used: Instant,
+    /// Warm pods of this shape that failed in a row, and when the last did.
+    failures: u32,
+    failed_at: Option<Instant>,
+}
+
+/// How many warm pods of a shape may fail in a row before it is left
+/// alone for [`FAILURE_PAUSE`].
+const FAILURES_BEFORE_PAUSE: u32 = 3;
+const FAILURE_PAUSE: Duration = Duration::from_secs(60);
+/// A warm pod this close to its idle deadline is not offered (the Job
+/// controller could end it while it is being claimed).
+const DEADLINE_MARGIN: Duration = Duration::from_secs(30);
+
+pub(super) struct Pool {
+    size: usize,
+    idle: Duration,
+    shapes: Mutex<HashMap<String, Shape>>,
+}
+
+impl Pool {
+    pub fn new(size: usize, idle: Duration) -> Pool {
+        Pool {
+            size,
+            idle: idle.max(DEADLINE_MARGIN * 2),
+            shapes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn idle_seconds(&self) -> u64 {
+        self.idle.as_secs()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Shape>> {
+        self.shapes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A ready pod of shape `key`, taken out of the pool: the newest one
+    /// not near its idle deadline (older ones are dropped).
+    pub fn take(&self, key: &str) -> (Option<Warm>, Vec<Warm>) {
+        let mut shapes = self.lock();
+        let Some(shape) = shapes.get_mut(key) else {
+            return (None, Vec::new());
+        };
+        let mut stale = Vec::new();
+        while let Some(w) = shape.ready.pop() {
+            w.watch.abort();
+            if w.made.elapsed() + DEADLINE_MARGIN < self.idle {
+                return (Some(w), stale);
+            }
+            stale.push(w);
+        }
+        (None, stale)
+    }
+
+    /// Note a call of shape `key`; how many warm pods to start for it now.
+    fn want(&self, key: &str, shell: SandboxRequest) -> usize {
+        let mut shapes = self.lock();
+        let shape = shapes.entry(key.to_string()).or_insert_with(|| Shape {
+            shell,
+            ready: Vec::new(),
+            starting: 0,
+            used: Instant::now(),
+            failures: 0,
+            failed_at: None,
+        });
+        shape.used = Instant::now();
+        self.need(shape)
+    }
+
+    /// How many more pods `shape` needs, counted as starting.
+    fn need(&self, shape: &mut Shape) -> usize {
+        let paused = shape.failures >= FAILURES_BEFORE_PAUSE
+            && shape.failed_at.is_some_and(|t| t.elapsed() < FAILURE_PAUSE);
+        if paused || shape.used.elapsed() > self.idle {
+            return 0;
+        }
+        let need = self.size.saturating_sub(shape.ready.len() + shape.starting);
+        shape.starting += need;
+        need
+    }
+
+    /// A pod of `key` that was starting is ready (`Some`) or failed
+    /// (`None`). A ready pod is kept unless its shape has gone idle; `Err`
+    /// gives it back to be deleted.
+    fn started(&self, key: &str, warm: Option<Warm>) -> Result<(), Warm> {
+        let mut shapes = self.lock();
+        let Some(shape) = shapes.get_mut(key) else {
+            return warm.map_or(Ok(()), Err);
+        };
+        shape.starting = shape.starting.saturating_sub(1);
+        match warm {
+            Some(w) if shape.used.elapsed() <= self.idle => {
+                shape.failures = 0;
+                shape.ready.push(w);
+                Ok(())
+            }
+            Some(w) => Err(w),
+            None => {
+                shape.failures += 1;
+                shape.failed_at = Some(Instant::now());
+                Ok(())
+            }
+        }
+    }
+
+    /// A waiting pod ended: drop it from its shape; how many to start in
+    /// its place.
+    fn gone(&self, key: &str, job: &str) -> usize {
+        let mut shapes = self.lock();
+        let Some(shape) = shapes.get_mut(key) else {
+            return 0;
+        };
+        let before = shape.ready.len();
+        shape.ready.retain(|w| w.job != job);
+        if shape.ready.len() == before {
+            // Taken by a call meanwhile: the call replaces it.
+            return 0;
+        }
+        self.need(shape)
+    }
+}
+
+/// A fresh name for a warm pod's request label (and so its Job).
+fn fresh_id() -> String {
+    let mut r = [0u8; 6];
+    if getrandom::fill(&mut r).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        r.copy_from_slice(&nanos.to_le_bytes()[..6]);
+    }
+    format!("pool-{}", hex::encode(r))
+}
+
+impl KubernetesSandbox {
+    /// Note a call of shape `key` and start the warm pods it needs.
+    pub(super) fn refill(&self, key: &str, shell: SandboxRequest) {
+        let Some(pool) = &self.pool else { return };
+        let n = pool.want(key, shell);
+        self.start_warm(key, n);
+    }
+
+    fn start_warm(&self, key: &str, n: usize) {
+        for _ in 0..n {
+            let (sb, key) = (self.clone(), key.to_string());
+            tokio::spawn(async move { sb.warm_up(key).await });
+        }
+    }
+
+    /// Make one warm pod of shape `key` and offer it once it is ready.
+    async fn warm_up(self, key: String) {
+        let Some(pool) = self.pool.clone() else {
+            return;
+        };
+        let shell = match pool.lock().get(&key) {
+            Some(s) => s.shell.clone(),
+            None => return,
+        };
+        let id = fresh_id();
+        let made = Instant::now();
+        let job = match manifests::warm_job(&self.cfg, &shell, &id, pool.idle_seconds()) {
+            Ok((job, _)) => job,
+            Err(e) => {
+                tracing::warn!("a warm sandbox cannot be made: {e}");
+                let _ = pool.started(&key, None);
+                return;
+            }
+        };
+        let job_name = job.metadata.name.clone().unwrap_or_default();
+        let jobs: kube::Api<Job> = self.api();
+        if let Err(e) = jobs.create(&PostParams::default(), &job).await {
+            tracing::warn!(
+                "a warm sandbox's Job could not be created: {}",
+                describe(&e)
+            );
+            let _ = pool.started(&key, None);
+            return;
+        }
+        let wait = Duration::from_secs(self.cfg.lockdown_seconds + self.cfg.grace_seconds + 60);
+        match tokio::time::timeout(wait, self.ready(&id)).await {
+            Ok(Ok(pod)) => {
+                let watch = tokio::spawn(self.clone().watch_idle(
+                    key.clone(),
+                    job_name.clone(),
+                    id.clone(),
+                ));
+                let warm = Warm {
+                    job: job_name,
+                    request: id,
+                    pod,
+                    made,
+                    watch,
+                };
+                if let Err(w) = pool.started(&key, Some(warm)) {
+                    w.watch.abort();
+                    self.delete_warm(&w.job).await;
+                }
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(why)) => why,
+                    _ => format!("not ready within {} s", wait.as_secs()),
+                };
+                tracing::warn!(job = job_name, "a warm sandbox failed to start: {why}");
+                let _ = pool.started(&key, None);
+                self.delete_warm(&job_name).await;
+            }
+        }
+    }
+
+    /// Wait until the pod of warm request `id` has written its ready line
+    /// (its network is shown locked down); its name.
+    async fn ready(&self, id: &str) -> Result<String, String> {
+        let pods: kube::Api<Pod> = self.api();
+        let selector = format!("{}={id}", manifests::REQUEST);
+        let stream = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
+            .default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let pod = loop {
+            match stream.next().await {
+                Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                    let mut seen = super::Seen::default();
+                    seen.pod(&p);
+                    if let Some(why) = seen.failure.or(seen.pod_failed) {
+                        return Err(why);
+                    }
+                    if seen.terminated.is_some() || seen.killed {
+                        return Err("its pod ended before it was ready".into());
+                    }
+                    if container_started(&p) {
+                        break p.metadata.name.unwrap_or_default();
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(_))) => {
+                    return Err("its pod was deleted".into());
+                }
+                Some(_) => {}
+                None => return Err("the watch of its pod ended".into()),
+            }
+        };
+        let lp = LogParams {
+            container: Some(manifests::CONTAINER.into()),
+            follow: true,
+            limit_bytes: Some(64 * 1024),
+            ..LogParams::default()
+        };
+        let log = pods
+            .log_stream(&pod, &lp)
+            .await
+            .map_err(|e| format!("its log: {}", describe(&e)))?;
+        let mut log = std::pin::pin!(log);
+        let mut seen = Vec::new();
+        let mut chunk = vec![0u8; 8192];
+        loop {
+            use futures::AsyncReadExt;
+            let n = log
+                .read(&mut chunk)
+                .await
+                .map_err(|e| format!("its log: {e}"))?;
+            if n == 0 {
+                let (_, said) = crate::protocol::unframe(&seen);
+                return Err(format!(
+                    "its runner ended before it was ready: {}",
+                    String::from_utf8_lossy(&said).trim()
+                ));
+            }
+            seen.extend_from_slice(&chunk[..n]);
+            if crate::protocol::after_ready(&seen).is_some() {
+                return Ok(pod);
+            }
+        }
+    }
+
+    /// While warm pod `id` waits, drop it as soon as it ends or goes.
+    async fn watch_idle(self, key: String, job: String, id: String) {
+        let pods: kube::Api<Pod> = self.api();
+        let selector = format!("{}={id}", manifests::REQUEST);
+        let stream =
+            watcher::watcher(pods, watcher::Config::default().labels(&selector)).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let gone = match stream.next().await {
+                Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                    let mut seen = super::Seen::default();
+                    seen.pod(&p);
+                    seen.killed
+                        || seen.terminated.is_some()
+                        || seen.pod_failed.is_some()
+                        || matches!(seen.phase.as_deref(), Some("Succeeded" | "Failed"))
+                }
+                Some(Ok(watcher::Event::Delete(_))) | None => true,
+                Some(_) => false,
+            };
+            if gone {
+                break;
+            }
+        }
+        let Some(pool) = self.pool.clone() else {
+            return;
+        };
+        let n = pool.gone(&key, &job);
+        tracing::info!(job, "a warm sandbox ended while it waited; it is replaced");
+        self.delete_warm(&job).await;
+        self.start_warm(&key, n);
+    }
+
+    /// Delete a warm Job (its pod goes with it).
+    pub(super) async fn delete_warm(&self, job: &str) {
+        let jobs: kube::Api<Job> = self.api();
+        if let Err(e) = jobs.delete(job, &DeleteParams::background()).await
+            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+        {
+            tracing::warn!(
+                job,
+                "could not delete a warm sandbox ({}); it is removed at the next start or at its idle deadline",
+                describe(&e)
+            );
+        }
+    }
+}
