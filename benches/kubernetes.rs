@@ -126,6 +126,8 @@ fn bench(c: &mut Criterion) {
             endpoint_addresses: BTreeMap::from([("kube-apiserver".into(), "172.18.0.2".into())]),
             kubeconfig: Some(kube.kubeconfig(dir.path(), &kube.admin_jwt, NS)),
             warm_pool,
+            // The fake has no network; a pool needs the canary named.
+            egress_canary: Some("10.96.0.10:53".into()),
             ..KubeSandboxConfig::default()
         };
         let client = rt
@@ -243,6 +245,42 @@ fn bench(c: &mut Criterion) {
     }
     let warm_calls = audit.lines().filter(|l| l.contains("\"claimed\"")).count();
     eprintln!("calls in a warm pod: {warm_calls}");
+    // Each warm-pipeline call's own time, `tool.request` to `tool.result`
+    // (the first, cold, call left out): its percentiles.
+    let at = |e: &serde_json::Value| {
+        e["ts"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_millis())
+    };
+    let mut started: BTreeMap<String, i64> = BTreeMap::new();
+    let mut took: Vec<i64> = Vec::new();
+    for e in &events {
+        let rid = e["request_id"].as_str().unwrap_or_default().to_string();
+        match (e["event"].as_str(), at(e)) {
+            (Some("tool.request"), Some(t)) => {
+                started.insert(rid, t);
+            }
+            (Some("tool.result"), Some(t)) => {
+                if let Some(s) = started.get(&rid) {
+                    took.push(t - s);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut warm_took: Vec<i64> = took.into_iter().skip(1).collect();
+    warm_took.sort_unstable();
+    if !warm_took.is_empty() {
+        let pct = |p: usize| warm_took[(warm_took.len() * p / 100).min(warm_took.len() - 1)];
+        eprintln!(
+            "warm calls, tool.request to tool.result: n {} p50 {} ms p95 {} ms max {} ms",
+            warm_took.len(),
+            pct(50),
+            pct(95),
+            warm_took[warm_took.len() - 1]
+        );
+    }
     assert!(
         kube.with(|s| s.live("serviceaccounts").is_empty()
             && s.live("jobs")

@@ -1194,6 +1194,13 @@ async fn an_end_frame_written_after_the_deadline_does_not_make_the_run_a_success
     assert!(!stages.contains(&"end_logged"), "{stages:?}");
 }
 
+/// A gateway with one warm pod per shape (a pool needs the egress canary
+/// its runners show the lock-down against; the fake has no network).
+fn warm(cfg: &mut KubeSandboxConfig) {
+    cfg.warm_pool = 1;
+    cfg.egress_canary = Some("10.96.0.10:53".into());
+}
+
 /// A node that runs pods fast, its runner's network gate `gate` long.
 fn quick_kubelet(gate: Duration, log: &str) -> fake_kube::Kubelet {
     fake_kube::Kubelet {
@@ -1222,14 +1229,24 @@ fn warm_jobs(c: &Cluster) -> Vec<String> {
     })
 }
 
-/// Whether a warm pod has written its ready line (and the pool has had
-/// time to read it).
+/// Whether a warm pod that is still there, of a Job not claimed, has
+/// written its ready line (and the pool has had time to read it).
 async fn a_warm_pod_is_ready(c: &Cluster) -> bool {
     let ready = eventually(|| {
         c.kube.with(|s| {
-            s.logs
-                .iter()
-                .any(|(pod, log)| pod.starts_with("gw-pool-") && log.starts_with(b"r ready\n"))
+            s.live("pods").iter().any(|p| {
+                let job = p["metadata"]["labels"]["job-name"]
+                    .as_str()
+                    .unwrap_or_default();
+                let pod = p["metadata"]["name"].as_str().unwrap_or_default();
+                s.objects
+                    .get(&("jobs".to_string(), NS.to_string(), job.to_string()))
+                    .is_some_and(|j| {
+                        j["metadata"]["labels"][manifests::POOL].is_string()
+                            && j["metadata"]["labels"][manifests::CLAIMED].is_null()
+                    })
+                    && s.logs.get(pod).is_some_and(|l| l.starts_with(b"r ready\n"))
+            })
         })
     })
     .await;
@@ -1252,7 +1269,7 @@ fn secrets_holding(c: &Cluster, credential: &[u8]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_pod_takes_one_call_on_its_stdin_and_is_replaced() {
-    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    let c = cluster(warm).await;
     c.kube
         .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(300), WARM_LOG)));
     // The first call of its shape runs cold, and teaches the pool the shape.
@@ -1322,7 +1339,7 @@ async fn a_warm_pod_takes_one_call_on_its_stdin_and_is_replaced() {
     assert_eq!(payload["files"][0]["path"], "steps.json");
     assert_eq!(
         c.kube.with(|s| s.attaches.clone()),
-        [warm_pod.clone()],
+        std::slice::from_ref(&warm_pod),
         "one attach, to the ready pod"
     );
     // Claimed by the call, with its deadline; deleted after it.
@@ -1350,7 +1367,7 @@ async fn a_warm_pod_takes_one_call_on_its_stdin_and_is_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_pod_that_has_not_shown_its_network_locked_down_is_never_given_a_call() {
-    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    let c = cluster(warm).await;
     // The warm pod's gate takes 5 s: it is running, its network not yet
     // shown locked down, when the second call comes (a cold pod's whole
     // run is 0.2 s here).
@@ -1383,7 +1400,7 @@ async fn a_warm_pod_that_has_not_shown_its_network_locked_down_is_never_given_a_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_pod_is_taken_only_by_a_call_of_its_own_shape() {
-    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    let c = cluster(warm).await;
     c.kube
         .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
     c.sandbox.run(request("shape-1", None)).await.expect("ran");
@@ -1413,7 +1430,7 @@ async fn a_warm_pod_is_taken_only_by_a_call_of_its_own_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_pod_that_cannot_be_attached_is_deleted_and_the_call_runs_cold() {
-    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    let c = cluster(warm).await;
     c.kube
         .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
     c.sandbox
@@ -1439,7 +1456,7 @@ async fn a_warm_pod_that_cannot_be_attached_is_deleted_and_the_call_runs_cold() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_pod_that_ends_while_it_waits_is_replaced_and_never_given_a_call() {
-    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    let c = cluster(warm).await;
     c.kube
         .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
     c.sandbox
@@ -1475,4 +1492,96 @@ async fn a_warm_pod_that_ends_while_it_waits_is_replaced_and_never_given_a_call(
         attaches[0], first_pod,
         "the evicted pod was never given the call"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_warm_pods_are_deleted_and_none_is_made_again() {
+    let c = cluster(warm).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox
+        .run(request("closing-1", None))
+        .await
+        .expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    // As the daemon stops: the pool closes, then this gateway's Jobs go.
+    c.sandbox.close_pool().await;
+    c.sandbox.reap_leftovers().await.expect("reap");
+    assert!(eventually(|| c.kube.with(|s| s.live("jobs").is_empty())).await);
+    let made = warm_jobs(&c).len();
+    // Nothing replaces them (a watch that sees its pod deleted refills an
+    // open pool), and a call after the close runs cold.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let r = c
+        .sandbox
+        .run(request("closing-2", None))
+        .await
+        .expect("ran");
+    assert_eq!(r.stdout.text(), "hello\n");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        warm_jobs(&c).len(),
+        made,
+        "no warm Job made after the close"
+    );
+    assert!(c.kube.with(|s| s.live("jobs").is_empty()));
+    assert!(c.kube.with(|s| s.attaches.is_empty()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_egress_canary_there_is_no_warm_pool() {
+    // A warm pod is offered because its runner showed the lock-down, which
+    // it can only show against the canary.
+    let c = cluster(|cfg| cfg.warm_pool = 1).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox
+        .run(request("nocanary-1", None))
+        .await
+        .expect("ran");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(warm_jobs(&c).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_lost_before_the_call_reached_the_pod_fails_the_call_at_once_and_runs_nothing() {
+    let c = cluster(warm).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox.run(request("lost-1", None)).await.expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    let warm = warm_jobs(&c);
+    c.kube.with(|s| s.drop_attach = true);
+    let started = Instant::now();
+    let r = c.sandbox.run(request("lost-2", None)).await;
+    // Either the write failed (nothing ran: the call fails), or the line
+    // was taken but never arrived and the runner ended at its closed stdin
+    // (exit 125, nothing ran). Never the tool's output, never a wait for
+    // the deadline (60 s), never a second try with the credential.
+    match &r {
+        Err(e) => assert!(e.to_string().contains("nothing ran"), "{e}"),
+        Ok(r) => {
+            assert_eq!(r.exit_code, Some(125), "{}", r.stderr.text());
+            assert!(r.stdout.text().is_empty());
+            assert!(
+                r.stderr.text().contains("stdin ended"),
+                "{}",
+                r.stderr.text()
+            );
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        c.kube.with(|s| s.stdin.is_empty()),
+        "nothing reached the pod"
+    );
+    assert!(
+        !secrets_holding(&c, b"test-token-not-real").contains(&"gw-lost-2-in".to_string()),
+        "a call whose credential was handed to a warm pod is not run again cold"
+    );
+    assert!(eventually(|| gone(&c, "jobs", &warm[0])).await);
 }

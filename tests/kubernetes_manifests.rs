@@ -220,6 +220,50 @@ fn each_tools_job_and_secret_match_the_reviewed_snapshots_and_pass_restricted() 
 }
 
 #[test]
+fn the_warm_job_is_the_cold_pod_without_its_call_and_passes_restricted() {
+    let r = recorded();
+    let (job, key) =
+        manifests::warm_job(&r.cfg, &r.pods, "pool-0123456789ab", 600).expect("warm job");
+    let job_json = serde_json::to_value(&job).expect("json");
+    snapshot("k8s_get_pod_status_warm_job", &job_json);
+    let pod = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .expect("pod");
+    let v = podsecurity::violations(&pod);
+    assert!(v.is_empty(), "{v:?}");
+    // Nothing of the call: no credential, no file, no Secret.
+    assert!(!job_json.to_string().contains("stand-in-token"));
+    assert!(!job_json.to_string().contains("\"secret\""));
+    // The same key for the same call, whatever the pod is named; another
+    // for a call whose pod would differ in any way.
+    let (_, again) = manifests::warm_job(&r.cfg, &r.pods, "pool-other", 600).expect("warm job");
+    assert_eq!(key, again);
+    let mut more = manifests::shell(&r.pods, "x");
+    more.limits.cpu_millicores += 1;
+    let mut env = manifests::shell(&r.pods, "x");
+    env.env.push(("A".into(), "b".into()));
+    let mut image = r.cfg.clone();
+    image.image = "elsewhere/runner:1".into();
+    for (what, cfg, req) in [
+        ("cpu", &r.cfg, &more),
+        ("env", &r.cfg, &env),
+        ("image", &image, &r.pods),
+    ] {
+        let (_, other) = manifests::warm_job(cfg, req, "pool-0123456789ab", 600).expect("warm job");
+        assert_ne!(key, other, "{what}");
+    }
+    // The payload holds the call's files and credential, one line.
+    let line = manifests::payload(&r.pods).expect("payload");
+    assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+    let p: Value = serde_json::from_slice(&line).expect("json");
+    assert_eq!(p["credential"], json!(b"stand-in-token".to_vec()));
+    // A Terraform call is never warm.
+    assert!(manifests::warm_job(&r.cfg, &r.plan, "pool-x", 600).is_err());
+}
+
+#[test]
 fn every_restricted_rule_catches_a_weakened_pod() {
     let r = recorded();
     let (_, _, pod) = manifests_json(&r.cfg, &r.pods);

@@ -673,10 +673,17 @@ mod tests {
             vec![("steps.json", steps), ("kubeconfig", b"k".to_vec())],
             Some(b"the-token"),
         );
-        // What comes after the call's line is never read as a call.
+        let line = input.len();
+        // What comes after the call's line is never read.
         input.extend_from_slice(b"{\"files\":[]}\n");
-        let code = pooled(&out(), &mut input.as_slice(), &root);
+        let mut rest = input.as_slice();
+        let code = pooled(&out(), &mut rest, &root);
         assert_eq!(code, 0);
+        assert_eq!(
+            rest.len(),
+            input.len() - line,
+            "only the first line was read"
+        );
         assert!(mark.exists(), "the step ran");
         let cred = root.join("run/gateway/credential");
         assert_eq!(std::fs::read(&cred).expect("credential"), b"the-token");
@@ -727,7 +734,11 @@ mod tests {
             let code = pooled(&out(), &mut input.as_slice(), &root);
             assert_eq!(code, 125, "{what}");
             assert!(!mark.exists(), "{what}: nothing runs");
-            assert!(!root.join("run/escape").exists(), "{what}");
+            assert!(!root.join("run/gateway/escape").exists(), "{what}");
+            assert!(
+                !root.join("run/gateway/credential").exists(),
+                "{what}: no credential placed"
+            );
         }
         let _ = std::fs::remove_dir_all(&root);
     }

@@ -620,6 +620,9 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 log_login_revocation(revoked, "this gateway");
             }
         }
+        if let Some(sb) = &cluster {
+            sb.close_pool().await;
+        }
         if let Some(sb) = &cluster
             && let Err(e) = sb.reap_leftovers().await
         {

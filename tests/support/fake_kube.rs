@@ -151,6 +151,9 @@ pub struct State {
     /// While set, every attach is forbidden (403), as RBAC without
     /// `pods/attach` answers.
     pub refuse_attach: bool,
+    /// While set, an attach is upgraded and then dropped at once, before
+    /// anything it sends is read (a connection lost mid-attach).
+    pub drop_attach: bool,
     /// When each pod's container really exited (the runtime's word, which
     /// the kubelet reports only at its next relist).
     pub exited: BTreeMap<String, std::time::Instant>,
@@ -315,20 +318,38 @@ async fn warm_kubelet(
         }
         _ => return,
     }
-    // Its runner reads one line from stdin.
-    loop {
+    // Its runner reads one line from stdin; a stdin that closes before
+    // the line is whole ends it (exit 125, nothing run).
+    let whole = loop {
         {
             let Ok(s) = st.lock() else { return };
             if !s.objects.contains_key(&key) {
                 return;
             }
             if s.stdin.get(&pod).is_some_and(|b| b.contains(&b'\n')) {
-                break;
+                break true;
+            }
+            if s.stdin_closed.contains(&pod) {
+                break false;
             }
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let exits = Instant::now() + k.run.saturating_sub(k.gate);
+    };
+    let (tail, exit_code) = if whole {
+        (k.log.clone(), k.exit_code)
+    } else {
+        (
+            b"e gateway-runner: stdin ended before the call was whole; nothing was run\nx 125\n"
+                .to_vec(),
+            125,
+        )
+    };
+    let exits = Instant::now()
+        + if whole {
+            k.run.saturating_sub(k.gate)
+        } else {
+            Duration::ZERO
+        };
     tokio::time::sleep_until(exits.into()).await;
     {
         let Ok(mut s) = st.lock() else { return };
@@ -336,11 +357,12 @@ async fn warm_kubelet(
             return;
         }
         let mut log = b"r ready\n".to_vec();
-        log.extend_from_slice(&k.log);
+        log.extend_from_slice(&tail);
         s.logs.insert(pod.clone(), log);
         s.exited.insert(pod.clone(), Instant::now());
     }
     tokio::time::sleep_until(k.reported(epoch, exits).into()).await;
+    let k = Kubelet { exit_code, ..k };
     let (phase, reason) = if k.exit_code == 0 {
         ("Succeeded", "Completed")
     } else {
@@ -465,6 +487,13 @@ async fn attach(
             None,
         )
         .await;
+        if st.lock().is_ok_and(|s| s.drop_attach) {
+            drop(ws);
+            if let Ok(mut s) = st.lock() {
+                s.stdin_closed.insert(pod.clone());
+            }
+            return;
+        }
         let open = |s: &State| !s.stdin_closed.contains(&pod);
         while let Some(Ok(msg)) = ws.next().await {
             let Message::Binary(data) = msg else {

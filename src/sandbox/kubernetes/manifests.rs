@@ -591,7 +591,7 @@ pub fn warm_job(
         use sha2::Digest;
         let bytes = serde_json::to_vec(&(&shaped, &*pod))
             .map_err(|e| SandboxError::Invalid(format!("the warm pod's spec: {e}")))?;
-        hex::encode(&sha2::Sha256::digest(&bytes)[..8])
+        hex::encode(sha2::Sha256::digest(&bytes))
     };
     for labels in [
         job.metadata.labels.get_or_insert_with(BTreeMap::new),
@@ -601,7 +601,9 @@ pub fn warm_job(
             .labels
             .get_or_insert_with(BTreeMap::new),
     ] {
-        labels.insert(POOL.to_string(), key.clone());
+        // A label value holds 63 characters: the key's first 32 name the
+        // shape for people; the pool keys shapes by all 64.
+        labels.insert(POOL.to_string(), key[..32].to_string());
     }
     Ok((job, key))
 }
@@ -623,21 +625,18 @@ pub fn payload(req: &SandboxRequest) -> Result<zeroize::Zeroizing<Vec<u8>>, Sand
             .collect::<Result<_, _>>()?,
         credential: req.credential.as_ref().map(|c| c.expose().to_vec()),
     };
-    let credential_len = p.credential.as_ref().map_or(0, Vec::len);
-    let mut line = zeroize::Zeroizing::new(Vec::with_capacity(
-        credential_len * 4
-            + p.files
-                .iter()
-                .map(|f| f.contents.len() * 4 + 64)
-                .sum::<usize>()
-            + 64,
-    ));
-    let written = serde_json::to_writer(&mut *line, &p);
+    // Sized exactly first (a count of the bytes), so that the buffer
+    // holding the credential is never moved, leaving a copy behind.
+    let mut count = Count(0);
+    let counted = serde_json::to_writer(&mut count, &p);
+    let mut line = zeroize::Zeroizing::new(Vec::with_capacity(count.0 + 1));
+    let written = counted.and_then(|()| serde_json::to_writer(&mut *line, &p));
     if let Some(c) = p.credential.as_mut() {
         zeroize::Zeroize::zeroize(c);
     }
     written.map_err(|e| SandboxError::Invalid(format!("the call's payload: {e}")))?;
     line.push(b'\n');
+    debug_assert_eq!(line.len(), count.0 + 1, "sized exactly");
     if line.len() > crate::protocol::PAYLOAD_MAX {
         return Err(SandboxError::Invalid(format!(
             "the call's files and credential are over {} bytes",
@@ -645,4 +644,18 @@ pub fn payload(req: &SandboxRequest) -> Result<zeroize::Zeroizing<Vec<u8>>, Sand
         )));
     }
     Ok(line)
+}
+
+/// A writer that only counts.
+struct Count(usize);
+
+impl std::io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -627,7 +627,14 @@ fn capped(bytes: Vec<u8>, cap: usize) -> Captured {
 
 impl KubernetesSandbox {
     pub fn new(client: Client, cfg: KubeSandboxConfig) -> KubernetesSandbox {
-        let pool = (cfg.warm_pool > 0).then(|| {
+        // A warm pod is offered once its runner showed the network locked
+        // down, which it can show only against the egress canary.
+        if cfg.warm_pool > 0 && cfg.egress_canary.is_none() {
+            tracing::warn!(
+                "sandbox.kubernetes.warm_pool is set without egress_canary: no warm sandboxes"
+            );
+        }
+        let pool = (cfg.warm_pool > 0 && cfg.egress_canary.is_some()).then(|| {
             Arc::new(pool::Pool::new(
                 cfg.warm_pool,
                 Duration::from_secs(cfg.warm_pool_idle_seconds),
@@ -767,8 +774,9 @@ impl KubernetesSandbox {
         let line = match manifests::payload(req) {
             Ok(l) => l,
             Err(e) => {
+                // Nothing was sent: the cold path refuses it the same way.
                 cleanup.finish().await;
-                return Err(Claim::Failed(e));
+                return Err(Claim::Untouched(e.to_string()));
             }
         };
         // The Job's deadline counts from its start: what it has waited,
@@ -808,21 +816,27 @@ impl KubernetesSandbox {
             cleanup.finish().await;
             return Err(Claim::Untouched("its pod's stdin is not open".into()));
         };
-        let sent = tokio::time::timeout(Duration::from_secs(10), async {
-            stdin.write_all(&line).await?;
-            stdin.shutdown().await
-        })
-        .await;
+        // The runner acts on the line only once its newline is in: while
+        // `write_all` has not taken the whole line, no step can have run.
+        let sent = tokio::time::timeout(Duration::from_secs(30), stdin.write_all(&line)).await;
         drop(line);
         if !matches!(sent, Ok(Ok(()))) {
             let why = match sent {
                 Ok(Err(e)) => e.to_string(),
-                _ => "no answer in 10 s".into(),
+                _ => "not taken in 30 s".into(),
             };
             cleanup.finish().await;
             return Err(Claim::Failed(SandboxError::Setup(format!(
-                "the call could not be written to the warm sandbox's stdin ({why}); it was deleted"
+                "the call could not be written to the warm sandbox's stdin ({why}); nothing ran, and the sandbox was deleted"
             ))));
+        }
+        // The whole line is on its way: from here the call may run, and its
+        // end is what the pod says, however the stdin closes.
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), stdin.shutdown())
+            .await
+            .unwrap_or(Ok(()))
+        {
+            tracing::debug!("closing the warm sandbox's stdin: {e}");
         }
         stages.mark("attached");
         // The attach stays open until the pod ends (or the call's end
@@ -1071,13 +1085,26 @@ impl KubernetesSandbox {
                 let retry_for = Duration::from_secs(self.cfg.grace_seconds);
                 match read_log(&pods, pod, &lp, retry_for).await {
                     Ok(log) => {
+                        // A warm pod's log with no ready line is not a
+                        // log the runner wrote whole: none of it is taken.
                         let from = if pooled {
-                            crate::protocol::after_ready(&log).unwrap_or(0)
+                            crate::protocol::after_ready(&log)
                         } else {
-                            0
+                            Some(0)
                         };
-                        let (o, e) = crate::protocol::unframe(&log[from..]);
-                        (capped(o, cap), capped(e, cap))
+                        match from {
+                            Some(from) => {
+                                let (o, e) = crate::protocol::unframe(&log[from..]);
+                                (capped(o, cap), capped(e, cap))
+                            }
+                            None => (
+                                Captured::default(),
+                                Captured {
+                                    bytes: b"(the warm sandbox's log has no ready line: its output is not taken)".to_vec(),
+                                    truncated: false,
+                                },
+                            ),
+                        }
                     }
                     Err(e) => (
                         Captured::default(),

@@ -59,6 +59,8 @@ struct Shape {
     /// Warm pods of this shape that failed in a row, and when the last did.
     failures: u32,
     failed_at: Option<Instant>,
+    /// Warm Jobs seen to end before they were offered: never offered.
+    dead: std::collections::HashSet<String>,
 }
 
 /// How many warm pods of a shape may fail in a row before it is left
@@ -73,6 +75,8 @@ pub(super) struct Pool {
     size: usize,
     idle: Duration,
     shapes: Mutex<HashMap<String, Shape>>,
+    /// Set at shutdown: no warm pod is made or kept from then on.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
@@ -81,7 +85,28 @@ impl Pool {
             size,
             idle: idle.max(DEADLINE_MARGIN * 2),
             shapes: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Make and keep no more warm pods; the ones that are ready are given
+    /// back to be deleted (the daemon also deletes every Job of this
+    /// gateway at shutdown).
+    pub fn close(&self) -> Vec<Warm> {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut shapes = self.lock();
+        let mut all = Vec::new();
+        for shape in shapes.values_mut() {
+            for w in shape.ready.drain(..) {
+                w.watch.abort();
+                all.push(w);
+            }
+        }
+        all
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn idle_seconds(&self) -> u64 {
@@ -112,7 +137,13 @@ impl Pool {
 
     /// Note a call of shape `key`; how many warm pods to start for it now.
     fn want(&self, key: &str, shell: SandboxRequest) -> usize {
+        if self.is_closed() {
+            return 0;
+        }
         let mut shapes = self.lock();
+        // Shapes gone idle with nothing left of them are forgotten.
+        shapes
+            .retain(|_, s| s.used.elapsed() <= self.idle || !s.ready.is_empty() || s.starting > 0);
         let shape = shapes.entry(key.to_string()).or_insert_with(|| Shape {
             shell,
             ready: Vec::new(),
@@ -120,6 +151,7 @@ impl Pool {
             used: Instant::now(),
             failures: 0,
             failed_at: None,
+            dead: std::collections::HashSet::new(),
         });
         shape.used = Instant::now();
         self.need(shape)
@@ -129,7 +161,7 @@ impl Pool {
     fn need(&self, shape: &mut Shape) -> usize {
         let paused = shape.failures >= FAILURES_BEFORE_PAUSE
             && shape.failed_at.is_some_and(|t| t.elapsed() < FAILURE_PAUSE);
-        if paused || shape.used.elapsed() > self.idle {
+        if paused || shape.used.elapsed() > self.idle || self.is_closed() {
             return 0;
         }
         let need = self.size.saturating_sub(shape.ready.len() + shape.starting);
@@ -146,8 +178,9 @@ impl Pool {
             return warm.map_or(Ok(()), Err);
         };
         shape.starting = shape.starting.saturating_sub(1);
+        let dead = warm.as_ref().is_some_and(|w| shape.dead.remove(&w.job));
         match warm {
-            Some(w) if shape.used.elapsed() <= self.idle => {
+            Some(w) if shape.used.elapsed() <= self.idle && !dead && !self.is_closed() => {
                 shape.failures = 0;
                 shape.ready.push(w);
                 Ok(())
@@ -171,7 +204,9 @@ impl Pool {
         let before = shape.ready.len();
         shape.ready.retain(|w| w.job != job);
         if shape.ready.len() == before {
-            // Taken by a call meanwhile: the call replaces it.
+            // Taken by a call meanwhile (the call replaces it), or not
+            // offered yet: then it never is.
+            shape.dead.insert(job.to_string());
             return 0;
         }
         self.need(shape)
@@ -234,8 +269,13 @@ impl KubernetesSandbox {
             let _ = pool.started(&key, None);
             return;
         }
+        if pool.is_closed() {
+            // Made while the gateway was stopping: not kept.
+            self.delete_warm(&job_name).await;
+            return;
+        }
         let wait = Duration::from_secs(self.cfg.lockdown_seconds + self.cfg.grace_seconds + 60);
-        match tokio::time::timeout(wait, self.ready(&id)).await {
+        match tokio::time::timeout(wait, self.ready(&id, &job_name)).await {
             Ok(Ok(pod)) => {
                 let watch = tokio::spawn(self.clone().watch_idle(
                     key.clone(),
@@ -268,7 +308,7 @@ impl KubernetesSandbox {
 
     /// Wait until the pod of warm request `id` has written its ready line
     /// (its network is shown locked down); its name.
-    async fn ready(&self, id: &str) -> Result<String, String> {
+    async fn ready(&self, id: &str, job: &str) -> Result<String, String> {
         let pods: kube::Api<Pod> = self.api();
         let selector = format!("{}={id}", manifests::REQUEST);
         let stream = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
@@ -277,6 +317,14 @@ impl KubernetesSandbox {
         let pod = loop {
             match stream.next().await {
                 Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                    // Only the pod its own Job made.
+                    let owned =
+                        p.metadata.owner_references.iter().flatten().any(|o| {
+                            o.kind == "Job" && o.name == job && o.controller == Some(true)
+                        });
+                    if !owned {
+                        continue;
+                    }
                     let mut seen = super::Seen::default();
                     seen.pod(&p);
                     if let Some(why) = seen.failure.or(seen.pod_failed) {
@@ -336,9 +384,17 @@ impl KubernetesSandbox {
         let stream =
             watcher::watcher(pods, watcher::Config::default().labels(&selector)).default_backoff();
         let mut stream = std::pin::pin!(stream);
+        // Whether the pod was in the latest list (a pod gone before the
+        // watch's first list sends no delete).
+        let mut listed = false;
         loop {
             let gone = match stream.next().await {
-                Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                Some(Ok(watcher::Event::Init)) => {
+                    listed = false;
+                    false
+                }
+                Some(Ok(watcher::Event::InitApply(p) | watcher::Event::Apply(p))) => {
+                    listed = true;
                     let mut seen = super::Seen::default();
                     seen.pod(&p);
                     seen.killed
@@ -346,8 +402,9 @@ impl KubernetesSandbox {
                         || seen.pod_failed.is_some()
                         || matches!(seen.phase.as_deref(), Some("Succeeded" | "Failed"))
                 }
+                Some(Ok(watcher::Event::InitDone)) => !listed,
                 Some(Ok(watcher::Event::Delete(_))) | None => true,
-                Some(_) => false,
+                Some(Err(_)) => false,
             };
             if gone {
                 break;
@@ -357,9 +414,20 @@ impl KubernetesSandbox {
             return;
         };
         let n = pool.gone(&key, &job);
-        tracing::info!(job, "a warm sandbox ended while it waited; it is replaced");
+        if !pool.is_closed() {
+            tracing::info!(job, "a warm sandbox ended while it waited; it is replaced");
+        }
         self.delete_warm(&job).await;
         self.start_warm(&key, n);
+    }
+
+    /// At shutdown: make and keep no more warm pods, and delete the ready
+    /// ones.
+    pub async fn close_pool(&self) {
+        let Some(pool) = &self.pool else { return };
+        for w in pool.close() {
+            self.delete_warm(&w.job).await;
+        }
     }
 
     /// Delete a warm Job (its pod goes with it).
