@@ -1585,3 +1585,43 @@ async fn an_attach_lost_before_the_call_reached_the_pod_fails_the_call_at_once_a
     );
     assert!(eventually(|| gone(&c, "jobs", &warm[0])).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_that_a_warm_pod_takes_a_call_and_fails_when_none_can() {
+    use gateway::verify::kubernetes::warm_pool_check;
+    let c = cluster(warm).await;
+    c.kube.with(|s| {
+        s.kubelet = Some(quick_kubelet(
+            Duration::from_millis(100),
+            "e ==> step 1/1: probe kernel\no release 4.4.0\nx 0\n",
+        ))
+    });
+    let check = warm_pool_check(&c.sandbox).await;
+    assert!(check.pass, "{}", check.detail);
+    assert!(
+        check.detail.contains("ran in a warm pod"),
+        "{}",
+        check.detail
+    );
+    assert_eq!(c.kube.with(|s| s.attaches.len()), 1);
+    // The pool is closed afterwards and leaves no warm Job.
+    assert!(eventually(|| c.kube.with(|s| s.live("jobs").is_empty())).await);
+
+    // A cluster that refuses the attach (RBAC without pods/attach): the
+    // call runs cold, and the check says it did not run in a warm pod.
+    let c = cluster(warm).await;
+    c.kube.with(|s| {
+        s.refuse_attach = true;
+        s.kubelet = Some(quick_kubelet(
+            Duration::from_millis(100),
+            "e ==> step 1/1: probe kernel\no release 4.4.0\nx 0\n",
+        ))
+    });
+    let check = warm_pool_check(&c.sandbox).await;
+    assert!(!check.pass);
+    assert!(
+        check.detail.contains("did not run in a warm pod"),
+        "{}",
+        check.detail
+    );
+}

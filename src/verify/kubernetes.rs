@@ -14,7 +14,9 @@
 //! 5. a minted pod-reader token lists pods in its namespace, is forbidden in
 //!    `kube-system` and on secrets, and is refused once revoked: at once
 //!    (403 while the API server's cache of authenticated tokens still knows
-//!    it, about ten seconds on a real one), then 401.
+//!    it, about ten seconds on a real one), then 401;
+//! 6. with `warm_pool` set: a warm sandbox becomes ready, takes a call's
+//!    steps on its stdin (`pods/attach`) and runs them.
 //!
 //! It needs a context allowed to create a namespace and pods (an operator's,
 //! not the gateway's least-privilege account). Check 5 needs a broker.
@@ -249,7 +251,77 @@ pub async fn verify_kubernetes(
     if let Some((broker, scope)) = token_check {
         checks.push(token_checks(base, broker, scope).await);
     }
+
+    // 6. The warm pool, when there is one.
+    if sb.has_warm_pool() {
+        checks.push(warm_pool_check(sb).await);
+    }
     checks
+}
+
+/// Check 6: a first call of a shape (cold) teaches the pool; once a warm
+/// pod of it is ready, a second call runs in it, its steps written to the
+/// pod's stdin. The pool is closed afterwards and its pods deleted.
+pub async fn warm_pool_check(sb: &KubernetesSandbox) -> Check {
+    const NAME: &str =
+        "a warm sandbox becomes ready and takes a call's steps on its stdin (pods/attach)";
+    let steps = vec![crate::protocol::Step {
+        argv: vec![
+            crate::protocol::RUNNER.into(),
+            "probe".into(),
+            "kernel".into(),
+        ],
+        stdout_file: None,
+    }];
+    let request = |n: u8| -> Result<SandboxRequest, String> {
+        Ok(SandboxRequest {
+            name: format!("verify-warm{n}-{}", std::process::id()),
+            argv: crate::protocol::runner_argv(),
+            files_in: vec![crate::sandbox::FileIn {
+                path: crate::protocol::STEPS_FILE.into(),
+                contents: serde_json::to_vec(&steps).map_err(|e| e.to_string())?,
+            }],
+            ..probe("warm", &[], Network::None)
+        })
+    };
+    let outcome = async {
+        let first = sb.run(request(1)?).await;
+        if !first.as_ref().is_ok_and(|r| r.success()) {
+            return Err(format!("the first (cold) call: {}", said(&first)));
+        }
+        let wait = Duration::from_secs(sb.config().lockdown_seconds + 180);
+        let until = std::time::Instant::now() + wait;
+        while sb.warm_ready() == 0 {
+            if std::time::Instant::now() >= until {
+                return Err(format!(
+                    "no warm sandbox was ready within {} s of the first call",
+                    wait.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let second = sb.run(request(2)?).await;
+        let warm = second
+            .as_ref()
+            .is_ok_and(|r| r.stages.iter().any(|m| m.stage == "attached"));
+        let ran = second
+            .as_ref()
+            .is_ok_and(|r| r.success() && r.stdout.text().contains("release "));
+        match (warm, ran) {
+            (true, true) => Ok(format!("ran in a warm pod: {}", said(&second))),
+            (false, _) => Err(format!(
+                "the call did not run in a warm pod: {}",
+                said(&second)
+            )),
+            (true, false) => Err(format!("the warm pod's run: {}", said(&second))),
+        }
+    }
+    .await;
+    sb.close_pool().await;
+    match outcome {
+        Ok(detail) => check(NAME, true, detail),
+        Err(detail) => check(NAME, false, detail),
+    }
 }
 
 async fn token_checks(base: &kube::Config, broker: &dyn Broker, scope: &CredentialScope) -> Check {

@@ -421,6 +421,18 @@ impl KubernetesSandbox {
         self.start_warm(&key, n);
     }
 
+    /// Whether this backend keeps warm pods.
+    pub fn has_warm_pool(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// How many warm pods are ready now, of every shape.
+    pub fn warm_ready(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(0, |p| p.lock().values().map(|s| s.ready.len()).sum())
+    }
+
     /// At shutdown: make and keep no more warm pods, and delete the ready
     /// ones.
     pub async fn close_pool(&self) {
