@@ -1452,6 +1452,24 @@ async fn a_warm_pod_that_cannot_be_attached_is_deleted_and_the_call_runs_cold() 
         eventually(|| gone(&c, "jobs", &warm[0])).await,
         "the warm pod it could not use is deleted"
     );
+    // A cluster that refuses every claim: after three refusals in a row
+    // the shape is left alone, not a warm pod made and deleted per call.
+    for n in 3..=6 {
+        assert!(a_warm_pod_is_ready(&c).await || n > 4, "call {n}");
+        c.sandbox
+            .run(request(&format!("refused-{n}"), None))
+            .await
+            .expect("ran");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let made = warm_jobs(&c).len();
+    c.sandbox
+        .run(request("refused-7", None))
+        .await
+        .expect("ran");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(warm_jobs(&c).len(), made, "no warm pod made while paused");
+    assert!(made <= 5, "{made} warm Jobs made for 6 refused calls");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -586,6 +586,12 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         // ending, then their credentials' revocation.
         serving.store(true, std::sync::atomic::Ordering::SeqCst);
         let stopped = Arc::clone(&daemon).serve(listener, stop, grace).await;
+        // No warm sandbox is made or kept from the stop on (a call still
+        // draining runs cold); the ready ones are deleted now, the rest
+        // with this gateway's Jobs below.
+        if let Some(sb) = &cluster {
+            sb.close_pool().await;
+        }
         let deadline = stopped
             .checked_add(grace)
             .unwrap_or_else(|| stopped + crate::daemon::SHUTDOWN_GRACE);
@@ -619,9 +625,6 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 let revoked = tokio::time::timeout(REVOKE_LOGIN_LIMIT, b.revoke_login()).await;
                 log_login_revocation(revoked, "this gateway");
             }
-        }
-        if let Some(sb) = &cluster {
-            sb.close_pool().await;
         }
         if let Some(sb) = &cluster
             && let Err(e) = sb.reap_leftovers().await

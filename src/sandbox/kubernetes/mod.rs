@@ -595,9 +595,20 @@ impl Cleanup {
         self.armed = false;
     }
 
+    /// Delete them now. The deletion runs in a task of its own: a call
+    /// cancelled while it waits still has them deleted (the guard is
+    /// disarmed before this returns).
     async fn finish(mut self) {
         self.armed = false;
-        Cleanup::delete(&self.jobs, &self.secrets, &self.job, &self.secret).await;
+        let (jobs, secrets, job, secret) = (
+            self.jobs.clone(),
+            self.secrets.clone(),
+            self.job.clone(),
+            self.secret.clone(),
+        );
+        let deletion =
+            tokio::spawn(async move { Cleanup::delete(&jobs, &secrets, &job, &secret).await });
+        let _ = deletion.await;
     }
 }
 
@@ -638,6 +649,7 @@ impl KubernetesSandbox {
             Arc::new(pool::Pool::new(
                 cfg.warm_pool,
                 Duration::from_secs(cfg.warm_pool_idle_seconds),
+                pool::ready_wait(&cfg),
             ))
         });
         KubernetesSandbox {
@@ -737,11 +749,15 @@ impl KubernetesSandbox {
             }
             if let Some(w) = warm {
                 match self.claim(&req, w, &mut stages).await {
-                    Ok(running) => return self.wait(req, started, stages, running).await,
+                    Ok(running) => {
+                        pool.claimed(&key);
+                        return self.wait(req, started, stages, running).await;
+                    }
                     Err(Claim::Untouched(why)) => {
-                        tracing::info!(
+                        tracing::warn!(
                             "a warm sandbox could not be claimed ({why}); the call runs in a new one"
                         );
+                        pool.failed(&key);
                     }
                     Err(Claim::Failed(e)) => return Err(e),
                 }

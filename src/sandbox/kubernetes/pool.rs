@@ -59,12 +59,14 @@ struct Shape {
     /// Warm pods of this shape that failed in a row, and when the last did.
     failures: u32,
     failed_at: Option<Instant>,
+    /// Ready pods of this shape that could not be claimed, in a row.
+    refused: u32,
     /// Warm Jobs seen to end before they were offered: never offered.
     dead: std::collections::HashSet<String>,
 }
 
-/// How many warm pods of a shape may fail in a row before it is left
-/// alone for [`FAILURE_PAUSE`].
+/// How many warm pods of a shape may fail to start, or to be claimed, in
+/// a row before it is left alone for [`FAILURE_PAUSE`].
 const FAILURES_BEFORE_PAUSE: u32 = 3;
 const FAILURE_PAUSE: Duration = Duration::from_secs(60);
 /// A warm pod this close to its idle deadline is not offered (the Job
@@ -74,26 +76,59 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(30);
 pub(super) struct Pool {
     size: usize,
     idle: Duration,
+    /// How long a warm pod may take to become ready.
+    ready_wait: Duration,
     shapes: Mutex<HashMap<String, Shape>>,
     /// Set at shutdown: no warm pod is made or kept from then on.
     closed: std::sync::atomic::AtomicBool,
+    /// Warm Jobs being created now, and a wake-up when that changes: the
+    /// close waits for them.
+    creating: std::sync::atomic::AtomicUsize,
+    created: tokio::sync::Notify,
 }
 
+/// How long a warm pod may take to become ready: its start and its gate.
+pub(super) fn ready_wait(cfg: &manifests::KubeSandboxConfig) -> Duration {
+    Duration::from_secs(cfg.lockdown_seconds + cfg.grace_seconds + 60)
+}
+
+/// The most shapes the pool keeps pods for: `warm_pool` pods each. A
+/// policy whose decisions make a new pod for new parameters could
+/// otherwise have an agent start pods without bound.
+const MAX_SHAPES: usize = 8;
+
 impl Pool {
-    pub fn new(size: usize, idle: Duration) -> Pool {
+    pub fn new(size: usize, idle: Duration, ready_wait: Duration) -> Pool {
         Pool {
             size,
-            idle: idle.max(DEADLINE_MARGIN * 2),
+            // A pod that took the whole wait to be ready is still worth
+            // offering.
+            idle: idle.max(ready_wait + DEADLINE_MARGIN * 2),
+            ready_wait,
             shapes: Mutex::new(HashMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            creating: std::sync::atomic::AtomicUsize::new(0),
+            created: tokio::sync::Notify::new(),
         }
     }
 
-    /// Make and keep no more warm pods; the ones that are ready are given
-    /// back to be deleted (the daemon also deletes every Job of this
-    /// gateway at shutdown).
-    pub fn close(&self) -> Vec<Warm> {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    /// Make and keep no more warm pods; wait (up to 10 s) for the Jobs
+    /// being created to be created and deleted again; the ones that are
+    /// ready are given back to be deleted (the daemon also deletes every
+    /// Job of this gateway at shutdown).
+    pub async fn close(&self) -> Vec<Warm> {
+        use std::sync::atomic::Ordering;
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let woken = self.created.notified();
+                if self.creating.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                woken.await;
+            }
+        })
+        .await;
         let mut shapes = self.lock();
         let mut all = Vec::new();
         for shape in shapes.values_mut() {
@@ -144,6 +179,12 @@ impl Pool {
         // Shapes gone idle with nothing left of them are forgotten.
         shapes
             .retain(|_, s| s.used.elapsed() <= self.idle || !s.ready.is_empty() || s.starting > 0);
+        if !shapes.contains_key(key) && shapes.len() >= MAX_SHAPES {
+            tracing::warn!(
+                "the warm pool already keeps pods for {MAX_SHAPES} kinds of call; this one runs cold"
+            );
+            return 0;
+        }
         let shape = shapes.entry(key.to_string()).or_insert_with(|| Shape {
             shell,
             ready: Vec::new(),
@@ -151,6 +192,7 @@ impl Pool {
             used: Instant::now(),
             failures: 0,
             failed_at: None,
+            refused: 0,
             dead: std::collections::HashSet::new(),
         });
         shape.used = Instant::now();
@@ -159,7 +201,7 @@ impl Pool {
 
     /// How many more pods `shape` needs, counted as starting.
     fn need(&self, shape: &mut Shape) -> usize {
-        let paused = shape.failures >= FAILURES_BEFORE_PAUSE
+        let paused = shape.failures.max(shape.refused) >= FAILURES_BEFORE_PAUSE
             && shape.failed_at.is_some_and(|t| t.elapsed() < FAILURE_PAUSE);
         if paused || shape.used.elapsed() > self.idle || self.is_closed() {
             return 0;
@@ -180,6 +222,12 @@ impl Pool {
         shape.starting = shape.starting.saturating_sub(1);
         let dead = warm.as_ref().is_some_and(|w| shape.dead.remove(&w.job));
         match warm {
+            // Too close to its idle deadline to be offered: a failure.
+            Some(w) if w.made.elapsed() + DEADLINE_MARGIN >= self.idle => {
+                shape.failures += 1;
+                shape.failed_at = Some(Instant::now());
+                Err(w)
+            }
             Some(w) if shape.used.elapsed() <= self.idle && !dead && !self.is_closed() => {
                 shape.failures = 0;
                 shape.ready.push(w);
@@ -191,6 +239,23 @@ impl Pool {
                 shape.failed_at = Some(Instant::now());
                 Ok(())
             }
+        }
+    }
+
+    /// A pod of `key` could not be claimed: counted as one that failed to
+    /// start, so that a cluster that refuses every claim (no `pods/attach`)
+    /// does not have warm pods made and deleted for every call.
+    pub fn failed(&self, key: &str) {
+        if let Some(shape) = self.lock().get_mut(key) {
+            shape.refused += 1;
+            shape.failed_at = Some(Instant::now());
+        }
+    }
+
+    /// A pod of `key` was claimed.
+    pub fn claimed(&self, key: &str) {
+        if let Some(shape) = self.lock().get_mut(key) {
+            shape.refused = 0;
         }
     }
 
@@ -245,12 +310,15 @@ impl KubernetesSandbox {
         let Some(pool) = self.pool.clone() else {
             return;
         };
+        if pool.is_closed() {
+            let _ = pool.started(&key, None);
+            return;
+        }
         let shell = match pool.lock().get(&key) {
             Some(s) => s.shell.clone(),
             None => return,
         };
         let id = fresh_id();
-        let made = Instant::now();
         let job = match manifests::warm_job(&self.cfg, &shell, &id, pool.idle_seconds()) {
             Ok((job, _)) => job,
             Err(e) => {
@@ -261,21 +329,40 @@ impl KubernetesSandbox {
         };
         let job_name = job.metadata.name.clone().unwrap_or_default();
         let jobs: kube::Api<Job> = self.api();
-        if let Err(e) = jobs.create(&PostParams::default(), &job).await {
-            tracing::warn!(
-                "a warm sandbox's Job could not be created: {}",
-                describe(&e)
-            );
-            let _ = pool.started(&key, None);
-            return;
-        }
-        if pool.is_closed() {
+        // Counted while it is made, for the close to wait on; checked
+        // again after the count is up, so a close either sees it counted
+        // or this sees the close.
+        use std::sync::atomic::Ordering;
+        pool.creating.fetch_add(1, Ordering::SeqCst);
+        let created = if pool.is_closed() {
+            None
+        } else {
+            match jobs.create(&PostParams::default(), &job).await {
+                Ok(j) => Some(j),
+                Err(e) => {
+                    tracing::warn!(
+                        "a warm sandbox's Job could not be created: {}",
+                        describe(&e)
+                    );
+                    None
+                }
+            }
+        };
+        if created.is_some() && pool.is_closed() {
             // Made while the gateway was stopping: not kept.
             self.delete_warm(&job_name).await;
-            return;
         }
-        let wait = Duration::from_secs(self.cfg.lockdown_seconds + self.cfg.grace_seconds + 60);
-        match tokio::time::timeout(wait, self.ready(&id, &job_name)).await {
+        pool.creating.fetch_sub(1, Ordering::SeqCst);
+        pool.created.notify_waiters();
+        let Some(created) = created.filter(|_| !pool.is_closed()) else {
+            let _ = pool.started(&key, None);
+            return;
+        };
+        // Its deadline counts from about now.
+        let made = Instant::now();
+        let uid = created.metadata.uid.unwrap_or_default();
+        let wait = pool.ready_wait;
+        match tokio::time::timeout(wait, self.ready(&id, &job_name, &uid)).await {
             Ok(Ok(pod)) => {
                 let watch = tokio::spawn(self.clone().watch_idle(
                     key.clone(),
@@ -308,7 +395,7 @@ impl KubernetesSandbox {
 
     /// Wait until the pod of warm request `id` has written its ready line
     /// (its network is shown locked down); its name.
-    async fn ready(&self, id: &str, job: &str) -> Result<String, String> {
+    async fn ready(&self, id: &str, job: &str, uid: &str) -> Result<String, String> {
         let pods: kube::Api<Pod> = self.api();
         let selector = format!("{}={id}", manifests::REQUEST);
         let stream = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
@@ -318,10 +405,12 @@ impl KubernetesSandbox {
             match stream.next().await {
                 Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
                     // Only the pod its own Job made.
-                    let owned =
-                        p.metadata.owner_references.iter().flatten().any(|o| {
-                            o.kind == "Job" && o.name == job && o.controller == Some(true)
-                        });
+                    let owned = p.metadata.owner_references.iter().flatten().any(|o| {
+                        o.kind == "Job"
+                            && o.name == job
+                            && o.uid == uid
+                            && o.controller == Some(true)
+                    });
                     if !owned {
                         continue;
                     }
@@ -437,7 +526,7 @@ impl KubernetesSandbox {
     /// ones.
     pub async fn close_pool(&self) {
         let Some(pool) = &self.pool else { return };
-        for w in pool.close() {
+        for w in pool.close().await {
             self.delete_warm(&w.job).await;
         }
     }
