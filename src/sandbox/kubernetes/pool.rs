@@ -121,7 +121,11 @@ impl Pool {
         self.closed.store(true, Ordering::SeqCst);
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
+                // Registered before the count is read, so a create that
+                // ends in between still wakes it.
                 let woken = self.created.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
                 if self.creating.load(Ordering::SeqCst) == 0 {
                     return;
                 }
