@@ -270,17 +270,22 @@ async fn kubelet(st: Arc<Mutex<State>>, ns: String, pod: String, k: Kubelet) {
         s.exited.insert(pod.clone(), Instant::now());
     }
     tokio::time::sleep_until(end_seen.into()).await;
-    let (phase, reason) = if k.exit_code == 0 {
+    report_ended(&st, &ns, &pod, k.exit_code, &started_at);
+}
+
+/// The kubelet reports the pod's container ended with `exit_code`.
+fn report_ended(st: &Arc<Mutex<State>>, ns: &str, pod: &str, exit_code: i32, started_at: &str) {
+    let (phase, reason) = if exit_code == 0 {
         ("Succeeded", "Completed")
     } else {
         ("Failed", "Error")
     };
     if let Ok(mut s) = st.lock() {
-        s.update("pods", &ns, &pod, |p| {
+        s.update("pods", ns, pod, |p| {
             p["status"] = json!({"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
                 "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
                 "image": "gateway-runner:0.1.0", "imageID": "",
-                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason,
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason,
                     "startedAt": started_at, "finishedAt": rfc3339(now())}}}]});
         });
     }
@@ -362,21 +367,7 @@ async fn warm_kubelet(
         s.exited.insert(pod.clone(), Instant::now());
     }
     tokio::time::sleep_until(k.reported(epoch, exits).into()).await;
-    let k = Kubelet { exit_code, ..k };
-    let (phase, reason) = if k.exit_code == 0 {
-        ("Succeeded", "Completed")
-    } else {
-        ("Failed", "Error")
-    };
-    if let Ok(mut s) = st.lock() {
-        s.update("pods", &ns, &pod, |p| {
-            p["status"] = json!({"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"}],
-                "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
-                "image": "gateway-runner:0.1.0", "imageID": "",
-                "state": {"terminated": {"exitCode": k.exit_code, "reason": reason,
-                    "startedAt": started_at, "finishedAt": rfc3339(now())}}}]});
-        });
-    }
+    report_ended(&st, &ns, &pod, exit_code, &started_at);
 }
 
 /// `GET pods/{name}/attach` with a WebSocket upgrade, as the API server
