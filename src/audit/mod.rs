@@ -102,16 +102,19 @@ pub fn read_head(log: &Path) -> Result<Option<Head>, AuditError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = head_path(log);
     parse_head(path, |path| {
-        // Non-blocking: a FIFO at the name does not hold the reader.
+        // As the writer opens it: never through a symlink (a head the
+        // writer would refuse is not one a reader trusts), non-blocking (a
+        // FIFO at the name does not hold the reader), a regular file only.
         let f = match OpenOptions::new()
             .read(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
             .open(path)
         {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        regular_head(&f)?;
         read_head_bytes(&f).map(Some)
     })
 }
@@ -143,6 +146,12 @@ fn parse_head(
         let bytes = match read(&path) {
             Ok(Some(b)) => b,
             Ok(None) => return Ok(None),
+            Err(e) if not_a_head(&e) => {
+                return Err(AuditError::BadHead {
+                    path,
+                    why: "not a regular file (a symlink, a directory, a FIFO or a device): the gateway writes its head as a regular file".into(),
+                });
+            }
             Err(source) => return Err(AuditError::Io { path, source }),
         };
         if bytes.len() > HEAD_RECORD {

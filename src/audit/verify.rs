@@ -750,6 +750,36 @@ mod tests {
     }
 
     #[test]
+    fn a_head_that_is_a_symlink_is_not_trusted() {
+        // Events cut from the end, and the head replaced by a symlink to a
+        // record (kept anywhere the attacker can write) that matches the
+        // cut log: read through the link, it would pass.
+        let (d, path, lines) = log_of(5);
+        std::fs::write(&path, join(&lines[..3])).expect("cut");
+        let last: Map<String, Value> = serde_json::from_str(&lines[2]).expect("json");
+        let forged = crate::audit::Head {
+            hash: last["hash"].as_str().expect("hash").to_string(),
+            bytes: std::fs::metadata(&path).expect("stat").len(),
+        };
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::write(&elsewhere, crate::audit::head_record(&forged)).expect("write");
+        let head = crate::audit::head_path(&path);
+        std::fs::remove_file(&head).expect("rm head");
+        std::os::unix::fs::symlink(&elsewhere, &head).expect("symlink");
+        let err = verify_file(&path, &[], HeadRule::Required).expect_err("a symlinked head passed");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        // The same record as a regular file is what the chain is checked
+        // against (and this one matches: the cut is the writer's to see).
+        std::fs::remove_file(&head).expect("rm link");
+        std::fs::copy(&elsewhere, &head).expect("copy");
+        assert!(
+            verify_file(&path, &[], HeadRule::Required)
+                .expect("verify")
+                .ok()
+        );
+    }
+
+    #[test]
     fn a_rewritten_end_is_caught_through_the_head() {
         let (_d, path, lines) = log_of(5);
         let head = head_of(&path);
