@@ -1,5 +1,11 @@
 //! Decision latency of the default policies:
 //! - `request`: a k8s_get_pod_status decision (no plan);
+//! - `admission`, `admit_and_decide`: a call's admission alone, and its
+//!   admission and decision in the one evaluation the pipeline makes;
+//! - `admit_and_deny`: the same for a call the policy denies (a namespace
+//!   outside the allowlist), the evaluation in `pipeline/denied_call`;
+//! - `deny`: that decision alone, without the admission and the `with`
+//!   that joins them (what the one evaluation costs over the decision);
 //! - `plan_5000`: a terraform_apply decision on a 5,000-resource plan (about
 //!   5 MB of plan JSON) whose conversion to a policy value was done once;
 //! - `plan_5000_convert_once`: that one-time conversion (clone of the parsed
@@ -99,6 +105,29 @@ fn bench(c: &mut Criterion) {
                 .admit_and_decide(&admission, &request)
                 .expect("one evaluation");
             assert!(ev.expect("decided").decision.allow);
+        })
+    });
+
+    // The same for a call the policy denies (a namespace outside the
+    // allowlist): the evaluation `pipeline/denied_call` makes.
+    let denied = DecisionInput::new(
+        "k8s_get_pod_status",
+        serde_json::json!({"namespace": "kube-system"}),
+        principal.clone(),
+    );
+    c.bench_function("decision/admit_and_deny", |b| {
+        b.iter(|| {
+            let (_, ev) = set
+                .admit_and_decide(&admission, &denied)
+                .expect("one evaluation");
+            assert!(!ev.expect("decided").decision.allow);
+        })
+    });
+
+    c.bench_function("decision/deny", |b| {
+        b.iter(|| {
+            let ev = set.decide(&denied);
+            assert!(!ev.decision.allow);
         })
     });
 
