@@ -588,6 +588,29 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
         "{}",
         stderr(&refused)
     );
+    // The head replaced by a symlink to a head record kept elsewhere:
+    // never read through. `verify` fails on
+    // it as on a log that does not verify (exit 1, with its report), and
+    // the listing warns.
+    let head = gateway::audit::head_path(&path);
+    let forged = home.path().join("forged-head");
+    std::fs::copy(&head, &forged).expect("copy head");
+    std::fs::remove_file(&head).expect("rm head");
+    std::os::unix::fs::symlink(&forged, &head).expect("symlink");
+    let linked = cli(home.path(), &["audit", "verify"]);
+    assert_eq!(linked.status.code(), Some(1), "{}", stderr(&linked));
+    assert!(
+        stdout(&linked).contains("is damaged") && stdout(&linked).contains("not a regular file"),
+        "{}",
+        stdout(&linked)
+    );
+    let listed = cli(home.path(), &["audit"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(
+        stderr(&listed).contains("warning: the head of") && stderr(&listed).contains("is damaged"),
+        "{}",
+        stderr(&listed)
+    );
 }
 
 #[test]

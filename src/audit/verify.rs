@@ -51,6 +51,10 @@ pub struct Report {
     /// The first `audit.head_lost` line, if any.
     #[serde(skip)]
     head_lost_at: Option<usize>,
+    /// Why the head file could not be used (not a regular file, garbage,
+    /// too long), when it could not: the chain was then checked alone.
+    #[serde(skip)]
+    head_damaged: Option<String>,
 }
 
 impl Report {
@@ -61,6 +65,11 @@ impl Report {
     /// The first `audit.head_lost` event's line, if any.
     pub fn head_lost(&self) -> Option<usize> {
         self.head_lost_at
+    }
+
+    /// Why the head file was not usable, when it was not ([`verify_file`]).
+    pub fn head_damaged(&self) -> Option<&str> {
+        self.head_damaged.as_deref()
     }
 }
 
@@ -84,17 +93,31 @@ pub fn verify_file(
     // The head first, then the log: a writer updates the head only after its
     // line is in the log, so a head read first never points past the log
     // read after it, even while the server keeps writing (no lock needed).
-    let head = super::read_head(path)?;
+    // A head file that is not one (garbage, too long, not a regular file:
+    // nothing a writer leaves) is reported as the log's failure, as a
+    // missing head is, not as an error that says nothing of the chain.
+    let (head, damaged) = match super::read_head(path) {
+        Ok(head) => (head, None),
+        Err(super::AuditError::BadHead { why, .. }) => (None, Some(why)),
+        Err(e) => return Err(e),
+    };
     let bytes = std::fs::read(path).map_err(|source| super::AuditError::Io {
         path: path.to_path_buf(),
         source,
     })?;
     let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
-    if report.ok() && head.is_none() && report.verified > 0 {
-        let why = format!(
-            "no head file {}: events removed from the end of the log cannot be detected",
-            super::head_path(path).display()
-        );
+    report.head_damaged.clone_from(&damaged);
+    if report.ok() && head.is_none() && (report.verified > 0 || damaged.is_some()) {
+        let why = match &damaged {
+            Some(why) => format!(
+                "the head file {} is damaged ({why}): events removed from the end of the log cannot be detected",
+                super::head_path(path).display()
+            ),
+            None => format!(
+                "no head file {}: events removed from the end of the log cannot be detected",
+                super::head_path(path).display()
+            ),
+        };
         match head_rule {
             HeadRule::Required => {
                 report.first_bad = Some((
@@ -200,6 +223,7 @@ fn verify_chain(bytes: &[u8]) -> Report {
         signatures_verified: 0,
         ends: vec![],
         head_lost_at: None,
+        head_damaged: None,
     };
     let mut end: u64 = 0;
     let mut prev = GENESIS.to_string();
@@ -766,11 +790,30 @@ mod tests {
         let head = crate::audit::head_path(&path);
         std::fs::remove_file(&head).expect("rm head");
         std::os::unix::fs::symlink(&elsewhere, &head).expect("symlink");
-        let err = verify_file(&path, &[], HeadRule::Required).expect_err("a symlinked head passed");
-        assert!(err.to_string().contains("not a regular file"), "{err}");
-        // The same record as a regular file is what the chain is checked
-        // against (and this one matches: the cut is the writer's to see).
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.head_damaged().is_some());
+        let (_, why) = r.first_bad.expect("a symlinked head passed");
+        assert!(why.contains("not a regular file"), "{why}");
+        // With --no-head, the chain alone, and the head's state said.
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+        assert!(
+            r.ok() && r.warnings.iter().any(|w| w.contains("is damaged")),
+            "{r:?}"
+        );
+        // A directory or a FIFO at the name: the same, and never waited on.
         std::fs::remove_file(&head).expect("rm link");
+        std::fs::create_dir(&head).expect("mkdir");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.head_damaged().is_some() && !r.ok(), "{r:?}");
+        std::fs::remove_dir(&head).expect("rmdir");
+        nix::unistd::mkfifo(&head, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.head_damaged().is_some() && !r.ok(), "{r:?}");
+        // The same record as a regular file is what the chain is checked
+        // against, and this one matches: whoever can write the head's
+        // directory can forge it (only a checkpoint kept elsewhere catches
+        // that); the symlink is refused because no writer leaves one.
+        std::fs::remove_file(&head).expect("rm fifo");
         std::fs::copy(&elsewhere, &head).expect("copy");
         assert!(
             verify_file(&path, &[], HeadRule::Required)
@@ -822,10 +865,16 @@ mod tests {
         let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
         assert!(r.ok(), "{r:?}");
         assert!(r.warnings[0].contains("no head file"), "{:?}", r.warnings);
-        // A damaged head is an error, not a pass.
+        // A damaged head fails the log, as a missing one does (and is the
+        // chain alone, said, with --no-head): never a pass.
         std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
-        let e = verify_file(&path, &[], HeadRule::Required).expect_err("damaged head");
-        assert!(e.to_string().contains("unreadable"), "{e}");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(r.head_damaged().is_some(), "{r:?}");
+        let (_, why) = r.first_bad.expect("a damaged head passed");
+        assert!(why.contains("is damaged") && why.contains("--no-head"), "{why}");
+        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+        assert!(r.ok(), "{r:?}");
+        assert!(r.warnings[0].contains("is damaged"), "{:?}", r.warnings);
     }
 
     #[test]

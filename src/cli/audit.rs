@@ -395,15 +395,32 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
         .map(parse_duration)
         .transpose()?
         .map(|d| crate::approvals::now_ms() - d);
-    // What is listed is what the file says; say when it does not verify.
-    if let Ok(report) = verify::verify_file(&path, &[], verify::HeadRule::Optional)
-        && let Some((line, why)) = &report.first_bad
-    {
-        super::out::errln!(
+    // What is listed is what the file says; say when it does not verify,
+    // or could not be checked.
+    match verify::verify_file(&path, &[], verify::HeadRule::Optional) {
+        Ok(report) => {
+            if let Some((line, why)) = &report.first_bad {
+                super::out::errln!(
+                    o,
+                    "warning: {} does not verify from line {line} ({why}); events from there on cannot be trusted (gateway audit verify)",
+                    shown(&path)
+                );
+            } else if let Some(why) = report.head_damaged() {
+                super::out::errln!(
+                    o,
+                    "warning: the head of {} is damaged ({why}): events removed from its end cannot be detected (gateway audit verify)",
+                    shown(&path)
+                );
+            }
+        }
+        // No log yet: the listing below says so.
+        Err(crate::audit::AuditError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => super::out::errln!(
             o,
-            "warning: {} does not verify from line {line} ({why}); events from there on cannot be trusted (gateway audit verify)",
+            "warning: {} could not be verified ({e}); what is listed cannot be trusted (gateway audit verify)",
             shown(&path)
-        );
+        ),
     }
     let events: Vec<Map<String, Value>> = audit::read_events(&path)?
         .into_iter()
