@@ -871,7 +871,10 @@ mod tests {
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
         assert!(r.head_damaged().is_some(), "{r:?}");
         let (_, why) = r.first_bad.expect("a damaged head passed");
-        assert!(why.contains("is damaged") && why.contains("--no-head"), "{why}");
+        assert!(
+            why.contains("is damaged") && why.contains("--no-head"),
+            "{why}"
+        );
         let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
         assert!(r.ok(), "{r:?}");
         assert!(r.warnings[0].contains("is damaged"), "{:?}", r.warnings);
