@@ -607,7 +607,35 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
     let listed = cli(home.path(), &["audit"]);
     assert!(listed.status.success(), "{}", stderr(&listed));
     assert!(
-        stderr(&listed).contains("warning: the head of") && stderr(&listed).contains("is damaged"),
+        stderr(&listed).contains("warning: ") && stderr(&listed).contains("is damaged"),
+        "{}",
+        stderr(&listed)
+    );
+    // No head at all: the listing says what `verify` fails on.
+    std::fs::remove_file(&head).expect("rm link");
+    let listed = cli(home.path(), &["audit"]);
+    assert!(
+        stderr(&listed).contains("no head file"),
+        "{}",
+        stderr(&listed)
+    );
+    // The whole log removed, its head left: removal from the end (of every
+    // event), not a gateway that never wrote one.
+    std::fs::write(&path, &whole).expect("restore");
+    std::fs::copy(&forged, &head).expect("head back");
+    assert!(cli(home.path(), &["audit", "verify"]).status.success());
+    std::fs::remove_file(&path).expect("rm log");
+    let gone = cli(home.path(), &["audit", "verify"]);
+    assert_eq!(gone.status.code(), Some(1), "{}", stderr(&gone));
+    assert!(
+        stdout(&gone).contains("removed from the end"),
+        "{}",
+        stdout(&gone)
+    );
+    let listed = cli(home.path(), &["audit"]);
+    assert!(
+        stderr(&listed).contains("does not verify")
+            && stderr(&listed).contains("removed from the end"),
         "{}",
         stderr(&listed)
     );

@@ -51,10 +51,14 @@ pub struct Report {
     /// The first `audit.head_lost` line, if any.
     #[serde(skip)]
     head_lost_at: Option<usize>,
-    /// Why the head file could not be used (not a regular file, garbage,
-    /// too long), when it could not: the chain was then checked alone.
+    /// The head file was there but not usable (not a regular file,
+    /// garbage, too long): the chain was checked alone.
     #[serde(skip)]
-    head_damaged: Option<String>,
+    head_damaged: bool,
+    /// Why events removed from the end could go unseen (the head missing,
+    /// damaged, or found lost by a writer), whatever the head rule.
+    #[serde(skip)]
+    head_problem: Option<String>,
 }
 
 impl Report {
@@ -67,9 +71,16 @@ impl Report {
         self.head_lost_at
     }
 
-    /// Why the head file was not usable, when it was not ([`verify_file`]).
-    pub fn head_damaged(&self) -> Option<&str> {
-        self.head_damaged.as_deref()
+    /// Whether the head file was there but not usable ([`verify_file`]).
+    pub fn head_damaged(&self) -> bool {
+        self.head_damaged
+    }
+
+    /// Why events removed from the end of the log could go unseen, if
+    /// they could: the head missing, damaged or found lost by a writer
+    /// ([`verify_file`], under either head rule).
+    pub fn head_problem(&self) -> Option<&str> {
+        self.head_problem.as_deref()
     }
 }
 
@@ -101,44 +112,62 @@ pub fn verify_file(
         Err(super::AuditError::BadHead { why, .. }) => (None, Some(why)),
         Err(e) => return Err(e),
     };
-    let bytes = std::fs::read(path).map_err(|source| super::AuditError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        // The log gone while a head says it had events (or what is left of
+        // one stands in its place): every event removed from the end, which
+        // the empty log's check against the head says.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && (head.is_some() || damaged.is_some()) =>
+        {
+            Vec::new()
+        }
+        Err(source) => {
+            return Err(super::AuditError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
     let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
-    report.head_damaged.clone_from(&damaged);
-    if report.ok() && head.is_none() && (report.verified > 0 || damaged.is_some()) {
-        let why = match &damaged {
-            Some(why) => format!(
-                "the head file {} is damaged ({why}): events removed from the end of the log cannot be detected",
-                super::head_path(path).display()
-            ),
-            None => format!(
-                "no head file {}: events removed from the end of the log cannot be detected",
-                super::head_path(path).display()
-            ),
-        };
+    report.head_damaged = damaged.is_some();
+    let missing = match &damaged {
+        Some(why) => Some(format!(
+            "the head file {} is damaged ({why}): events removed from the end of the log cannot be detected",
+            super::head_path(path).display()
+        )),
+        None if head.is_none() && report.verified > 0 => Some(format!(
+            "no head file {}: events removed from the end of the log cannot be detected",
+            super::head_path(path).display()
+        )),
+        None => None,
+    };
+    if let Some(why) = missing {
+        report.head_problem = Some(why.clone());
         match head_rule {
-            HeadRule::Required => {
+            HeadRule::Required if report.ok() => {
                 report.first_bad = Some((
                     report.ends.len() + 1,
                     format!("{why} (pass --no-head to check the chain alone)"),
                 ))
             }
-            HeadRule::Optional => report.warnings.push(why),
+            // Said even when the chain fails first: it is the next thing
+            // to look at.
+            _ => report.warnings.push(why),
         }
     }
-    if report.ok()
-        && let Some(line) = report.head_lost_at
-    {
+    if let Some(line) = report.head_lost_at {
         let why = format!(
             "line {line}: the writer found the head file missing, damaged or not matching the log; events may have been removed from the end of the log before that line"
         );
+        report.head_problem.get_or_insert_with(|| why.clone());
         match head_rule {
-            HeadRule::Required => {
+            HeadRule::Required if report.ok() => {
                 report.first_bad = Some((line, format!("{why} (pass --no-head to accept it)")))
             }
-            HeadRule::Optional => report.warnings.push(why),
+            HeadRule::Optional if report.ok() => report.warnings.push(why),
+            _ => {}
         }
     }
     Ok(report)
@@ -223,7 +252,8 @@ fn verify_chain(bytes: &[u8]) -> Report {
         signatures_verified: 0,
         ends: vec![],
         head_lost_at: None,
-        head_damaged: None,
+        head_damaged: false,
+        head_problem: None,
     };
     let mut end: u64 = 0;
     let mut prev = GENESIS.to_string();
@@ -791,7 +821,7 @@ mod tests {
         std::fs::remove_file(&head).expect("rm head");
         std::os::unix::fs::symlink(&elsewhere, &head).expect("symlink");
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        assert!(r.head_damaged().is_some());
+        assert!(r.head_damaged());
         let (_, why) = r.first_bad.expect("a symlinked head passed");
         assert!(why.contains("not a regular file"), "{why}");
         // With --no-head, the chain alone, and the head's state said.
@@ -804,11 +834,11 @@ mod tests {
         std::fs::remove_file(&head).expect("rm link");
         std::fs::create_dir(&head).expect("mkdir");
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        assert!(r.head_damaged().is_some() && !r.ok(), "{r:?}");
+        assert!(r.head_damaged() && !r.ok(), "{r:?}");
         std::fs::remove_dir(&head).expect("rmdir");
         nix::unistd::mkfifo(&head, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        assert!(r.head_damaged().is_some() && !r.ok(), "{r:?}");
+        assert!(r.head_damaged() && !r.ok(), "{r:?}");
         // The same record as a regular file is what the chain is checked
         // against, and this one matches: whoever can write the head's
         // directory can forge it (only a checkpoint kept elsewhere catches
@@ -820,6 +850,34 @@ mod tests {
                 .expect("verify")
                 .ok()
         );
+    }
+
+    #[test]
+    fn a_damaged_head_is_said_whatever_else_fails_and_a_removed_log_is_caught() {
+        // The chain broken in the middle and the head damaged: the chain's
+        // line fails the log, and the head is said too.
+        let (_d, path, mut lines) = log_of(4);
+        lines[1] = lines[1].replace("req-1", "req-X");
+        std::fs::write(&path, join(&lines)).expect("edit");
+        let head = crate::audit::head_path(&path);
+        std::fs::write(&head, b"garbage").expect("damage");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert_eq!(r.first_bad.as_ref().map(|b| b.0), Some(2), "{r:?}");
+        assert!(r.head_damaged(), "{r:?}");
+        assert!(r.warnings.iter().any(|w| w.contains("is damaged")), "{r:?}");
+        // An empty log with a damaged head (no writer leaves one): fails.
+        std::fs::write(&path, b"").expect("empty");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        assert!(!r.ok() && r.head_problem().is_some(), "{r:?}");
+        // The log removed whole, its head left: removal from the end.
+        let (_d, path, _) = log_of(3);
+        std::fs::remove_file(&path).expect("rm log");
+        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+        let (_, why) = r.first_bad.expect("a removed log passed");
+        assert!(why.contains("removed from the end"), "{why}");
+        // No log and no head: nothing was ever written; an error to say so.
+        std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
+        assert!(verify_file(&path, &[], HeadRule::Required).is_err());
     }
 
     #[test]
@@ -869,7 +927,7 @@ mod tests {
         // chain alone, said, with --no-head): never a pass.
         std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        assert!(r.head_damaged().is_some(), "{r:?}");
+        assert!(r.head_damaged(), "{r:?}");
         let (_, why) = r.first_bad.expect("a damaged head passed");
         assert!(
             why.contains("is damaged") && why.contains("--no-head"),

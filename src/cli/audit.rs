@@ -45,9 +45,9 @@ enum AuditCommand {
         /// it must still be on the chain (repeatable).
         #[arg(long = "checkpoint", value_name = "HASH")]
         checkpoints: Vec<String>,
-        /// Accept a log whose head file is missing (or whose writer found
-        /// it missing): only the chain is checked, so events removed from
-        /// the end go unnoticed.
+        /// Accept a log whose head file is missing or damaged (or whose
+        /// writer found it so): only the chain is checked, so events
+        /// removed from the end go unnoticed.
         #[arg(long)]
         no_head: bool,
         /// Check what a SIEM received from `[audit_export]` instead: the
@@ -405,12 +405,8 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
                     "warning: {} does not verify from line {line} ({why}); events from there on cannot be trusted (gateway audit verify)",
                     shown(&path)
                 );
-            } else if let Some(why) = report.head_damaged() {
-                super::out::errln!(
-                    o,
-                    "warning: the head of {} is damaged ({why}): events removed from its end cannot be detected (gateway audit verify)",
-                    shown(&path)
-                );
+            } else if let Some(why) = report.head_problem() {
+                super::out::errln!(o, "warning: {}: {why} (gateway audit verify)", shown(&path));
             }
         }
         // No log yet: the listing below says so.
