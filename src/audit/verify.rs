@@ -112,6 +112,7 @@ pub fn verify_file(
         Err(super::AuditError::BadHead { why, .. }) => (None, Some(why)),
         Err(e) => return Err(e),
     };
+    let mut log_missing = false;
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         // The log gone while a head says it had events (or what is left of
@@ -121,6 +122,7 @@ pub fn verify_file(
             if e.kind() == std::io::ErrorKind::NotFound
                 && (head.is_some() || damaged.is_some()) =>
         {
+            log_missing = true;
             Vec::new()
         }
         Err(source) => {
@@ -131,6 +133,16 @@ pub fn verify_file(
         }
     };
     let mut report = verify_against(&bytes, head.as_ref(), checkpoints);
+    if log_missing && report.ok() {
+        // Whatever the head rule: a log is never accepted by its absence.
+        report.first_bad = Some((
+            1,
+            format!(
+                "the log is missing but its head file {} remains: every event was removed",
+                super::head_path(path).display()
+            ),
+        ));
+    }
     report.head_damaged = damaged.is_some();
     let missing = match &damaged {
         Some(why) => Some(format!(
@@ -875,6 +887,13 @@ mod tests {
         let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
         let (_, why) = r.first_bad.expect("a removed log passed");
         assert!(why.contains("removed from the end"), "{why}");
+        // The same with the head damaged, even with --no-head.
+        std::fs::write(crate::audit::head_path(&path), b"garbage").expect("damage");
+        for rule in [HeadRule::Required, HeadRule::Optional] {
+            let r = verify_file(&path, &[], rule).expect("verify");
+            let (_, why) = r.first_bad.expect("a removed log passed");
+            assert!(why.contains("every event was removed"), "{why}");
+        }
         // No log and no head: nothing was ever written; an error to say so.
         std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
         assert!(verify_file(&path, &[], HeadRule::Required).is_err());
