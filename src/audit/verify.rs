@@ -932,29 +932,21 @@ mod tests {
         let r = verify_against(&std::fs::read(&path).expect("read"), Some(&behind), &[]);
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.verified, 4);
+        // A missing head, and a damaged one, fail the log (never a pass);
+        // with --no-head, the chain alone, and the head's state said.
+        let fails_then_warns = |said: &str, damaged: bool| {
+            let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
+            assert_eq!(r.head_damaged(), damaged, "{r:?}");
+            let (_, why) = r.first_bad.expect("the head's state passed");
+            assert!(why.contains(said) && why.contains("--no-head"), "{why}");
+            let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
+            assert!(r.ok(), "{r:?}");
+            assert!(r.warnings[0].contains(said), "{:?}", r.warnings);
+        };
         std::fs::remove_file(crate::audit::head_path(&path)).expect("rm head");
-        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        let (_, why) = r.first_bad.expect("a missing head fails");
-        assert!(
-            why.contains("no head file") && why.contains("--no-head"),
-            "{why}"
-        );
-        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
-        assert!(r.ok(), "{r:?}");
-        assert!(r.warnings[0].contains("no head file"), "{:?}", r.warnings);
-        // A damaged head fails the log, as a missing one does (and is the
-        // chain alone, said, with --no-head): never a pass.
+        fails_then_warns("no head file", false);
         std::fs::write(crate::audit::head_path(&path), b"{\"hash\":").expect("damage");
-        let r = verify_file(&path, &[], HeadRule::Required).expect("verify");
-        assert!(r.head_damaged(), "{r:?}");
-        let (_, why) = r.first_bad.expect("a damaged head passed");
-        assert!(
-            why.contains("is damaged") && why.contains("--no-head"),
-            "{why}"
-        );
-        let r = verify_file(&path, &[], HeadRule::Optional).expect("verify");
-        assert!(r.ok(), "{r:?}");
-        assert!(r.warnings[0].contains("is damaged"), "{:?}", r.warnings);
+        fails_then_warns("is damaged", true);
     }
 
     #[test]
