@@ -38,8 +38,13 @@ fn every_event_the_source_names_is_a_listed_one_and_only_the_log_appends_by_name
     for v in &variants {
         assert!(names.contains(v), "variant {v} is not in NAMES");
     }
-    // The three written by the log itself.
-    let own = ["policy.decision", "audit.recovered", "audit.head_lost"];
+    // The four written by the log itself.
+    let own = [
+        "policy.decision",
+        "audit.recovered",
+        "audit.head_lost",
+        "audit.dropped",
+    ];
     for own in own {
         assert!(names.contains(own) && !variants.contains(own));
     }

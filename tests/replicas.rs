@@ -571,3 +571,159 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
     );
     new[0].assert_audit_verifies();
 }
+
+/// What a run of the module adds: `count` resources, so that its plan runs
+/// for seconds in gVisor.
+fn write_slow_part(workspace: &Path, round: &str, count: usize) {
+    let path = workspace.join(MODULE).join("slow.tf");
+    std::fs::write(
+        &path,
+        format!(
+            "resource \"terraform_data\" \"many\" {{\n  count = {count}\n  input = \"${{count.index}}-{round}\"\n}}\n"
+        ),
+    )
+    .expect("slow.tf");
+    daemon::chown_tree(&path, AGENT);
+}
+
+/// The request id of the `terraform_plan` call that `d`'s chain shows in
+/// its sandbox and not yet ended, once there is one.
+fn running_plan(d: &Daemon, known: &[String]) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let events = d.events();
+        let ended = |rid: &str| {
+            events
+                .iter()
+                .any(|e| e["request_id"] == rid && e["event"] == "tool.result")
+        };
+        if let Some(rid) = events
+            .iter()
+            .filter(|e| e["event"] == "sandbox.started")
+            .filter_map(|e| e["request_id"].as_str())
+            .find(|rid| !known.iter().any(|k| k == rid) && !ended(rid))
+        {
+            return rid.to_string();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no plan reached its sandbox: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The events of `rid` once its `tool.result` is in the chain (read
+/// through `d`).
+fn ended_within(d: &Daemon, rid: &str, within: Duration) -> Vec<Value> {
+    let started = std::time::Instant::now();
+    loop {
+        let mine: Vec<Value> = d
+            .events()
+            .into_iter()
+            .filter(|e| e["request_id"] == rid)
+            .collect();
+        if mine.iter().any(|e| e["event"] == "tool.result") {
+            return mine;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{rid} has no tool.result in the chain after {within:?}: {mine:#?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// PostgreSQL killed while calls run in their sandboxes (the outage found
+/// from outside: such calls kept a `tool.request` and a `sandbox.started`
+/// and never an end). A call on a replica that lives on records its end,
+/// late and saying so, once the database is back; a replica stopped while
+/// the database is away leaves its call open in the chain, and a survivor
+/// ends it as interrupted. Nothing is left open, and the chain verifies.
+#[test]
+fn calls_running_when_the_database_stops_end_in_the_audit_once_it_is_back() {
+    daemon::os_user(AGENT);
+    let mut server = pg::Postgres::start();
+    let conninfo = server.database("gateway");
+    let secrets = tempfile::tempdir().expect("dir");
+    let store = store_section(secrets.path(), &conninfo);
+    let policies = common::policies_with(&[]);
+    let mut ds = replicas(2, policies.path(), &store);
+    let workspace = daemon::demo_workspace(AGENT);
+    let agent_home = daemon::owned_dir(AGENT);
+    write_slow_part(workspace.path(), "outage", 300);
+    let mut seen = Vec::new();
+
+    // 1. The replica lives on: its call's end is appended late.
+    let mut a = Agent::start(&ds[0], workspace.path(), agent_home.path());
+    a.call(1, "terraform_plan", json!({"working_dir": MODULE}))
+        .expect("call");
+    let rid = running_plan(&ds[0], &seen);
+    seen.push(rid.clone());
+    server.kill();
+    let r = a.wait(|v| v["id"] == 1, Duration::from_secs(600));
+    assert_ne!(
+        r["result"]["structuredContent"]["status"], "completed",
+        "the call could not record its end: its client is told so: {r}"
+    );
+    server.run();
+    let mine = ended_within(&ds[0], &rid, Duration::from_secs(60));
+    let end = mine
+        .iter()
+        .find(|e| e["event"] == "tool.result")
+        .expect("end");
+    assert_eq!(end["data"]["status"], "error", "{end:#}");
+    assert!(
+        end["late"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("the audit chain refused it")),
+        "the end says it is late, and why: {end:#}"
+    );
+    assert!(
+        mine.iter().any(|e| e["event"] == "sandbox.completed"),
+        "the sandbox's end is there too: {mine:#?}"
+    );
+    let order: Vec<&str> = mine.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(order.last(), Some(&"tool.result"), "{order:?}");
+
+    // 2. The replica stops while the database is away: a survivor ends
+    // its call.
+    let mut a = Agent::start(&ds[0], workspace.path(), agent_home.path());
+    a.call(2, "terraform_plan", json!({"working_dir": MODULE}))
+        .expect("call");
+    let rid = running_plan(&ds[0], &seen);
+    server.kill();
+    let _ = a.wait(|v| v["id"] == 2, Duration::from_secs(600));
+    let st = ds[0].terminate(Duration::from_secs(60));
+    assert!(st.is_some(), "the replica stopped: {}", ds[0].log());
+    assert!(
+        ds[0]
+            .log()
+            .contains("audit events the team's chain refused are lost"),
+        "the stopping replica says what it could not append: {}",
+        ds[0].log()
+    );
+    server.run();
+    let mine = ended_within(&ds[1], &rid, Duration::from_secs(120));
+    let end = mine
+        .iter()
+        .find(|e| e["event"] == "tool.result")
+        .expect("end");
+    assert_eq!(end["data"]["status"], "interrupted", "{end:#}");
+    assert!(
+        end["data"]["reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("stopped before the call's end was recorded")),
+        "{end:#}"
+    );
+    assert_eq!(
+        mine.iter().filter(|e| e["event"] == "tool.result").count(),
+        1,
+        "ended once: {mine:#?}"
+    );
+    ds[1].assert_audit_verifies();
+    let st = ds[1].terminate(Duration::from_secs(30));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}: {}", ds[1].log());
+}

@@ -1128,6 +1128,90 @@ fn the_export_is_sent_by_one_replica_at_a_time(make: &(dyn Fn() -> SharedChain +
     );
 }
 
+/// The chain's table of open calls: a call's request opens it under its
+/// replica's name, its result ends it, in the same transaction as the
+/// line; a survivor's end of a dead replica's call is written once however
+/// many survivors try at once, and never over a call that already ended.
+fn open_calls_follow_the_chain(make: &(dyn Fn() -> SharedChain + Sync)) {
+    drop(make());
+    let a = AuditLog::shared({
+        let c = make();
+        c.set_replica("replica-a");
+        c
+    });
+    let b = AuditLog::shared({
+        let c = make();
+        c.set_replica("replica-b");
+        c
+    });
+    // A writer that is no replica tracks nothing.
+    let cli = AuditLog::shared(make());
+    cli.append("req-cli", "tool.request", json!({}))
+        .expect("append");
+    a.append("req-1", "tool.request", json!({}))
+        .expect("append");
+    a.append("req-2", "tool.request", json!({}))
+        .expect("append");
+    b.append("req-3", "tool.request", json!({}))
+        .expect("append");
+    a.append("req-1", "tool.result", json!({"status": "completed"}))
+        .expect("append");
+    let open: Vec<(String, String)> = make()
+        .open_calls()
+        .expect("open")
+        .into_iter()
+        .map(|c| (c.request_id, c.replica))
+        .collect();
+    assert_eq!(
+        open,
+        vec![
+            ("req-2".to_string(), "replica-a".to_string()),
+            ("req-3".to_string(), "replica-b".to_string())
+        ]
+    );
+    // replica-a is gone; b ends its calls, from two writers at once: once.
+    let far = gateway::audit::now_ms() + 60_000;
+    let live = vec!["replica-b".to_string()];
+    let ended: Vec<Vec<String>> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let live = live.clone();
+                scope.spawn(move || {
+                    let log = AuditLog::shared(make());
+                    log.end_orphaned_calls(&live, far).expect("end")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    assert_eq!(
+        ended.concat(),
+        vec!["req-2".to_string()],
+        "ended once: {ended:?}"
+    );
+    // A call newer than the cut-off is left (its replica may have joined
+    // after the list of live ones was read).
+    assert!(
+        b.end_orphaned_calls(&[], 0).expect("end").is_empty(),
+        "nothing older than the cut-off"
+    );
+    let export = make().export().expect("export");
+    let text = String::from_utf8(export.bytes.clone()).expect("utf-8");
+    let ends: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\"req-2\"") && l.contains("tool.result"))
+        .collect();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert!(ends[0].contains("interrupted") && ends[0].contains("replica-a"));
+    let report = verify_against(&export.bytes, Some(&export.head), &[]);
+    assert!(report.ok(), "{:?}", report.first_bad);
+    // The late end of a call ended by a survivor is still written (it says
+    // what happened); it leaves nothing open.
+    b.append("req-3", "tool.result", json!({"status": "completed"}))
+        .expect("append");
+    assert!(make().open_calls().expect("open").is_empty());
+}
+
 #[test]
 fn the_audit_chain_conforms_on_sqlite() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -1139,6 +1223,8 @@ fn the_audit_chain_conforms_on_sqlite() {
     });
     let three = dir.path().join("three.db");
     the_export_is_sent_by_one_replica_at_a_time(&|| SharedChain::sqlite(&three).expect("open"));
+    let four = dir.path().join("four.db");
+    open_calls_follow_the_chain(&|| SharedChain::sqlite(&four).expect("open"));
 }
 
 #[test]
@@ -1156,4 +1242,6 @@ fn the_audit_chain_conforms_on_postgresql() {
     the_export_is_sent_by_one_replica_at_a_time(&|| {
         SharedChain::postgres(connect(&three)).expect("chain")
     });
+    let four = server.database("chain_open_calls");
+    open_calls_follow_the_chain(&|| SharedChain::postgres(connect(&four)).expect("chain"));
 }

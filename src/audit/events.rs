@@ -6,7 +6,9 @@
 //! `policy.decision` is the one event with OPA's decision-log fields at the
 //! top level ([`super::AuditLog::policy_decision`]); `audit.recovered` and
 //! `audit.head_lost` are written by the log itself, when it finds its last
-//! line cut short or its head file gone.
+//! line cut short or its head file gone; so is `audit.dropped`, when a
+//! replica could not keep every event the team's chain refused while its
+//! database was away.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -51,6 +53,7 @@ pub const NAMES: &[&str] = &[
     "approval_page.passkey_registered",
     "audit.recovered",
     "audit.head_lost",
+    "audit.dropped",
 ];
 
 fn no<T>(v: &Option<T>) -> bool {

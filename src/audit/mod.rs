@@ -36,6 +36,7 @@ pub mod events;
 pub mod export;
 pub mod scrub;
 pub mod shared;
+pub mod spool;
 pub mod verify;
 
 pub use events::Event;
@@ -403,6 +404,24 @@ pub struct AuditLog {
     /// The team's chain in the database, when events go there instead of
     /// the file ([`AuditLog::shared`]).
     shared: Option<shared::SharedChain>,
+    /// Events the chain refused, waiting for it ([`spool`]); only a
+    /// shared chain's.
+    spool: Mutex<spool::Spool>,
+    /// Whether anything waits in `spool` (read without its lock).
+    spooled: std::sync::atomic::AtomicBool,
+}
+
+/// An event as written, and the length of its line.
+type Written = (Map<String, Value>, usize);
+
+/// Events never kept for later when the chain refuses them: they gate
+/// what they describe (a session whose opening cannot be recorded is
+/// refused, so it never opened).
+const NOT_KEPT: &[&str] = &["session.opened"];
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 /// The cap on one audit line until the policy sets one
@@ -464,6 +483,8 @@ impl AuditLog {
             tail: Mutex::new(Tail::default()),
             max_event_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_EVENT_BYTES),
             shared: None,
+            spool: Mutex::default(),
+            spooled: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -475,6 +496,8 @@ impl AuditLog {
             tail: Mutex::new(Tail::default()),
             max_event_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_EVENT_BYTES),
             shared: Some(chain),
+            spool: Mutex::default(),
+            spooled: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -674,6 +697,212 @@ impl AuditLog {
         Ok(written)
     }
 
+    /// One event to the team's chain. When it refuses (its database is
+    /// away) the event waits in the spool for it, and the caller is told
+    /// of the refusal; while anything waits, the spool is emptied first.
+    fn append_shared(
+        &self,
+        chain: &shared::SharedChain,
+        request_id: &str,
+        event: &str,
+        data: Value,
+        extra: Map<String, Value>,
+    ) -> Result<(Map<String, Value>, usize), AuditError> {
+        use std::sync::atomic::Ordering;
+        let refused = |source: crate::db::DbError| {
+            // Every event the chain refused is in the replica's log, with
+            // the event's name and where the chain is.
+            tracing::error!(
+                db = %chain.describe(),
+                request_id,
+                event,
+                "the audit chain refused an event (kept to append when it is back): {source}"
+            );
+            AuditError::Database {
+                at: chain.describe().to_string(),
+                source,
+            }
+        };
+        if self.spooled.load(Ordering::Acquire) {
+            let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(source) = self.flush_locked(chain, &mut spool) {
+                if !NOT_KEPT.contains(&event) {
+                    spool.keep(request_id, event, data, extra, &source.to_string());
+                }
+                return Err(refused(source));
+            }
+        }
+        match self.append_chain(
+            chain,
+            shared::Mark::for_event(event, request_id),
+            request_id,
+            event,
+            &data,
+            &extra,
+        ) {
+            Ok(Some(written)) => Ok(written),
+            Ok(None) => Err(AuditError::Database {
+                at: chain.describe().to_string(),
+                source: crate::db::DbError::Other("the append did not run".into()),
+            }),
+            Err(source) => {
+                if !NOT_KEPT.contains(&event) {
+                    let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
+                    spool.keep(request_id, event, data, extra, &source.to_string());
+                    self.spooled.store(true, Ordering::Release);
+                }
+                Err(refused(source))
+            }
+        }
+    }
+
+    /// Append one line to the chain with `mark`: the event as written and
+    /// the line's length (`None`: a [`shared::Mark::CloseOrphan`] whose
+    /// call had already ended).
+    fn append_chain(
+        &self,
+        chain: &shared::SharedChain,
+        mark: shared::Mark<'_>,
+        request_id: &str,
+        event: &str,
+        data: &Value,
+        extra: &Map<String, Value>,
+    ) -> Result<Option<Written>, crate::db::DbError> {
+        let cap = self.max_event_bytes();
+        let mut bytes = 0;
+        let written = chain.append_marked(mark, &mut |prev| {
+            let (event, line) = build_capped_line(
+                Some(prev),
+                request_id,
+                event,
+                data.clone(),
+                extra.clone(),
+                cap,
+            );
+            bytes = line.len();
+            (event, line)
+        })?;
+        Ok(written.map(|e| (e, bytes)))
+    }
+
+    /// Append what waits in `spool`, oldest first, then the
+    /// `audit.dropped` event owed for what could not be kept; stops at the
+    /// first refusal (what is left keeps waiting).
+    fn flush_locked(
+        &self,
+        chain: &shared::SharedChain,
+        spool: &mut spool::Spool,
+    ) -> Result<usize, crate::db::DbError> {
+        let mut done = 0;
+        while let Some(late) = spool.front() {
+            let mark = shared::Mark::for_event(&late.event, &late.request_id);
+            self.append_chain(
+                chain,
+                mark,
+                &late.request_id,
+                &late.event,
+                &late.data,
+                &late.extra,
+            )?;
+            spool.pop();
+            done += 1;
+        }
+        if let Some(dropped) = spool.take_dropped() {
+            let r = self.append_chain(
+                chain,
+                shared::Mark::None,
+                "",
+                "audit.dropped",
+                &dropped,
+                &Map::new(),
+            );
+            if let Err(e) = r {
+                // Owed still: put back as it was counted.
+                spool.restore_dropped(&dropped);
+                return Err(e);
+            }
+            done += 1;
+        }
+        self.spooled
+            .store(false, std::sync::atomic::Ordering::Release);
+        Ok(done)
+    }
+
+    /// Append the events waiting for the team's chain, if any: how many
+    /// were appended and how many still wait (nothing to do for a file).
+    pub fn flush_spool(&self) -> Result<usize, AuditError> {
+        let Some(chain) = &self.shared else {
+            return Ok(0);
+        };
+        if !self.spooled.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(0);
+        }
+        let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
+        let done = self
+            .flush_locked(chain, &mut spool)
+            .map_err(|source| AuditError::Database {
+                at: chain.describe().to_string(),
+                source,
+            })?;
+        if done > 0 {
+            tracing::warn!(
+                events = done,
+                "appended the audit events that waited for the team's chain"
+            );
+        }
+        Ok(done)
+    }
+
+    /// How many events wait for the team's chain.
+    pub fn spooled(&self) -> usize {
+        self.spool.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// End, as interrupted, every call the team's chain holds open whose
+    /// replica is not among `live` and whose request was recorded before
+    /// `before_ms`: its replica stopped before it could record the call's
+    /// end. Several survivors may try at once; each call is ended once.
+    /// Returns the request ids ended here.
+    pub fn end_orphaned_calls(
+        &self,
+        live: &[String],
+        before_ms: i64,
+    ) -> Result<Vec<String>, AuditError> {
+        let Some(chain) = &self.shared else {
+            return Ok(Vec::new());
+        };
+        let db = |source| AuditError::Database {
+            at: chain.describe().to_string(),
+            source,
+        };
+        let mut ended = Vec::new();
+        for call in chain.open_calls().map_err(db)? {
+            if live.contains(&call.replica) || call.started_ms >= before_ms {
+                continue;
+            }
+            let data = serde_json::json!({
+                "status": "interrupted",
+                "reason": format!(
+                    "the replica running this call ({}) stopped before the call's end was recorded; what the call did after its last recorded step is unknown: look before calling again",
+                    call.replica
+                ),
+                "replica": call.replica,
+            });
+            let r = self.append_chain(
+                chain,
+                shared::Mark::CloseOrphan(&call.request_id),
+                &call.request_id,
+                "tool.result",
+                &data,
+                &Map::new(),
+            );
+            if r.map_err(db)?.is_some() {
+                ended.push(call.request_id);
+            }
+        }
+        Ok(ended)
+    }
+
     /// [`AuditLog::append_durable`]: the event as written and the length
     /// of its line.
     fn append_measured(
@@ -685,34 +914,7 @@ impl AuditLog {
         durability: Durability,
     ) -> Result<(Map<String, Value>, usize), AuditError> {
         if let Some(chain) = &self.shared {
-            let cap = self.max_event_bytes();
-            let mut bytes = 0;
-            let appended = chain.append(&mut |prev| {
-                let (event, line) = build_capped_line(
-                    Some(prev),
-                    request_id,
-                    event,
-                    data.clone(),
-                    extra.clone(),
-                    cap,
-                );
-                bytes = line.len();
-                (event, line)
-            });
-            return appended.map(|e| (e, bytes)).map_err(|source| {
-                // Every event the chain refused is in the replica's
-                // log, with the event's name and where the chain is.
-                tracing::error!(
-                    db = %chain.describe(),
-                    request_id,
-                    event,
-                    "the audit chain refused an event: {source}"
-                );
-                AuditError::Database {
-                    at: chain.describe().to_string(),
-                    source,
-                }
-            });
+            return self.append_shared(chain, request_id, event, data, extra);
         }
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         // Deferred lines are all written through the handle that will

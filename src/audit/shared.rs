@@ -29,8 +29,59 @@ use super::Head;
 
 /// The schema (refinery's history table on PostgreSQL:
 /// `gateway_audit_schema`).
-pub const MIGRATIONS: &[(&str, &str)] =
-    &[("V1__audit", SCHEMA), ("V2__audit_export", EXPORT_SCHEMA)];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("V1__audit", SCHEMA),
+    ("V2__audit_export", EXPORT_SCHEMA),
+    ("V3__audit_open", OPEN_SCHEMA),
+];
+
+/// The calls whose `tool.request` is in the chain and whose `tool.result`
+/// is not yet, with the replica that runs each. A row is added by the
+/// append of the call's `tool.request` and removed by the append of its
+/// `tool.result`, in the same transaction: the table and the chain never
+/// disagree. A survivor ends the calls of a replica that died before it
+/// could record their end ([`SharedChain::open_calls`],
+/// [`Mark::CloseOrphan`]).
+const OPEN_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS gateway_audit_open (
+         request_id TEXT PRIMARY KEY,
+         replica TEXT NOT NULL,
+         started_ms BIGINT NOT NULL
+     );";
+
+/// What an append does to the table of open calls besides adding its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark<'a> {
+    /// Nothing (an event that neither opens nor ends a call).
+    None,
+    /// A call's `tool.request`: the call is open, run by this replica.
+    Begins(&'a str),
+    /// A call's `tool.result`: the call has ended.
+    Ends(&'a str),
+    /// The end of a call found open with its replica gone: written only
+    /// if the call is still open (another survivor, or the call's own late
+    /// end, may have ended it first); the append then returns `None`.
+    CloseOrphan(&'a str),
+}
+
+impl<'a> Mark<'a> {
+    /// What appending `event` of call `request_id` does to the open calls.
+    pub fn for_event(event: &str, request_id: &'a str) -> Mark<'a> {
+        match event {
+            "tool.request" if !request_id.is_empty() => Mark::Begins(request_id),
+            "tool.result" if !request_id.is_empty() => Mark::Ends(request_id),
+            _ => Mark::None,
+        }
+    }
+}
+
+/// A call found open in the chain ([`SharedChain::open_calls`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenCall {
+    pub request_id: String,
+    pub replica: String,
+    /// When its request was recorded (the replica's clock, ms since the epoch).
+    pub started_ms: i64,
+}
 
 /// The audit exports' cursors ([`super::export`]): per export, the last
 /// event the sink acknowledged, and which replica sends it for now (one
@@ -66,6 +117,9 @@ pub struct SharedChain {
     /// again).
     db: parking_lot::FairMutex<Box<dyn Db>>,
     describe: String,
+    /// The replica whose calls this writer opens ([`Mark::Begins`]); none
+    /// for a writer that is not a replica (its calls are not tracked).
+    replica: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for SharedChain {
@@ -110,6 +164,7 @@ impl SharedChain {
         let mut db = crate::db::sqlite::SqliteDb::open(path, "FULL")?;
         db.connection().execute_batch(SCHEMA)?;
         db.connection().execute_batch(EXPORT_SCHEMA)?;
+        db.connection().execute_batch(OPEN_SCHEMA)?;
         Ok(SharedChain::on(Box::new(db)))
     }
 
@@ -117,7 +172,45 @@ impl SharedChain {
         SharedChain {
             describe: db.describe(),
             db: parking_lot::FairMutex::new(db),
+            replica: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Name the replica this writer appends for: the calls it opens from
+    /// now on are kept open under that name until their end is appended.
+    /// Set once; later names are ignored.
+    pub fn set_replica(&self, replica: &str) {
+        let _ = self.replica.set(replica.to_string());
+    }
+
+    /// The replica this writer appends for, when it is one.
+    pub fn replica(&self) -> Option<&str> {
+        self.replica.get().map(String::as_str)
+    }
+
+    /// Every call open in the chain (its request appended, its result not),
+    /// oldest first.
+    pub fn open_calls(&self) -> Result<Vec<OpenCall>, DbError> {
+        let mut out = Vec::new();
+        let db = self.db.lock();
+        db.read(&mut |tx| {
+            out = tx
+                .query(
+                    "SELECT request_id, replica, started_ms FROM gateway_audit_open ORDER BY started_ms, request_id",
+                    &[],
+                )?
+                .iter()
+                .map(|r| {
+                    Ok(OpenCall {
+                        request_id: r.text(0)?,
+                        replica: r.text(1)?,
+                        started_ms: r.int(2)?,
+                    })
+                })
+                .collect::<Result<_, DbError>>()?;
+            Ok(End::Rollback)
+        })?;
+        Ok(out)
     }
 
     pub fn describe(&self) -> &str {
@@ -128,9 +221,23 @@ impl SharedChain {
     /// event as written. `build` may be called more than once (a
     /// transaction run again); only the last line it made is kept.
     pub fn append(&self, build: &mut BuildLine<'_>) -> Result<Map<String, Value>, DbError> {
+        self.append_marked(Mark::None, build)?
+            .ok_or_else(|| DbError::Other("the append did not run".into()))
+    }
+
+    /// [`SharedChain::append`], and in the same transaction what `mark`
+    /// says of the open calls. `None` when a [`Mark::CloseOrphan`] found
+    /// its call already ended (nothing is appended then).
+    pub fn append_marked(
+        &self,
+        mark: Mark<'_>,
+        build: &mut BuildLine<'_>,
+    ) -> Result<Option<Map<String, Value>>, DbError> {
         let mut written = None;
+        let replica = self.replica.get().cloned();
         let db = self.db.lock();
         db.write_queued(&mut |tx| {
+            written = None;
             let head = tx
                 .query_opt(
                     "UPDATE gateway_audit_head SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash",
@@ -138,6 +245,35 @@ impl SharedChain {
                 )?
                 .ok_or_else(|| DbError::Shape("the audit head row is missing".into()))?;
             let (seq, prev) = (head.int(0)?, head.text(1)?);
+            // After the head row (every append takes it first), so that two
+            // appends never wait on each other's rows in opposite orders.
+            match mark {
+                Mark::None => {}
+                Mark::Begins(rid) => {
+                    if let Some(me) = &replica {
+                        tx.execute(
+                            "INSERT INTO gateway_audit_open (request_id, replica, started_ms)
+                             VALUES (?1, ?2, ?3) ON CONFLICT (request_id) DO NOTHING",
+                            &[rid.into(), me.as_str().into(), super::now_ms().into()],
+                        )?;
+                    }
+                }
+                Mark::Ends(rid) => {
+                    tx.execute(
+                        "DELETE FROM gateway_audit_open WHERE request_id = ?1",
+                        &[rid.into()],
+                    )?;
+                }
+                Mark::CloseOrphan(rid) => {
+                    if tx.execute(
+                        "DELETE FROM gateway_audit_open WHERE request_id = ?1",
+                        &[rid.into()],
+                    )? == 0
+                    {
+                        return Ok(End::Rollback);
+                    }
+                }
+            }
             let (event, line) = build(&prev);
             let hash = event
                 .get("hash")
@@ -155,7 +291,7 @@ impl SharedChain {
             written = Some(event);
             Ok(End::Commit)
         })?;
-        written.ok_or_else(|| DbError::Other("the append did not run".into()))
+        Ok(written)
     }
 
     /// Up to `limit` events after sequence number `after`, in order, with

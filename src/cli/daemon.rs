@@ -29,6 +29,81 @@ use crate::trust::Trust;
 
 /// How often the living look for sandbox Jobs of replicas that died.
 const SWEEP_DEAD_REPLICAS: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a replica tries to append the audit events its chain refused
+/// while the database was away, and ends the calls dead replicas left open.
+const AUDIT_RECOVERY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a stopping replica keeps trying to append those events.
+const FLUSH_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
+/// A call opened this long before a replica read the list of live ones is
+/// old enough to be judged against it: a replica that joined after the
+/// list was read (and whose calls it cannot name) started its calls later,
+/// clocks between hosts a few seconds apart included.
+const OPEN_CALL_MARGIN_MS: i64 = 10_000;
+
+/// The team's audit after a database outage or a replica's death (nothing
+/// to do on one host): every second, the events the chain refused are
+/// appended; every few, the calls whose replica died before their end was
+/// recorded are ended as interrupted. `finds_the_dead`: no broker's
+/// orphan watch runs, so this loop also tells the ledger to look for
+/// replicas that died.
+fn spawn_audit_recovery(
+    audit: Arc<crate::audit::AuditLog>,
+    ledger: Option<Arc<dyn crate::broker::leases::Ledger>>,
+    finds_the_dead: bool,
+) {
+    if audit.chain().is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(AUDIT_RECOVERY_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            let a = Arc::clone(&audit);
+            let l = ledger.clone();
+            let every = l
+                .as_ref()
+                .and_then(|l| l.watch_every())
+                .map_or(0, |d| d.as_secs().max(1));
+            let look = every > 0 && n.is_multiple_of(every);
+            let done = tokio::task::spawn_blocking(move || {
+                if let Err(e) = a.flush_spool() {
+                    tracing::debug!("the audit events that wait still wait: {e}");
+                    return;
+                }
+                let Some(l) = l.filter(|_| look) else {
+                    return;
+                };
+                if finds_the_dead && let Err(e) = l.claim_orphans() {
+                    tracing::warn!("looking for replicas that died: {e}");
+                }
+                let before = crate::audit::now_ms() - OPEN_CALL_MARGIN_MS;
+                let live = match l.live_replicas() {
+                    Ok(Some(live)) => live,
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!("listing the live replicas: {e}");
+                        return;
+                    }
+                };
+                match a.end_orphaned_calls(&live, before) {
+                    Ok(ended) if !ended.is_empty() => tracing::warn!(
+                        calls = ?ended,
+                        "ended, as interrupted, the calls replicas that died left open in the audit"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("ending the calls of replicas that died: {e}"),
+                }
+            })
+            .await;
+            if let Err(e) = done {
+                tracing::error!("the audit recovery task failed: {e}");
+            }
+        }
+    });
+}
 /// At shutdown, how long the revocation of this process's leases may take
 /// at least, after the grace the calls had.
 const REVOKE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -345,6 +420,11 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         tools.clone(),
         Arc::new(super::audit::open_log(&file, &p.home)?),
     )?;
+    // The calls this replica opens in the team's chain carry its name, so
+    // that a survivor can end those it leaves open if it dies.
+    if let (Some(chain), Some(r)) = (pipeline.audit.chain(), &replica) {
+        chain.set_replica(r);
+    }
     // What /readyz checks besides the policy set.
     let mut ready: Vec<crate::http::ReadyCheck> = Vec::new();
     // Replicas share approvals and plans in PostgreSQL ([store]).
@@ -452,6 +532,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                 }
             });
         }
+        spawn_audit_recovery(Arc::clone(&pipeline.audit), ledger.clone(), broker.is_none());
         if let Some(b) = &broker {
             b.recover_orphans(&pipeline.audit).await;
             b.spawn_renewal();
@@ -630,6 +711,26 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             && let Err(e) = sb.reap_leftovers().await
         {
             tracing::warn!("could not delete this gateway's sandbox Jobs at shutdown: {e}");
+        }
+        // Events the team's chain refused while its database was away get
+        // a last chance; what is left is ended by a survivor (its calls as
+        // interrupted), and said here.
+        let audit = Arc::clone(&pipeline.audit);
+        let flush_by = tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN;
+        loop {
+            let a = Arc::clone(&audit);
+            let flushed = tokio::task::spawn_blocking(move || a.flush_spool()).await;
+            if matches!(flushed, Ok(Ok(_))) || tokio::time::Instant::now() >= flush_by {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let left = audit.spooled();
+        if left > 0 {
+            tracing::error!(
+                events = left,
+                "audit events the team's chain refused are lost with this process; the calls they end stay open in the chain until a live replica ends them as interrupted"
+            );
         }
         // The last spans go out before the process does.
         tokio::task::spawn_blocking(crate::telemetry::trace::flush).await.ok();
