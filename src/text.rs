@@ -30,14 +30,20 @@ pub fn is_format_char(c: char) -> bool {
 /// reorder what a person reads. Newlines and tabs are kept unless
 /// `one_line`.
 pub fn escaped(s: &str, one_line: bool) -> String {
-    if !s
-        .chars()
-        .any(|c| (c.is_control() && (one_line || !matches!(c, '\n' | '\t'))) || is_format_char(c))
+    let mixed = mixed_script_words(s);
+    if mixed.is_empty()
+        && !s.chars().any(|c| {
+            (c.is_control() && (one_line || !matches!(c, '\n' | '\t'))) || is_format_char(c)
+        })
     {
         return s.to_string();
     }
     let mut out = String::with_capacity(s.len() + 16);
-    for c in s.chars() {
+    for (i, c) in s.char_indices() {
+        if !c.is_ascii() && mixed.iter().any(|r| r.contains(&i)) {
+            out.push_str(&format!("\\u{{{:04x}}}", c as u32));
+            continue;
+        }
         match c {
             '\n' | '\t' if !one_line => out.push(c),
             '\n' => out.push_str("\\n"),
@@ -49,6 +55,55 @@ pub fn escaped(s: &str, one_line: bool) -> String {
             c => out.push(c),
         }
     }
+    out
+}
+
+/// The script a letter belongs to, for [`mixed_script_words`]: the
+/// scripts whose letters pass for one another (Latin, Greek, Cyrillic,
+/// Armenian, Cherokee), or `None` for a character that is no letter of
+/// them (digits, `-`, other scripts).
+fn confusable_script(c: char) -> Option<u8> {
+    match c as u32 {
+        0x41..=0x5A | 0x61..=0x7A | 0xC0..=0x24F | 0x1E00..=0x1EFF | 0xFF21..=0xFF5A => Some(0),
+        0x370..=0x3FF | 0x1F00..=0x1FFF => Some(1),
+        0x400..=0x52F | 0x1C80..=0x1C8F | 0x2DE0..=0x2DFF | 0xA640..=0xA69F => Some(2),
+        0x530..=0x58F => Some(3),
+        0x13A0..=0x13FF | 0xAB70..=0xABBF => Some(4),
+        _ => None,
+    }
+}
+
+/// The byte ranges of the words of `s` (runs of letters, digits, `-`,
+/// `_`, `.`) that mix letters of two of the scripts that pass for one
+/// another, as `prod-db` spelled with a Cyrillic `о` does. Browsers show
+/// such a host name as punycode; here its non-ASCII letters are shown as
+/// `\u{..}` so that it cannot pass for the name it imitates.
+pub fn mixed_script_words(s: &str) -> Vec<std::ops::Range<usize>> {
+    if s.is_ascii() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut start = None;
+    let mut seen: u8 = 0;
+    let mut close = |start: &mut Option<usize>, seen: &mut u8, end: usize| {
+        if let Some(b) = start.take()
+            && seen.count_ones() > 1
+        {
+            out.push(b..end);
+        }
+        *seen = 0;
+    };
+    for (i, c) in s.char_indices() {
+        if c.is_alphanumeric() || matches!(c, '-' | '_' | '.') {
+            start.get_or_insert(i);
+            if let Some(script) = confusable_script(c) {
+                seen |= 1 << script;
+            }
+        } else {
+            close(&mut start, &mut seen, i);
+        }
+    }
+    close(&mut start, &mut seen, s.len());
     out
 }
 
@@ -83,6 +138,24 @@ pub fn markup_escaped_json(v: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_mixing_look_alike_scripts_is_shown_for_what_it_is() {
+        // `prod-db` with a Cyrillic о (U+043E).
+        let fake = "prod-db";
+        let fake = fake.replacen('o', "\u{43e}", 1);
+        assert_ne!(fake, "prod-db");
+        assert_eq!(escaped(&fake, true), "pr\\u{043e}d-db");
+        assert_eq!(
+            markup_escaped(&format!("drop {fake} now")),
+            "drop pr\\u{043e}d-db now"
+        );
+        // One script at a time is left as it is.
+        for fine in ["Größe", "Привет world", "ελληνικά", "日本語-db", "prod-db"]
+        {
+            assert_eq!(escaped(fine, true), fine);
+        }
+    }
 
     #[test]
     fn markup_mentions_links_and_hidden_characters_are_escaped_in_every_field() {

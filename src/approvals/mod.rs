@@ -31,7 +31,7 @@ pub const CHANGES_CHANNEL: &str = "gateway_approvals";
 /// The database file's name under the gateway's home.
 pub const FILE_NAME: &str = "approvals.db";
 
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 const MIGRATIONS: &[&str] = &[
     // 1: approvals and the verdicts people gave on them.
@@ -181,7 +181,19 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE verdicts;
     ALTER TABLE verdicts_v6 RENAME TO verdicts;
     "#,
+    // 7: single-use marks of the approval page (a sign-in's challenge once
+    // used, a session signed out), shared by replicas ([`ApprovalStore::spend_once`]).
+    ONCE_MARKS,
 ];
+
+/// [`ApprovalStore::spend_once`]'s table, the same on both databases.
+const ONCE_MARKS: &str = r#"
+    CREATE TABLE once_marks (
+        id            TEXT PRIMARY KEY,
+        expires_at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX once_marks_expiry ON once_marks(expires_at_ms);
+    "#;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
@@ -492,6 +504,7 @@ const POSTGRES_MIGRATIONS: &[(&str, &str)] = &[
         CHECK (kind IN ('os_user', 'ssh_key', 'legacy', 'sso', 'passkey'));
     "#,
     ),
+    ("V3__once_marks", ONCE_MARKS),
 ];
 
 /// What a transaction found, kept out of it (a transaction may run again).
@@ -686,6 +699,37 @@ impl ApprovalStore {
                 }
             }
             Ok(Ok(out))
+        })
+    }
+
+    /// Mark `id` used until `expires_at_ms`: true the first time, false
+    /// for every later try while the mark lasts, whichever replica makes
+    /// it (one insert decides). Marks past their expiry are swept here.
+    pub fn spend_once(&self, id: &str, expires_at_ms: i64) -> Result<bool, ApprovalError> {
+        let now = now_ms();
+        self.write(|tx| {
+            tx.execute(
+                "DELETE FROM once_marks WHERE expires_at_ms < ?1",
+                &[now.into()],
+            )?;
+            let n = tx.execute(
+                "INSERT INTO once_marks (id, expires_at_ms) VALUES (?1, ?2) ON CONFLICT (id) DO NOTHING",
+                &[id.into(), expires_at_ms.into()],
+            )?;
+            Ok((End::Commit, Some(Ok(n == 1))))
+        })
+    }
+
+    /// Whether `id` is marked used ([`ApprovalStore::spend_once`]) now.
+    pub fn is_spent(&self, id: &str) -> Result<bool, ApprovalError> {
+        let now = now_ms();
+        self.read(|tx| {
+            Ok(Ok(tx
+                .query_opt(
+                    "SELECT 1 FROM once_marks WHERE id = ?1 AND expires_at_ms >= ?2",
+                    &[id.into(), now.into()],
+                )?
+                .is_some()))
         })
     }
 

@@ -354,6 +354,9 @@ pub enum Event {
         path: String,
         #[serde(skip_serializing_if = "no")]
         token: Option<Value>,
+        /// The verified identity refused (a limit of its share reached).
+        #[serde(skip_serializing_if = "no")]
+        identity: Option<String>,
         /// Refusals of the same address not audited one by one since the
         /// last that was (past the per-minute budget).
         #[serde(skip_serializing_if = "no")]

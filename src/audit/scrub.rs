@@ -40,6 +40,10 @@ const SAFE_KEYS: &[&str] = &[
     "token_type",
     "token_policies",
     "lease_duration",
+    // A WebAuthn credential id: public (every sign-in sends it to the
+    // browser in allowCredentials); the audit names which passkey signed
+    // in or registered by it. A secret-shaped value under it is still cut.
+    "credential_id",
 ];
 
 static SECRET_VALUE: LazyLock<Regex> = LazyLock::new(|| {
@@ -156,7 +160,7 @@ mod tests {
             key in prop_oneof![
                 "[a-zA-Z_]{0,24}",
                 "(?i)[a-z_]{0,6}(token|secret|passw(or)?d|session|client_key|api_?key|cookie)[a-z_]{0,6}",
-                "(?i)(lease_id|token_ttl|token_type|token_policies|lease_duration)",
+                "(?i)(lease_id|token_ttl|token_type|token_policies|lease_duration|credential_id)",
                 "\\PC{0,12}",
             ]
         ) {
@@ -173,8 +177,12 @@ mod tests {
             "credential": {"kind": "pod_reader", "type": "kubernetes", "mount": "kubernetes", "role": "gateway-pod-reader-demo-app", "params": {"kubernetes_namespace": "demo-app", "ttl": "10m"}},
             "lease_id": "kubernetes/creds/gateway-pod-reader-demo-app/AbCdEf123",
             "token_ttl": 600,
+            "credential_id": "webauthn:mN3kP0aLq2Xv",
         });
         assert_eq!(scrub(&v), v);
+        // A secret-shaped value under it is still cut.
+        let hidden = scrub(&json!({"credential_id": HVS}));
+        assert!(!hidden.to_string().contains(HVS), "{hidden}");
     }
 
     #[test]

@@ -40,6 +40,44 @@ const FLUSH_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5)
 /// clocks between hosts a few seconds apart included.
 const OPEN_CALL_MARGIN_MS: i64 = 10_000;
 
+/// Open files the daemon keeps for itself beyond its HTTP connections:
+/// the audit log and its head, the stores' connections, the socket's
+/// sessions, each sandbox's pipes, files and namespaces, TLS to Vault and
+/// the API server.
+pub const RESERVED_FILES: u64 = 1024;
+
+/// Raise the soft limit on open files to the hard one (a unit without
+/// `LimitNOFILE` starts the daemon with 1,024, as many as
+/// `max_connections`: a flood of connections then starves the audit and
+/// the store), and refuse an `[http] max_connections` that would not leave
+/// [`RESERVED_FILES`] for the daemon's own files. Returns the limit.
+fn descriptor_budget(http: Option<&crate::config::http::HttpConfig>) -> anyhow::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("reading RLIMIT_NOFILE")?;
+    let soft = if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!("could not raise the open-file limit from {soft} to {hard}: {e}");
+                soft
+            }
+        }
+    } else {
+        soft
+    };
+    if let Some(h) = http {
+        let need = h.max_connections as u64 + RESERVED_FILES;
+        if need > soft {
+            anyhow::bail!(
+                "[http] max_connections is {} but this process may open only {soft} files, and the daemon keeps {RESERVED_FILES} for its audit, stores and sandboxes: raise the limit (LimitNOFILE=65536 in the unit, which `gateway daemon install` writes; `ulimit -n` in a shell) or lower max_connections to {}",
+                h.max_connections,
+                soft.saturating_sub(RESERVED_FILES)
+            );
+        }
+    }
+    Ok(soft)
+}
+
 /// The team's audit after a database outage or a replica's death (nothing
 /// to do on one host): every second, the events the chain refused are
 /// appended; every few, the calls whose replica died before their end was
@@ -182,6 +220,7 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let p = paths(cli, a, &file);
+    descriptor_budget(file.http.as_ref()).context("the daemon refuses to start")?;
     let trust = Trust::for_this_process()
         .with_pod_volumes(&file.daemon.private_volumes, &file.daemon.read_only_volumes)
         .context("the daemon refuses to start")?;

@@ -90,6 +90,9 @@ Wants=network-online.target
 # they ask for; its files are root's (it refuses to start otherwise).
 ExecStart=@BIN@ daemon
 Restart=on-failure
+# Well above [http] max_connections (1,024 by default) and the files the
+# daemon keeps for itself; systemd's default soft limit is 1,024.
+LimitNOFILE=65536
 RuntimeDirectory=gateway
 RuntimeDirectoryMode=0755
 StateDirectory=gateway

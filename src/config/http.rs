@@ -69,6 +69,54 @@ pub struct HttpConfig {
     /// Without it each replica makes its own key at start.
     #[serde(default)]
     pub session_key_file: Option<PathBuf>,
+    /// The whole of one request, headers and body, must arrive within this
+    /// many seconds (answered 408 and closed past it). A streamed answer
+    /// (a long call's progress) is not bounded by it.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_seconds: u64,
+    /// What one identity (one person's or agent's token, whatever address
+    /// it comes from) may hold at once: connections it has authenticated
+    /// on, requests in flight (a streamed answer counts until it ends) and
+    /// legacy MCP sessions. Over any of them: 429 with `Retry-After`.
+    #[serde(default = "default_connections_per_identity")]
+    pub max_connections_per_identity: usize,
+    #[serde(default = "default_requests_per_identity")]
+    pub max_requests_per_identity: usize,
+    #[serde(default = "default_sessions_per_identity")]
+    pub max_sessions_per_identity: usize,
+    /// Legacy sessions open at once, all identities together.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// A legacy session nobody used for this long is closed; one that
+    /// never went past its handshake (`initialize`, `initialized`) is
+    /// closed after `session_unused_seconds`. A session with a request or
+    /// a stream open is never closed for idleness.
+    #[serde(default = "default_session_idle")]
+    pub session_idle_seconds: u64,
+    #[serde(default = "default_session_unused")]
+    pub session_unused_seconds: u64,
+}
+
+fn default_request_timeout() -> u64 {
+    30
+}
+fn default_connections_per_identity() -> usize {
+    32
+}
+fn default_requests_per_identity() -> usize {
+    32
+}
+fn default_sessions_per_identity() -> usize {
+    16
+}
+fn default_max_sessions() -> usize {
+    4096
+}
+fn default_session_idle() -> u64 {
+    300
+}
+fn default_session_unused() -> u64 {
+    30
 }
 
 fn default_audited_refusals() -> u32 {

@@ -19,6 +19,7 @@
 //! [`ReadyCheck`] the daemon gave — its database, its Vault token — passing).
 
 pub mod auth;
+pub mod limits;
 pub mod metrics;
 pub mod page;
 
@@ -80,10 +81,13 @@ pub struct HttpServer {
     max_connections: usize,
     max_connections_per_address: usize,
     audited_refusals_per_minute: u32,
-    /// A legacy session's identity ([`crate::policy::Principal::id`]), by
-    /// its `Mcp-Session-Id`: every request naming the session must be
-    /// that identity's, whatever its method.
-    sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// What each identity holds (connections, requests, sessions) and the
+    /// legacy sessions' owners ([`limits`]): every request naming a
+    /// session must be its owner's, whatever its method.
+    limits: Arc<limits::Limits>,
+    /// rmcp's sessions, closed here when [`limits`] finds them idle.
+    session_manager: Arc<LocalSessionManager>,
+    max_request_bytes: usize,
     /// Operator commands (approvals, approve, deny) for SSO identities, at
     /// `<resource path>/control`.
     control: crate::daemon::ControlHandler,
@@ -123,9 +127,8 @@ pub const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest operator command accepted (its JSON).
 const MAX_CONTROL_BYTES: usize = 64 * 1024;
 
-/// Sessions remembered at most (the oldest half is forgotten past it: a
-/// forgotten session's requests are refused, never served unbound).
-const MAX_SESSIONS: usize = 100_000;
+/// How often idle sessions are looked for.
+const SESSION_SWEEP: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct RefusalCounts {
@@ -229,6 +232,61 @@ impl HttpServer {
         if !scopes.is_empty() {
             meta["scopes_supported"] = json!(scopes);
         }
+        let quotas = limits::Quotas {
+            request_timeout: Duration::from_secs(config.request_timeout_seconds),
+            connections_per_identity: config.max_connections_per_identity,
+            requests_per_identity: config.max_requests_per_identity,
+            sessions_per_identity: config.max_sessions_per_identity,
+            sessions: config.max_sessions,
+            session_idle: Duration::from_secs(config.session_idle_seconds),
+            session_unused: Duration::from_secs(config.session_unused_seconds),
+        };
+        for (key, v) in [
+            (
+                "request_timeout_seconds",
+                config.request_timeout_seconds as usize,
+            ),
+            (
+                "max_connections_per_identity",
+                config.max_connections_per_identity,
+            ),
+            (
+                "max_requests_per_identity",
+                config.max_requests_per_identity,
+            ),
+            (
+                "max_sessions_per_identity",
+                config.max_sessions_per_identity,
+            ),
+            ("max_sessions", config.max_sessions),
+            ("session_idle_seconds", config.session_idle_seconds as usize),
+            (
+                "session_unused_seconds",
+                config.session_unused_seconds as usize,
+            ),
+        ] {
+            if v == 0 {
+                return Err(bad(format!("{key} is 0: it must be at least 1")));
+            }
+        }
+        if config.request_timeout_seconds > 3600 {
+            return Err(bad(format!(
+                "request_timeout_seconds is {}: at most 3600 (a request's body that takes longer holds a connection for nothing)",
+                config.request_timeout_seconds
+            )));
+        }
+        if config.session_unused_seconds > config.session_idle_seconds {
+            return Err(bad(format!(
+                "session_unused_seconds ({}) is longer than session_idle_seconds ({}): a session never used past its handshake closes sooner, not later",
+                config.session_unused_seconds, config.session_idle_seconds
+            )));
+        }
+        // rmcp's own idle limit is only a net under this transport's (which
+        // closes idle sessions itself, see `limits`).
+        let mut session_manager = LocalSessionManager::default();
+        session_manager.session_config.keep_alive =
+            Some(quotas.session_idle + Duration::from_secs(60));
+        let session_manager = Arc::new(session_manager);
         let mcp_config = StreamableHttpServerConfig::default()
             .with_legacy_session_mode(config.legacy_sessions)
             .with_allowed_hosts(allowed_hosts.clone())
@@ -246,6 +304,7 @@ impl HttpServer {
             Arc::clone(&policy),
             Arc::clone(&control),
             Arc::clone(&audit),
+            Arc::clone(&pipeline),
         )
         .map_err(|e| {
             tracing::warn!("no approval page: {e}");
@@ -258,7 +317,7 @@ impl HttpServer {
                         .with_heartbeat(heartbeat),
                 )
             },
-            Arc::new(LocalSessionManager::default()),
+            Arc::clone(&session_manager),
             mcp_config,
         );
         Ok(HttpServer {
@@ -278,7 +337,9 @@ impl HttpServer {
             max_connections: config.max_connections,
             max_connections_per_address: config.max_connections_per_address,
             audited_refusals_per_minute: config.audited_refusals_per_minute,
-            sessions: Default::default(),
+            limits: Arc::new(limits::Limits::new(quotas)),
+            session_manager,
+            max_request_bytes: config.max_request_bytes,
             control,
             control_path: format!("{}/control", resource_path_for_control),
             ready: Vec::new(),
@@ -426,6 +487,7 @@ impl HttpServer {
         stop: CancellationToken,
     ) {
         let mut conns = tokio::task::JoinSet::new();
+        tokio::spawn(Arc::clone(&self).sweep_sessions(stop.clone()));
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -452,6 +514,38 @@ impl HttpServer {
             }
         }
         conns.abort_all();
+    }
+
+    /// Close the sessions [`limits`] finds idle, in rmcp too; keep the
+    /// gauges of sessions and connections.
+    async fn sweep_sessions(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(SESSION_SWEEP);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            for id in self.limits.take_idle() {
+                let id: Arc<str> = Arc::from(id.as_str());
+                if let Err(e) =
+                    rmcp::transport::streamable_http_server::session::SessionManager::close_session(
+                        self.session_manager.as_ref(),
+                        &id,
+                    )
+                    .await
+                {
+                    tracing::debug!("closing an idle MCP session: {e}");
+                }
+            }
+            let conns: usize = self
+                .conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .sum();
+            crate::telemetry::metrics().set_http_open(self.limits.sessions_open(), conns);
+        }
     }
 
     async fn connection(
@@ -487,13 +581,17 @@ impl HttpServer {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let me = Arc::clone(&self);
+        // The identity this connection is counted against, once a request
+        // on it has authenticated.
+        let tag = Arc::new(limits::ConnTag::new(&self.limits));
         let service = hyper::service::service_fn(move |req| {
             let me = Arc::clone(&me);
-            async move { Ok::<_, Infallible>(me.handle(req, remote).await) }
+            let tag = Arc::clone(&tag);
+            async move { Ok::<_, Infallible>(me.handle(req, remote, &tag).await) }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
+            .header_read_timeout(self.limits.quotas.request_timeout)
             .serve_connection(io, service);
         tokio::pin!(conn);
         tokio::select! {
@@ -509,10 +607,14 @@ impl HttpServer {
 
     /// One request: the checks in order, then MCP.
     async fn handle(
-        &self,
-        mut req: Request<hyper::body::Incoming>,
+        self: &Arc<Self>,
+        req: Request<hyper::body::Incoming>,
         remote: SocketAddr,
+        tag: &limits::ConnTag,
     ) -> Response<Body> {
+        // The whole request by then: its headers were read already (within
+        // the same limit, hyper's), its body must follow in the rest.
+        let deadline = tokio::time::Instant::now() + self.limits.quotas.request_timeout;
         let path = req.uri().path().to_string();
         if path == "/healthz" {
             return plain(StatusCode::OK, "ok\n");
@@ -583,6 +685,12 @@ impl HttpServer {
                     );
                 }
             };
+            let (parts, body) = req.into_parts();
+            let body = match limits::read_body(body, page::MAX_BODY, deadline).await {
+                Ok(b) => b,
+                Err(e) => return self.body_refused(e, remote, &method, &path, "", page::MAX_BODY),
+            };
+            let req = Request::from_parts(parts, Full::new(body));
             return match pages.handle(req, remote).await {
                 Ok(r) => r,
                 Err((status, why)) => {
@@ -650,6 +758,45 @@ impl HttpServer {
                 return self.challenge(status, code, &why);
             }
         };
+        // From here the request is an identity's, counted against its share.
+        let who = principal.id();
+        if let Err(over) = tag.claim(&who) {
+            return self.limited(over, remote, &method, &path, &who, true);
+        }
+        // A legacy session is its first identity's, for every method (its
+        // event replay, its notifications, its DELETE).
+        let session = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(id) = &session
+            && self.limits.owner(id).as_deref() != Some(who.as_str())
+        {
+            let why = refuse(
+                StatusCode::NOT_FOUND,
+                "no session of yours has that Mcp-Session-Id; start a new one".into(),
+                None,
+            );
+            return plain(StatusCode::NOT_FOUND, &format!("{why}\n"));
+        }
+        let guard = match self.limits.begin_request(&who, session.as_deref()) {
+            Ok(g) => g,
+            Err(over) => return self.limited(over, remote, &method, &path, &who, false),
+        };
+        let limit = if is_control {
+            MAX_CONTROL_BYTES
+        } else {
+            self.max_request_bytes
+        };
+        let (parts, body) = req.into_parts();
+        let body = match limits::read_body(body, limit, deadline).await {
+            Ok(b) => b,
+            Err(e) => return self.body_refused(e, remote, &method, &path, &who, limit),
+        };
+        let opens =
+            parts.method == hyper::Method::POST && session.is_none() && is_initialize(&body);
+        let mut req = Request::from_parts(parts, Full::new(body));
         if is_control {
             return self.control(req, principal).await;
         }
@@ -671,59 +818,138 @@ impl HttpServer {
             );
             return plain(StatusCode::BAD_REQUEST, &format!("{why}\n"));
         }
-        // A legacy session is its first identity's, for every method (its
-        // event replay, its notifications, its DELETE).
-        let who = principal.id();
-        let session = req
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        if let Some(id) = &session {
-            let owner = self
-                .sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(id)
-                .cloned();
-            if owner.as_deref() != Some(who.as_str()) {
-                let why = refuse(
-                    StatusCode::NOT_FOUND,
-                    "no session of yours has that Mcp-Session-Id; start a new one".into(),
-                    None,
-                );
-                return plain(StatusCode::NOT_FOUND, &format!("{why}\n"));
+        // A new legacy session is counted against its identity before rmcp
+        // makes it (a 2026-07-28 request makes none).
+        let opening = if opens && !modern {
+            match self.limits.open_session(&who) {
+                Ok(o) => Some(o),
+                Err(over) => return self.limited(over, remote, &method, &path, &who, false),
             }
-        }
+        } else {
+            None
+        };
         let deleting = req.method() == hyper::Method::DELETE;
         // The token never goes further than this.
         req.headers_mut().remove(header::AUTHORIZATION);
         req.extensions_mut().insert(SsoPrincipal(principal));
         let response = self.mcp.handle(req).await;
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        match (&session, deleting) {
-            (Some(id), true) if response.status().is_success() => {
-                sessions.remove(id);
+        match &session {
+            // Ended by its DELETE, or no longer known to rmcp.
+            Some(id)
+                if (deleting && response.status().is_success())
+                    || response.status() == StatusCode::NOT_FOUND =>
+            {
+                self.limits.session_ended(id);
             }
-            (None, _) => {
-                if let Some(new) = response
+            Some(_) => {}
+            None => {
+                let made = response
                     .headers()
                     .get("mcp-session-id")
                     .and_then(|v| v.to_str().ok())
-                {
-                    if sessions.len() >= MAX_SESSIONS {
-                        let drop: Vec<String> =
-                            sessions.keys().take(MAX_SESSIONS / 2).cloned().collect();
-                        for k in drop {
-                            sessions.remove(&k);
-                        }
+                    .map(str::to_string);
+                match (made, opening) {
+                    (Some(id), Some(o)) => o.opened(&id),
+                    (Some(id), None) => {
+                        // Made by a request not seen as an initialize: not
+                        // counted, so not kept.
+                        tracing::warn!(
+                            "closing an MCP session made by a request this transport did not count"
+                        );
+                        let id: Arc<str> = Arc::from(id.as_str());
+                        let _ = rmcp::transport::streamable_http_server::session::SessionManager::close_session(
+                            self.session_manager.as_ref(),
+                            &id,
+                        )
+                        .await;
                     }
-                    sessions.insert(new.to_string(), who);
+                    (None, _) => {}
                 }
             }
-            _ => {}
         }
-        response
+        // The request counts until its answer's last byte (a stream's end).
+        let (parts, body) = response.into_parts();
+        Response::from_parts(parts, limits::Held::new(body, guard).boxed())
+    }
+
+    /// A request refused at one of its identity's limits: 429 with
+    /// `Retry-After` (and the connection closed when it is the connection
+    /// that is over), audited, counted.
+    fn limited(
+        &self,
+        over: limits::Over,
+        remote: SocketAddr,
+        method: &str,
+        path: &str,
+        who: &str,
+        close: bool,
+    ) -> Response<Body> {
+        crate::telemetry::metrics().http_limited(over.limit, who);
+        self.audit_refusal_of(
+            remote,
+            StatusCode::TOO_MANY_REQUESTS,
+            &over.reason,
+            method,
+            path,
+            None,
+            Some(who),
+        );
+        let mut r = plain(StatusCode::TOO_MANY_REQUESTS, &format!("{}\n", over.reason));
+        let secs = over.retry_after.as_secs().max(1);
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        if close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
+    }
+
+    /// A body that could not be read: 408 (too slow), 413 (too large) or
+    /// 400 (broken off), audited, and the connection closed.
+    fn body_refused(
+        &self,
+        e: limits::BodyError,
+        remote: SocketAddr,
+        method: &str,
+        path: &str,
+        who: &str,
+        limit: usize,
+    ) -> Response<Body> {
+        let (status, why) = match e {
+            limits::BodyError::TooSlow => {
+                crate::telemetry::metrics().http_limited("request_timeout", who);
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request did not arrive whole within {} s ([http] request_timeout_seconds)",
+                        self.limits.quotas.request_timeout.as_secs()
+                    ),
+                )
+            }
+            limits::BodyError::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a request's body here is at most {limit} bytes"),
+            ),
+            limits::BodyError::Broken(e) => (
+                StatusCode::BAD_REQUEST,
+                format!("the request's body was broken off: {}", clip(&e, 200)),
+            ),
+        };
+        self.audit_refusal_of(
+            remote,
+            status,
+            &why,
+            method,
+            path,
+            None,
+            (!who.is_empty()).then_some(who),
+        );
+        let mut r = plain(status, &format!("{why}\n"));
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
     }
 
     /// Audit a refusal: one by one up to `audited_refusals_per_minute` per
@@ -738,6 +964,21 @@ impl HttpServer {
         method: &str,
         path: &str,
         token: Option<auth::TokenFacts>,
+    ) {
+        self.audit_refusal_of(remote, status, reason, method, path, token, None)
+    }
+
+    /// [`HttpServer::audit_refusal`] of a request whose identity is known.
+    #[allow(clippy::too_many_arguments)]
+    fn audit_refusal_of(
+        &self,
+        remote: SocketAddr,
+        status: StatusCode,
+        reason: &str,
+        method: &str,
+        path: &str,
+        token: Option<auth::TokenFacts>,
+        identity: Option<&str>,
     ) {
         let suppressed = {
             let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
@@ -770,6 +1011,7 @@ impl HttpServer {
                 method: method.to_string(),
                 path: clip(path, 200),
                 token: token.map(|t| json!(t)),
+                identity: identity.map(str::to_string),
                 not_audited_before: (suppressed > 0).then_some(suppressed),
             },
         );
@@ -781,7 +1023,7 @@ impl HttpServer {
     /// on the socket; the identity is the token's, never the argv's.
     async fn control(
         &self,
-        req: Request<hyper::body::Incoming>,
+        req: Request<Full<Bytes>>,
         principal: crate::policy::Principal,
     ) -> Response<Body> {
         if req.method() != hyper::Method::POST {
@@ -856,6 +1098,27 @@ impl HttpServer {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, h);
         }
         r
+    }
+}
+
+/// Whether a JSON-RPC body is (or, as a batch, holds) an `initialize`:
+/// the request that opens a legacy session.
+fn is_initialize(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Msg {
+        #[serde(default)]
+        method: Option<String>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Frame {
+        One(Msg),
+        Many(Vec<Msg>),
+    }
+    match serde_json::from_slice::<Frame>(body) {
+        Ok(Frame::One(m)) => m.method.as_deref() == Some("initialize"),
+        Ok(Frame::Many(ms)) => ms.iter().any(|m| m.method.as_deref() == Some("initialize")),
+        Err(_) => false,
     }
 }
 

@@ -46,7 +46,11 @@ const CEREMONY: Duration = Duration::from_secs(180);
 /// How long a statement made for the page may be signed and submitted.
 const STATEMENT_VALID_FOR: u64 = 300;
 /// The largest JSON body a page posts.
-const MAX_BODY: usize = 64 * 1024;
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// A page request, its body read whole by the transport (within the
+/// request's deadline and [`MAX_BODY`]).
+pub type PageBody = http_body_util::Full<bytes::Bytes>;
 
 const SESSION_COOKIE: &str = "gw_session";
 /// Registration steps one address may take each minute (a registration
@@ -70,6 +74,9 @@ pub struct Pages {
     policy: Arc<crate::policy::PolicyStore>,
     control: ControlHandler,
     audit: Arc<AuditLog>,
+    /// Its store holds the page's single-use marks (spent sign-ins,
+    /// ended sessions), shared by replicas.
+    pipeline: Arc<crate::pipeline::Pipeline>,
     /// Registrations started per address in the current minute.
     registrations:
         std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
@@ -113,6 +120,7 @@ impl Pages {
         policy: Arc<crate::policy::PolicyStore>,
         control: ControlHandler,
         audit: Arc<AuditLog>,
+        pipeline: Arc<crate::pipeline::Pipeline>,
     ) -> Result<Pages, String> {
         let rp = RelyingParty::new(resource).map_err(|e| e.to_string())?;
         let secure = rp.origin().starts_with("https://");
@@ -134,6 +142,7 @@ impl Pages {
             policy,
             control,
             audit,
+            pipeline,
             registrations: Default::default(),
         })
     }
@@ -196,7 +205,7 @@ impl Pages {
         )
     }
 
-    fn cookie_of(&self, req: &Request<hyper::body::Incoming>, base: &str) -> Option<String> {
+    fn cookie_of(&self, req: &Request<PageBody>, base: &str) -> Option<String> {
         cookie(req, &self.cookie_name(base))
     }
 
@@ -209,16 +218,44 @@ impl Pages {
 
     /// The session's approver, while the policy still lists a passkey of
     /// theirs.
-    fn session(&self, req: &Request<hyper::body::Incoming>) -> Option<(String, String)> {
+    fn session(&self, req: &Request<PageBody>) -> Option<(String, String, i64)> {
         let v = self.open("session", &self.cookie_of(req, SESSION_COOKIE)?)?;
         let name = v["n"].as_str()?.to_string();
         let sid = v["s"].as_str()?.to_string();
+        let until = v["e"].as_i64()?;
         // The passkey that opened it must still be listed, for this name.
         let credential = v["k"].as_str()?;
         self.passkeys()
             .iter()
             .any(|l| l.name == name && l.id == credential)
-            .then_some((name, sid))
+            .then_some((name, sid, until))
+    }
+
+    /// Mark `id` used until `until_ms`, in the store every replica shares:
+    /// true the first time only. A store that cannot answer refuses.
+    async fn once(&self, id: String, until_ms: i64) -> Result<bool, Refused> {
+        let p = Arc::clone(&self.pipeline);
+        tokio::task::spawn_blocking(move || p.approvals().spend_once(&id, until_ms))
+            .await
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| {
+                tracing::warn!("the approval page's single-use marks: {e}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the approval store cannot be reached; try again shortly".to_string(),
+                )
+            })
+    }
+
+    /// Whether page session `sid` was signed out (on any replica). A store
+    /// that cannot answer counts as signed out.
+    async fn signed_out(&self, sid: &str) -> bool {
+        let p = Arc::clone(&self.pipeline);
+        let id = format!("page-session:{sid}");
+        tokio::task::spawn_blocking(move || p.approvals().is_spent(&id))
+            .await
+            .map(|r| r.unwrap_or(true))
+            .unwrap_or(true)
     }
 
     fn csrf(&self, sid: &str) -> String {
@@ -228,7 +265,7 @@ impl Pages {
     /// Serve one request under `/approvals`.
     pub async fn handle(
         &self,
-        req: Request<hyper::body::Incoming>,
+        req: Request<PageBody>,
         remote: std::net::SocketAddr,
     ) -> Result<Response<Body>, Refused> {
         let path = req.uri().path().to_string();
@@ -259,7 +296,7 @@ impl Pages {
             "/approvals/login/finish" if post => {
                 let login = self.cookie_of(&req, LOGIN_COOKIE);
                 let body = json_body(req).await?;
-                return self.login_finish(login.as_deref(), &body, remote);
+                return self.login_finish(login.as_deref(), &body, remote).await;
             }
             "/approvals/passkeys/register/options" if post => {
                 let body = json_body(req).await?;
@@ -273,7 +310,11 @@ impl Pages {
             _ => {}
         }
         // Everything else is a session's.
-        let Some((name, sid)) = self.session(&req) else {
+        let session = match self.session(&req) {
+            Some((name, sid, until)) if !self.signed_out(&sid).await => Some((name, sid, until)),
+            _ => None,
+        };
+        let Some((name, sid, until)) = session else {
             if get {
                 let next = path
                     .strip_prefix("/approvals/")
@@ -297,6 +338,8 @@ impl Pages {
                 ));
             }
             if path == "/approvals/logout" {
+                // Ended on the server: the cookie, replayed, opens nothing.
+                self.once(format!("page-session:{sid}"), until).await?;
                 let mut r = json_response(StatusCode::OK, &json!({"ok": true}));
                 set_cookie(&mut r, &self.cookie(SESSION_COOKIE, "", Duration::ZERO));
                 return Ok(r);
@@ -350,7 +393,7 @@ impl Pages {
     /// A state change must come from this page: the browser says its
     /// origin (and, when it says, that the request is same-origin) and it
     /// is JSON (which no cross-site form can send without a preflight).
-    fn same_origin(&self, req: &Request<hyper::body::Incoming>) -> Result<(), Refused> {
+    fn same_origin(&self, req: &Request<PageBody>) -> Result<(), Refused> {
         let hv = |n: &str| {
             req.headers()
                 .get(n)
@@ -474,7 +517,7 @@ impl Pages {
         Ok(r)
     }
 
-    fn login_finish(
+    async fn login_finish(
         &self,
         login: Option<&str>,
         body: &Value,
@@ -495,6 +538,18 @@ impl Pages {
             .rp
             .verify(&creds, &challenge, &body["assertion"])
             .map_err(|e| (StatusCode::FORBIDDEN, e.to_string()))?;
+        // One session per sign-in: its challenge is spent here, for every
+        // replica, until the ceremony would have expired anyway.
+        let until = v["e"].as_i64().unwrap_or_else(now_ms);
+        if !self
+            .once(format!("page-login:{}", b64(&challenge)), until)
+            .await?
+        {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "this sign-in was already used; start again".into(),
+            ));
+        }
         let mut sid = [0u8; 16];
         getrandom::fill(&mut sid)
             .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
@@ -796,7 +851,11 @@ pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>
         for sig in &signals {
             let mut why = String::new();
             if let Some(r) = sig["reason"].as_str() {
-                why.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
+                why.push_str(&format!(
+                    " <span class=why>{} <small>({})</small></span>",
+                    h(&reason_sentence(r, sig["paths"].as_array())),
+                    h(r)
+                ));
             }
             if let Some(p) = sig["paths"].as_array().filter(|p| !p.is_empty()) {
                 why.push_str(&format!(
@@ -938,7 +997,11 @@ pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>
                 s(&c["address"])
             ));
             if let Some(r) = c["reason"].as_str() {
-                m.push_str(&format!(" <span class=why>because: {}</span>", h(r)));
+                m.push_str(&format!(
+                    " <span class=why>{} <small>({})</small></span>",
+                    h(&reason_sentence(r, c["paths"].as_array())),
+                    h(r)
+                ));
             }
             if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
                 m.push_str(&format!(
@@ -973,6 +1036,56 @@ pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>
 
 /// An approval id as the store makes them (`ap-` and hex): nothing else is
 /// put in a path, a link or a command line.
+/// A Terraform plan's `action_reason` as a sentence for the approver
+/// (Terraform's JSON output format documents each code); `paths` are the
+/// plan's `replace_paths`, shown as attribute paths.
+pub fn reason_sentence(code: &str, paths: Option<&Vec<Value>>) -> String {
+    let what: Vec<String> = paths
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| p.as_array())
+                .map(|steps| {
+                    let mut out = String::new();
+                    for step in steps {
+                        match step {
+                            Value::Number(n) => out.push_str(&format!("[{n}]")),
+                            Value::String(k) if out.is_empty() => out.push_str(k),
+                            Value::String(k) => out.push_str(&format!(".{k}")),
+                            other => out.push_str(&format!("[{other}]")),
+                        }
+                    }
+                    format!("`{out}`")
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let changed = if what.is_empty() {
+        "an argument".to_string()
+    } else {
+        what.join(", ")
+    };
+    match code {
+        "replace_because_tainted" => "Terraform must destroy and re-create it because it is tainted (an earlier apply failed part way, or someone tainted it)".into(),
+        "replace_because_cannot_update" => format!(
+            "Terraform must destroy and re-create it because {changed} changed and cannot be changed in place"
+        ),
+        "replace_by_request" => "Terraform will destroy and re-create it because the run asked for it (-replace)".into(),
+        "replace_by_triggers" => "Terraform must destroy and re-create it because a resource named in its replace_triggered_by changed".into(),
+        "delete_because_no_resource_config" => "Terraform will destroy it because its block is no longer in the configuration".into(),
+        "delete_because_no_module" => "Terraform will destroy it because the module that held it is no longer in the configuration".into(),
+        "delete_because_wrong_repetition" => "Terraform will destroy it because its block switched between count and for_each".into(),
+        "delete_because_count_index" => "Terraform will destroy it because its count no longer reaches its index".into(),
+        "delete_because_each_key" => "Terraform will destroy it because its key is no longer in its for_each".into(),
+        "delete_because_no_move_target" => "Terraform will destroy it because a moved block sends it to an address that does not exist".into(),
+        "read_because_config_unknown" => "Terraform will read it during the apply because its configuration depends on values known only then".into(),
+        "read_because_dependency_pending" => "Terraform will read it during the apply because something it depends on has changes pending".into(),
+        "read_because_check_nested" => "Terraform will read it during the apply because a check block reads it".into(),
+        other => format!(
+            "Terraform gave a reason this page does not know ({other}): read the plan before deciding"
+        ),
+    }
+}
+
 fn valid_id(id: &str) -> bool {
     id.len() <= 64
         && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
@@ -981,7 +1094,7 @@ fn valid_id(id: &str) -> bool {
 
 /// The one cookie named `name`. Two of that name (one planted by another
 /// page of the same site, beside the real one) count as none.
-fn cookie(req: &Request<hyper::body::Incoming>, name: &str) -> Option<String> {
+fn cookie(req: &Request<PageBody>, name: &str) -> Option<String> {
     let mut found = req
         .headers()
         .get_all(header::COOKIE)
@@ -995,7 +1108,7 @@ fn cookie(req: &Request<hyper::body::Incoming>, name: &str) -> Option<String> {
     found.next().is_none().then_some(first)
 }
 
-async fn json_body(req: Request<hyper::body::Incoming>) -> Result<Value, Refused> {
+async fn json_body(req: Request<PageBody>) -> Result<Value, Refused> {
     let bytes = http_body_util::Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
@@ -1102,6 +1215,35 @@ mod tests {
             out.contains("\\u{202e}") && out.contains("\\u{200b}"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn reason_codes_are_said_as_sentences_with_the_paths_that_force_them() {
+        let paths = vec![
+            json!(["triggers_replace"]),
+            json!(["metadata", 0, "labels"]),
+        ];
+        let said = reason_sentence("replace_because_cannot_update", Some(&paths));
+        assert_eq!(
+            said,
+            "Terraform must destroy and re-create it because `triggers_replace`, `metadata[0].labels` changed and cannot be changed in place"
+        );
+        assert!(
+            reason_sentence("delete_because_no_resource_config", None)
+                .contains("no longer in the configuration")
+        );
+        assert!(reason_sentence("made_up", None).contains("does not know (made_up)"));
+        // Shown escaped: a hostile code stays text.
+        let html = approval_html(
+            "bob",
+            "c",
+            &json!({"id": "ap-1", "state": "pending", "signals": [
+                {"kind": "replace", "address": "a.b", "message": "m",
+                 "reason": "<script>x</script>", "paths": [["triggers_replace"]]}]}),
+            &Ok(()),
+        );
+        assert!(!html.contains("<script>x"), "{html}");
+        assert!(html.contains("does not know (&lt;script&gt;"), "{html}");
     }
 
     #[test]

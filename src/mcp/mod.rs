@@ -369,19 +369,32 @@ fn tool_of(name: &str, t: &Value) -> Tool {
 
 impl ServerHandler for GatewayServer {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(
+        // Tasks are served where a session holds them (the local socket);
+        // over HTTP a call is answered in its own response, so the
+        // extension is not offered there.
+        let served_tasks = !matches!(self.identity, Identity::Bearer);
+        let capabilities = if served_tasks {
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_tasks()
-                .build(),
-        )
-        .with_server_info(Implementation::new("gateway", env!("CARGO_PKG_VERSION")))
-        .with_instructions(
-            "Infrastructure tools behind policy. Destructive calls return a pending approval that a person \
-             grants out of band; call again with the approval_id once approved (a client with the tasks \
-             extension gets a task that waits for the approval instead).",
-        )
+                .build()
+        } else {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build()
+        };
+        InitializeResult::new(capabilities)
+            .with_server_info(Implementation::new("gateway", env!("CARGO_PKG_VERSION")))
+            .with_instructions(if served_tasks {
+                "Infrastructure tools behind policy. Destructive calls return a pending approval that a person \
+                 grants out of band; call again with the approval_id once approved (a client with the tasks \
+                 extension gets a task that waits for the approval instead)."
+            } else {
+                "Infrastructure tools behind policy. Destructive calls return a pending approval that a person \
+                 grants out of band; call again with the approval_id once approved."
+            })
     }
 
     async fn list_tools(

@@ -68,6 +68,16 @@ struct SinkLabels {
     sink: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpRefusalLabels {
+    /// Which limit: `request_timeout`, `connections_per_identity`,
+    /// `requests_per_identity`, `sessions_per_identity`, `sessions`.
+    limit: &'static str,
+    /// The identity over it, as the first 12 hex digits of the SHA-256 of
+    /// its principal id (never a token or a claim as sent).
+    identity: String,
+}
+
 type StageHistograms = Family<StageLabels, Histogram, fn() -> Histogram>;
 
 fn stage_histogram() -> Histogram {
@@ -98,6 +108,9 @@ pub struct Metrics {
     export_last_success: Family<SinkLabels, Gauge>,
     export_up: Family<SinkLabels, Gauge>,
     calls_running: Gauge,
+    http_refused: Family<HttpRefusalLabels, Counter>,
+    http_sessions: Gauge,
+    http_connections: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -242,6 +255,24 @@ impl Metrics {
             "Calls admitted and not ended",
             calls_running.clone(),
         );
+        let http_refused = Family::<HttpRefusalLabels, Counter>::default();
+        registry.register(
+            "gateway_http_limited",
+            "HTTP requests refused at a limit of the remote transport (408 or 429), by limit and hashed identity",
+            http_refused.clone(),
+        );
+        let http_sessions = Gauge::default();
+        registry.register(
+            "gateway_http_sessions",
+            "Legacy MCP sessions open on the HTTP transport",
+            http_sessions.clone(),
+        );
+        let http_connections = Gauge::default();
+        registry.register(
+            "gateway_http_connections",
+            "HTTP connections open",
+            http_connections.clone(),
+        );
         // Every stage is shown from the start (a query over a stage that
         // never ran returns zeros, not nothing).
         for s in Stage::ALL {
@@ -280,7 +311,31 @@ impl Metrics {
             export_last_success,
             export_up,
             calls_running,
+            http_refused,
+            http_sessions,
+            http_connections,
         }
+    }
+
+    /// A request refused at the HTTP transport's `limit` for `identity`
+    /// (a principal id, hashed here; empty before one is known).
+    pub fn http_limited(&self, limit: &'static str, identity: &str) {
+        let identity = if identity.is_empty() {
+            String::new()
+        } else {
+            crate::canonical::sha256_hex(identity.as_bytes())[..12].to_string()
+        };
+        self.http_refused
+            .get_or_create(&HttpRefusalLabels { limit, identity })
+            .inc();
+    }
+
+    /// Legacy sessions and connections open on the HTTP transport now.
+    pub fn set_http_open(&self, sessions: usize, connections: usize) {
+        self.http_sessions
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        self.http_connections
+            .set(i64::try_from(connections).unwrap_or(i64::MAX));
     }
 
     /// The OpenMetrics text of every metric now.
