@@ -18,149 +18,17 @@ mod common;
 mod daemon;
 #[path = "support/postgres.rs"]
 mod pg;
+#[path = "support/sso.rs"]
+mod sso;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use daemon::{APPROVER, Daemon};
 use serde_json::{Value, json};
-
-const CLIENT_ID: &str = "agent-cli";
-const REDIRECT: &str = "http://127.0.0.1:53682/callback";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn python() -> PathBuf {
-    let p = common::repo().join(".tools/venv/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/install-tools.sh",
-        p.display()
-    );
-    p
-}
-
-/// The test OpenID provider (tests/oidc/provider.mjs), on `port`.
-struct Provider {
-    child: Child,
-    issuer: String,
-}
-
-impl Provider {
-    fn start(
-        dir: &Path,
-        port: u16,
-        keys: &[(&Path, &str)],
-        resource: &str,
-        tls: (&Path, &Path),
-    ) -> Provider {
-        let modules = common::repo().join("tests/oidc/node_modules/oidc-provider");
-        assert!(
-            modules.exists(),
-            "{} is missing: run scripts/install-tools.sh oidc",
-            modules.display()
-        );
-        let issuer = format!("https://127.0.0.1:{port}");
-        let config = json!({
-            "issuer": issuer,
-            "port": port,
-            "tls": {"cert": tls.0, "key": tls.1},
-            "keys": keys.iter().map(|(p, _)| p).collect::<Vec<_>>(),
-            "kids": keys.iter().map(|(_, k)| k).collect::<Vec<_>>(),
-            "resource": resource,
-            "other_resources": ["https://other.example/mcp"],
-            "users": {
-                "alice": {"email": "alice@example.com", "groups": ["developers", "gateway-approvers"]},
-                "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
-                "carol": {"email": "carol@example.com", "groups": ["developers"]},
-                // An SSO user who is also an approver's OS user on the host.
-                "eve": {"email": format!("{APPROVER}@example.com"), "groups": ["developers"]},
-            },
-            "clients": [{
-                "client_id": CLIENT_ID,
-                "token_endpoint_auth_method": "none",
-                "redirect_uris": [REDIRECT],
-                "grant_types": ["authorization_code", "refresh_token"],
-                "response_types": ["code"],
-            }, {
-                // gateway login: the device grant, no redirect.
-                "client_id": "gateway-cli",
-                "token_endpoint_auth_method": "none",
-                "redirect_uris": [],
-                "grant_types": ["urn:ietf:params:oauth:grant-type:device_code"],
-                "response_types": [],
-            }],
-            "access_token_ttl": 600,
-        });
-        let path = dir.join(format!("provider-{port}-{}.json", keys[0].1));
-        std::fs::write(&path, config.to_string()).expect("provider config");
-        let mut child = Command::new("node")
-            .arg(common::repo().join("tests/oidc/provider.mjs"))
-            .arg(&path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("node (scripts/bootstrap.sh installs nodejs)");
-        let out = child.stdout.take().expect("stdout");
-        let mut out = BufReader::new(out);
-        let mut line = String::new();
-        out.read_line(&mut line).expect("provider output");
-        assert!(
-            line.contains("ready"),
-            "the provider did not start: {line:?}"
-        );
-        // What it says later is drained (a closed pipe would kill it).
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        Provider { child, issuer }
-    }
-
-    /// An access token for `user`, through the authorization-code flow.
-    fn login(&self, user: &str, resource: &str, ca: &Path) -> String {
-        let out = Command::new(python())
-            .arg(common::repo().join("tests/oidc/login.py"))
-            .args([
-                "--issuer",
-                &self.issuer,
-                "--client-id",
-                CLIENT_ID,
-                "--redirect-uri",
-                REDIRECT,
-            ])
-            .args(["--user", user, "--resource", resource])
-            .arg("--ca")
-            .arg(ca)
-            .output()
-            .expect("login.py");
-        let said = common::stderr(&out);
-        assert!(
-            out.status.success(),
-            "login of {user}: {}",
-            said.lines()
-                .filter(|l| l.contains("login.py") || l.contains("<pre>"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).expect("token response");
-        v["access_token"]
-            .as_str()
-            .expect("access_token")
-            .to_string()
-    }
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use sso::{CLIENT_ID, Http, Provider, free_port, initialize, python};
 
 fn now() -> u64 {
     SystemTime::now()
@@ -186,82 +54,6 @@ fn forge_typed(key_pem: &str, kid: &str, typ: &str, claims: &Value) -> String {
 fn b64(v: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v)
-}
-
-struct Http {
-    rt: tokio::runtime::Runtime,
-    client: reqwest::Client,
-    url: String,
-}
-
-struct Answer {
-    status: u16,
-    www_authenticate: String,
-    body: String,
-}
-
-impl Http {
-    /// A client trusting the CA at `ca` (PEM), for `url`.
-    fn new(ca: &Path, url: &str) -> Http {
-        let pem = std::fs::read(ca).expect("ca");
-        Http {
-            rt: tokio::runtime::Runtime::new().expect("runtime"),
-            client: reqwest::Client::builder()
-                .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
-                .build()
-                .expect("client"),
-            url: url.to_string(),
-        }
-    }
-
-    fn post(
-        &self,
-        url: &str,
-        token: Option<&str>,
-        headers: &[(&str, &str)],
-        body: &Value,
-    ) -> Answer {
-        self.rt.block_on(async {
-            let mut r = self
-                .client
-                .post(url)
-                .header("content-type", "application/json")
-                .header("accept", "application/json, text/event-stream");
-            if let Some(t) = token {
-                r = r.bearer_auth(t);
-            }
-            for (k, v) in headers {
-                r = r.header(*k, *v);
-            }
-            let resp = r.body(body.to_string()).send().await.expect("request");
-            let status = resp.status().as_u16();
-            let www_authenticate = resp
-                .headers()
-                .get("www-authenticate")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
-            let body = resp.text().await.unwrap_or_default();
-            Answer {
-                status,
-                www_authenticate,
-                body,
-            }
-        })
-    }
-
-    fn get(&self, url: &str) -> (u16, String) {
-        self.rt.block_on(async {
-            let r = self.client.get(url).send().await.expect("get");
-            (r.status().as_u16(), r.text().await.unwrap_or_default())
-        })
-    }
-}
-
-fn initialize() -> Value {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "probe", "version": "1"}}})
 }
 
 fn sdk(
@@ -1522,6 +1314,30 @@ fn an_approver_on_another_machine_approves_from_the_page_with_a_passkey() {
     assert_eq!(last_json(&out)["result"]["status"], "completed", "{out}");
     assert_eq!(count(&d, "approval_page.signed_in"), 2);
     assert_eq!(count(&d, "approval_page.passkey_registered"), 2);
+    // A captured sign-in replayed from another client opens no session.
+    assert_eq!(report["replayed_sign_in"]["status"], 403, "{report:#}");
+    assert!(
+        report["replayed_sign_in"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("already used")),
+        "{report:#}"
+    );
+    // Signing out ends the session on the server: the kept cookie, which
+    // read the list just before, is sent to sign in again after.
+    assert_eq!(report["before_sign_out"], 200, "{report:#}");
+    assert_eq!(report["after_sign_out"]["status"], 303, "{report:#}");
+    // The audit says which passkey signed in and registered (a credential
+    // id is public, not a secret to scrub).
+    for e in d.events().iter().filter(|e| {
+        e["event"] == "approval_page.signed_in" || e["event"] == "approval_page.passkey_registered"
+    }) {
+        assert!(
+            e["data"]["credential_id"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("webauthn:") && c.len() > 20),
+            "{e:#}"
+        );
+    }
     // `audit verify` checks the passkey's assertion again.
     let verify = common::gateway(&d.home)
         .args(["audit", "verify"])

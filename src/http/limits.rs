@@ -93,6 +93,11 @@ impl Limits {
         self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The sessions gauge, from the table as it is now.
+    fn gauge(c: &Counts) {
+        crate::telemetry::metrics().set_http_sessions(c.sessions.len());
+    }
+
     /// Sessions open (or being opened) now.
     pub fn sessions_open(&self) -> usize {
         let c = self.lock();
@@ -192,6 +197,7 @@ impl Limits {
         if let Some(s) = c.sessions.remove(id) {
             dec(&mut c.sessions_of, &s.owner);
         }
+        Limits::gauge(&c);
     }
 
     /// The sessions idle past their limit, with nothing in flight: taken
@@ -210,6 +216,7 @@ impl Limits {
                 dec(&mut c.sessions_of, &s.owner);
             }
         }
+        Limits::gauge(&c);
         idle
     }
 
@@ -279,6 +286,7 @@ impl Opening {
                 in_flight: 0,
             },
         );
+        Limits::gauge(&c);
         self.done = true;
     }
 }

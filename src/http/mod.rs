@@ -516,8 +516,7 @@ impl HttpServer {
         conns.abort_all();
     }
 
-    /// Close the sessions [`limits`] finds idle, in rmcp too; keep the
-    /// gauges of sessions and connections.
+    /// Close the sessions [`limits`] finds idle, in rmcp too.
     async fn sweep_sessions(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(SESSION_SWEEP);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -538,13 +537,6 @@ impl HttpServer {
                     tracing::debug!("closing an idle MCP session: {e}");
                 }
             }
-            let conns: usize = self
-                .conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .sum();
-            crate::telemetry::metrics().set_http_open(self.limits.sessions_open(), conns);
         }
     }
 
@@ -1212,6 +1204,7 @@ impl ConnSlot {
             return None;
         }
         *c.entry(ip).or_insert(0) += 1;
+        crate::telemetry::metrics().set_http_connections(total + 1);
         Some(ConnSlot {
             server: Arc::clone(server),
             ip,
@@ -1228,6 +1221,7 @@ impl Drop for ConnSlot {
                 c.remove(&self.ip);
             }
         }
+        crate::telemetry::metrics().set_http_connections(c.values().sum());
     }
 }
 

@@ -330,10 +330,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Legacy sessions and connections open on the HTTP transport now.
-    pub fn set_http_open(&self, sessions: usize, connections: usize) {
+    /// Legacy sessions open on the HTTP transport now.
+    pub fn set_http_sessions(&self, sessions: usize) {
         self.http_sessions
             .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+    }
+
+    /// HTTP connections open now.
+    pub fn set_http_connections(&self, connections: usize) {
         self.http_connections
             .set(i64::try_from(connections).unwrap_or(i64::MAX));
     }

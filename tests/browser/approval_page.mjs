@@ -62,9 +62,9 @@ async function signIn(p, name, next) {
 }
 
 // A request as a forger makes it: any headers, the victim's cookie.
-function raw(path, headers, body) {
+function raw(path, headers, body, method = "POST") {
   return new Promise((resolve) => {
-    const req = https.request(`${BASE}${path}`, { method: "POST", headers, rejectUnauthorized: false }, (res) => {
+    const req = https.request(`${BASE}${path}`, { method, headers, rejectUnauthorized: false }, (res) => {
       let text = "";
       res.on("data", (d) => (text += d));
       res.on("end", () => resolve({ status: res.statusCode, text }));
@@ -124,10 +124,25 @@ try {
   // Without a session, the page sends the reader to sign in.
   await bob.page.goto(`${BASE}/approvals/${APPROVAL}`);
   report.anonymous_url = bob.page.url().replace(BASE, "");
+  // The sign-in's last step as the browser sent it (body and cookie), to
+  // replay from another client.
+  let finish = null;
+  bob.page.on("requestfinished", async (r) => {
+    if (!r.url().endsWith("/approvals/login/finish")) return;
+    const res = await r.response();
+    if (res && res.status() === 200) finish = { body: r.postData(), headers: await r.allHeaders() };
+  });
   // Sign in (retried while the daemon reloads its policy).
   for (let i = 0; ; i++) {
     try { await signIn(bob, "bob", APPROVAL); break; } catch (e) { if (i > 20) throw e; await bob.page.waitForTimeout(500); }
   }
+  // The same sign-in sent again by someone who captured it: refused, no
+  // second session.
+  await bob.page.waitForTimeout(200);
+  report.replayed_sign_in = finish
+    ? await raw("/approvals/login/finish", { cookie: finish.headers.cookie, origin: BASE,
+      "content-type": "application/json", "sec-fetch-site": "same-origin" }, finish.body)
+    : { status: 0, text: "the sign-in was not captured" };
   const order = await bob.page.evaluate(() => [...document.querySelectorAll("main section")].map((s) => s.className));
   report.sections = order;
   report.headers = await bob.page.evaluate(async () => {
@@ -192,6 +207,15 @@ try {
   report.hostile_text = await bob.page.locator(".signals").textContent();
   report.hostile_alerted = await bob.page.evaluate(() => window.__pwned === true);
   await bob.page.screenshot({ path: `${SHOTS}/hostile.png`, fullPage: true });
+
+  // Sign out: the session ends on the server, so its cookie, kept by
+  // someone who copied it, reads nothing afterwards.
+  const kept = `__Host-gw_session=${(await bob.context.cookies()).find((c) => c.name === "__Host-gw_session").value}`;
+  report.before_sign_out = (await raw("/approvals/", { cookie: kept }, undefined, "GET")).status;
+  await bob.page.goto(`${BASE}/approvals/`);
+  await bob.page.click("#logout");
+  await bob.page.waitForTimeout(1000);
+  report.after_sign_out = await raw("/approvals/", { cookie: kept }, undefined, "GET");
 } catch (e) {
   report.error = String(e && e.stack || e);
 }

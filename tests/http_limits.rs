@@ -1,0 +1,396 @@
+//! One valid identity must not take the HTTP transport from the team.
+//! Real components: `gateway daemon` (as root) serving `[http]` with TLS,
+//! the certified `oidc-provider` issuing alice's and bob's access tokens,
+//! real HTTPS clients. alice is the attacker: her token is valid, and she
+//! uses it to send bodies one byte at a time, to hold connections and to
+//! open sessions she never closes. bob must stay served throughout.
+//!
+//! Each attack failed before the limits existed: a slow body after
+//! authentication was never cut (20 of 20 still open at 150 s), one token
+//! held every connection slot, and sessions were kept until a hash-order
+//! trim past 100,000.
+
+mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
+#[path = "support/sso.rs"]
+mod sso;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use daemon::Daemon;
+use serde_json::{Value, json};
+use sso::{Http, Provider, free_port, initialize};
+
+struct Team {
+    _keys: tempfile::TempDir,
+    _workspace: tempfile::TempDir,
+    _provider: Provider,
+    d: Daemon,
+    ca: PathBuf,
+    resource: String,
+    alice: String,
+    bob: String,
+}
+
+/// A daemon with `limits` in its `[http]`, and tokens for alice and bob.
+fn team(limits: &str) -> Team {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    let signing = keys.path().join("sign.pem");
+    let k = rcgen::KeyPair::generate().expect("key");
+    std::fs::write(&signing, k.serialize_pem()).expect("write key");
+    let gw_port = free_port();
+    let resource = format!("https://127.0.0.1:{gw_port}/mcp");
+    let provider = Provider::start(
+        keys.path(),
+        free_port(),
+        &[(&signing, "key-0")],
+        &resource,
+        (&cert, &tls_key),
+    );
+    let workspace = tempfile::tempdir().expect("workspace");
+    let extra = format!(
+        "[http]\nlisten = \"127.0.0.1:{gw_port}\"\nresource = {resource:?}\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\n\
+         audited_refusals_per_minute = 1000\n{limits}\n\
+         [[http.issuers]]\nissuer = {iss:?}\nca_file = {ca:?}\nleeway_seconds = 5\n",
+        ws = workspace.path(),
+        iss = provider.issuer,
+    );
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), &extra);
+    let d = Daemon::start_in(dir, config);
+    let started = Instant::now();
+    while !d.log().contains("serving MCP over HTTP") {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let alice = provider.login("alice", &resource, &ca);
+    let bob = provider.login("bob", &resource, &ca);
+    Team {
+        _keys: keys,
+        _workspace: workspace,
+        _provider: provider,
+        d,
+        ca,
+        resource,
+        alice,
+        bob,
+    }
+}
+
+fn client(ca: &Path) -> reqwest::Client {
+    let pem = std::fs::read(ca).expect("ca");
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca cert"))
+        // One connection per request: each slow body holds its own.
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// A POST whose `Content-Length` promises `len` bytes and whose body
+/// comes one byte every `every` until it is cut (or `len` are sent).
+async fn slow_post(
+    c: reqwest::Client,
+    url: String,
+    token: String,
+    len: usize,
+    every: Duration,
+) -> (u16, String, Duration) {
+    let started = Instant::now();
+    let body = futures::stream::unfold(0usize, move |i| async move {
+        if i == len {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+        Some((
+            Ok::<_, std::io::Error>(hyper::body::Frame::data(bytes::Bytes::from_static(b" "))),
+            i + 1,
+        ))
+    });
+    let r = c
+        .post(&url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-length", len.to_string())
+        .body(reqwest::Body::wrap(http_body_util::StreamBody::new(
+            Box::pin(body),
+        )))
+        .send()
+        .await;
+    match r {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            (status, text, started.elapsed())
+        }
+        Err(e) => (0, e.to_string(), started.elapsed()),
+    }
+}
+
+fn refusals(d: &Daemon, status: u16) -> Vec<Value> {
+    d.events()
+        .into_iter()
+        .filter(|e| e["event"] == "http.refused" && e["data"]["status"] == status)
+        .collect()
+}
+
+/// `gateway_http_limited_total` of `limit`, summed over identities, from
+/// one scrape (the listener reuses a scrape's text for 5 s: one scrape a
+/// test, at its end).
+fn limited_metric(text: &str, limit: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("gateway_http_limited_total{")
+                && l.contains(&format!("limit=\"{limit}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn scrape(http: &Http, origin: &str) -> String {
+    let (status, text) = http.get(&format!("{origin}/metrics"));
+    assert_eq!(status, 200, "{text}");
+    text
+}
+
+/// A body that crawls after a valid token is cut at the request's
+/// deadline with 408 (MCP endpoint and control API alike), audited with
+/// the identity; while alice holds her whole share of connections with
+/// such bodies, her next connection is refused 429 at once and bob is
+/// served.
+#[test]
+fn a_slow_body_is_cut_and_one_identity_cannot_hold_every_connection() {
+    daemon::os_user(daemon::AGENT);
+    let t = team(
+        "request_timeout_seconds = 4\nmax_connections_per_identity = 4\nmax_requests_per_identity = 16\n",
+    );
+    let http = Http::new(&t.ca, &t.resource);
+    let origin = t.resource.trim_end_matches("/mcp").to_string();
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+
+    // 1. Slow bodies, on the MCP endpoint and the control API.
+    for path in ["/mcp", "/mcp/control"] {
+        let (status, text, took) = rt.block_on(slow_post(
+            client(&t.ca),
+            format!("{origin}{path}"),
+            t.alice.clone(),
+            1000,
+            Duration::from_millis(500),
+        ));
+        assert_eq!(status, 408, "{path}: {text}");
+        assert!(
+            text.contains("request_timeout_seconds"),
+            "{path}: says which limit: {text}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{path}: cut at its deadline, not later: {took:?}"
+        );
+    }
+    let timeouts = refusals(&t.d, 408);
+    assert_eq!(timeouts.len(), 2, "{timeouts:#?}");
+    assert!(
+        timeouts.iter().all(|e| e["data"]["identity"]
+            .as_str()
+            .is_some_and(|i| i.contains("alice"))),
+        "{timeouts:#?}"
+    );
+
+    // 2. alice holds her four connections with slow bodies.
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            rt.spawn(slow_post(
+                client(&t.ca),
+                t.resource.clone(),
+                t.alice.clone(),
+                1000,
+                Duration::from_millis(300),
+            ))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let fifth = http.post(&http.url, Some(&t.alice), &[], &initialize());
+    assert_eq!(
+        fifth.status, 429,
+        "alice's fifth connection: {}",
+        fifth.body
+    );
+    assert!(
+        fifth.body.contains("max_connections_per_identity"),
+        "{}",
+        fifth.body
+    );
+    for _ in 0..4 {
+        let b = http.post(&http.url, Some(&t.bob), &[], &initialize());
+        assert_eq!(b.status, 200, "bob is served meanwhile: {}", b.body);
+    }
+    for h in held {
+        let (status, text, _) = rt.block_on(h).expect("join");
+        assert_eq!(status, 408, "{text}");
+    }
+    // Her share is hers again once they are cut.
+    let again = http.post(&http.url, Some(&t.alice), &[], &initialize());
+    assert_eq!(again.status, 200, "{}", again.body);
+    let over = refusals(&t.d, 429);
+    assert!(
+        over.iter().any(|e| e["data"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_connections_per_identity"))
+            && e["data"]["identity"]
+                .as_str()
+                .is_some_and(|i| i.contains("alice"))),
+        "{over:#?}"
+    );
+    let text = scrape(&http, &origin);
+    assert!(limited_metric(&text, "request_timeout") >= 2.0, "{text}");
+    assert!(
+        limited_metric(&text, "connections_per_identity") >= 1.0,
+        "{text}"
+    );
+    t.d.assert_audit_verifies();
+}
+
+/// Sessions a client opens and never ends: alice's are bounded by her
+/// share (429 with `Retry-After`), bob opens his all the same, and a
+/// session never used past its handshake is closed after
+/// `session_unused_seconds` (then refused 404, and alice may open again).
+#[test]
+fn sessions_one_identity_leaves_open_are_bounded_and_closed_when_idle() {
+    daemon::os_user(daemon::AGENT);
+    let t = team(
+        "max_sessions_per_identity = 3\nsession_unused_seconds = 2\nsession_idle_seconds = 60\n",
+    );
+    let http = Http::new(&t.ca, &t.resource);
+    let origin = t.resource.trim_end_matches("/mcp").to_string();
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let c = client(&t.ca);
+    let open = |token: &str| -> (u16, Option<String>, Option<String>, String) {
+        rt.block_on(async {
+            let r = c
+                .post(&t.resource)
+                .bearer_auth(token)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(initialize().to_string())
+                .send()
+                .await
+                .expect("send");
+            let status = r.status().as_u16();
+            let header = |n: &str| {
+                r.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            };
+            let (id, retry) = (header("mcp-session-id"), header("retry-after"));
+            (status, id, retry, r.text().await.unwrap_or_default())
+        })
+    };
+    let mut mine = Vec::new();
+    for _ in 0..3 {
+        let (status, id, _, body) = open(&t.alice);
+        assert_eq!(status, 200, "{body}");
+        mine.push(id.expect("a legacy session id"));
+    }
+    let (status, _, retry, body) = open(&t.alice);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("max_sessions_per_identity"), "{body}");
+    let retry: u64 = retry.and_then(|r| r.parse().ok()).expect("Retry-After");
+    assert!((1..=2).contains(&retry), "{retry}");
+    for _ in 0..3 {
+        let (status, id, _, body) = open(&t.bob);
+        assert_eq!(status, 200, "bob's own share: {body}");
+        assert!(id.is_some());
+    }
+    // Never used past the handshake: closed after 2 s (swept every 2 s).
+    std::thread::sleep(Duration::from_secs(5));
+    let old = http.post(
+        &http.url,
+        Some(&t.alice),
+        &[("mcp-session-id", &mine[0])],
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    );
+    assert_eq!(old.status, 404, "a closed session is gone: {}", old.body);
+    let (status, _, _, body) = open(&t.alice);
+    assert_eq!(status, 200, "room again: {body}");
+    let text = scrape(&http, &origin);
+    // bob's three closed as alice's did (never used); alice's new one is open.
+    assert!(
+        text.lines().any(|l| l == "gateway_http_sessions 1"),
+        "{}",
+        text.lines()
+            .filter(|l| l.starts_with("gateway_http"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        limited_metric(&text, "sessions_per_identity") >= 1.0,
+        "{text}"
+    );
+    t.d.assert_audit_verifies();
+}
+
+/// The daemon's open-file budget: its soft limit is raised to the hard
+/// one at start, and a `max_connections` the limit cannot serve with room
+/// for the daemon's own files is refused with the fix.
+#[test]
+fn the_daemon_raises_its_file_limit_and_refuses_connections_it_cannot_serve() {
+    daemon::os_user(daemon::AGENT);
+    let keys = tempfile::tempdir().expect("dir");
+    let (ca, cert, tls_key) = common::tls_files(keys.path());
+    let workspace = tempfile::tempdir().expect("workspace");
+    let http = |max: usize| {
+        format!(
+            "[http]\nlisten = \"127.0.0.1:{p}\"\nresource = \"https://127.0.0.1:{p}/mcp\"\ntls_cert = {cert:?}\ntls_key = {tls_key:?}\nworkspace = {ws:?}\nmax_connections = {max}\n\
+             [[http.issuers]]\nissuer = \"https://127.0.0.1:9\"\nca_file = {ca:?}\n",
+            p = free_port(),
+            ws = workspace.path(),
+        )
+    };
+    let limited = |cmd: &mut std::process::Command, soft: u64, hard: u64| {
+        use std::os::unix::process::CommandExt;
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    soft,
+                    hard,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    };
+    // 1,024 connections where 1,500 files may be open: refused, saying why.
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), &http(1024));
+    let mut cmd = Daemon::command(dir.path(), &config);
+    limited(&mut cmd, 1500, 1500);
+    let out = cmd.output().expect("daemon");
+    assert!(!out.status.success());
+    let said = common::stderr(&out);
+    assert!(
+        said.contains("max_connections is 1024") && said.contains("LimitNOFILE"),
+        "{said}"
+    );
+    // A soft limit of 1,024 under a hard one of 4,096 (systemd's default
+    // soft limit): raised, and the listener serves.
+    let (dir, config) = Daemon::layout(&common::repo().join("policies"), &http(1024));
+    let mut cmd = Daemon::command(dir.path(), &config);
+    limited(&mut cmd, 1024, 4096);
+    let d = Daemon::start_cmd(dir, config, cmd);
+    let started = Instant::now();
+    while !d.log().contains("serving MCP over HTTP") {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).expect("limits");
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let nums: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums, ["4096", "4096"], "{open_files}");
+}
