@@ -110,7 +110,8 @@ fn default_sessions_per_identity() -> usize {
     16
 }
 fn default_max_sessions() -> usize {
-    4096
+    // About 280 MiB of idle sessions at their measured 138 KiB each.
+    2048
 }
 fn default_session_idle() -> u64 {
     300

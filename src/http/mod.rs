@@ -127,6 +127,11 @@ pub const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest operator command accepted (its JSON).
 const MAX_CONTROL_BYTES: usize = 64 * 1024;
 
+/// How long a refusal over one of an identity's limits is held before it
+/// is answered (see [`HttpServer::limited`]): a client looping on its
+/// refusals gets at most one a second for each connection it holds.
+const REFUSAL_HOLD: Duration = Duration::from_secs(1);
+
 /// How often idle sessions are looked for.
 const SESSION_SWEEP: Duration = Duration::from_secs(2);
 
@@ -753,6 +758,10 @@ impl HttpServer {
         // From here the request is an identity's, counted against its share.
         let who = principal.id();
         if let Err(over) = tag.claim(&who) {
+            // Held too before the connection is closed: a client that
+            // reconnects at once on this refusal would otherwise make the
+            // gateway pay a TLS handshake per try, as fast as it can loop.
+            tokio::time::sleep(REFUSAL_HOLD).await;
             return self.limited(over, remote, &method, &path, &who, true);
         }
         // A legacy session is its first identity's, for every method (its
@@ -774,7 +783,13 @@ impl HttpServer {
         }
         let guard = match self.limits.begin_request(&who, session.as_deref()) {
             Ok(g) => g,
-            Err(over) => return self.limited(over, remote, &method, &path, &who, false),
+            Err(over) => {
+                // Held before it is answered: a client that loops on its
+                // refusals gets one a second per connection it holds (at
+                // most its share), not as many as the CPU can make.
+                tokio::time::sleep(REFUSAL_HOLD).await;
+                return self.limited(over, remote, &method, &path, &who, false);
+            }
         };
         let limit = if is_control {
             MAX_CONTROL_BYTES
@@ -815,7 +830,11 @@ impl HttpServer {
         let opening = if opens && !modern {
             match self.limits.open_session(&who) {
                 Ok(o) => Some(o),
-                Err(over) => return self.limited(over, remote, &method, &path, &who, false),
+                Err(over) => {
+                    // Held, counted as in flight (see above).
+                    tokio::time::sleep(REFUSAL_HOLD).await;
+                    return self.limited(over, remote, &method, &path, &who, false);
+                }
             }
         } else {
             None
