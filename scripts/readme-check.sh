@@ -104,7 +104,8 @@ expected_kubernetes=(
   'docker build -t gateway:0.1.0 -f images/gateway/Dockerfile .'
   'kubectl apply --server-side -k deploy/kubernetes/overlays/kind'
   'kubectl apply --server-side -k deploy/kubernetes/verify'
-  'kubectl wait -n gateway-sandbox --for=condition=complete --timeout=15m job/gateway-verify'
+  'kubectl apply --server-side -f cluster/namespaces.yaml -f deploy/kubernetes/overlays/kind/postgres.yaml'
+  'scripts/wait-job.sh gateway-sandbox gateway-verify 15m'
 )
 for line in "${expected_kubernetes[@]}"; do
   grep -qxF -- "$line" <<<"$kubernetes" ||

@@ -2028,6 +2028,31 @@ async fn kubernetes_auth_logs_the_gateway_in_with_its_service_account() {
         .kube
         .with(|s| s.service_account_token("gateway-sandbox", "gateway"));
     let broker = VaultBroker::new(k8s_auth(&token, "gateway"), &w.home).expect("broker");
+    // OpenBao reviews the token as its own service account: without
+    // `system:auth-delegator` the API server refuses the TokenReview (as a
+    // real one does), the login fails, and the error says what to bind.
+    let refused = broker
+        .check()
+        .await
+        .expect_err("no login without the reviewer's TokenReview permission");
+    let said = refused.to_string();
+    assert!(
+        said.contains("system:auth-delegator") && said.contains("cluster/vault-rbac.yaml"),
+        "{said}"
+    );
+    let reviews = w.kube.with(|s| {
+        s.seen
+            .iter()
+            .filter(|r| r.path.ends_with("/tokenreviews"))
+            .map(|r| r.status)
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        reviews.iter().all(|s| *s == 403) && !reviews.is_empty(),
+        "{reviews:?}"
+    );
+    // The cluster assets bind it (cluster/vault-rbac.yaml): now it logs in.
+    w.kube.with(|s| s.apply_cluster_bindings());
     let checked = broker.check().await;
     let seen = w.kube.with(|s| {
         s.seen

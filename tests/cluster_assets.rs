@@ -13,7 +13,7 @@ mod common;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde_json::Value;
 
 /// Every document of every cluster/*.yaml, with its file.
@@ -54,6 +54,7 @@ fn every_cluster_manifest_parses_into_its_kubernetes_type() {
             "ServiceAccount" => drop(strict::<ServiceAccount>(file, doc)),
             "Role" => drop(strict::<Role>(file, doc)),
             "ClusterRole" => drop(strict::<ClusterRole>(file, doc)),
+            "ClusterRoleBinding" => drop(strict::<ClusterRoleBinding>(file, doc)),
             "RoleBinding" => drop(strict::<RoleBinding>(file, doc)),
             "NetworkPolicy" => drop(strict::<NetworkPolicy>(file, doc)),
             "RuntimeClass" => drop(strict::<RuntimeClass>(file, doc)),
@@ -135,6 +136,16 @@ fn the_cluster_assets_say_what_the_design_needs() {
             .ends_with("/32")
     );
     assert!(to["namespaceSelector"].is_null() && to["podSelector"].is_null());
+    // Vault's Kubernetes auth reviews tokens as vault/openbao: a real API
+    // server refuses that TokenReview without system:auth-delegator (found
+    // on a real cluster: every replica stayed unready).
+    let delegator = find(&docs, "ClusterRoleBinding", "openbao-auth-delegator");
+    assert_eq!(delegator["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(delegator["roleRef"]["name"], "system:auth-delegator");
+    assert_eq!(
+        delegator["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "openbao", "namespace": "vault"}])
+    );
     // RBAC: a Role (not a ClusterRole) in the sandbox namespace, with only
     // what the backend calls.
     let role = find(&docs, "Role", "gateway-sandboxes");

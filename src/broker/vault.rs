@@ -1267,10 +1267,25 @@ impl VaultBroker {
 fn login_error(e: vaultrs::error::ClientError, method: &str, mount: &str) -> BrokerError {
     use vaultrs::error::ClientError as E;
     match e {
-        E::APIError { code, errors } => BrokerError::Refused(format!(
-            "{method} login at auth/{mount}: Vault answered {code} ({})",
-            errors.join("; ")
-        )),
+        E::APIError { code, errors } => {
+            let said = errors.join("; ");
+            // Vault's Kubernetes auth checks the login's JWT with a
+            // TokenReview made as its own service account; a cluster that
+            // does not let that account create TokenReviews makes every
+            // login fail with 403 (Vault's log names the TokenReview).
+            let hint = if method == "Kubernetes" && code == 403 {
+                if said.contains("tokenreviews") {
+                    "; the API server refused Vault's TokenReview: bind the ClusterRole system:auth-delegator to the service account Vault reviews tokens with (cluster/vault-rbac.yaml binds it to vault/openbao)"
+                } else {
+                    "; if Vault's log says tokenreviews.authentication.k8s.io is forbidden, bind the ClusterRole system:auth-delegator to the service account Vault reviews tokens with (cluster/vault-rbac.yaml binds it to vault/openbao); otherwise check the role's bound service account and namespace"
+                }
+            } else {
+                ""
+            };
+            BrokerError::Refused(format!(
+                "{method} login at auth/{mount}: Vault answered {code} ({said}){hint}"
+            ))
+        }
         other => BrokerError::Unreachable(format!(
             "{method} login at auth/{mount}: {}",
             crate::error_chain(&other)

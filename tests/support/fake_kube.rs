@@ -1001,6 +1001,49 @@ impl State {
         false
     }
 
+    /// RBAC at the cluster scope: may service account `ns/sa` do `verb`
+    /// on `resource` of `group`, through a ClusterRoleBinding to a
+    /// ClusterRole (the built-in `system:auth-delegator` among them)?
+    pub fn allowed_cluster(
+        &self,
+        ns: &str,
+        sa: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+    ) -> bool {
+        let any = |list: &Value, want: &str| {
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v == "*" || v == want)
+        };
+        self.objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "clusterrolebindings")
+            .map(|(_, b)| b)
+            .filter(|b| {
+                b["roleRef"]["kind"] == "ClusterRole"
+                    && b["subjects"].as_array().into_iter().flatten().any(|s| {
+                        s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns
+                    })
+            })
+            .filter_map(|b| {
+                let name = b["roleRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                self.objects
+                    .get(&("clusterroles".to_string(), String::new(), name))
+            })
+            .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+            .any(|rule| {
+                any(&rule["verbs"], verb)
+                    && any(&rule["apiGroups"], group)
+                    && any(&rule["resources"], resource)
+            })
+    }
+
     fn create(
         &mut self,
         resource: &str,
@@ -1268,6 +1311,24 @@ impl State {
         token
     }
 
+    /// Apply the ClusterRoleBindings of the repository's cluster assets
+    /// (cluster/vault-rbac.yaml), as `kubectl apply -k cluster/` would:
+    /// what lets OpenBao's service account review tokens.
+    pub fn apply_cluster_bindings(&mut self) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/vault-rbac.yaml");
+        let text = std::fs::read_to_string(&path).expect("cluster/vault-rbac.yaml");
+        for doc in serde_saphyr::from_multiple::<Value>(&text).expect("YAML") {
+            if doc["kind"] == "ClusterRoleBinding" {
+                let name = doc["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                self.objects
+                    .insert(("clusterrolebindings".into(), String::new(), name), doc);
+            }
+        }
+    }
+
     /// Objects of `resource` that exist now.
     pub fn live(&self, resource: &str) -> Vec<Value> {
         self.objects
@@ -1328,10 +1389,24 @@ impl FakeKube {
             json!({}),
         );
         let (notify, _) = tokio::sync::broadcast::channel(1024);
-        let state = Arc::new(Mutex::new(State {
+        let mut first = State {
             notify: Some(notify),
             ..State::default()
-        }));
+        };
+        // The built-in ClusterRole every cluster has (what a token
+        // reviewer is bound to), as `kubectl get clusterrole
+        // system:auth-delegator -o yaml` shows it.
+        first.objects.insert(
+            ("clusterroles".into(), String::new(), "system:auth-delegator".into()),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "system:auth-delegator",
+                    "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "rules": [
+                    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+                ]}),
+        );
+        let state = Arc::new(Mutex::new(first));
         let (shutdown, _) = tokio::sync::watch::channel(0u64);
         let task = serve(
             listener,
@@ -2148,8 +2223,37 @@ async fn route(
     {
         return (respond(StatusCode::OK, d), user);
     }
-    // TokenReview (what Vault's Kubernetes auth asks about a JWT).
+    // TokenReview (what Vault's Kubernetes auth asks about a JWT). The
+    // reviewer needs `create tokenreviews` at the cluster scope, as on a
+    // real server (the built-in `system:auth-delegator` grants it). The
+    // admin JWT stands for OpenBao's own service account (vault/openbao)
+    // and is held to that too.
     if method == "POST" && path == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        let reviewer = match &who {
+            Who::Sa { ns, name } => Some((ns.clone(), name.clone())),
+            _ => Some(("vault".to_string(), "openbao".to_string())),
+        };
+        if let Some((rns, rsa)) = reviewer
+            && !st.lock().expect("state").allowed_cluster(
+                &rns,
+                &rsa,
+                "create",
+                "authentication.k8s.io",
+                "tokenreviews",
+            )
+        {
+            return (
+                status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!(
+                        "tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:{rns}:{rsa}\" cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"
+                    ),
+                    json!({"group": "authentication.k8s.io", "kind": "tokenreviews"}),
+                ),
+                user,
+            );
+        }
         let review = match decode_body(ct, body, "TokenReview") {
             Ok(v) => v,
             Err(e) => {
