@@ -296,6 +296,26 @@ fn sessions_one_identity_leaves_open_are_bounded_and_closed_when_idle() {
         assert_eq!(status, 200, "{body}");
         mine.push(id.expect("a legacy session id"));
     }
+    // A 2026-07-28 request naming one of her sessions, for a method the
+    // gateway does not serve, is answered 404 while the session lives on:
+    // that must not make the session uncounted (review finding: each such
+    // round let her keep one more session than her share).
+    for id in &mine {
+        let a = http.post(
+            &http.url,
+            Some(&t.alice),
+            &[
+                ("mcp-session-id", id),
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "resources/list"),
+            ],
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "resources/list", "params": {
+                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                          "io.modelcontextprotocol/clientInfo": {"name": "probe", "version": "1"},
+                          "io.modelcontextprotocol/clientCapabilities": {}}}}),
+        );
+        assert_ne!(a.status, 200, "{}", a.body);
+    }
     let (status, _, retry, body) = open(&t.alice);
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("max_sessions_per_identity"), "{body}");

@@ -186,6 +186,10 @@ const MIGRATIONS: &[&str] = &[
     ONCE_MARKS,
 ];
 
+/// How long past its expiry a single-use mark is kept (replicas' clocks
+/// differ by a little).
+const ONCE_MARGIN_MS: i64 = 5 * 60 * 1000;
+
 /// [`ApprovalStore::spend_once`]'s table, the same on both databases.
 const ONCE_MARKS: &str = r#"
     CREATE TABLE once_marks (
@@ -707,6 +711,9 @@ impl ApprovalStore {
     /// it (one insert decides). Marks past their expiry are swept here.
     pub fn spend_once(&self, id: &str, expires_at_ms: i64) -> Result<bool, ApprovalError> {
         let now = now_ms();
+        // Kept past the expiry by a margin: a replica whose clock is behind
+        // still takes the cookie a little longer.
+        let expires_at_ms = expires_at_ms.saturating_add(ONCE_MARGIN_MS);
         self.write(|tx| {
             tx.execute(
                 "DELETE FROM once_marks WHERE expires_at_ms < ?1",

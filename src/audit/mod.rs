@@ -416,8 +416,15 @@ type Written = (Map<String, Value>, usize);
 
 /// Events never kept for later when the chain refuses them: they gate
 /// what they describe (a session whose opening cannot be recorded is
-/// refused, so it never opened).
-const NOT_KEPT: &[&str] = &["session.opened"];
+/// refused, so it never opened), or anyone can make them at will (a
+/// refused HTTP request: its answer was its record; keeping them would let
+/// a client without a token fill the replica's spool and push the calls'
+/// own ends out of it).
+const NOT_KEPT: &[&str] = &["session.opened", "http.refused"];
+
+/// How many waiting events one flush appends before it lets other writers
+/// in (the recovery task flushes in such rounds, every second).
+const FLUSH_BATCH: usize = 256;
 
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> i64 {
@@ -724,12 +731,17 @@ impl AuditLog {
             }
         };
         if self.spooled.load(Ordering::Acquire) {
+            // An event of a call with events still waiting goes behind them
+            // (a call's events stay in their order); any other is appended
+            // now, and what waits is left to the recovery task, in rounds,
+            // so that no writer stalls behind thousands of late events.
             let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(source) = self.flush_locked(chain, &mut spool) {
+            if !request_id.is_empty() && spool.waiting_for(request_id) {
+                let why = "this call's earlier events still wait for the team's chain";
                 if !NOT_KEPT.contains(&event) {
-                    spool.keep(request_id, event, data, extra, &source.to_string());
+                    spool.keep(request_id, event, data, extra, why);
                 }
-                return Err(refused(source));
+                return Err(refused(crate::db::DbError::Other(why.into())));
             }
         }
         match self.append_chain(
@@ -792,9 +804,13 @@ impl AuditLog {
         &self,
         chain: &shared::SharedChain,
         spool: &mut spool::Spool,
+        most: usize,
     ) -> Result<usize, crate::db::DbError> {
         let mut done = 0;
         while let Some(late) = spool.front() {
+            if done >= most {
+                return Ok(done);
+            }
             let mark = shared::Mark::for_event(&late.event, &late.request_id);
             self.append_chain(
                 chain,
@@ -828,22 +844,28 @@ impl AuditLog {
         Ok(done)
     }
 
-    /// Append the events waiting for the team's chain, if any: how many
-    /// were appended and how many still wait (nothing to do for a file).
+    /// Append the events waiting for the team's chain, if any, in rounds
+    /// of [`FLUSH_BATCH`] (the lock is let go between them): how many were
+    /// appended (nothing to do for a file). Blocking: run it off the async
+    /// threads.
     pub fn flush_spool(&self) -> Result<usize, AuditError> {
         let Some(chain) = &self.shared else {
             return Ok(0);
         };
-        if !self.spooled.load(std::sync::atomic::Ordering::Acquire) {
-            return Ok(0);
+        let mut done = 0;
+        while self.spooled.load(std::sync::atomic::Ordering::Acquire) {
+            let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
+            let n = self
+                .flush_locked(chain, &mut spool, FLUSH_BATCH)
+                .map_err(|source| AuditError::Database {
+                    at: chain.describe().to_string(),
+                    source,
+                })?;
+            done += n;
+            if n == 0 {
+                break;
+            }
         }
-        let mut spool = self.spool.lock().unwrap_or_else(|p| p.into_inner());
-        let done = self
-            .flush_locked(chain, &mut spool)
-            .map_err(|source| AuditError::Database {
-                at: chain.describe().to_string(),
-                source,
-            })?;
         if done > 0 {
             tracing::warn!(
                 events = done,
@@ -859,13 +881,13 @@ impl AuditLog {
     }
 
     /// End, as interrupted, every call the team's chain holds open whose
-    /// replica is not among `live` and whose request was recorded before
+    /// replica `dead` says is gone and whose request was recorded before
     /// `before_ms`: its replica stopped before it could record the call's
     /// end. Several survivors may try at once; each call is ended once.
     /// Returns the request ids ended here.
     pub fn end_orphaned_calls(
         &self,
-        live: &[String],
+        dead: &dyn Fn(&str) -> bool,
         before_ms: i64,
     ) -> Result<Vec<String>, AuditError> {
         let Some(chain) = &self.shared else {
@@ -877,7 +899,7 @@ impl AuditLog {
         };
         let mut ended = Vec::new();
         for call in chain.open_calls().map_err(db)? {
-            if live.contains(&call.replica) || call.started_ms >= before_ms {
+            if !dead(&call.replica) || call.started_ms >= before_ms {
                 continue;
             }
             let data = serde_json::json!({

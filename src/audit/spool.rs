@@ -40,6 +40,8 @@ pub struct Late {
 #[derive(Debug, Default)]
 pub struct Spool {
     waiting: VecDeque<Late>,
+    /// Events waiting per call (request id).
+    per_call: std::collections::HashMap<String, usize>,
     bytes: usize,
     /// Events refused past the bound since the queue was last emptied,
     /// and the first and last time one was.
@@ -55,6 +57,11 @@ impl Spool {
 
     pub fn len(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Whether call `request_id` has events waiting.
+    pub fn waiting_for(&self, request_id: &str) -> bool {
+        self.per_call.contains_key(request_id)
     }
 
     /// Keep an event the chain refused with `why`; counted as dropped when
@@ -84,6 +91,9 @@ impl Spool {
             }),
         );
         self.bytes += bytes;
+        if !request_id.is_empty() {
+            *self.per_call.entry(request_id.to_string()).or_insert(0) += 1;
+        }
         self.waiting.push_back(Late {
             request_id: request_id.to_string(),
             event: event.to_string(),
@@ -102,6 +112,12 @@ impl Spool {
     pub fn pop(&mut self) {
         if let Some(l) = self.waiting.pop_front() {
             self.bytes = self.bytes.saturating_sub(l.bytes);
+            if let Some(n) = self.per_call.get_mut(&l.request_id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_call.remove(&l.request_id);
+                }
+            }
         }
     }
 

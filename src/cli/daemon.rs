@@ -39,6 +39,12 @@ const FLUSH_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5)
 /// list was read (and whose calls it cannot name) started its calls later,
 /// clocks between hosts a few seconds apart included.
 const OPEN_CALL_MARGIN_MS: i64 = 10_000;
+/// A replica must be missing from the live ones for this long, in every
+/// look, before its open calls are ended: one the ledger called dead after
+/// a long database outage or a partition registers again (under the same
+/// id) within a few beats of reaching the database, and its calls are its
+/// own to end.
+const ABSENT_FOR: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Open files the daemon keeps for itself beyond its HTTP connections:
 /// the audit log and its head, the stores' connections, the socket's
@@ -92,11 +98,15 @@ fn spawn_audit_recovery(
     if audit.chain().is_none() {
         return;
     }
+    // Since when each replica that holds open calls has been missing.
+    let absent: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>> =
+        Arc::default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(AUDIT_RECOVERY_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut n: u64 = 0;
         loop {
+            let absent = Arc::clone(&absent);
             tick.tick().await;
             n += 1;
             let a = Arc::clone(&audit);
@@ -126,7 +136,24 @@ fn spawn_audit_recovery(
                         return;
                     }
                 };
-                match a.end_orphaned_calls(&live, before) {
+                // Missing now, and in every look for ABSENT_FOR.
+                let dead = |replica: &str| {
+                    let mut absent = absent.lock().unwrap_or_else(|p| p.into_inner());
+                    if live.iter().any(|l| l == replica) {
+                        absent.remove(replica);
+                        return false;
+                    }
+                    absent
+                        .entry(replica.to_string())
+                        .or_insert_with(std::time::Instant::now)
+                        .elapsed()
+                        >= ABSENT_FOR
+                };
+                absent
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|r, _| !live.contains(r));
+                match a.end_orphaned_calls(&dead, before) {
                     Ok(ended) if !ended.is_empty() => tracing::warn!(
                         calls = ?ended,
                         "ended, as interrupted, the calls replicas that died left open in the audit"

@@ -521,15 +521,41 @@ impl HttpServer {
         conns.abort_all();
     }
 
-    /// Close the sessions [`limits`] finds idle, in rmcp too.
+    /// Close the sessions [`limits`] finds idle, in rmcp too; and close
+    /// every session rmcp holds that the table does not count (seen so in
+    /// two sweeps in a row, so that one being opened now is left alone):
+    /// whatever path made one (a request dropped between rmcp making it
+    /// and the table counting it), nobody holds an uncounted session.
     async fn sweep_sessions(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(SESSION_SWEEP);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut suspects: std::collections::HashSet<Arc<str>> = Default::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
             }
+            let held: Vec<Arc<str>> = self
+                .session_manager
+                .sessions
+                .read()
+                .await
+                .keys()
+                .cloned()
+                .collect();
+            let uncounted: std::collections::HashSet<Arc<str>> = held
+                .into_iter()
+                .filter(|id| self.limits.owner(id).is_none())
+                .collect();
+            for id in uncounted.intersection(&suspects) {
+                tracing::warn!("closing an MCP session this transport does not count");
+                let _ = rmcp::transport::streamable_http_server::session::SessionManager::close_session(
+                    self.session_manager.as_ref(),
+                    id,
+                )
+                .await;
+            }
+            suspects = uncounted.difference(&suspects).cloned().collect();
             for id in self.limits.take_idle() {
                 let id: Arc<str> = Arc::from(id.as_str());
                 if let Err(e) =
@@ -705,7 +731,7 @@ impl HttpServer {
                 ),
                 None,
             );
-            return plain(StatusCode::FORBIDDEN, &format!("{why}\n"));
+            return closing(plain(StatusCode::FORBIDDEN, &format!("{why}\n")));
         }
         if let Some(origin) = req.headers().get(header::ORIGIN) {
             let o = origin.to_str().unwrap_or("");
@@ -718,7 +744,7 @@ impl HttpServer {
                     ),
                     None,
                 );
-                return plain(StatusCode::FORBIDDEN, &format!("{why}\n"));
+                return closing(plain(StatusCode::FORBIDDEN, &format!("{why}\n")));
             }
         }
         if req.uri().query().is_some_and(query_has_token) {
@@ -750,7 +776,7 @@ impl HttpServer {
                 };
                 let why = refuse(status, e.to_string(), Some(facts));
                 if status == StatusCode::SERVICE_UNAVAILABLE {
-                    return plain(status, &format!("{why}\n"));
+                    return closing(plain(status, &format!("{why}\n")));
                 }
                 return self.challenge(status, code, &why);
             }
@@ -845,12 +871,25 @@ impl HttpServer {
         req.extensions_mut().insert(SsoPrincipal(principal));
         let response = self.mcp.handle(req).await;
         match &session {
-            // Ended by its DELETE, or no longer known to rmcp.
-            Some(id)
-                if (deleting && response.status().is_success())
-                    || response.status() == StatusCode::NOT_FOUND =>
-            {
+            // Ended by its DELETE.
+            Some(id) if deleting && response.status().is_success() => {
                 self.limits.session_ended(id);
+            }
+            // A 404 says so only when rmcp no longer has the session (a
+            // method it does not know answers 404 too, and must not make
+            // a live session uncounted).
+            Some(id) if response.status() == StatusCode::NOT_FOUND => {
+                let sid: Arc<str> = Arc::from(id.as_str());
+                let known =
+                    rmcp::transport::streamable_http_server::session::SessionManager::has_session(
+                        self.session_manager.as_ref(),
+                        &sid,
+                    )
+                    .await
+                    .unwrap_or(true);
+                if !known {
+                    self.limits.session_ended(id);
+                }
             }
             Some(_) => {}
             None => {
@@ -1108,8 +1147,17 @@ impl HttpServer {
         if let Ok(h) = HeaderValue::from_str(&v) {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, h);
         }
-        r
+        closing(r)
     }
+}
+
+/// `r` with the connection closed after it: a refusal before any identity
+/// is known leaves no connection to be held (a client with no token, or a
+/// bad one, cannot keep a slot by sending slow headers again and again).
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// Whether a JSON-RPC body is (or, as a batch, holds) an `initialize`:
@@ -1214,8 +1262,25 @@ struct ConnSlot {
     ip: std::net::IpAddr,
 }
 
+/// The address a connection counts against: an IPv6 peer by its /64 (one
+/// host is usually given a whole /64, so counting each address would give
+/// it 2^64 shares), an IPv4 one (or a v4-mapped v6 one) by itself.
+fn address_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
+}
+
 impl ConnSlot {
     fn take(server: &Arc<HttpServer>, ip: std::net::IpAddr) -> Option<ConnSlot> {
+        let ip = address_key(ip);
         let mut c = server.conns.lock().unwrap_or_else(|e| e.into_inner());
         let total: usize = c.values().sum();
         let mine = c.get(&ip).copied().unwrap_or(0);

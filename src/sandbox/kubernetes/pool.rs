@@ -85,6 +85,10 @@ pub(super) struct Pool {
     /// close waits for them.
     creating: std::sync::atomic::AtomicUsize,
     created: tokio::sync::Notify,
+    /// Warm Jobs created and not yet offered (their pod starting, its gate
+    /// not passed): the close deletes them too, since the task that made
+    /// one may not outlive the process (a `gateway verify` that ends).
+    starting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// How long a warm pod may take to become ready: its start and its gate.
@@ -109,14 +113,15 @@ impl Pool {
             closed: std::sync::atomic::AtomicBool::new(false),
             creating: std::sync::atomic::AtomicUsize::new(0),
             created: tokio::sync::Notify::new(),
+            starting: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
     /// Make and keep no more warm pods; wait (up to 10 s) for the Jobs
-    /// being created to be created and deleted again; the ones that are
-    /// ready are given back to be deleted (the daemon also deletes every
-    /// Job of this gateway at shutdown).
-    pub async fn close(&self) -> Vec<Warm> {
+    /// being created to be created and deleted again; the names of the
+    /// ones that are ready or still starting are given back to be deleted
+    /// (the daemon also deletes every Job of this gateway at shutdown).
+    pub async fn close(&self) -> Vec<String> {
         use std::sync::atomic::Ordering;
         self.closed.store(true, Ordering::SeqCst);
         let _ = tokio::time::timeout(Duration::from_secs(10), async {
@@ -133,15 +138,33 @@ impl Pool {
             }
         })
         .await;
-        let mut shapes = self.lock();
         let mut all = Vec::new();
-        for shape in shapes.values_mut() {
-            for w in shape.ready.drain(..) {
-                w.watch.abort();
-                all.push(w);
+        {
+            let mut shapes = self.lock();
+            for shape in shapes.values_mut() {
+                for w in shape.ready.drain(..) {
+                    w.watch.abort();
+                    all.push(w.job);
+                }
             }
         }
+        all.extend(
+            self.starting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(),
+        );
         all
+    }
+
+    /// A warm Job was created (`true`) or ended its start (`false`).
+    fn starting(&self, job: &str, yes: bool) {
+        let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        if yes {
+            s.insert(job.to_string());
+        } else {
+            s.remove(job);
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -355,6 +378,8 @@ impl KubernetesSandbox {
         if created.is_some() && pool.is_closed() {
             // Made while the gateway was stopping: not kept.
             self.delete_warm(&job_name).await;
+        } else if created.is_some() {
+            pool.starting(&job_name, true);
         }
         pool.creating.fetch_sub(1, Ordering::SeqCst);
         pool.created.notify_waiters();
@@ -366,7 +391,16 @@ impl KubernetesSandbox {
         let made = Instant::now();
         let uid = created.metadata.uid.unwrap_or_default();
         let wait = pool.ready_wait;
-        match tokio::time::timeout(wait, self.ready(&id, &job_name, &uid)).await {
+        let readied = tokio::time::timeout(wait, self.ready(&id, &job_name, &uid)).await;
+        pool.starting(&job_name, false);
+        if pool.is_closed() {
+            // Closed while it started: the close took its name to delete;
+            // deleted here too, in case the close had already gone by.
+            let _ = pool.started(&key, None);
+            self.delete_warm(&job_name).await;
+            return;
+        }
+        match readied {
             Ok(Ok(pod)) => {
                 let watch = tokio::spawn(self.clone().watch_idle(
                     key.clone(),
@@ -530,8 +564,8 @@ impl KubernetesSandbox {
     /// ones.
     pub async fn close_pool(&self) {
         let Some(pool) = &self.pool else { return };
-        for w in pool.close().await {
-            self.delete_warm(&w.job).await;
+        for job in pool.close().await {
+            self.delete_warm(&job).await;
         }
     }
 
