@@ -1643,3 +1643,39 @@ async fn verify_checks_that_a_warm_pod_takes_a_call_and_fails_when_none_can() {
         check.detail
     );
 }
+
+/// The pool closed while a warm pod it made is still starting (on a real
+/// node: `Pending` for want of CPU): that Job is deleted by the close, not
+/// left to run until its idle deadline after the process that made it is
+/// gone (found on a real cluster after `gateway verify`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_still_starting_at_the_close_is_deleted_by_the_close() {
+    let c = cluster(warm).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    c.sandbox
+        .run(request("starting-1", None))
+        .await
+        .expect("ran");
+    assert!(a_warm_pod_is_ready(&c).await);
+    // From now on no pod starts: the replacement stays Pending.
+    c.kube.with(|s| s.kubelet = None);
+    c.sandbox
+        .run(request("starting-2", None))
+        .await
+        .expect("ran in the warm pod");
+    assert!(
+        eventually(|| warm_jobs(&c).len() == 2).await,
+        "a replacement was made"
+    );
+    let pending = warm_jobs(&c)[1].clone();
+    assert!(c.kube.with(|s| s
+        .live("jobs")
+        .iter()
+        .any(|j| j["metadata"]["name"] == pending.as_str())));
+    c.sandbox.close_pool().await;
+    assert!(
+        gone(&c, "jobs", &pending),
+        "the starting warm Job is deleted by the close itself"
+    );
+}

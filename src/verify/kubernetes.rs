@@ -62,6 +62,12 @@ fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
     }
 }
 
+/// Progress, as each check starts (a check that waits on a pod the
+/// scheduler cannot place says so in the log meanwhile).
+fn step(n: usize, what: &str) {
+    eprintln!("verify: [{n}/6] {what}…");
+}
+
 fn check(name: &'static str, pass: bool, detail: impl Into<String>) -> Check {
     Check {
         name,
@@ -149,6 +155,7 @@ pub async fn verify_kubernetes(
     let mut checks = Vec::new();
 
     // 1. gVisor.
+    step(1, "the sandbox's kernel is gVisor's");
     let r = sb.run(probe("kernel", &["kernel"], Network::None)).await;
     let gvisor = r
         .as_ref()
@@ -156,6 +163,7 @@ pub async fn verify_kubernetes(
     checks.push(check("the sandbox's kernel is gVisor's", gvisor, said(&r)));
 
     // 2. Default-deny egress, after a baseline that proves the network works.
+    step(2, EGRESS);
     match probe_server(&client, &cfg).await {
         Ok(ip) => {
             let target = format!("{ip}:8080");
@@ -165,6 +173,9 @@ pub async fn verify_kubernetes(
                 KubeSandboxConfig {
                     namespace: VERIFY_NAMESPACE.into(),
                     egress_canary: None,
+                    // No warm pods for the baseline (nor the warning that a
+                    // pool without a canary makes none).
+                    warm_pool: 0,
                     ..cfg.clone()
                 },
             );
@@ -206,6 +217,7 @@ pub async fn verify_kubernetes(
         .await;
 
     // 3. The API server endpoint, for a sandbox allowed it.
+    step(3, "the API server is reachable from a sandbox allowed it");
     let target = format!("kube-apiserver:{api_port}");
     let r = sb
         .run(probe(
@@ -224,6 +236,7 @@ pub async fn verify_kubernetes(
     ));
 
     // 4. Admission rejects a privileged pod in the sandbox namespace.
+    step(4, "admission rejects a privileged pod");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
     let privileged: Result<Pod, _> = serde_json::from_value(json!({
         "metadata": {"name": format!("verify-privileged-{}", std::process::id())},
@@ -248,11 +261,16 @@ pub async fn verify_kubernetes(
     ));
 
     // 5. A minted pod-reader token does exactly what its role says.
+    step(
+        5,
+        "a minted token does what its scope allows and nothing else",
+    );
     if let Some((broker, scope)) = token_check {
         checks.push(token_checks(base, broker, scope).await);
     }
 
     // 6. The warm pool, when there is one.
+    step(6, "a warm sandbox becomes ready and takes a call");
     if sb.has_warm_pool() {
         checks.push(warm_pool_check(sb).await);
     }

@@ -459,7 +459,11 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         volumes: Some(volumes),
         ..PodSpec::default()
     };
-    let deadline = i64::try_from(req.deadline.as_secs().max(1)).unwrap_or(i64::MAX);
+    // One second more than the call's deadline: the Job controller counts
+    // `activeDeadlineSeconds` from `status.startTime`, which has whole
+    // seconds (truncated), so a Job given N is ended N-1 to N seconds after
+    // it started, before the gateway's own N-second deadline would say so.
+    let deadline = i64::try_from(req.deadline.as_secs().max(1) + 1).unwrap_or(i64::MAX);
     let job = Job {
         metadata: ObjectMeta {
             name: Some(job_name),

@@ -318,7 +318,17 @@ impl Seen {
                 } else {
                     total
                 };
-                self.pod_problem = Some((format!("{what} ({reason}): {message}"), count));
+                let problem = format!("{what} ({reason}): {message}");
+                // Said when it changes: a run that waits on a pod the
+                // scheduler cannot place (or that will not start) says why
+                // in the log while it waits, not only at its deadline.
+                if self.pod_problem.as_ref().map(|(p, _)| p) != Some(&problem) {
+                    tracing::warn!(
+                        pod = self.pod.as_deref().unwrap_or_default(),
+                        "a sandbox waits: {problem}"
+                    );
+                }
+                self.pod_problem = Some((problem, count));
             }
             _ => {}
         }

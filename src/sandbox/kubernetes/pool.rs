@@ -439,6 +439,8 @@ impl KubernetesSandbox {
         let stream = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
             .default_backoff();
         let mut stream = std::pin::pin!(stream);
+        let mut unschedulable_said = false;
+        let wait_secs = self.pool.as_ref().map_or(0, |p| p.ready_wait.as_secs());
         let pod = loop {
             match stream.next().await {
                 Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
@@ -451,6 +453,28 @@ impl KubernetesSandbox {
                     });
                     if !owned {
                         continue;
+                    }
+                    // A pod the scheduler cannot place (a node without
+                    // room for the sandbox's requests) is said once, while
+                    // it is waited for.
+                    if let Some(c) = p
+                        .status
+                        .as_ref()
+                        .and_then(|st| st.conditions.as_ref())
+                        .and_then(|cs| {
+                            cs.iter()
+                                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                        })
+                        && !unschedulable_said
+                    {
+                        unschedulable_said = true;
+                        tracing::warn!(
+                            job,
+                            "a warm sandbox's pod cannot be scheduled yet ({}: {}); waited for up to {} s",
+                            c.reason.as_deref().unwrap_or("Unschedulable"),
+                            c.message.as_deref().unwrap_or(""),
+                            wait_secs
+                        );
                     }
                     let mut seen = super::Seen::default();
                     seen.pod(&p);
