@@ -294,6 +294,11 @@ fn sessions_one_identity_leaves_open_are_bounded_and_closed_when_idle() {
     for _ in 0..3 {
         let (status, id, _, body) = open(&t.alice);
         assert_eq!(status, 200, "{body}");
+        // Tasks are served on the local socket only: not offered here.
+        assert!(
+            body.contains("\"capabilities\"") && !body.contains("\"tasks\""),
+            "{body}"
+        );
         mine.push(id.expect("a legacy session id"));
     }
     // A 2026-07-28 request naming one of her sessions, for a method the

@@ -1669,10 +1669,11 @@ async fn a_warm_pod_still_starting_at_the_close_is_deleted_by_the_close() {
         "a replacement was made"
     );
     let pending = warm_jobs(&c)[1].clone();
-    assert!(c.kube.with(|s| s
-        .live("jobs")
-        .iter()
-        .any(|j| j["metadata"]["name"] == pending.as_str())));
+    assert!(c.kube.with(|s| {
+        s.live("jobs")
+            .iter()
+            .any(|j| j["metadata"]["name"] == pending.as_str())
+    }));
     c.sandbox.close_pool().await;
     assert!(
         gone(&c, "jobs", &pending),

@@ -105,6 +105,10 @@ pub struct State {
     pub restricted_namespaces: Vec<String>,
     /// Container logs by pod name.
     pub logs: BTreeMap<String, Vec<u8>>,
+    /// When each line of `logs[pod]` was written (seconds since the epoch),
+    /// for `sinceSeconds` and `timestamps` ([`State::log_line`]); a line
+    /// with no time recorded counts as written now.
+    pub log_times: BTreeMap<String, Vec<f64>>,
     /// Failures `GET pods/{name}/log` answers with, one per request, before
     /// it serves the log: (HTTP status, reason, message), as the API server
     /// does when it cannot reach the kubelet (500) or sheds load (429/503).
@@ -163,6 +167,11 @@ pub struct State {
     sa_deleted: BTreeMap<(String, String), std::time::Instant>,
     notify: Option<tokio::sync::broadcast::Sender<(u64, String, String, Value)>>,
     next_rv: u64,
+    /// Resource versions below this are compacted away (etcd keeps a few
+    /// minutes of history): a watch from one of them is answered with an
+    /// `ERROR` event, `410 Expired`, and ends, as on a real server. The
+    /// fake starts with its history compacted up to its first version.
+    pub compacted: u64,
 }
 
 /// The timing model of a node (FAKE: the times are parameters, not
@@ -417,28 +426,37 @@ async fn attach(
                 _ => false,
             };
         if !ok {
-            let code = if matches!(who, Who::Sa { .. }) {
-                StatusCode::FORBIDDEN
-            } else {
-                StatusCode::UNAUTHORIZED
+            return match &who {
+                Who::Sa { ns: sa_ns, name } => forbidden_error(
+                    &format!("system:serviceaccount:{sa_ns}:{name}"),
+                    "create",
+                    "pods",
+                    "pods/attach",
+                    Some(&pod),
+                    &ns,
+                ),
+                // The admin, when the test refuses attaches outright.
+                Who::Admin => forbidden_error(
+                    "system:serviceaccount:vault:openbao",
+                    "create",
+                    "pods",
+                    "pods/attach",
+                    Some(&pod),
+                    &ns,
+                ),
+                _ => status(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    "Unauthorized".into(),
+                    json!({}),
+                ),
             };
-            return status(
-                code,
-                "Forbidden",
-                format!("pods \"{pod}\" is forbidden: cannot create resource \"pods/attach\""),
-                json!({}),
-            );
         }
         let Some(p) = s
             .objects
             .get(&("pods".to_string(), ns.clone(), pod.clone()))
         else {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("pods \"{pod}\" not found"),
-                json!({"name": pod, "kind": "pods"}),
-            );
+            return not_found_error("pods", &pod);
         };
         if p["status"]["phase"] != "Running" {
             return status(
@@ -843,6 +861,24 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Now, in seconds since the epoch, with the fraction.
+fn now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// RFC 3339 with nanoseconds, as the kubelet prefixes a log line
+/// (`timestamps=true`): `2026-12-06T14:38:17.710037008Z`.
+fn rfc3339_nano(secs: f64) -> String {
+    let whole = secs.floor() as i64;
+    let nanos = ((secs - secs.floor()) * 1e9) as u32;
+    chrono::DateTime::from_timestamp(whole, nanos)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true))
+        .unwrap_or_default()
+}
+
 fn rfc3339(secs: u64) -> String {
     chrono::DateTime::from_timestamp(secs as i64, 0)
         .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
@@ -877,9 +913,102 @@ pub fn jwt(sub: &str, exp: u64, extra: Value) -> String {
 }
 
 fn status(code: StatusCode, reason: &str, message: String, details: Value) -> Response<Body> {
-    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason, "details": details, "code": code.as_u16()});
+    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16()});
+    // kube-apiserver leaves `details` out when it has nothing in it (a 401,
+    // a log's 400).
+    if details.as_object().is_some_and(|d| !d.is_empty()) {
+        body["details"] = details;
+    }
     respond(code, body)
+}
+
+/// The API group of a resource the fake serves ("" for the core group).
+pub fn group_of(resource: &str) -> &'static str {
+    match resource {
+        "jobs" => "batch",
+        "roles" | "rolebindings" | "clusterroles" | "clusterrolebindings" => {
+            "rbac.authorization.k8s.io"
+        }
+        "deployments" | "statefulsets" | "replicasets" => "apps",
+        "networkpolicies" => "networking.k8s.io",
+        "poddisruptionbudgets" => "policy",
+        "runtimeclasses" => "node.k8s.io",
+        "tokenreviews" => "authentication.k8s.io",
+        _ => "",
+    }
+}
+
+/// How kube-apiserver's messages name a resource: `jobs.batch`, `pods`.
+fn qualified(resource: &str) -> String {
+    match group_of(resource) {
+        "" => resource.to_string(),
+        g => format!("{resource}.{g}"),
+    }
+}
+
+/// A `Status` error about `resource` (and object `name`), with the details
+/// the real server gives: `name` when there is one, `group` unless core,
+/// `kind` the resource (apimachinery's NewNotFound, NewAlreadyExists,
+/// NewForbidden, NewConflict).
+fn api_error(
+    code: StatusCode,
+    reason: &str,
+    message: String,
+    resource: &str,
+    name: Option<&str>,
+) -> Response<Body> {
+    let mut details = json!({"kind": resource});
+    if let Some(n) = name {
+        details["name"] = json!(n);
+    }
+    if !group_of(resource).is_empty() {
+        details["group"] = json!(group_of(resource));
+    }
+    status(code, reason, message, details)
+}
+
+/// 404 NotFound for `name` of `resource`, as the real server says it.
+fn not_found_error(resource: &str, name: &str) -> Response<Body> {
+    api_error(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} \"{name}\" not found", qualified(resource)),
+        resource,
+        Some(name),
+    )
+}
+
+/// 403 Forbidden for `user` doing `verb` on `authz_resource` (maybe a
+/// subresource, `pods/attach`) of `resource` in `ns`, as RBAC's
+/// authorizer says it.
+fn forbidden_error(
+    user: &str,
+    verb: &str,
+    resource: &str,
+    authz_resource: &str,
+    name: Option<&str>,
+    ns: &str,
+) -> Response<Body> {
+    let subject = match name {
+        Some(n) => format!("{} \"{n}\"", qualified(resource)),
+        None => qualified(resource),
+    };
+    let scope = if ns.is_empty() {
+        "at the cluster scope".to_string()
+    } else {
+        format!("in the namespace \"{ns}\"")
+    };
+    api_error(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        format!(
+            "{subject} is forbidden: User \"{user}\" cannot {verb} resource \"{authz_resource}\" in API group \"{}\" {scope}",
+            group_of(resource)
+        ),
+        resource,
+        name,
+    )
 }
 
 fn respond(code: StatusCode, body: Value) -> Response<Body> {
@@ -1054,11 +1183,7 @@ impl State {
         let name = match meta["name"].as_str().filter(|s| !s.is_empty()) {
             Some(n) => n.to_string(),
             None => match meta["generateName"].as_str() {
-                Some(g) => {
-                    let mut r = [0u8; 3];
-                    getrandom::fill(&mut r).expect("random");
-                    format!("{g}{}", hex::encode(r))
-                }
+                Some(g) => format!("{g}{}", random_suffix()),
                 None => {
                     return Err(Box::new(status(
                         StatusCode::UNPROCESSABLE_ENTITY,
@@ -1073,11 +1198,12 @@ impl State {
         };
         let key = (resource.to_string(), ns.to_string(), name.clone());
         if self.objects.contains_key(&key) {
-            return Err(Box::new(status(
+            return Err(Box::new(api_error(
                 StatusCode::CONFLICT,
                 "AlreadyExists",
-                format!("{resource} \"{name}\" already exists"),
-                json!({"name": name, "kind": resource}),
+                format!("{} \"{name}\" already exists", qualified(resource)),
+                resource,
+                Some(&name),
             )));
         }
         self.next_rv += 1;
@@ -1272,12 +1398,7 @@ impl State {
     fn delete(&mut self, resource: &str, ns: &str, name: &str) -> Response<Body> {
         match self.remove(resource, ns, name) {
             Some(obj) => respond(StatusCode::OK, obj),
-            None => status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("{resource} \"{name}\" not found"),
-                json!({"name": name, "kind": resource}),
-            ),
+            None => not_found_error(resource, name),
         }
     }
 
@@ -1327,6 +1448,19 @@ impl State {
                     .insert(("clusterrolebindings".into(), String::new(), name), doc);
             }
         }
+    }
+
+    /// Append `line` (a newline is added) to pod `pod`'s log, written
+    /// `ago` seconds before now.
+    pub fn log_line(&mut self, pod: &str, line: &str, ago: f64) {
+        let log = self.logs.entry(pod.to_string()).or_default();
+        let lines = log.split_inclusive(|b| *b == b'\n').count();
+        let times = self.log_times.entry(pod.to_string()).or_default();
+        // Lines written before without a time count as written now.
+        times.resize(lines, now_f64());
+        times.push(now_f64() - ago);
+        log.extend_from_slice(line.as_bytes());
+        log.push(b'\n');
     }
 
     /// Objects of `resource` that exist now.
@@ -1391,6 +1525,10 @@ impl FakeKube {
         let (notify, _) = tokio::sync::broadcast::channel(1024);
         let mut first = State {
             notify: Some(notify),
+            // A cluster's history starts long before the test: versions
+            // from 1000 on, everything older compacted.
+            next_rv: 1000,
+            compacted: 1000,
             ..State::default()
         };
         // The built-in ClusterRole every cluster has (what a token
@@ -1595,20 +1733,14 @@ async fn workload_route(
 ) -> Response<Body> {
     let labels = q.get("labelSelector").cloned();
     let fields = q.get("fieldSelector").cloned();
-    let not_found = |name: &str| {
-        status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("{resource} \"{name}\" not found"),
-            json!({"name": name, "kind": resource}),
-        )
-    };
+    let not_found = |name: &str| not_found_error(resource, name);
     match (verb, name, sub) {
         ("get", Some(pod), Some("log")) if resource == "pods" => {
             let mut s = st.lock().expect("state");
-            let Some(object) =
-                s.objects
-                    .get(&("pods".to_string(), ns.to_string(), pod.to_string()))
+            let Some(object) = s
+                .objects
+                .get(&("pods".to_string(), ns.to_string(), pod.to_string()))
+                .cloned()
             else {
                 return not_found(pod);
             };
@@ -1624,6 +1756,33 @@ async fn workload_route(
                 })
                 .unwrap_or_default();
             s.log_queries.push(q.clone());
+            // PodLogOptions validation: 422 Invalid, with its causes.
+            let invalid = |field: &str, value: &str, why: &str| {
+                status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!(
+                        "PodLogOptions \"{pod}\" is invalid: {field}: Invalid value: {value}: {why}"
+                    ),
+                    json!({"name": pod, "kind": "PodLogOptions", "causes": [{"reason": "FieldValueInvalid",
+                        "message": format!("Invalid value: {value}: {why}"), "field": field}]}),
+                )
+            };
+            let tail = match q.get("tailLines").map(|v| (v, v.parse::<i64>())) {
+                Some((v, Ok(n))) if n < 0 => {
+                    return invalid("tailLines", v, "must be greater than or equal to 0");
+                }
+                Some((_, Ok(n))) => Some(n as usize),
+                _ => None,
+            };
+            let since = match q.get("sinceSeconds").map(|v| (v, v.parse::<i64>())) {
+                Some((v, Ok(n))) if n < 1 => {
+                    return invalid("sinceSeconds", v, "must be greater than 0");
+                }
+                Some((_, Ok(n))) => Some(n as f64),
+                _ => None,
+            };
+            let timestamps = q.get("timestamps").is_some_and(|v| v == "true");
             match q.get("container") {
                 Some(c) if !containers.contains(c) => {
                     return status(
@@ -1638,12 +1797,51 @@ async fn workload_route(
                         StatusCode::BAD_REQUEST,
                         "BadRequest",
                         format!(
-                            "a container name must be specified for pod {pod}, choose one of: {containers:?}"
+                            "a container name must be specified for pod {pod}, choose one of: [{}]",
+                            containers.join(" ")
                         ),
                         json!({}),
                     );
                 }
                 _ => {}
+            }
+            let container = q
+                .get("container")
+                .cloned()
+                .or_else(|| containers.first().cloned())
+                .unwrap_or_default();
+            let container_status = object["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == container.as_str())
+                .cloned()
+                .unwrap_or(Value::Null);
+            // `previous`: the container's last terminated run, which a
+            // container that never restarted does not have.
+            if q.get("previous").is_some_and(|v| v == "true")
+                && !container_status["lastState"]["terminated"].is_object()
+            {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!(
+                        "previous terminated container \"{container}\" in pod \"{pod}\" not found"
+                    ),
+                    json!({}),
+                );
+            }
+            // A container still waiting has no log yet: the real reason
+            // (ErrImageNeverPull, ImagePullBackOff, ContainerCreating…).
+            if let Some(reason) = container_status["state"]["waiting"]["reason"].as_str() {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!(
+                        "container \"{container}\" in pod \"{pod}\" is waiting to start: {reason}"
+                    ),
+                    json!({}),
+                );
             }
             if let Some((code, reason, message)) = s.log_failures.pop_front() {
                 let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -1693,6 +1891,31 @@ async fn workload_route(
                 return r;
             }
             let mut log = s.logs.get(pod).cloned().unwrap_or_default();
+            if since.is_some() || tail.is_some() || timestamps {
+                let at = now_f64();
+                let times = s.log_times.get(pod).cloned().unwrap_or_default();
+                let mut lines: Vec<(f64, &[u8])> = log
+                    .split_inclusive(|b| *b == b'\n')
+                    .enumerate()
+                    .map(|(i, l)| (times.get(i).copied().unwrap_or(at), l))
+                    .collect();
+                if let Some(secs) = since {
+                    lines.retain(|(t, _)| *t >= at - secs);
+                }
+                if let Some(n) = tail {
+                    let skip = lines.len().saturating_sub(n);
+                    lines.drain(..skip);
+                }
+                let mut out = Vec::new();
+                for (t, l) in lines {
+                    if timestamps {
+                        out.extend_from_slice(rfc3339_nano(t).as_bytes());
+                        out.push(b' ');
+                    }
+                    out.extend_from_slice(l);
+                }
+                log = out;
+            }
             if let Some(limit) = limit {
                 log.truncate(limit);
             }
@@ -1744,6 +1967,30 @@ async fn workload_route(
                 .get("resourceVersion")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
+            let (compacted, current) = {
+                let s = st.lock().expect("state");
+                (s.compacted, s.next_rv)
+            };
+            if since > 0 && since < compacted {
+                let event = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                    "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+                    "message": format!("too old resource version: {since} ({current})")}});
+                let mut r = Response::new(full(format!("{event}\n")));
+                r.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                return r;
+            }
+            // `sendInitialEvents=true`: the current objects as ADDED, then a
+            // BOOKMARK that says they are all there (with bookmarks asked).
+            let initial_end = q.get("sendInitialEvents").is_some_and(|v| v == "true")
+                && q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+            let since = if q.get("sendInitialEvents").is_some_and(|v| v == "true") {
+                0
+            } else {
+                since
+            };
             let timeout = q
                 .get("timeoutSeconds")
                 .and_then(|v| v.parse().ok())
@@ -1794,6 +2041,18 @@ async fn workload_route(
                     }
                     if tx
                         .send(Ok(hyper::body::Frame::data(line(t, o))))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if initial_end {
+                    let bookmark = json!({"kind": kind_of(&resource), "apiVersion": api_version_of(&resource),
+                        "metadata": {"resourceVersion": floor.to_string(),
+                                     "annotations": {"k8s.io/initial-events-end": "true"}}});
+                    if tx
+                        .send(Ok(hyper::body::Frame::data(line("BOOKMARK", &bookmark))))
                         .await
                         .is_err()
                     {
@@ -1894,27 +2153,7 @@ async fn workload_route(
             }
             respond(StatusCode::CREATED, created)
         }
-        ("patch", Some(n), None) => {
-            if !ct.starts_with("application/merge-patch+json") {
-                return status(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    format!("the fake applies only merge patches, not {ct}"),
-                    json!({}),
-                );
-            }
-            let patch: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-            let mut s = st.lock().expect("state");
-            let ok = s.update(resource, ns, n, |o| merge(o, &patch));
-            if !ok {
-                return not_found(n);
-            }
-            let o = s
-                .objects
-                .get(&(resource.to_string(), ns.to_string(), n.to_string()))
-                .cloned();
-            respond(StatusCode::OK, o.unwrap_or(Value::Null))
-        }
+        ("patch" | "update", Some(n), None) => write_object(verb, resource, ns, n, q, ct, body, st),
         ("delete", Some(n), None) => {
             let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
             let policy = opts["propagationPolicy"]
@@ -1929,6 +2168,36 @@ async fn workload_route(
                 )
                 .to_string();
             let mut s = st.lock().expect("state");
+            // A running pod is deleted gracefully, as on a real server: it
+            // gets its deletionTimestamp (now + its grace, 30 s by default)
+            // and stays, Terminating, until the kubelet confirms it stopped
+            // (here: a moment later); the answer is the pod as it is then.
+            let key = (resource.to_string(), ns.to_string(), n.to_string());
+            let running = resource == "pods"
+                && s.objects
+                    .get(&key)
+                    .is_some_and(|p| p["status"]["phase"] == "Running");
+            if running {
+                let grace = opts["gracePeriodSeconds"].as_u64().unwrap_or(30);
+                s.update(resource, ns, n, |p| {
+                    p["metadata"]["deletionTimestamp"] = json!(rfc3339(now() + grace));
+                    p["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                });
+                s.deletions
+                    .push((resource.to_string(), n.to_string(), policy.clone()));
+                let pod = s.objects.get(&key).cloned().unwrap_or(Value::Null);
+                let (st, ns, n) = (Arc::clone(st), ns.to_string(), n.to_string());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if let Ok(mut s) = st.lock()
+                        && let Some(obj) = s.remove("pods", &ns, &n)
+                    {
+                        let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
+                        s.collect_owned(&uid);
+                    }
+                });
+                return respond(StatusCode::OK, pod);
+            }
             let Some(obj) = s.remove(resource, ns, n) else {
                 return not_found(n);
             };
@@ -1937,6 +2206,16 @@ async fn workload_route(
             if policy != "Orphan" {
                 let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
                 s.collect_owned(&uid);
+            }
+            // A Job (deleted at once, its pods left to the garbage
+            // collector) is answered with a `Status`, not the object.
+            if resource == "jobs" {
+                return respond(
+                    StatusCode::OK,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": n, "group": "batch", "kind": "jobs",
+                                    "uid": obj["metadata"]["uid"]}}),
+                );
             }
             respond(StatusCode::OK, obj)
         }
@@ -1947,6 +2226,169 @@ async fn workload_route(
             json!({}),
         ),
     }
+}
+
+/// `current` with `body` applied as a patch of content type `ct`, as the
+/// API server does: a JSON merge patch (RFC 7386), a JSON patch (RFC 6902,
+/// what `kubectl rollout undo` sends), or a strategic merge patch (what
+/// `kubectl scale`, `set image` send: lists of named items, such as
+/// `containers`, merged item by item on `name`). Any other type is 415.
+fn apply_patch(current: &Value, ct: &str, body: &[u8]) -> Result<Value, Response<Body>> {
+    let bad = |e: String| {
+        status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("error decoding patch: {e}"),
+            json!({}),
+        )
+    };
+    let mut out = current.clone();
+    if ct.starts_with("application/merge-patch+json") {
+        let patch: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        merge(&mut out, &patch);
+    } else if ct.starts_with("application/json-patch+json") {
+        let patch: json_patch::Patch =
+            serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        json_patch::patch(&mut out, &patch).map_err(|e| {
+            status(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("the server rejected our request due to an error in our request: {e}"),
+                json!({}),
+            )
+        })?;
+    } else if ct.starts_with("application/strategic-merge-patch+json") {
+        let patch: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        strategic_merge(&mut out, &patch);
+    } else {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (not {ct})"
+            ),
+            json!({}),
+        ));
+    }
+    Ok(out)
+}
+
+/// A strategic merge patch, for the lists the gateway's tools touch: a
+/// list whose items are objects with a `name` (containers, env, ports,
+/// volumes) is merged item by item on it; anything else as a merge patch.
+fn strategic_merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                    continue;
+                }
+                let named = |a: &Value| {
+                    a.as_array()
+                        .is_some_and(|a| !a.is_empty() && a.iter().all(|i| i["name"].is_string()))
+                };
+                match t.get_mut(k) {
+                    Some(Value::Array(items)) if named(v) => {
+                        for pi in v.as_array().into_iter().flatten() {
+                            match items.iter_mut().find(|i| i["name"] == pi["name"]) {
+                                Some(existing) => strategic_merge(existing, pi),
+                                None => items.push(pi.clone()),
+                            }
+                        }
+                    }
+                    Some(existing) if existing.is_object() && v.is_object() => {
+                        strategic_merge(existing, v)
+                    }
+                    _ => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// 409 Conflict for a write that carried a `resourceVersion` other than
+/// the stored one (optimistic concurrency), as the real server says it.
+fn conflict_error(resource: &str, name: &str) -> Response<Body> {
+    api_error(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            qualified(resource)
+        ),
+        resource,
+        Some(name),
+    )
+}
+
+/// A PUT (the whole object) or a PATCH of `name`: optimistic concurrency
+/// on the `resourceVersion` the write carries (409 when it is not the
+/// stored one), `metadata.generation` + 1 when the spec changes, and with
+/// `dryRun=All` the object as it would be (its stored `resourceVersion`)
+/// with nothing stored.
+#[allow(clippy::too_many_arguments)]
+fn write_object(
+    verb: &str,
+    resource: &str,
+    ns: &str,
+    name: &str,
+    q: &BTreeMap<String, String>,
+    ct: &str,
+    body: &[u8],
+    st: &Arc<Mutex<State>>,
+) -> Response<Body> {
+    let mut s = st.lock().expect("state");
+    let key = (resource.to_string(), ns.to_string(), name.to_string());
+    let Some(current) = s.objects.get(&key).cloned() else {
+        return not_found_error(resource, name);
+    };
+    let stored_rv = current["metadata"]["resourceVersion"].clone();
+    let mut next = if verb == "update" {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("the body is not an object: {e}"),
+                    json!({}),
+                );
+            }
+        }
+    } else {
+        match apply_patch(&current, ct, body) {
+            Ok(v) => v,
+            Err(r) => return r,
+        }
+    };
+    // The version the write was made against, when it says one.
+    let claimed = next["metadata"]["resourceVersion"].clone();
+    if claimed.as_str().is_some_and(|v| !v.is_empty()) && claimed != stored_rv {
+        return conflict_error(resource, name);
+    }
+    // What the server keeps whatever the write says.
+    for k in ["uid", "creationTimestamp", "name", "namespace"] {
+        next["metadata"][k] = current["metadata"][k].clone();
+    }
+    let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+    next["metadata"]["generation"] = json!(if next["spec"] != current["spec"] {
+        generation + 1
+    } else {
+        generation
+    });
+    next["metadata"]["resourceVersion"] = stored_rv;
+    if q.get("dryRun").is_some_and(|v| v == "All") {
+        return respond(StatusCode::OK, next);
+    }
+    s.update(resource, ns, name, |o| *o = next);
+    respond(
+        StatusCode::OK,
+        s.objects.get(&key).cloned().unwrap_or(Value::Null),
+    )
 }
 
 fn tokio_stream_from<T: Send + 'static>(
@@ -2016,9 +2458,7 @@ fn job_controller(s: &mut State, ns: &str, job: &Value) {
     let job_uid = job["metadata"]["uid"].clone();
     let owner = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job_uid,
                         "controller": true, "blockOwnerDeletion": true}]);
-    let mut r = [0u8; 3];
-    getrandom::fill(&mut r).expect("random");
-    let pod_name = format!("{job_name}-{}", hex::encode(r));
+    let pod_name = format!("{job_name}-{}", random_suffix());
     if let Some(message) = s.reject_pods.clone() {
         s.put("events", ns, json!({"apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": format!("{job_name}."), "namespace": ns},
@@ -2046,6 +2486,18 @@ fn job_controller(s: &mut State, ns: &str, job: &Value) {
     s.update("jobs", ns, &job_name, |j| {
         j["status"] = json!({"active": 1, "startTime": rfc3339(now())});
     });
+}
+
+/// What `generateName` appends: five characters of apimachinery's
+/// `utilrand` alphabet (no vowels, no look-alike digits), as a Job's pod
+/// is named `<job>-<5 chars>` by the job controller.
+pub fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut r = [0u8; 5];
+    getrandom::fill(&mut r).expect("random");
+    r.iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 fn kind_of(resource: &str) -> &'static str {
@@ -2379,6 +2831,7 @@ async fn route(
         ("POST", _, _) => "create",
         ("DELETE", _, _) => "delete",
         ("PATCH", _, _) => "patch",
+        ("PUT", Some(_), _) => "update",
         _ => "unsupported",
     };
     let (authz_resource, authz_group) = match sub {
@@ -2401,20 +2854,8 @@ async fn route(
             ns,
         );
         if !ok {
-            let g = if group.is_empty() {
-                "\"\"".to_string()
-            } else {
-                format!("\"{group}\"")
-            };
             return (
-                status(
-                    StatusCode::FORBIDDEN,
-                    "Forbidden",
-                    format!(
-                        "{authz_resource} is forbidden: User \"{user}\" cannot {verb} resource \"{authz_resource}\" in API group {g} in the namespace \"{ns}\""
-                    ),
-                    json!({"kind": resource}),
-                ),
+                forbidden_error(&user, verb, resource, &authz_resource, name, ns),
                 user,
             );
         }
@@ -2487,15 +2928,7 @@ async fn route(
                 name.to_string(),
             );
             let Some(sa) = s.objects.get(&key).cloned() else {
-                return (
-                    status(
-                        StatusCode::NOT_FOUND,
-                        "NotFound",
-                        format!("serviceaccounts \"{name}\" not found"),
-                        json!({"name": name, "kind": "serviceaccounts"}),
-                    ),
-                    user,
-                );
+                return (not_found_error("serviceaccounts", name), user);
             };
             let secs = tr["spec"]["expirationSeconds"]
                 .as_u64()
@@ -2554,6 +2987,37 @@ async fn route(
             },
             Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
         },
+        // A stored object of a deployment's kinds (a Deployment the
+        // Kubernetes tools read and change): get, replace, patch.
+        (
+            "get",
+            "deployments" | "statefulsets" | "services" | "configmaps" | "persistentvolumeclaims",
+            None,
+        ) => {
+            let n = name.unwrap_or_default();
+            match st.lock().expect("state").objects.get(&(
+                resource.to_string(),
+                ns.to_string(),
+                n.to_string(),
+            )) {
+                Some(o) => respond(StatusCode::OK, o.clone()),
+                None => not_found_error(resource, n),
+            }
+        }
+        (
+            "update" | "patch",
+            "deployments" | "statefulsets" | "services" | "configmaps" | "persistentvolumeclaims",
+            None,
+        ) => write_object(
+            verb,
+            resource,
+            ns,
+            name.unwrap_or_default(),
+            q,
+            ct,
+            body,
+            st,
+        ),
         ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => st
             .lock()
             .expect("state")
