@@ -2233,14 +2233,14 @@ async fn workload_route(
 /// what `kubectl rollout undo` sends), or a strategic merge patch (what
 /// `kubectl scale`, `set image` send: lists of named items, such as
 /// `containers`, merged item by item on `name`). Any other type is 415.
-fn apply_patch(current: &Value, ct: &str, body: &[u8]) -> Result<Value, Response<Body>> {
+fn apply_patch(current: &Value, ct: &str, body: &[u8]) -> Result<Value, Box<Response<Body>>> {
     let bad = |e: String| {
-        status(
+        Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             format!("error decoding patch: {e}"),
             json!({}),
-        )
+        ))
     };
     let mut out = current.clone();
     if ct.starts_with("application/merge-patch+json") {
@@ -2250,25 +2250,25 @@ fn apply_patch(current: &Value, ct: &str, body: &[u8]) -> Result<Value, Response
         let patch: json_patch::Patch =
             serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
         json_patch::patch(&mut out, &patch).map_err(|e| {
-            status(
+            Box::new(status(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Invalid",
                 format!("the server rejected our request due to an error in our request: {e}"),
                 json!({}),
-            )
+            ))
         })?;
     } else if ct.starts_with("application/strategic-merge-patch+json") {
         let patch: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
         strategic_merge(&mut out, &patch);
     } else {
-        return Err(status(
+        return Err(Box::new(status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
             format!(
                 "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (not {ct})"
             ),
             json!({}),
-        ));
+        )));
     }
     Ok(out)
 }
@@ -2362,7 +2362,7 @@ fn write_object(
     } else {
         match apply_patch(&current, ct, body) {
             Ok(v) => v,
-            Err(r) => return r,
+            Err(r) => return *r,
         }
     };
     // The version the write was made against, when it says one.
