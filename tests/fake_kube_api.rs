@@ -647,3 +647,107 @@ async fn writes_to_a_deployment_are_dry_run_replaced_patched_and_refused_when_st
     let (status, refused) = patch("application/x-unknown", json!({}), "").await;
     assert_eq!(status, 415, "{refused}");
 }
+
+/// Row 21: the scheduler's and the kubelet's events have the two shapes a
+/// real server shows (the new API's under the old one, and the old API's);
+/// `events.k8s.io/v1` selects one object by `regarding.*` and shows them in
+/// its own shape; each API refuses the other's field label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_have_both_shapes_and_each_api_its_own_field_labels() {
+    use reqwest::Method;
+    let api = Api::start().await;
+    let admin = api.admin();
+    api.running_pod("web-1");
+    api.kube.with(|s| {
+        s.put(
+            "events",
+            NS,
+            fake_kube::scheduler_event(NS, "web-1", "u1", "Scheduled", "Successfully assigned"),
+        );
+        s.put(
+            "events",
+            NS,
+            fake_kube::kubelet_event(NS, "web-1", "u1", "Pulled", "Container image present", 1),
+        );
+        s.put(
+            "events",
+            NS,
+            fake_kube::kubelet_event(NS, "other", "u2", "Pulled", "another pod", 1),
+        );
+    });
+    let core = fixture("ev-core.body");
+    let (status, got) = api
+        .json(
+            Method::GET,
+            &format!("/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3Dweb-1"),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    let items = got["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 2, "{got:#}");
+    let without = |v: &Value| {
+        let mut k = keys(v);
+        k.retain(|k| k != "apiVersion" && k != "kind");
+        k
+    };
+    assert_eq!(
+        without(&items[0]),
+        without(&core["items"][0]),
+        "the scheduler's"
+    );
+    assert!(items[0]["eventTime"].is_string() && items[0]["firstTimestamp"].is_null());
+    assert_eq!(
+        without(&items[1]),
+        without(&core["items"][1]),
+        "the kubelet's"
+    );
+    assert_eq!(items[1]["source"]["component"], "kubelet");
+    assert!(items[1]["eventTime"].is_null() && items[1]["count"] == 1);
+
+    let new = fixture("ev-new.body");
+    let (status, got) = api
+        .json(
+            Method::GET,
+            &format!(
+                "/apis/events.k8s.io/v1/namespaces/{NS}/events?fieldSelector=regarding.name%3Dweb-1"
+            ),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        (got["kind"].clone(), got["apiVersion"].clone()),
+        (new["kind"].clone(), new["apiVersion"].clone())
+    );
+    let items = got["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 2, "{got:#}");
+    assert_eq!(without(&items[0]), without(&new["items"][0]));
+    assert_eq!(without(&items[1]), without(&new["items"][1]));
+    assert_eq!(items[0]["reportingController"], "default-scheduler");
+    assert_eq!(items[1]["reportingController"], "kubelet");
+
+    let (status, bad) = api
+        .json(
+            Method::GET,
+            &format!(
+                "/apis/events.k8s.io/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3Dweb-1"
+            ),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 400);
+    same_status(&fixture("ev-new-bad.body"), &bad, &[]);
+    let (status, _) = api
+        .json(
+            Method::GET,
+            &format!("/api/v1/namespaces/{NS}/events?fieldSelector=regarding.name%3Dweb-1"),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 400, "core/v1 has no regarding.*");
+}

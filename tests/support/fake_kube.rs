@@ -2465,7 +2465,9 @@ fn job_controller(s: &mut State, ns: &str, job: &Value) {
             "involvedObject": {"kind": "Job", "name": job_name, "namespace": ns, "uid": job_uid, "apiVersion": "batch/v1"},
             "reason": "FailedCreate", "type": "Warning",
             "message": format!("Error creating: pods \"{pod_name}\" is forbidden: {message}"),
-            "source": {"component": "job-controller"}}));
+            "source": {"component": "job-controller"}, "count": 1,
+            "firstTimestamp": rfc3339(now()), "lastTimestamp": rfc3339(now()), "eventTime": null,
+            "reportingComponent": "job-controller", "reportingInstance": ""}));
         return;
     }
     let template = &job["spec"]["template"];
@@ -2498,6 +2500,67 @@ pub fn random_suffix() -> String {
     r.iter()
         .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
         .collect()
+}
+
+/// A core/v1 Event as `events.k8s.io/v1` shows it: `regarding`, `note`,
+/// `reportingController`, and the old fields as `deprecated*`.
+pub fn events_v1(e: &Value) -> Value {
+    let controller = e["reportingComponent"]
+        .as_str()
+        .filter(|c| !c.is_empty())
+        .or_else(|| e["source"]["component"].as_str())
+        .unwrap_or_default();
+    let mut out = json!({"kind": "Event", "apiVersion": "events.k8s.io/v1", "metadata": e["metadata"],
+        "eventTime": e["eventTime"], "reportingController": controller,
+        "reportingInstance": e["reportingInstance"], "reason": e["reason"],
+        "regarding": e["involvedObject"], "note": e["message"], "type": e["type"],
+        "deprecatedSource": e["source"], "deprecatedFirstTimestamp": e["firstTimestamp"],
+        "deprecatedLastTimestamp": e["lastTimestamp"]});
+    // What the old API had none of, the new one leaves out.
+    if !e["action"].is_null() {
+        out["action"] = e["action"].clone();
+    }
+    if !e["count"].is_null() {
+        out["deprecatedCount"] = e["count"].clone();
+    }
+    out
+}
+
+/// A core/v1 Event as the scheduler writes it (the new events API under
+/// the old one): `eventTime` to the microsecond, `reportingComponent`,
+/// an `action`, and no `count`, `firstTimestamp`, `lastTimestamp` or
+/// `source.component`.
+pub fn scheduler_event(ns: &str, pod: &str, uid: &str, reason: &str, message: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": format!("{pod}."), "namespace": ns},
+        "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod, "uid": uid, "apiVersion": "v1"},
+        "reason": reason, "message": message, "type": if reason == "Scheduled" { "Normal" } else { "Warning" },
+        "source": {}, "firstTimestamp": null, "lastTimestamp": null,
+        "eventTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "action": "Binding", "reportingComponent": "default-scheduler",
+        "reportingInstance": "default-scheduler-node"})
+}
+
+/// A core/v1 Event as the kubelet writes it (the old events API): a
+/// `count`, `firstTimestamp` and `lastTimestamp` of whole seconds,
+/// `source.component`, no `eventTime`.
+pub fn kubelet_event(
+    ns: &str,
+    pod: &str,
+    uid: &str,
+    reason: &str,
+    message: &str,
+    count: u32,
+) -> Value {
+    let at = rfc3339(now());
+    json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": format!("{pod}."), "namespace": ns},
+        "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod, "uid": uid, "apiVersion": "v1"},
+        "reason": reason, "message": message,
+        "type": if matches!(reason, "Pulled" | "Created" | "Started" | "Killing") { "Normal" } else { "Warning" },
+        "source": {"component": "kubelet", "host": "node"}, "count": count,
+        "firstTimestamp": at, "lastTimestamp": at, "eventTime": null,
+        "reportingComponent": "kubelet", "reportingInstance": "node"})
 }
 
 fn kind_of(resource: &str) -> &'static str {
@@ -2745,6 +2808,7 @@ async fn route(
             ("rbac.authorization.k8s.io", rest)
         }
         ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
+        ["apis", "events.k8s.io", "v1", rest @ ..] => ("events.k8s.io", rest),
         // What a deployment's manifests hold (created by an admin's apply).
         [
             "apis",
@@ -2880,6 +2944,49 @@ async fn route(
     }
     let labels = q.get("labelSelector").map(String::as_str);
     let fields = q.get("fieldSelector").map(String::as_str);
+    // Events: each API takes its own field labels (core/v1:
+    // involvedObject.*, events.k8s.io/v1: regarding.*; the other's is 400),
+    // and events.k8s.io/v1 shows the same events in its own shape.
+    if resource == "events" && matches!(verb, "list" | "watch") {
+        let (ours, theirs) = if group == "events.k8s.io" {
+            ("regarding.", "involvedObject.")
+        } else {
+            ("involvedObject.", "regarding.")
+        };
+        if let Some(bad) = fields
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|p| p.split_once('=').map(|(k, _)| k.trim_end_matches('!')))
+            .find(|k| k.starts_with(theirs) && !k.starts_with(ours))
+        {
+            return (
+                status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("field label not supported: {bad}"),
+                    json!({}),
+                ),
+                user,
+            );
+        }
+        if group == "events.k8s.io" && verb == "list" {
+            let s = st.lock().expect("state");
+            let items: Vec<Value> = s
+                .select("events", ns, labels, None)
+                .iter()
+                .map(events_v1)
+                .filter(|e| matches(e, None, fields))
+                .collect();
+            return (
+                respond(
+                    StatusCode::OK,
+                    json!({"kind": "EventList", "apiVersion": "events.k8s.io/v1",
+                        "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
+                ),
+                user,
+            );
+        }
+    }
     let workload = matches!(resource, "jobs" | "secrets" | "events")
         || (resource == "pods"
             && (labels.is_some() || fields.is_some() || watching || verb == "create"));
