@@ -1680,3 +1680,107 @@ async fn a_warm_pod_still_starting_at_the_close_is_deleted_by_the_close() {
         "the starting warm Job is deleted by the close itself"
     );
 }
+
+/// `gateway verify` with a warm pool set up right (a canary) warns of
+/// nothing: its own baseline sandbox has no pool, so no "warm_pool without
+/// egress_canary" warning (printed at every verify on a real cluster).
+#[test]
+fn verify_s_baseline_sandbox_makes_no_warm_pool_warning() {
+    use gateway::sandbox::kubernetes::warm_pool_warning;
+    let mut cfg = KubeSandboxConfig::default();
+    warm(&mut cfg);
+    cfg.warm_pool = 2;
+    assert_eq!(warm_pool_warning(&cfg), None);
+    let baseline = gateway::verify::kubernetes::baseline_config(&cfg);
+    assert_eq!(baseline.egress_canary, None);
+    assert_eq!(
+        warm_pool_warning(&baseline),
+        None,
+        "the baseline has no pool"
+    );
+    // The warning itself still fires where it is true.
+    cfg.egress_canary = None;
+    assert!(warm_pool_warning(&cfg).is_some());
+}
+
+/// The log lines of this test process, from the first call on (one
+/// subscriber for the whole binary).
+fn captured_log() -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let buf = std::sync::Arc::clone(&buf);
+            move || Capture(std::sync::Arc::clone(&buf))
+        };
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_writer(writer)
+                .with_ansi(false)
+                .finish(),
+        );
+        buf
+    })
+}
+
+struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A warm pod the scheduler cannot place (a 2-CPU node, sandboxes asking
+/// 500m each: found on a real cluster, where verify then waited silently):
+/// the pool says so while it waits, with the scheduler's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pod_the_scheduler_cannot_place_is_said_while_it_waits() {
+    let log = captured_log();
+    tracing::warn!("capture-check");
+    assert!(
+        String::from_utf8_lossy(&log.lock().expect("log")).contains("capture-check"),
+        "the log is captured"
+    );
+    let c = cluster(warm).await;
+    c.kube
+        .with(|s| s.kubelet = Some(quick_kubelet(Duration::from_millis(100), WARM_LOG)));
+    // A call, and the warm pod it leaves, run on a node; then no pod is
+    // placed: the warm pod that replaces the one the next call takes waits.
+    let r = c
+        .sandbox
+        .run(request("unplaced-1", None))
+        .await
+        .expect("ran");
+    assert!(r.success(), "{}", r.stderr.text());
+    assert!(a_warm_pod_is_ready(&c).await);
+    c.kube.with(|s| s.kubelet = None);
+    c.sandbox
+        .run(request("unplaced-2", None))
+        .await
+        .expect("ran in the warm pod");
+    assert!(eventually(|| warm_jobs(&c).len() == 2).await);
+    let job = warm_jobs(&c)[1].clone();
+    assert!(eventually(|| c.kube.with(|s| !s.pods_of(&job).is_empty())).await);
+    let pod = c.kube.with(|s| s.pods_of(&job))[0].clone();
+    c.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient cpu."}]});
+        });
+    });
+    let said = || String::from_utf8_lossy(&log.lock().expect("log")).into_owned();
+    assert!(
+        eventually(|| said().contains("cannot be scheduled yet")).await,
+        "{}",
+        said()
+    );
+    assert!(said().contains("Insufficient cpu"), "{}", said());
+    c.sandbox.close_pool().await;
+}

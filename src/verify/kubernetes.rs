@@ -62,6 +62,19 @@ fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
     }
 }
 
+/// The backend of check 2's baseline pod: in the scratch namespace, no
+/// lock-down to wait for (no canary), and no warm pods (nor the warning
+/// that a pool without a canary makes none, which every verify printed
+/// although the gateway's own pool was set up right).
+pub fn baseline_config(cfg: &KubeSandboxConfig) -> KubeSandboxConfig {
+    KubeSandboxConfig {
+        namespace: VERIFY_NAMESPACE.into(),
+        egress_canary: None,
+        warm_pool: 0,
+        ..cfg.clone()
+    }
+}
+
 /// Progress, as each check starts (a check that waits on a pod the
 /// scheduler cannot place says so in the log meanwhile).
 fn step(n: usize, what: &str) {
@@ -168,17 +181,7 @@ pub async fn verify_kubernetes(
         Ok(ip) => {
             let target = format!("{ip}:8080");
             // The baseline pod is not a sandbox: no lock-down to wait for.
-            let scratch = KubernetesSandbox::new(
-                client.clone(),
-                KubeSandboxConfig {
-                    namespace: VERIFY_NAMESPACE.into(),
-                    egress_canary: None,
-                    // No warm pods for the baseline (nor the warning that a
-                    // pool without a canary makes none).
-                    warm_pool: 0,
-                    ..cfg.clone()
-                },
-            );
+            let scratch = KubernetesSandbox::new(client.clone(), baseline_config(&cfg));
             let baseline = scratch
                 .run(probe("baseline", &["connect", &target], Network::None))
                 .await;

@@ -646,14 +646,18 @@ fn capped(bytes: Vec<u8>, cap: usize) -> Captured {
     Captured { bytes, truncated }
 }
 
+/// What a backend made with `cfg` warns of its warm pool: a warm pod is
+/// offered once its runner showed the network locked down, which it can
+/// show only against the egress canary.
+pub fn warm_pool_warning(cfg: &KubeSandboxConfig) -> Option<&'static str> {
+    (cfg.warm_pool > 0 && cfg.egress_canary.is_none())
+        .then_some("sandbox.kubernetes.warm_pool is set without egress_canary: no warm sandboxes")
+}
+
 impl KubernetesSandbox {
     pub fn new(client: Client, cfg: KubeSandboxConfig) -> KubernetesSandbox {
-        // A warm pod is offered once its runner showed the network locked
-        // down, which it can show only against the egress canary.
-        if cfg.warm_pool > 0 && cfg.egress_canary.is_none() {
-            tracing::warn!(
-                "sandbox.kubernetes.warm_pool is set without egress_canary: no warm sandboxes"
-            );
+        if let Some(w) = warm_pool_warning(&cfg) {
+            tracing::warn!("{w}");
         }
         let pool = (cfg.warm_pool > 0 && cfg.egress_canary.is_some()).then(|| {
             Arc::new(pool::Pool::new(
