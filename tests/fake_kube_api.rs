@@ -751,3 +751,141 @@ async fn events_have_both_shapes_and_each_api_its_own_field_labels() {
         .await;
     assert_eq!(status, 400, "core/v1 has no regarding.*");
 }
+
+/// Found by a second look at the recordings: the job controller enforces
+/// `activeDeadlineSeconds` from a whole-second `startTime` (FailureTarget,
+/// the pod deleted gracefully, then Failed); `dryRun` takes only `All`
+/// and a dry-run deletion deletes nothing; a TokenRequest under ten
+/// minutes is refused; the initial-events bookmark carries the current
+/// version even when nothing matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_dry_runs_short_tokens_and_empty_bookmarks_are_what_the_real_server_does() {
+    use reqwest::Method;
+    let api = Api::start().await;
+    let admin = api.admin();
+    let jobs = format!("/apis/batch/v1/namespaces/{NS}/jobs");
+    let mut dl = job("dl");
+    dl["spec"]["activeDeadlineSeconds"] = json!(2);
+    let (status, _) = api.json(Method::POST, &jobs, &admin, Some(dl)).await;
+    assert_eq!(status, 201);
+    let pod = api.kube.with(|s| s.pods_of("dl"))[0].clone();
+    api.kube.with(|s| {
+        s.update("pods", NS, &pod, |p| {
+            p["spec"]["nodeName"] = json!("node");
+            p["status"]["phase"] = json!("Running");
+        })
+    });
+    let created = std::time::Instant::now();
+    let condition = |j: &Value, t: &str| {
+        j["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == t && c["status"] == "True" && c["reason"] == "DeadlineExceeded")
+    };
+    let mut saw_target = None;
+    let mut saw_failed = None;
+    while created.elapsed() < Duration::from_secs(6) && saw_failed.is_none() {
+        let (_, j) = api
+            .json(Method::GET, &format!("{jobs}/dl"), &admin, None)
+            .await;
+        if saw_target.is_none() && condition(&j, "FailureTarget") {
+            saw_target = Some(created.elapsed());
+            assert!(!condition(&j, "Failed"), "FailureTarget first: {j:#}");
+        }
+        if condition(&j, "Failed") {
+            saw_failed = Some(created.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let target = saw_target.expect("FailureTarget at the deadline");
+    assert!(
+        target >= Duration::from_millis(900) && target < Duration::from_millis(3200),
+        "N-1 to N s after the start (whole seconds): {target:?}"
+    );
+    assert!(saw_failed.is_some_and(|f| f >= target), "then Failed");
+    let (status, _) = api
+        .json(
+            Method::GET,
+            &format!("/api/v1/namespaces/{NS}/pods/{pod}"),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "its pod is gone");
+
+    // dryRun: `All` or 422; a dry-run deletion deletes nothing.
+    let (status, body) = api
+        .json(
+            Method::POST,
+            &format!("{jobs}?dryRun=Yes"),
+            &admin,
+            Some(job("x")),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    let (status, _) = api
+        .json(Method::POST, &jobs, &admin, Some(job("keep")))
+        .await;
+    assert_eq!(status, 201);
+    let (status, _) = api
+        .json(
+            Method::DELETE,
+            &format!("{jobs}/keep?dryRun=All"),
+            &admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = api
+        .json(Method::GET, &format!("{jobs}/keep"), &admin, None)
+        .await;
+    assert_eq!(status, 200, "still there");
+
+    // A TokenRequest under ten minutes.
+    api.kube.with(|s| {
+        s.service_account_token(NS, "short");
+    });
+    let (status, body) = api
+        .json(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/serviceaccounts/short/token"),
+            &admin,
+            Some(
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 300}}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("may not specify a duration less than 10 minutes")),
+        "{body}"
+    );
+
+    // The bookmark when nothing matches: the current version, not "0".
+    let url = format!(
+        "{}/api/v1/namespaces/empty/pods?watch=true&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
+        api.kube.url()
+    );
+    let text = api
+        .http
+        .get(url)
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .expect("watch")
+        .text()
+        .await
+        .expect("body");
+    let bookmark: Value =
+        serde_json::from_str(text.lines().next().expect("one event")).expect("json");
+    assert_eq!(bookmark["type"], "BOOKMARK");
+    let rv: u64 = bookmark["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("a version");
+    assert!(rv >= 1000, "{bookmark}");
+}

@@ -1545,6 +1545,7 @@ impl FakeKube {
                 ]}),
         );
         let state = Arc::new(Mutex::new(first));
+        tokio::spawn(deadline_controller(Arc::downgrade(&state)));
         let (shutdown, _) = tokio::sync::watch::channel(0u64);
         let task = serve(
             listener,
@@ -2049,7 +2050,7 @@ async fn workload_route(
                 }
                 if initial_end {
                     let bookmark = json!({"kind": kind_of(&resource), "apiVersion": api_version_of(&resource),
-                        "metadata": {"resourceVersion": floor.to_string(),
+                        "metadata": {"resourceVersion": current.to_string(),
                                      "annotations": {"k8s.io/initial-events-end": "true"}}});
                     if tx
                         .send(Ok(hyper::body::Frame::data(line("BOOKMARK", &bookmark))))
@@ -2121,6 +2122,9 @@ async fn workload_route(
                     json!({"name": name, "kind": "pods"}),
                 );
             }
+            if let Some(r) = bad_dry_run(q) {
+                return r;
+            }
             if q.get("dryRun").is_some() {
                 return respond(StatusCode::CREATED, obj);
             }
@@ -2155,7 +2159,21 @@ async fn workload_route(
         }
         ("patch" | "update", Some(n), None) => write_object(verb, resource, ns, n, q, ct, body, st),
         ("delete", Some(n), None) => {
+            if let Some(r) = bad_dry_run(q) {
+                return r;
+            }
             let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            // A dry-run deletion deletes nothing: the object as it is.
+            if q.get("dryRun").is_some() {
+                let s = st.lock().expect("state");
+                return match s
+                    .objects
+                    .get(&(resource.to_string(), ns.to_string(), n.to_string()))
+                {
+                    Some(o) => respond(StatusCode::OK, o.clone()),
+                    None => not_found(n),
+                };
+            }
             let policy = opts["propagationPolicy"]
                 .as_str()
                 .unwrap_or(
@@ -2173,12 +2191,19 @@ async fn workload_route(
             // and stays, Terminating, until the kubelet confirms it stopped
             // (here: a moment later); the answer is the pod as it is then.
             let key = (resource.to_string(), ns.to_string(), n.to_string());
-            let running = resource == "pods"
-                && s.objects
-                    .get(&key)
-                    .is_some_and(|p| p["status"]["phase"] == "Running");
-            if running {
-                let grace = opts["gracePeriodSeconds"].as_u64().unwrap_or(30);
+            // Graceful unless the pod has no node yet or has ended.
+            let graceful = resource == "pods"
+                && s.objects.get(&key).is_some_and(|p| {
+                    (p["spec"]["nodeName"].is_string() || p["status"]["phase"] == "Running")
+                        && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                });
+            let grace_default = s
+                .objects
+                .get(&key)
+                .and_then(|p| p["spec"]["terminationGracePeriodSeconds"].as_u64())
+                .unwrap_or(30);
+            if graceful {
+                let grace = opts["gracePeriodSeconds"].as_u64().unwrap_or(grace_default);
                 s.update(resource, ns, n, |p| {
                     p["metadata"]["deletionTimestamp"] = json!(rfc3339(now() + grace));
                     p["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
@@ -2310,6 +2335,20 @@ fn strategic_merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// `dryRun` takes one value, `All`; anything else is 422, as the real
+/// server says it.
+fn bad_dry_run(q: &BTreeMap<String, String>) -> Option<Response<Body>> {
+    let v = q.get("dryRun")?;
+    (v != "All").then(|| {
+        status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("Unsupported value: \"{v}\": supported values: \"All\""),
+            json!({}),
+        )
+    })
+}
+
 /// 409 Conflict for a write that carried a `resourceVersion` other than
 /// the stored one (optimistic concurrency), as the real server says it.
 fn conflict_error(resource: &str, name: &str) -> Response<Body> {
@@ -2381,6 +2420,9 @@ fn write_object(
         generation
     });
     next["metadata"]["resourceVersion"] = stored_rv;
+    if let Some(r) = bad_dry_run(q) {
+        return r;
+    }
     if q.get("dryRun").is_some_and(|v| v == "All") {
         return respond(StatusCode::OK, next);
     }
@@ -2435,6 +2477,102 @@ impl Drop for OpenWatch {
     fn drop(&mut self) {
         if let Ok(mut s) = self.0.lock() {
             s.open_watches = s.open_watches.saturating_sub(1);
+        }
+    }
+}
+
+/// The job controller's `activeDeadlineSeconds`, as Kubernetes 1.31+
+/// enforces it: counted from `status.startTime` (whole seconds), read
+/// again each time (a claimed warm Job's deadline is patched); when it
+/// passes, the Job gets `FailureTarget` (`DeadlineExceeded`, "Job was
+/// active longer than specified deadline"), `active` 0 and `terminating`
+/// its pods, and each pod is deleted gracefully; once a pod is gone the
+/// Job gets `Failed` of the same reason ([`State::job_follows_pod`]).
+async fn deadline_controller(st: std::sync::Weak<Mutex<State>>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(st) = st.upgrade() else { return };
+        let mut s = match st.lock() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let now = now_f64();
+        let due: Vec<(String, String)> = s
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "jobs")
+            .filter(|(_, j)| {
+                let settled = j["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        c["status"] == "True"
+                            && matches!(
+                                c["type"].as_str(),
+                                Some(
+                                    "FailureTarget" | "Failed" | "Complete" | "SuccessCriteriaMet"
+                                )
+                            )
+                    });
+                let started = j["status"]["startTime"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.timestamp() as f64);
+                match (started, j["spec"]["activeDeadlineSeconds"].as_f64()) {
+                    (Some(at), Some(d)) => !settled && at + d <= now,
+                    _ => false,
+                }
+            })
+            .map(|((_, ns, name), _)| (ns.clone(), name.clone()))
+            .collect();
+        for (ns, job) in due {
+            let pods = s.pods_of(&job);
+            let at = rfc3339(now as u64);
+            s.update("jobs", &ns, &job, |j| {
+                let mut conditions = j["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                conditions.push(
+                    json!({"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline",
+                    "lastProbeTime": at, "lastTransitionTime": at}),
+                );
+                j["status"]["conditions"] = json!(conditions);
+                j["status"]["active"] = json!(0);
+                j["status"]["terminating"] = json!(pods.len());
+            });
+            for pod in pods {
+                let grace = s
+                    .objects
+                    .get(&("pods".to_string(), ns.clone(), pod.clone()))
+                    .and_then(|p| p["spec"]["terminationGracePeriodSeconds"].as_u64())
+                    .unwrap_or(30);
+                s.update("pods", &ns, &pod, |p| {
+                    p["metadata"]["deletionTimestamp"] = json!(rfc3339(now as u64 + grace));
+                    p["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                });
+                // The kubelet stops it (SIGTERM: 143) and confirms.
+                let (st, ns) = (Arc::clone(&st), ns.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if let Ok(mut s) = st.lock() {
+                        s.update("pods", &ns, &pod, |p| {
+                            if !matches!(
+                                p["status"]["phase"].as_str(),
+                                Some("Succeeded" | "Failed")
+                            ) {
+                                p["status"]["phase"] = json!("Failed");
+                            }
+                        });
+                        if let Some(obj) = s.remove("pods", &ns, &pod) {
+                            let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
+                            s.collect_owned(&uid);
+                        }
+                    }
+                });
+            }
         }
     }
 }
@@ -2785,7 +2923,13 @@ async fn route(
         let s = st.lock().expect("state");
         let reviewed = s.who(Some(&format!("Bearer {token}")), admin);
         let status_json = match reviewed {
-            Who::Sa { ns, name } => {
+            Who::Sa { ns, name }
+                if s.objects.contains_key(&(
+                    "serviceaccounts".to_string(),
+                    ns.clone(),
+                    name.clone(),
+                )) =>
+            {
                 let uid = s.objects[&("serviceaccounts".to_string(), ns.clone(), name.clone())]["metadata"]["uid"].clone();
                 json!({"authenticated": true, "user": {"username": format!("system:serviceaccount:{ns}:{name}"), "uid": uid,
                     "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"]},
@@ -3037,10 +3181,22 @@ async fn route(
             let Some(sa) = s.objects.get(&key).cloned() else {
                 return (not_found_error("serviceaccounts", name), user);
             };
-            let secs = tr["spec"]["expirationSeconds"]
-                .as_u64()
-                .unwrap_or(3600)
-                .max(600);
+            let secs = tr["spec"]["expirationSeconds"].as_u64().unwrap_or(3600);
+            if secs < 600 {
+                return (
+                    status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        format!(
+                            "TokenRequest.authentication.k8s.io \"{name}\" is invalid: spec.expirationSeconds: Invalid value: {secs}: may not specify a duration less than 10 minutes"
+                        ),
+                        json!({"name": name, "group": "authentication.k8s.io", "kind": "TokenRequest",
+                            "causes": [{"reason": "FieldValueInvalid", "field": "spec.expirationSeconds",
+                                "message": format!("Invalid value: {secs}: may not specify a duration less than 10 minutes")}]}),
+                    ),
+                    user,
+                );
+            }
             let exp = now() + secs;
             let uid = sa["metadata"]["uid"]
                 .as_str()
