@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# How long the quick start's build takes, against the shipped build's:
+# `cargo build` with the `release` profile and with the `dist` profile (the
+# settings `release` had before: fat LTO, one codegen unit), each cold in a
+# target directory of its own (every dependency built), then again after a
+# one-line change in the pipeline (a comment appended to
+# src/pipeline/limits.rs, removed after). Prints one line a build, in wall
+# seconds. Run it with nothing else running; it takes about half an hour on
+# 2 cores.
+#   scripts/build-times.sh [WORKDIR]   (default: a new temporary dir)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="${1:-$(mktemp -d)}"
+change="$root/src/pipeline/limits.rs"
+trap 'sed -i "/^\/\/ build-times: a one-line change$/d" "$change"' EXIT
+timed() {
+  local name="$1" profile="$2" start end
+  start="$(date +%s.%N)"
+  CARGO_TARGET_DIR="$work/$profile" cargo build --locked --profile "$profile" \
+    --manifest-path "$root/Cargo.toml" >"$work/$name.log" 2>&1
+  end="$(date +%s.%N)"
+  printf '%s: %.0f s\n' "$name" "$(echo "$end - $start" | bc)"
+}
+for profile in release dist; do
+  timed "$profile cold" "$profile"
+  echo "// build-times: a one-line change" >>"$change"
+  timed "$profile after a one-line change" "$profile"
+  sed -i '/^\/\/ build-times: a one-line change$/d' "$change"
+done
