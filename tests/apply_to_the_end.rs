@@ -31,21 +31,6 @@ fn gateway() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gateway"))
 }
 
-/// What a run of this module adds: `count` resources whose input names the
-/// round, so that each round changes them all (and its apply runs for
-/// seconds in gVisor).
-fn write_slow_part(workspace: &Path, round: &str, count: usize) {
-    let path = workspace.join(MODULE).join("slow.tf");
-    std::fs::write(
-        &path,
-        format!(
-            "resource \"terraform_data\" \"many\" {{\n  count = {count}\n  input = \"${{count.index}}-{round}\"\n}}\n"
-        ),
-    )
-    .expect("slow.tf");
-    daemon::chown_tree(&path, AGENT);
-}
-
 /// The agent plans an apply; another OS user approves it. Returns the
 /// approval's id.
 fn planned_and_approved(d: &Daemon, workspace: &Path, home: &Path) -> String {
@@ -146,7 +131,7 @@ fn an_approved_apply_runs_to_its_end_whatever_the_client_does() {
     let count = 500;
     for round in ["cancelled", "input-closed", "serve-killed"] {
         let round_started = Instant::now();
-        write_slow_part(workspace.path(), round, count);
+        daemon::write_slow_part(workspace.path(), round, count);
         let id = planned_and_approved(&d, workspace.path(), home.path());
         let mut a = Agent::start(&d, workspace.path(), home.path());
         a.apply(7, json!({"working_dir": MODULE, "approval_id": id}));
@@ -240,7 +225,7 @@ fn a_daemon_shutdown_waits_for_a_running_apply_or_records_it_interrupted() {
         let mut d = Daemon::start_in(dir, config);
         let workspace = daemon::demo_workspace(AGENT);
         let home = daemon::owned_dir(AGENT);
-        write_slow_part(workspace.path(), &format!("grace-{grace}"), count);
+        daemon::write_slow_part(workspace.path(), &format!("grace-{grace}"), count);
         let id = planned_and_approved(&d, workspace.path(), home.path());
         let before = state(workspace.path());
         let mut a = Agent::start(&d, workspace.path(), home.path());

@@ -572,20 +572,6 @@ fn a_rolling_restart_of_three_replicas_under_a_stream_of_calls_loses_nothing() {
     new[0].assert_audit_verifies();
 }
 
-/// What a run of the module adds: `count` resources, so that its plan runs
-/// for seconds in gVisor.
-fn write_slow_part(workspace: &Path, round: &str, count: usize) {
-    let path = workspace.join(MODULE).join("slow.tf");
-    std::fs::write(
-        &path,
-        format!(
-            "resource \"terraform_data\" \"many\" {{\n  count = {count}\n  input = \"${{count.index}}-{round}\"\n}}\n"
-        ),
-    )
-    .expect("slow.tf");
-    daemon::chown_tree(&path, AGENT);
-}
-
 /// The request id of the `terraform_plan` call that `d`'s chain shows in
 /// its sandbox and not yet ended, once there is one.
 fn running_plan(d: &Daemon, known: &[String]) -> String {
@@ -653,7 +639,7 @@ fn calls_running_when_the_database_stops_end_in_the_audit_once_it_is_back() {
     let mut ds = replicas(2, policies.path(), &store);
     let workspace = daemon::demo_workspace(AGENT);
     let agent_home = daemon::owned_dir(AGENT);
-    write_slow_part(workspace.path(), "outage", 300);
+    daemon::write_slow_part(workspace.path(), "outage", 300);
     let mut seen = Vec::new();
 
     // 1. The replica lives on: its call's end is appended late.

@@ -337,3 +337,18 @@ pub fn demo_workspace(user: &str) -> tempfile::TempDir {
     chown_tree(ws.path(), user);
     ws
 }
+
+/// What a run of the demo module (`terraform/offline-demo` in `workspace`)
+/// adds: `count` resources whose input names the round, so that each
+/// round changes them all and its plan or apply runs for seconds in gVisor.
+pub fn write_slow_part(workspace: &Path, round: &str, count: usize) {
+    let path = workspace.join("terraform/offline-demo").join("slow.tf");
+    std::fs::write(
+        &path,
+        format!(
+            "resource \"terraform_data\" \"many\" {{\n  count = {count}\n  input = \"${{count.index}}-{round}\"\n}}\n"
+        ),
+    )
+    .expect("slow.tf");
+    chown_tree(&path, AGENT);
+}
