@@ -79,27 +79,6 @@ fn spender(d: &Daemon, id: &str) -> String {
     }
 }
 
-/// The events of request `rid`, once its `tool.result` is written.
-fn ended(d: &Daemon, rid: &str, within: Duration) -> Vec<Value> {
-    let started = Instant::now();
-    loop {
-        let mine: Vec<Value> = d
-            .events()
-            .into_iter()
-            .filter(|e| e["request_id"] == rid)
-            .collect();
-        if mine.iter().any(|e| e["event"] == "tool.result") {
-            return mine;
-        }
-        assert!(
-            started.elapsed() < within,
-            "request {rid} has no tool.result after {within:?}: {mine:#?}\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn position(events: &[Value], name: &str) -> usize {
     events
         .iter()
@@ -148,7 +127,7 @@ fn an_approved_apply_runs_to_its_end_whatever_the_client_does() {
             _ => a.kill(),
         }
         let rid = spender(&d, &id);
-        let events = ended(&d, &rid, Duration::from_secs(600));
+        let events = d.ended(&rid, Duration::from_secs(600));
         let result = events
             .iter()
             .find(|e| e["event"] == "tool.result")
@@ -238,7 +217,7 @@ fn a_daemon_shutdown_waits_for_a_running_apply_or_records_it_interrupted() {
             .terminate(Duration::from_secs(grace + 60))
             .expect("the daemon did not exit within its grace");
         assert!(status.success(), "{status}: {}", d.log());
-        let events = ended(&d, &rid, Duration::from_secs(5));
+        let events = d.ended(&rid, Duration::from_secs(5));
         let result = events
             .iter()
             .find(|e| e["event"] == "tool.result")

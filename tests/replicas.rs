@@ -600,28 +600,6 @@ fn running_plan(d: &Daemon, known: &[String]) -> String {
     }
 }
 
-/// The events of `rid` once its `tool.result` is in the chain (read
-/// through `d`).
-fn ended_within(d: &Daemon, rid: &str, within: Duration) -> Vec<Value> {
-    let started = std::time::Instant::now();
-    loop {
-        let mine: Vec<Value> = d
-            .events()
-            .into_iter()
-            .filter(|e| e["request_id"] == rid)
-            .collect();
-        if mine.iter().any(|e| e["event"] == "tool.result") {
-            return mine;
-        }
-        assert!(
-            started.elapsed() < within,
-            "{rid} has no tool.result in the chain after {within:?}: {mine:#?}\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// PostgreSQL killed while calls run in their sandboxes (the outage found
 /// from outside: such calls kept a `tool.request` and a `sandbox.started`
 /// and never an end). A call on a replica that lives on records its end,
@@ -655,7 +633,7 @@ fn calls_running_when_the_database_stops_end_in_the_audit_once_it_is_back() {
         "the call could not record its end: its client is told so: {r}"
     );
     server.run();
-    let mine = ended_within(&ds[0], &rid, Duration::from_secs(60));
+    let mine = ds[0].ended(&rid, Duration::from_secs(60));
     let end = mine
         .iter()
         .find(|e| e["event"] == "tool.result")
@@ -692,7 +670,7 @@ fn calls_running_when_the_database_stops_end_in_the_audit_once_it_is_back() {
         ds[0].log()
     );
     server.run();
-    let mine = ended_within(&ds[1], &rid, Duration::from_secs(120));
+    let mine = ds[1].ended(&rid, Duration::from_secs(120));
     let end = mine
         .iter()
         .find(|e| e["event"] == "tool.result")

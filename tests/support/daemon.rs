@@ -241,6 +241,28 @@ impl Daemon {
         self.child.id()
     }
 
+    /// The events of request `rid` once its `tool.result` is in the audit
+    /// (its log, or the replicas' chain), waiting up to `within`.
+    pub fn ended(&self, rid: &str, within: Duration) -> Vec<serde_json::Value> {
+        let started = std::time::Instant::now();
+        loop {
+            let mine: Vec<serde_json::Value> = self
+                .events()
+                .into_iter()
+                .filter(|e| e["request_id"] == rid)
+                .collect();
+            if mine.iter().any(|e| e["event"] == "tool.result") {
+                return mine;
+            }
+            assert!(
+                started.elapsed() < within,
+                "request {rid} has no tool.result after {within:?}: {mine:#?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -912,6 +912,15 @@ pub fn jwt(sub: &str, exp: u64, extra: Value) -> String {
     )
 }
 
+/// Whether an RBAC rule's list (`verbs`, `apiGroups`, `resources`) holds
+/// `want` or `*`.
+fn any(list: &Value, want: &str) -> bool {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .any(|v| v == "*" || v == want)
+}
+
 fn status(code: StatusCode, reason: &str, message: String, details: Value) -> Response<Body> {
     let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code.as_u16()});
@@ -1104,12 +1113,6 @@ impl State {
             else {
                 continue;
             };
-            let any = |list: &Value, want: &str| {
-                list.as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|v| v == "*" || v == want)
-            };
             for rule in role["rules"].as_array().into_iter().flatten() {
                 let names: Vec<&str> = rule["resourceNames"]
                     .as_array()
@@ -1141,12 +1144,6 @@ impl State {
         group: &str,
         resource: &str,
     ) -> bool {
-        let any = |list: &Value, want: &str| {
-            list.as_array()
-                .into_iter()
-                .flatten()
-                .any(|v| v == "*" || v == want)
-        };
         self.objects
             .iter()
             .filter(|((r, _, _), _)| r == "clusterrolebindings")
