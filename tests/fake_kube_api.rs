@@ -685,7 +685,13 @@ async fn events_have_both_shapes_and_each_api_its_own_field_labels() {
         )
         .await;
     assert_eq!(status, 200, "{got}");
-    let items = got["items"].as_array().cloned().unwrap_or_default();
+    // Listed in name order (generated names): the scheduler's first here.
+    let by_reason = |got: &Value| {
+        let mut items = got["items"].as_array().cloned().unwrap_or_default();
+        items.sort_by_key(|e| e["reason"] != "Scheduled");
+        items
+    };
+    let items = by_reason(&got);
     assert_eq!(items.len(), 2, "{got:#}");
     let without = |v: &Value| {
         let mut k = keys(v);
@@ -722,7 +728,7 @@ async fn events_have_both_shapes_and_each_api_its_own_field_labels() {
         (got["kind"].clone(), got["apiVersion"].clone()),
         (new["kind"].clone(), new["apiVersion"].clone())
     );
-    let items = got["items"].as_array().cloned().unwrap_or_default();
+    let items = by_reason(&got);
     assert_eq!(items.len(), 2, "{got:#}");
     assert_eq!(without(&items[0]), without(&new["items"][0]));
     assert_eq!(without(&items[1]), without(&new["items"][1]));
@@ -785,7 +791,7 @@ async fn deadlines_dry_runs_short_tokens_and_empty_bookmarks_are_what_the_real_s
     };
     let mut saw_target = None;
     let mut saw_failed = None;
-    while created.elapsed() < Duration::from_secs(6) && saw_failed.is_none() {
+    while created.elapsed() < Duration::from_secs(10) && saw_failed.is_none() {
         let (_, j) = api
             .json(Method::GET, &format!("{jobs}/dl"), &admin, None)
             .await;
@@ -800,7 +806,7 @@ async fn deadlines_dry_runs_short_tokens_and_empty_bookmarks_are_what_the_real_s
     }
     let target = saw_target.expect("FailureTarget at the deadline");
     assert!(
-        target >= Duration::from_millis(900) && target < Duration::from_millis(3200),
+        target >= Duration::from_millis(900) && target < Duration::from_secs(5),
         "N-1 to N s after the start (whole seconds): {target:?}"
     );
     assert!(saw_failed.is_some_and(|f| f >= target), "then Failed");
