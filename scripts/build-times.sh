@@ -4,14 +4,14 @@
 # settings `release` had before: fat LTO, one codegen unit), each cold in a
 # target directory of its own (every dependency built), then again after a
 # one-line change in the pipeline (a comment appended to
-# src/pipeline/limits.rs, removed after). Prints one line a build, in wall
+# crates/gateway-core/src/pipeline/limits.rs, removed after). Prints one line a build, in wall
 # seconds. Run it with nothing else running; it takes about half an hour on
 # 2 cores.
 #   scripts/build-times.sh [WORKDIR]   (default: a new temporary dir)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${1:-$(mktemp -d)}"
-change="$root/src/pipeline/limits.rs"
+change="$root/crates/gateway-core/src/pipeline/limits.rs"
 trap 'sed -i "/^\/\/ build-times: a one-line change$/d" "$change"' EXIT
 timed() {
   local name="$1" profile="$2" start end

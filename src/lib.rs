@@ -3,28 +3,22 @@
 //! The modules follow the pipeline described in README.md. Every decision is made by the
 //! Rego policies under `policies/` (see [`policy`]); Rust moves data.
 
-pub mod approvals;
-pub mod audit;
-pub mod broker;
-pub mod canonical;
-pub mod cli;
-pub mod config;
-pub mod daemon;
-pub mod db;
-pub mod doctor;
-pub mod http;
-pub mod identity;
-pub mod mcp;
-pub mod pipeline;
-pub mod policy;
-pub mod process;
+// The layers, lowest first; each crate depends only on those above it in
+// this list. The modules keep the paths they had before the split
+// (`gateway::policy`, `gateway::audit`, ...).
+pub use gateway_audit::{approvals, audit};
+pub use gateway_base::{canonical, error_chain, identity, process, secret, text, trust};
+pub use gateway_broker as broker;
+pub use gateway_core::{config, pipeline, tools};
+pub use gateway_policy as policy;
 pub use gateway_runner::protocol;
-pub mod sandbox;
-pub mod secret;
-pub mod telemetry;
-pub mod text;
-pub mod tools;
-pub mod trust;
+pub use gateway_sandbox as sandbox;
+pub use gateway_server::{daemon, http, mcp};
+pub use gateway_store as db;
+pub use gateway_telemetry as telemetry;
+
+pub mod cli;
+pub mod doctor;
 pub mod verify;
 
 /// Every binary, bench and test linking the gateway allocates with
@@ -47,47 +41,5 @@ pub fn quiet_library_backtraces() {
         // benches'), before any other thread exists that could read the
         // environment at the same time.
         unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
-    }
-}
-
-/// An error and its causes on one line, each cause once: an error that
-/// already says its cause in its own message (`audit log X: denied`) does
-/// not get it repeated (anyhow's `{:#}` and most chains would).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !out.contains(&m) {
-            out.push_str(": ");
-            out.push_str(&m);
-        }
-        cur = c.source();
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_chain;
-    use anyhow::Context;
-
-    #[test]
-    fn each_cause_is_said_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
-        let e = crate::audit::AuditError::Io {
-            path: "/var/audit.jsonl".into(),
-            source: io,
-        };
-        let e = Err::<(), _>(e)
-            .context("cannot verify audit log /var/audit.jsonl")
-            .expect_err("an error");
-        assert_eq!(
-            error_chain(e.as_ref()),
-            "cannot verify audit log /var/audit.jsonl: audit log /var/audit.jsonl: permission denied"
-        );
-        // A cause the message does not mention is still said.
-        let e = anyhow::anyhow!("disk full").context("writing the plan");
-        assert_eq!(error_chain(e.as_ref()), "writing the plan: disk full");
     }
 }

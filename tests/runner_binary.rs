@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-
 /// Crates that must never be inside a sandbox.
 const FORBIDDEN: &[&str] = &[
     "rusqlite",
@@ -22,69 +20,20 @@ const FORBIDDEN: &[&str] = &[
 
 #[test]
 fn the_runner_crate_depends_on_none_of_the_gateways_heavy_parts() {
-    let out = std::process::Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .current_dir(common::repo())
-        .output()
-        .expect("cargo metadata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
-    let names: BTreeMap<String, String> = meta["packages"]
-        .as_array()
-        .expect("packages")
-        .iter()
-        .map(|p| {
-            (
-                p["id"].as_str().unwrap_or_default().to_string(),
-                p["name"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
-    let nodes: BTreeMap<String, Vec<String>> = meta["resolve"]["nodes"]
-        .as_array()
-        .expect("resolve")
-        .iter()
-        .map(|n| {
-            let deps = n["deps"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                // Normal (not dev or build) dependencies: what is linked in.
-                .filter(|d| {
-                    d["dep_kinds"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|k| k["kind"].is_null())
-                })
-                .filter_map(|d| d["pkg"].as_str().map(str::to_string))
-                .collect();
-            (n["id"].as_str().unwrap_or_default().to_string(), deps)
-        })
-        .collect();
-    let root = names
-        .iter()
-        .find(|(_, n)| *n == "gateway-runner")
-        .map(|(id, _)| id.clone())
-        .expect("the gateway-runner package");
-    let mut seen = BTreeSet::new();
-    let mut todo = vec![root];
-    while let Some(id) = todo.pop() {
-        if seen.insert(id.clone()) {
-            todo.extend(nodes.get(&id).cloned().unwrap_or_default());
-        }
-    }
-    let linked: BTreeSet<&str> = seen.iter().map(|id| names[id].as_str()).collect();
+    let graph = common::Crates::of_workspace();
+    let linked = graph.linked_by("gateway-runner");
     for bad in FORBIDDEN {
         assert!(
-            !linked.contains(bad),
+            !linked.contains(*bad),
             "gateway-runner links {bad}: {linked:?}"
         );
     }
+    // Nor any of the gateway's own crates (all but the runner are above it).
+    let own: Vec<&String> = linked
+        .iter()
+        .filter(|n| n.starts_with("gateway-") && *n != "gateway-runner")
+        .collect();
+    assert!(own.is_empty(), "gateway-runner links {own:?}");
     assert!(linked.contains("libloading") && linked.contains("serde_json"));
 }
 

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::Cli;
-use super::out::{Out, errln, out, outln};
+use super::out::{Out, errln, out, outln, shown};
 use crate::approvals::{Approval, ApprovalStore, Approver, State, proof};
 use crate::audit::events::Verdict;
 use crate::audit::{AuditLog, Event, scrub::scrub};
@@ -386,13 +386,6 @@ fn human(ms: i64) -> String {
         3600..86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
         _ => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
     }
-}
-
-/// An untrusted string as one field on the terminal: secrets scrubbed and
-/// every control or format character escaped, newlines included
-/// ([`super::out::escaped`]).
-pub fn shown(s: &str) -> String {
-    super::out::escaped(&crate::audit::scrub::scrub_str(s), true)
 }
 
 fn render_show(a: &Approval) -> String {
@@ -1035,25 +1028,4 @@ pub fn statement_direct(
         String::from_utf8_lossy(&approval.statement(verdict, reason, until).to_bytes())
             .into_owned(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shown;
-
-    #[test]
-    fn no_control_or_format_character_reaches_the_terminal() {
-        let hostile = "ok\r\x1b[2K  !! fake\x1b]0;title\x07\u{9b}31m\u{202e}evil\u{200b}\tend\n";
-        let s = shown(hostile);
-        assert!(
-            s.chars()
-                .all(|c| !c.is_control() && !('\u{200b}'..='\u{202e}').contains(&c)),
-            "{s:?}"
-        );
-        assert_eq!(
-            s,
-            "ok\\r\\u{001b}[2K  !! fake\\u{001b}]0;title\\u{0007}\\u{009b}31m\\u{202e}evil\\u{200b}\\tend\\n"
-        );
-        assert_eq!(shown("plain text, ünïcode"), "plain text, ünïcode");
-    }
 }

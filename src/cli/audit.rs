@@ -476,7 +476,7 @@ pub fn run(cli: &Cli, a: &AuditArgs, o: &mut Out) -> anyhow::Result<u8> {
             let name = e.get("event").and_then(Value::as_str).unwrap_or("?");
             let data = e
                 .get("data")
-                .map(|d| super::approvals::shown(&d.to_string()))
+                .map(|d| super::out::shown(&d.to_string()))
                 .unwrap_or_default();
             outln!(o, "  {t}  +{offset:>6}ms  {name:<22} {data}");
         }

@@ -62,9 +62,16 @@ macro_rules! errln {
 
 pub(crate) use {errln, out, outln};
 
+/// An untrusted string as one field on the terminal: secrets scrubbed and
+/// every control or format character escaped, newlines included
+/// ([`escaped`]).
+pub fn shown(s: &str) -> String {
+    escaped(&crate::audit::scrub::scrub_str(s), true)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::escaped;
+    use super::{escaped, shown};
 
     #[test]
     fn no_control_or_format_character_reaches_the_terminal() {
@@ -91,5 +98,21 @@ mod tests {
             escaped("plain text, ünïcode\n", false),
             "plain text, ünïcode\n"
         );
+    }
+
+    #[test]
+    fn a_field_shown_has_its_secrets_scrubbed_and_every_control_escaped() {
+        let hostile = "ok\r\x1b[2K  !! fake\x1b]0;title\x07\u{9b}31m\u{202e}evil\u{200b}\tend\n";
+        let s = shown(hostile);
+        assert!(
+            s.chars()
+                .all(|c| !c.is_control() && !('\u{200b}'..='\u{202e}').contains(&c)),
+            "{s:?}"
+        );
+        assert_eq!(
+            s,
+            "ok\\r\\u{001b}[2K  !! fake\\u{001b}]0;title\\u{0007}\\u{009b}31m\\u{202e}evil\\u{200b}\\tend\\n"
+        );
+        assert_eq!(shown("plain text, ünïcode"), "plain text, ünïcode");
     }
 }

@@ -278,3 +278,76 @@ pub fn normalize(v: &serde_json::Value) -> serde_json::Value {
         other => other.clone(),
     }
 }
+
+/// The packages of the workspace's dependency graph (`cargo metadata`),
+/// by name, with the crates each links (normal dependencies only: not dev
+/// or build ones).
+pub struct Crates {
+    /// Package name -> names of its normal dependencies.
+    pub deps: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Names of the workspace's own packages.
+    pub members: std::collections::BTreeSet<String>,
+}
+
+impl Crates {
+    pub fn of_workspace() -> Crates {
+        let out = Command::new(env!("CARGO"))
+            .args(["metadata", "--format-version", "1", "--locked"])
+            .current_dir(repo())
+            .output()
+            .expect("cargo metadata");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+        let names: std::collections::BTreeMap<&str, &str> = meta["packages"]
+            .as_array()
+            .expect("packages")
+            .iter()
+            .map(|p| {
+                (
+                    p["id"].as_str().unwrap_or_default(),
+                    p["name"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let members = meta["workspace_members"]
+            .as_array()
+            .expect("workspace_members")
+            .iter()
+            .filter_map(|id| names.get(id.as_str()?).map(|n| n.to_string()))
+            .collect();
+        let mut deps = std::collections::BTreeMap::new();
+        for n in meta["resolve"]["nodes"].as_array().expect("resolve") {
+            let name = names[n["id"].as_str().unwrap_or_default()].to_string();
+            let linked: std::collections::BTreeSet<String> = n["deps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|k| k["kind"].is_null())
+                })
+                .filter_map(|d| names.get(d["pkg"].as_str()?).map(|n| n.to_string()))
+                .collect();
+            deps.entry(name)
+                .or_insert_with(std::collections::BTreeSet::new)
+                .extend(linked);
+        }
+        Crates { deps, members }
+    }
+
+    /// Every crate `name` links, directly or through others.
+    pub fn linked_by(&self, name: &str) -> std::collections::BTreeSet<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![name.to_string()];
+        while let Some(n) = todo.pop() {
+            if seen.insert(n.clone()) {
+                todo.extend(self.deps.get(&n).into_iter().flatten().cloned());
+            }
+        }
+        seen.remove(name);
+        seen
+    }
+}
