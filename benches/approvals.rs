@@ -184,7 +184,11 @@ fn page(c: &mut Criterion) {
         let a = approval(n);
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(format!("render/{n}"), |b| {
-            b.iter(|| gateway::http::page::approval_html("bob", "csrf", &a, &Ok(())).len())
+            b.iter(|| {
+                gateway::http::page::approval_html("bob", "csrf", &a, &Ok(()))
+                    .into_string()
+                    .len()
+            })
         });
     }
     g.finish();

@@ -107,14 +107,20 @@ pub fn mixed_script_words(s: &str) -> Vec<std::ops::Range<usize>> {
     out
 }
 
+/// `s` on one line with every control and format character and every
+/// mixed-script word shown as `\u{..}` ([`escaped`]), for a page whose
+/// template escapes markup itself. A backslash is doubled first, so that a
+/// literal `\u{202e}` in the input cannot pass for an escaped character.
+pub fn visible(s: &str) -> String {
+    escaped(&s.replace('\\', "\\\\"), true)
+}
+
 /// `s` for a consumer that renders markup (Slack's mrkdwn, HTML, a chat
 /// client): control and format characters escaped as [`escaped`] does on
 /// one line, then `&`, `<` and `>` as HTML entities, so no mention
 /// (`<!channel>`), link (`<http://…|label>`) or tag survives.
 pub fn markup_escaped(s: &str) -> String {
-    // A backslash is doubled first, so that a literal `\u{202e}` in the
-    // input cannot pass for an escaped character.
-    escaped(&s.replace('\\', "\\\\"), true)
+    visible(s)
         .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

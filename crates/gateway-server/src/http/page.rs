@@ -31,6 +31,7 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper::http::{HeaderValue, Request, Response, StatusCode, header};
+use maud::{DOCTYPE, Markup, html};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
@@ -100,15 +101,6 @@ fn unb64(s: &str) -> Option<Vec<u8>> {
 
 fn now_ms() -> i64 {
     gateway_audit::approvals::now_ms()
-}
-
-/// A string from the plan, the agent or a person, for HTML text or a
-/// quoted attribute: secrets scrubbed, control and format characters
-/// shown as `\u{..}`, markup characters as entities.
-pub fn h(s: &str) -> String {
-    gateway_base::text::markup_escaped(&gateway_audit::audit::scrub::scrub_str(s))
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;")
 }
 
 impl Pages {
@@ -279,9 +271,11 @@ impl Pages {
             "/approvals/static/page.css" if get => {
                 return Ok(asset(PAGE_CSS, "text/css; charset=utf-8"));
             }
-            "/approvals/login" if get => return Ok(html(StatusCode::OK, &self.login_page())),
+            "/approvals/login" if get => {
+                return Ok(page_response(StatusCode::OK, self.login_page()));
+            }
             "/approvals/passkeys/register" if get => {
-                return Ok(html(StatusCode::OK, &self.register_page()));
+                return Ok(page_response(StatusCode::OK, self.register_page()));
             }
             _ => {}
         }
@@ -356,9 +350,9 @@ impl Pages {
         }
         if path == "/approvals" || path == "/approvals/" {
             let list = self.ask(&asker, &["approvals", "--json"]).await?;
-            return Ok(html(
+            return Ok(page_response(
                 StatusCode::OK,
-                &self.list_page(
+                self.list_page(
                     &name,
                     &sid,
                     list.as_array().map(Vec::as_slice).unwrap_or_default(),
@@ -372,21 +366,21 @@ impl Pages {
         let approval = match self.ask(&asker, &["approvals", "show", id, "--json"]).await {
             Ok(a) => a,
             Err((_, why)) => {
-                return Ok(html(
+                return Ok(page_response(
                     StatusCode::NOT_FOUND,
-                    &self.shell(
+                    self.shell(
                         &name,
                         &sid,
                         "not found",
-                        &format!("<p class=refused>{}</p>", h(&why)),
+                        html! { p class="refused" { (shown(&why)) } },
                     ),
                 ));
             }
         };
         let may = self.may_grant(&name, &approval);
-        Ok(html(
+        Ok(page_response(
             StatusCode::OK,
-            &self.approval_page(&name, &sid, &approval, &may),
+            self.approval_page(&name, &sid, &approval, &may),
         ))
     }
 
@@ -734,304 +728,292 @@ impl Pages {
         ))
     }
 
-    fn shell(&self, name: &str, sid: &str, title: &str, main: &str) -> String {
-        shell_html(name, &self.csrf(sid), title, main)
+    fn shell(&self, name: &str, sid: &str, title: &str, main: Markup) -> Markup {
+        document(title, Some((name, &self.csrf(sid))), main)
     }
 
-    fn anonymous(&self, title: &str, main: &str) -> String {
-        format!(
-            "<!doctype html><html lang=en><head><meta charset=utf-8>\
-             <meta name=viewport content=\"width=device-width,initial-scale=1\">\
-             <title>{title} · gateway</title>\
-             <link rel=stylesheet href=\"/approvals/static/page.css\">\
-             <script src=\"/approvals/static/page.js\" defer></script></head>\
-             <body><header><span>gateway approvals</span></header><main>{main}</main></body></html>",
-            title = h(title),
-        )
-    }
-
-    fn login_page(&self) -> String {
-        self.anonymous(
+    fn login_page(&self) -> Markup {
+        document(
             "sign in",
-            "<h1>Sign in with your passkey</h1>\
-             <form id=login><label>Approver name <input name=name autocomplete=username required></label>\
-             <button type=submit>Sign in with passkey</button></form>\
-             <p id=status role=status></p>\
-             <p class=note>Your passkey must be listed in the gateway's policy. \
-             <a href=\"/approvals/passkeys/register\">Register a passkey</a>.</p>",
+            None,
+            html! {
+                h1 { "Sign in with your passkey" }
+                form id="login" {
+                    label { "Approver name " input name="name" autocomplete="username" required; }
+                    button type="submit" { "Sign in with passkey" }
+                }
+                p id="status" role="status" {}
+                p class="note" {
+                    "Your passkey must be listed in the gateway's policy. "
+                    a href="/approvals/passkeys/register" { "Register a passkey" } "."
+                }
+            },
         )
     }
 
-    fn register_page(&self) -> String {
-        self.anonymous(
+    fn register_page(&self) -> Markup {
+        document(
             "register a passkey",
-            "<h1>Register a passkey</h1>\
-             <p>Creates a passkey for this gateway on your security key, phone or laptop \
-             (with a PIN or biometric) and prints the entry for the policy. \
-             It approves nothing until a policy author adds the entry to \
-             <code>config/approvers/data.yaml</code> under <code>passkeys:</code>.</p>\
-             <form id=register><label>Approver name <input name=name autocomplete=username required></label>\
-             <button type=submit>Create passkey</button></form>\
-             <p id=status role=status></p><pre id=entry></pre>",
+            None,
+            html! {
+                h1 { "Register a passkey" }
+                p {
+                    "Creates a passkey for this gateway on your security key, phone or laptop \
+                     (with a PIN or biometric) and prints the entry for the policy. \
+                     It approves nothing until a policy author adds the entry to "
+                    code { "config/approvers/data.yaml" } " under " code { "passkeys:" } "."
+                }
+                form id="register" {
+                    label { "Approver name " input name="name" autocomplete="username" required; }
+                    button type="submit" { "Create passkey" }
+                }
+                p id="status" role="status" {}
+                pre id="entry" {}
+            },
         )
     }
 
-    fn list_page(&self, name: &str, sid: &str, list: &[Value]) -> String {
-        let mut rows = String::new();
-        for a in list {
-            let id = a["id"].as_str().unwrap_or_default();
-            if !valid_id(id) {
-                continue;
+    fn list_page(&self, name: &str, sid: &str, list: &[Value]) -> Markup {
+        let rows: Vec<&Value> = list
+            .iter()
+            .filter(|a| valid_id(a["id"].as_str().unwrap_or_default()))
+            .collect();
+        let field = |a: &Value, k: &str| shown(a[k].as_str().unwrap_or("?"));
+        let main = html! {
+            h1 { "Approvals" }
+            @if rows.is_empty() {
+                p { "No pending approvals." }
+            } @else {
+                table {
+                    thead { tr {
+                        th { "id" } th { "state" } th { "tool" } th { "requested by" }
+                        th { "signals" } th { "expires" }
+                    } }
+                    tbody {
+                        @for a in &rows {
+                            @let id = a["id"].as_str().unwrap_or_default();
+                            tr {
+                                td { a href={ "/approvals/" (id) } { (id) } }
+                                td { (field(a, "state")) }
+                                td { (field(a, "tool")) }
+                                td { (field(a, "requested_by")) }
+                                td { (a["signals"].as_array().map(Vec::len).unwrap_or(0)) }
+                                td { (field(a, "expires_at")) }
+                            }
+                        }
+                    }
+                }
             }
-            rows.push_str(&format!(
-                "<tr><td><a href=\"/approvals/{id}\">{id}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                h(a["state"].as_str().unwrap_or("?")),
-                h(a["tool"].as_str().unwrap_or("?")),
-                h(a["requested_by"].as_str().unwrap_or("?")),
-                a["signals"].as_array().map(Vec::len).unwrap_or(0),
-                h(a["expires_at"].as_str().unwrap_or("?")),
-            ));
-        }
-        let main = if rows.is_empty() {
-            "<h1>Approvals</h1><p>No pending approvals.</p>".to_string()
-        } else {
-            format!(
-                "<h1>Approvals</h1><table><thead><tr><th>id</th><th>state</th><th>tool</th>\
-                 <th>requested by</th><th>signals</th><th>expires</th></tr></thead><tbody>{rows}</tbody></table>"
-            )
         };
-        self.shell(name, sid, "approvals", &main)
+        self.shell(name, sid, "approvals", main)
     }
 
-    fn approval_page(&self, name: &str, sid: &str, a: &Value, may: &Result<(), String>) -> String {
+    fn approval_page(&self, name: &str, sid: &str, a: &Value, may: &Result<(), String>) -> Markup {
         approval_html(name, &self.csrf(sid), a, may)
     }
 }
 
-/// A signed-in page: the header (who, sign out), the CSRF token the
-/// script sends, `main`.
-fn shell_html(name: &str, csrf: &str, title: &str, main: &str) -> String {
-    format!(
-        "<!doctype html><html lang=en><head><meta charset=utf-8>\
-             <meta name=viewport content=\"width=device-width,initial-scale=1\">\
-             <title>{title} · gateway</title>\
-             <link rel=stylesheet href=\"/approvals/static/page.css\">\
-             <script src=\"/approvals/static/page.js\" defer></script></head>\
-             <body data-csrf=\"{csrf}\"><header><a href=\"/approvals/\">gateway approvals</a>\
-             <span>signed in as <b>{who}</b> <button id=logout type=button>sign out</button></span></header>\
-             <main>{main}</main></body></html>",
-        title = h(title),
-        csrf = h(csrf),
-        who = h(name),
-    )
+/// Text from a plan, the agent, a cluster or a person as the page shows
+/// it: secrets scrubbed, and every control or format character (bidi,
+/// zero-width) and every word mixing look-alike scripts shown as
+/// `\u{..}` ([`gateway_base::text::visible`]). The template escapes the
+/// result for HTML; nothing here writes markup.
+pub fn shown(s: &str) -> String {
+    gateway_base::text::visible(&gateway_audit::audit::scrub::scrub_str(s))
+}
+
+/// A page: the head (the page's own script and style, no inline ones),
+/// the header (who is signed in and the sign-out button, when someone is,
+/// with the session's CSRF token for the script), `main`.
+fn document(title: &str, signed_in: Option<(&str, &str)>, main: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width,initial-scale=1";
+                title { (shown(title)) " · gateway" }
+                link rel="stylesheet" href="/approvals/static/page.css";
+                script src="/approvals/static/page.js" defer {}
+            }
+            body data-csrf=[signed_in.map(|(_, csrf)| csrf)] {
+                header {
+                    @if let Some((name, _)) = signed_in {
+                        a href="/approvals/" { "gateway approvals" }
+                        span {
+                            "signed in as " b { (shown(name)) } " "
+                            button id="logout" type="button" { "sign out" }
+                        }
+                    } @else {
+                        span { "gateway approvals" }
+                    }
+                }
+                main { (main) }
+            }
+        }
+    }
+}
+
+/// Why Terraform replaces or deletes a change, and the attribute paths
+/// that force it: the sentence, the code, the paths.
+fn why(reason: Option<&str>, paths: Option<&Vec<Value>>) -> Markup {
+    let paths = paths.filter(|p| !p.is_empty());
+    html! {
+        @if let Some(r) = reason {
+            " " span class="why" { (shown(&reason_sentence(r, paths))) " " small { "(" (shown(r)) ")" } }
+        }
+        @if let Some(p) = paths {
+            " " span class="why" { "forced by: " code { (shown(&Value::Array(p.clone()).to_string())) } }
+        }
+    }
 }
 
 /// The approval page of `a` (`approvals show --json`) for `name`, with the
 /// policy's answer to whether `name` may grant it (`may`).
-pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>) -> String {
-    let s = |v: &Value| h(v.as_str().unwrap_or(""));
+pub fn approval_html(name: &str, csrf: &str, a: &Value, may: &Result<(), String>) -> Markup {
+    let s = |v: &Value| shown(v.as_str().unwrap_or(""));
     let id = a["id"].as_str().unwrap_or_default();
     let state = a["state"].as_str().unwrap_or("?");
-    let mut m = String::new();
-    m.push_str(&format!(
-        "<h1>Approval <code>{}</code> <span class=\"state state-{}\">{}</span></h1>",
-        h(id),
-        h(state),
-        h(state)
-    ));
-    // 1. The destructive signals, each with its reason.
     let signals = a["signals"].as_array().cloned().unwrap_or_default();
-    if signals.is_empty() {
-        m.push_str("<section class=\"signals none\"><h2>No destructive signals</h2></section>");
-    } else {
-        m.push_str(&format!(
-            "<section class=signals><h2>⚠ Destructive signals ({})</h2><ul>",
-            signals.len()
-        ));
-        for sig in &signals {
-            let mut why = String::new();
-            if let Some(r) = sig["reason"].as_str() {
-                why.push_str(&format!(
-                    " <span class=why>{} <small>({})</small></span>",
-                    h(&reason_sentence(r, sig["paths"].as_array())),
-                    h(r)
-                ));
-            }
-            if let Some(p) = sig["paths"].as_array().filter(|p| !p.is_empty()) {
-                why.push_str(&format!(
-                    " <span class=why>forced by: <code>{}</code></span>",
-                    h(&Value::Array(p.clone()).to_string())
-                ));
-            }
-            m.push_str(&format!(
-                "<li><b class=kind>{}</b> <code>{}</code>: {}{why}</li>",
-                s(&sig["kind"]),
-                s(&sig["address"]),
-                s(&sig["message"]),
-            ));
-        }
-        m.push_str("</ul></section>");
-    }
-    // 2. The call and its people.
-    let granted: Vec<String> = a["verdicts"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .map(|v| {
-                    format!(
-                        "{} by {} ({}) at {}: {}",
-                        s(&v["verdict"]),
-                        s(&v["approver"]),
-                        s(&v["kind"]),
-                        s(&v["at"]),
-                        s(&v["reason"])
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let grants = a["verdicts"]
-        .as_array()
-        .map(|v| v.iter().filter(|v| v["verdict"] == "grant").count())
-        .unwrap_or(0);
-    m.push_str("<section class=facts><h2>The call</h2><dl>");
-    let mut fact = |k: &str, v: String| m.push_str(&format!("<dt>{k}</dt><dd>{v}</dd>"));
-    fact("tool", s(&a["tool"]));
-    fact(
-        "module",
-        h(a["params"]["working_dir"].as_str().unwrap_or("-")),
-    );
-    fact(
-        "params",
-        format!("<code>{}</code>", h(&a["params"].to_string())),
-    );
-    fact("requested by", s(&a["requested_by"]));
-    fact(
-        "client",
-        format!(
-            "{} <span class=note>(what the client calls itself)</span>",
-            s(&a["requested_client"])
-        ),
-    );
-    fact("requested at", s(&a["created_at"]));
-    fact("expires at", s(&a["expires_at"]));
-    fact(
-        "approvals",
-        format!(
-            "{grants} of {} given",
-            a["approvers_required"].as_u64().unwrap_or(0)
-        ),
-    );
-    fact(
-        "verdicts",
-        if granted.is_empty() {
-            "none yet".into()
-        } else {
-            granted.join("<br>")
-        },
-    );
-    fact(
-        "plan digest",
-        format!("<code>{}</code>", s(&a["plan_sha256"])),
-    );
-    fact(
-        "params digest",
-        format!("<code>{}</code>", s(&a["params_sha256"])),
-    );
-    m.push_str("</dl></section>");
-    // 3. The decision (before the long list, after what it is about).
-    m.push_str("<section class=decide><h2>Decide</h2>");
-    if state != "pending" {
-        m.push_str(&format!(
-            "<p>This approval is {}; there is nothing to decide.</p>",
-            h(state)
-        ));
-    } else {
-        match may {
-                Ok(()) => m.push_str(&format!(
-                    "<form id=verdict data-id=\"{}\"><label>Reason{} <input name=reason maxlength=4096{}></label>\
-                     <button type=submit name=verdict value=grant class=grant>Approve with passkey</button>\
-                     <button type=submit name=verdict value=deny class=deny>Deny with passkey</button></form>\
-                     <p id=status role=status></p><p class=note>Your passkey signs the SHA-256 of this approval's \
-                     statement: its id, tool, params and plan digests, your verdict and reason.</p><pre id=statement></pre>",
-                    h(id),
-                    if a["reason_required"] == true { " (required)" } else { "" },
-                    if a["reason_required"] == true { " required" } else { "" },
-                )),
-                Err(why) => m.push_str(&format!(
-                    "<p class=refused>You cannot approve this call: {}</p>\
-                     <form id=verdict data-id=\"{}\"><input type=hidden name=reason value=\"\">\
-                     <button type=submit name=verdict value=deny class=deny>Deny with passkey</button></form>\
-                     <p id=status role=status></p>",
-                    h(why),
-                    h(id)
-                )),
-            }
-    }
-    m.push_str("</section>");
-    // 4. The changes, grouped by action, with their attribute diffs.
+    let verdicts = a["verdicts"].as_array().cloned().unwrap_or_default();
+    let grants = verdicts.iter().filter(|v| v["verdict"] == "grant").count();
+    let reason_required = a["reason_required"] == true;
     let groups = gateway_audit::approvals::review::grouped(&a["plan_summary"]);
     let total: usize = groups.iter().map(|g| g.2.len()).sum();
-    let counts: Vec<String> = groups
-        .iter()
-        .map(|(k, _, v)| format!("<span class=\"count {k}\">{} {k}</span>", v.len()))
-        .collect();
-    m.push_str(&format!(
-        "<section class=changes><h2>Planned changes ({total})</h2><p>{}</p>",
-        counts.join(" ")
-    ));
-    for (key, label, changes) in &groups {
-        m.push_str(&format!(
-            "<details class=\"group {key}\"{}><summary>{} ({})</summary>",
-            if matches!(*key, "replace" | "delete" | "forget" | "other") || changes.len() <= 50 {
-                " open"
-            } else {
-                ""
-            },
-            h(label),
-            changes.len()
-        ));
-        for c in changes {
-            m.push_str(&format!(
-                "<div class=change><code class=addr>{}</code>",
-                s(&c["address"])
-            ));
-            if let Some(r) = c["reason"].as_str() {
-                m.push_str(&format!(
-                    " <span class=why>{} <small>({})</small></span>",
-                    h(&reason_sentence(r, c["paths"].as_array())),
-                    h(r)
-                ));
-            }
-            if let Some(p) = c["paths"].as_array().filter(|p| !p.is_empty()) {
-                m.push_str(&format!(
-                    " <span class=why>forced by: <code>{}</code></span>",
-                    h(&Value::Array(p.clone()).to_string())
-                ));
-            }
-            let diff = c["diff"].as_array().cloned().unwrap_or_default();
-            if !diff.is_empty() {
-                m.push_str("<table class=diff><tbody>");
-                for d in &diff {
-                    let side = |v: &Value| match v {
-                        Value::Null => "<i>(none)</i>".to_string(),
-                        v => h(v.as_str().unwrap_or("?")),
-                    };
-                    m.push_str(&format!(
-                            "<tr><th>{}</th><td class=before>{}</td><td>→</td><td class=after>{}</td></tr>",
-                            s(&d["path"]),
-                            side(&d["before"]),
-                            side(&d["after"])
-                        ));
-                }
-                m.push_str("</tbody></table>");
-            }
-            m.push_str("</div>");
+    let main = html! {
+        h1 {
+            "Approval " code { (shown(id)) } " "
+            span class={ "state state-" (shown(state)) } { (shown(state)) }
         }
-        m.push_str("</details>");
+        // 1. The destructive signals, each with its reason.
+        @if signals.is_empty() {
+            section class="signals none" { h2 { "No destructive signals" } }
+        } @else {
+            section class="signals" {
+                h2 { "⚠ Destructive signals (" (signals.len()) ")" }
+                ul {
+                    @for sig in &signals {
+                        li {
+                            b class="kind" { (s(&sig["kind"])) } " "
+                            code { (s(&sig["address"])) } ": " (s(&sig["message"]))
+                            (why(sig["reason"].as_str(), sig["paths"].as_array()))
+                        }
+                    }
+                }
+            }
+        }
+        // 2. The call and its people.
+        section class="facts" {
+            h2 { "The call" }
+            dl {
+                dt { "tool" } dd { (s(&a["tool"])) }
+                dt { "module" } dd { (shown(a["params"]["working_dir"].as_str().unwrap_or("-"))) }
+                dt { "params" } dd { code { (shown(&a["params"].to_string())) } }
+                dt { "requested by" } dd { (s(&a["requested_by"])) }
+                dt { "client" } dd {
+                    (s(&a["requested_client"])) " "
+                    span class="note" { "(what the client calls itself)" }
+                }
+                dt { "requested at" } dd { (s(&a["created_at"])) }
+                dt { "expires at" } dd { (s(&a["expires_at"])) }
+                dt { "approvals" } dd {
+                    (grants) " of " (a["approvers_required"].as_u64().unwrap_or(0)) " given"
+                }
+                dt { "verdicts" } dd {
+                    @if verdicts.is_empty() {
+                        "none yet"
+                    }
+                    @for (i, v) in verdicts.iter().enumerate() {
+                        @if i > 0 { br; }
+                        (s(&v["verdict"])) " by " (s(&v["approver"])) " (" (s(&v["kind"]))
+                        ") at " (s(&v["at"])) ": " (s(&v["reason"]))
+                    }
+                }
+                dt { "plan digest" } dd { code { (s(&a["plan_sha256"])) } }
+                dt { "params digest" } dd { code { (s(&a["params_sha256"])) } }
+            }
+        }
+        // 3. The decision (before the long list, after what it is about).
+        section class="decide" {
+            h2 { "Decide" }
+            @if state != "pending" {
+                p { "This approval is " (shown(state)) "; there is nothing to decide." }
+            } @else {
+                @match may {
+                    Ok(()) => {
+                        form id="verdict" data-id=(shown(id)) {
+                            label {
+                                "Reason" @if reason_required { " (required)" } " "
+                                input name="reason" maxlength="4096" required[reason_required];
+                            }
+                            button type="submit" name="verdict" value="grant" class="grant" { "Approve with passkey" }
+                            button type="submit" name="verdict" value="deny" class="deny" { "Deny with passkey" }
+                        }
+                        p id="status" role="status" {}
+                        p class="note" {
+                            "Your passkey signs the SHA-256 of this approval's statement: its id, \
+                             tool, params and plan digests, your verdict and reason."
+                        }
+                        pre id="statement" {}
+                    }
+                    Err(why) => {
+                        p class="refused" { "You cannot approve this call: " (shown(why)) }
+                        form id="verdict" data-id=(shown(id)) {
+                            input type="hidden" name="reason" value="";
+                            button type="submit" name="verdict" value="deny" class="deny" { "Deny with passkey" }
+                        }
+                        p id="status" role="status" {}
+                    }
+                }
+            }
+        }
+        // 4. The changes, grouped by action, with their attribute diffs.
+        section class="changes" {
+            h2 { "Planned changes (" (total) ")" }
+            p {
+                @for (i, (key, _, changes)) in groups.iter().enumerate() {
+                    @if i > 0 { " " }
+                    span class={ "count " (key) } { (changes.len()) " " (key) }
+                }
+            }
+            @for (key, label, changes) in &groups {
+                details class={ "group " (key) }
+                    open[matches!(*key, "replace" | "delete" | "forget" | "other") || changes.len() <= 50] {
+                    summary { (shown(label)) " (" (changes.len()) ")" }
+                    @for c in changes {
+                        div class="change" {
+                            code class="addr" { (s(&c["address"])) }
+                            (why(c["reason"].as_str(), c["paths"].as_array()))
+                            @let diff = c["diff"].as_array().cloned().unwrap_or_default();
+                            @if !diff.is_empty() {
+                                table class="diff" { tbody {
+                                    @for d in &diff {
+                                        tr {
+                                            th { (s(&d["path"])) }
+                                            td class="before" { (side(&d["before"])) }
+                                            td { "→" }
+                                            td class="after" { (side(&d["after"])) }
+                                        }
+                                    }
+                                } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    document(&format!("approval {id}"), Some((name, csrf)), main)
+}
+
+/// One side of an attribute's diff: its value, or "(none)".
+fn side(v: &Value) -> Markup {
+    html! {
+        @match v {
+            Value::Null => i { "(none)" },
+            v => (shown(v.as_str().unwrap_or("?"))),
+        }
     }
-    m.push_str("</section>");
-    shell_html(name, csrf, &format!("approval {id}"), &m)
 }
 
 /// An approval id as the store makes them (`ap-` and hex): nothing else is
@@ -1160,8 +1142,8 @@ fn with_type(status: StatusCode, body: String, ty: &'static str) -> Response<Bod
     r
 }
 
-fn html(status: StatusCode, body: &str) -> Response<Body> {
-    with_type(status, body.to_string(), "text/html; charset=utf-8")
+fn page_response(status: StatusCode, page: Markup) -> Response<Body> {
+    with_type(status, page.into_string(), "text/html; charset=utf-8")
 }
 
 fn asset(body: &'static str, ty: &'static str) -> Response<Body> {
@@ -1202,19 +1184,36 @@ mod tests {
 
     #[test]
     fn plan_text_is_escaped_for_html_with_bidi_and_zero_width_shown() {
-        let hostile = "aws_s3_bucket.\u{202e}gol<script>alert(1)</script>\u{200b}\"x'";
-        let out = h(hostile);
+        let hostile = "aws_s3_bucket.\u{202e}gol<script>alert(1)</script>\u{200b}\"x' onload=\"y";
+        let page = approval_html(
+            "bob<b>",
+            "c\"srf",
+            &json!({"id": "ap-1", "state": "pending", "tool": hostile, "signals": [
+                {"kind": "delete", "address": hostile, "message": hostile}],
+                "plan_summary": [{"address": hostile, "actions": ["delete"], "reason": null, "paths": [],
+                                  "diff": [{"path": hostile, "before": hostile, "after": null}]}]}),
+            &Err(hostile.to_string()),
+        )
+        .into_string();
         assert!(
-            !out.contains('<') && !out.contains('>') && !out.contains('"') && !out.contains('\'')
+            !page.contains("<script>") && !page.contains("bob<b>"),
+            "{page}"
         );
         assert!(
-            !out.contains('\u{202e}') && !out.contains('\u{200b}'),
-            "{out}"
+            !page.contains("\" onload"),
+            "an attribute is closed from outside: {page}"
         );
+        assert!(page.contains("data-csrf=\"c&quot;srf\""), "{page}");
         assert!(
-            out.contains("\\u{202e}") && out.contains("\\u{200b}"),
-            "{out}"
+            !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+            "{page}"
         );
+        // Each hostile string is shown, escaped, in each place it appears.
+        let escaped = "aws_s3_bucket.\\u{202e}gol&lt;script&gt;alert(1)&lt;/script&gt;\\u{200b}&quot;x' onload=&quot;y";
+        assert!(page.matches(escaped).count() >= 6, "{page}");
+        // A literal `\u{202e}` typed by the agent is not mistaken for an
+        // escaped character.
+        assert_eq!(shown("a\\u{202e}b"), "a\\\\u{202e}b");
     }
 
     #[test]
@@ -1241,7 +1240,8 @@ mod tests {
                 {"kind": "replace", "address": "a.b", "message": "m",
                  "reason": "<script>x</script>", "paths": [["triggers_replace"]]}]}),
             &Ok(()),
-        );
+        )
+        .into_string();
         assert!(!html.contains("<script>x"), "{html}");
         assert!(html.contains("does not know (&lt;script&gt;"), "{html}");
     }
