@@ -36,6 +36,11 @@ struct Team {
 
 /// A daemon with `limits` in its `[http]`, and tokens for alice and bob.
 fn team(limits: &str) -> Team {
+    team_logging(limits, None)
+}
+
+/// [`team`], the daemon logging at `rust_log` when given.
+fn team_logging(limits: &str, rust_log: Option<&str>) -> Team {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let keys = tempfile::tempdir().expect("dir");
     let (ca, cert, tls_key) = common::tls_files(keys.path());
@@ -60,7 +65,11 @@ fn team(limits: &str) -> Team {
         iss = provider.issuer,
     );
     let (dir, config) = Daemon::layout(&common::repo().join("policies"), &extra);
-    let d = Daemon::start_in(dir, config);
+    let mut cmd = Daemon::command(dir.path(), &config);
+    if let Some(filter) = rust_log {
+        cmd.env("RUST_LOG", filter);
+    }
+    let d = Daemon::start_cmd(dir, config, cmd);
     let started = Instant::now();
     while !d.log().contains("serving MCP over HTTP") {
         assert!(started.elapsed() < Duration::from_secs(30), "{}", d.log());
@@ -251,6 +260,104 @@ fn a_slow_body_is_cut_and_one_identity_cannot_hold_every_connection() {
         limited_metric(&text, "connections_per_identity") >= 1.0,
         "{text}"
     );
+    t.d.assert_audit_verifies();
+}
+
+/// What the router's layers add, attacked: a body declared over the
+/// limit is refused before anything else is done (no token is verified
+/// for it), audited and the connection closed, like a refusal made by the
+/// handlers; each answer carries a request id, a client's plain id is kept
+/// and its junk replaced; and with every target logging at debug, no
+/// token, cookie or query string reaches the daemon's log.
+#[test]
+fn the_routers_layers_refuse_big_bodies_audited_and_keep_secrets_out_of_the_log() {
+    daemon::os_user(daemon::AGENT);
+    let t = team_logging("max_request_bytes = 65536\n", Some("debug"));
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let c = client(&t.ca);
+    let post = |token: Option<&str>, headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut r = c
+            .post(&t.resource)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(tok) = token {
+            r = r.bearer_auth(tok);
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        rt.block_on(async move {
+            let resp = r.body(body).send().await.expect("request");
+            let status = resp.status().as_u16();
+            let h = resp.headers().clone();
+            (status, h, resp.text().await.unwrap_or_default())
+        })
+    };
+    // 1. A declared body over the limit, with and without a token.
+    for token in [None, Some(t.alice.as_str())] {
+        let (status, h, text) = post(token, &[], vec![b' '; 65537]);
+        assert_eq!(status, 413, "{text}");
+        assert!(text.contains("at most 65536 bytes"), "{text}");
+        assert_eq!(
+            h.get("connection").and_then(|v| v.to_str().ok()),
+            Some("close"),
+            "{h:?}"
+        );
+    }
+    let big = refusals(&t.d, 413);
+    assert_eq!(big.len(), 2, "{big:#?}");
+    // 2. Request ids: a new one when none is sent; a plain one kept; junk replaced.
+    let (status, h, _) = post(Some(&t.alice), &[], initialize().to_string().into_bytes());
+    assert_eq!(status, 200);
+    let made = h
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a request id")
+        .to_string();
+    assert_eq!(made.len(), 36, "a UUID: {made}");
+    let (_, h, _) = post(
+        Some(&t.alice),
+        &[("x-request-id", "agent-run-42.step_7")],
+        initialize().to_string().into_bytes(),
+    );
+    assert_eq!(
+        h.get("x-request-id").and_then(|v| v.to_str().ok()),
+        Some("agent-run-42.step_7")
+    );
+    for junk in ["a b", "x\"y", &"z".repeat(65), "\u{1b}[2Jcleared"] {
+        let Ok(_) = hyper::http::HeaderValue::from_str(junk) else {
+            continue;
+        };
+        let (_, h, _) = post(
+            Some(&t.alice),
+            &[("x-request-id", junk)],
+            initialize().to_string().into_bytes(),
+        );
+        let id = h
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(id.len() == 36 && id != junk, "{junk:?} -> {id:?}");
+    }
+    // 3. A token in the query is refused; nothing secret is in the log.
+    let (status, _, _) = rt.block_on(async {
+        let r = c
+            .get(format!("{}?access_token={}", t.resource, t.bob))
+            .header("cookie", "gw_session=cookie-secret-value")
+            .send()
+            .await
+            .expect("get");
+        (r.status().as_u16(), (), ())
+    });
+    assert_eq!(status, 400);
+    let log = t.d.log();
+    assert!(
+        log.contains("request_id="),
+        "the daemon logs requests at debug: {log}"
+    );
+    for secret in [t.alice.as_str(), t.bob.as_str(), "cookie-secret-value"] {
+        assert!(!log.contains(secret), "a secret in the daemon's log");
+    }
     t.d.assert_audit_verifies();
 }
 

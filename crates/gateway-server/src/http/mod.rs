@@ -29,6 +29,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::any;
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::http::{HeaderValue, Request, Response, StatusCode, header};
@@ -38,6 +42,13 @@ use rmcp::transport::streamable_http_server::{
 use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::{
+    SetSensitiveRequestHeadersLayer, SetSensitiveResponseHeadersLayer,
+};
+use tower_http::timeout::RequestBodyTimeoutLayer;
+use tower_http::trace::TraceLayer;
 
 use crate::mcp::{GatewayServer, SsoPrincipal};
 use gateway_audit::audit::{AuditLog, Event};
@@ -60,6 +71,48 @@ pub enum HttpError {
 }
 
 type Body = BoxBody<Bytes, Infallible>;
+
+/// Where the Protected Resource Metadata is served (RFC 9728), also with
+/// the resource's path appended.
+const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The header a request's id travels in, both ways.
+const REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
+
+/// The connection a request came on: its peer, and the identity it is
+/// counted against once a request on it has authenticated.
+#[derive(Clone)]
+struct Conn {
+    remote: SocketAddr,
+    tag: Arc<limits::ConnTag>,
+}
+
+/// Marks a response this transport made and audited itself, so that the
+/// refusal layer does not audit it again.
+#[derive(Clone, Copy)]
+pub(crate) struct Answered;
+
+/// A client's `x-request-id` is kept when it is one plain token (at most
+/// 64 letters, digits, `-`, `_`, `.`), so that it can be followed across
+/// systems; anything else is dropped and a new id made, so that no client
+/// writes what it likes into the logs.
+async fn plain_request_id(mut req: Request<axum::body::Body>) -> Request<axum::body::Body> {
+    let values = req.headers().get_all(&REQUEST_ID);
+    let mut it = values.iter();
+    let plain = match (it.next(), it.next()) {
+        (Some(v), None) => v.to_str().is_ok_and(|v| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        }),
+        _ => false,
+    };
+    if !plain {
+        req.headers_mut().remove(&REQUEST_ID);
+    }
+    req
+}
 
 /// The listener's state: checks, then rmcp's service.
 pub struct HttpServer {
@@ -215,6 +268,9 @@ impl HttpServer {
             "" => "/".to_string(),
             p => p.to_string(),
         };
+        if let Some(why) = unroutable(&resource_path) {
+            return Err(bad(format!("resource {:?}: {why}", config.resource)));
+        }
         let resource_path_for_control = resource_path.trim_end_matches('/').to_string();
         let origin = url.origin().ascii_serialization();
         let metadata_url = if resource_path == "/" {
@@ -494,6 +550,7 @@ impl HttpServer {
     ) {
         let mut conns = tokio::task::JoinSet::new();
         tokio::spawn(Arc::clone(&self).sweep_sessions(stop.clone()));
+        let router = Self::routes(&self);
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -505,9 +562,10 @@ impl HttpServer {
                         };
                         let me = Arc::clone(&self);
                         let stop = stop.clone();
+                        let router = router.clone();
                         conns.spawn(async move {
                             let _slot = slot;
-                            me.connection(stream, remote, stop).await
+                            me.connection(stream, remote, stop, router).await
                         });
                     }
                     Err(e) => {
@@ -577,6 +635,7 @@ impl HttpServer {
         stream: tokio::net::TcpStream,
         remote: SocketAddr,
         stop: CancellationToken,
+        router: Router,
     ) {
         let _ = stream.set_nodelay(true);
         match &self.tls {
@@ -590,28 +649,34 @@ impl HttpServer {
                         }
                         Err(_) => return,
                     };
-                self.http1(hyper_util::rt::TokioIo::new(tls), remote, stop)
+                self.http1(hyper_util::rt::TokioIo::new(tls), remote, stop, router)
                     .await;
             }
             None => {
-                self.http1(hyper_util::rt::TokioIo::new(stream), remote, stop)
+                self.http1(hyper_util::rt::TokioIo::new(stream), remote, stop, router)
                     .await
             }
         }
     }
 
-    async fn http1<I>(self: Arc<Self>, io: I, remote: SocketAddr, stop: CancellationToken)
-    where
+    async fn http1<I>(
+        self: Arc<Self>,
+        io: I,
+        remote: SocketAddr,
+        stop: CancellationToken,
+        router: Router,
+    ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
-        let me = Arc::clone(&self);
         // The identity this connection is counted against, once a request
-        // on it has authenticated.
-        let tag = Arc::new(limits::ConnTag::new(&self.limits));
-        let service = hyper::service::service_fn(move |req| {
-            let me = Arc::clone(&me);
-            let tag = Arc::clone(&tag);
-            async move { Ok::<_, Infallible>(me.handle(req, remote, &tag).await) }
+        // on it has authenticated; each request carries it to the routes.
+        let conn = Conn {
+            remote,
+            tag: Arc::new(limits::ConnTag::new(&self.limits)),
+        };
+        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(conn.clone());
+            tower::ServiceExt::oneshot(router.clone(), req)
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
@@ -629,101 +694,281 @@ impl HttpServer {
         }
     }
 
-    /// One request: the checks in order, then MCP.
-    async fn handle(
+    /// The routes, each with its body limit, under the layers every
+    /// request goes through: a request id (the client's when it is plain,
+    /// else a new one, returned in `x-request-id`), a trace span naming
+    /// the method, the path without its query, and that id (never a
+    /// header), `Authorization`, `Cookie` and the session id marked
+    /// sensitive for whatever logs a request after, a body that stalls
+    /// cut, and a body-size refusal made by a layer audited like the
+    /// others.
+    fn routes(server: &Arc<HttpServer>) -> Router {
+        let s = server;
+        let quotas = &s.limits.quotas;
+        let mut r: Router<Arc<HttpServer>> = Router::new()
+            .route("/healthz", any(|| async { plain(StatusCode::OK, "ok\n") }))
+            .route(
+                "/readyz",
+                any(|State(s): State<Arc<HttpServer>>| async move { s.readiness().await }),
+            )
+            .route(PRM_PATH, any(Self::resource_metadata))
+            .route(
+                "/approvals",
+                any(Self::page).layer(RequestBodyLimitLayer::new(page::MAX_BODY)),
+            )
+            // (A wildcard matches one character at least: the list's own
+            // path is named apart.)
+            .route(
+                "/approvals/",
+                any(Self::page).layer(RequestBodyLimitLayer::new(page::MAX_BODY)),
+            )
+            .route(
+                "/approvals/{*rest}",
+                any(Self::page).layer(RequestBodyLimitLayer::new(page::MAX_BODY)),
+            )
+            .route(
+                &s.control_path,
+                any(Self::control_request).layer(RequestBodyLimitLayer::new(MAX_CONTROL_BYTES)),
+            )
+            .route(
+                &s.resource_path,
+                any(Self::mcp_request).layer(RequestBodyLimitLayer::new(s.max_request_bytes)),
+            );
+        if s.resource_path != "/" {
+            r = r.route(
+                &format!("{PRM_PATH}{}", s.resource_path),
+                any(Self::resource_metadata),
+            );
+        } else {
+            r = r.route(&format!("{PRM_PATH}/"), any(Self::resource_metadata));
+        }
+        if s.metrics.is_some() {
+            r = r.route(
+                "/metrics",
+                any(
+                    |State(s): State<Arc<HttpServer>>, req: Request<axum::body::Body>| async move {
+                        match &s.metrics {
+                            Some(p) => metrics::scrape(req.method(), Arc::clone(p)).await,
+                            None => plain(StatusCode::NOT_FOUND, "not found\n"),
+                        }
+                    },
+                ),
+            );
+        }
+        let sensitive: std::sync::Arc<[header::HeaderName]> = vec![
+            header::AUTHORIZATION,
+            header::PROXY_AUTHORIZATION,
+            header::COOKIE,
+            header::HeaderName::from_static("mcp-session-id"),
+        ]
+        .into();
+        r.fallback(|| async { plain(StatusCode::NOT_FOUND, "not found\n") })
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(s),
+                Self::audit_layer_refusals,
+            ))
+            .layer(RequestBodyTimeoutLayer::new(quotas.request_timeout))
+            .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(|req: &Request<axum::body::Body>| {
+                        let id = req
+                            .headers()
+                            .get(REQUEST_ID)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default();
+                        tracing::debug_span!(
+                            "http",
+                            method = %req.method(),
+                            path = %clip(req.uri().path(), 200),
+                            request_id = %id,
+                        )
+                    })
+                    .on_request(())
+                    .on_response(
+                        tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
+                    )
+                    .on_failure(
+                        tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+                    ),
+            )
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(axum::middleware::map_request(plain_request_id))
+            .layer(SetSensitiveResponseHeadersLayer::new([header::SET_COOKIE]))
+            .layer(SetSensitiveRequestHeadersLayer::from_shared(sensitive))
+            .with_state(Arc::clone(s))
+    }
+
+    /// A body-size refusal a layer made (a `Content-Length` over the
+    /// route's limit) is audited, says the limit, and closes the
+    /// connection, as the ones the handlers make.
+    async fn audit_layer_refusals(
+        State(s): State<Arc<HttpServer>>,
+        Extension(conn): Extension<Conn>,
+        req: Request<axum::body::Body>,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        let method = clip(req.method().as_str(), 16);
+        let path = req.uri().path().to_string();
+        let response = next.run(req).await;
+        if response.status() != StatusCode::PAYLOAD_TOO_LARGE
+            || response.extensions().get::<Answered>().is_some()
+        {
+            return response;
+        }
+        let limit = if path == s.control_path {
+            MAX_CONTROL_BYTES
+        } else if path == s.resource_path {
+            s.max_request_bytes
+        } else {
+            page::MAX_BODY
+        };
+        s.body_refused(
+            limits::BodyError::TooLarge,
+            conn.remote,
+            &method,
+            &path,
+            "",
+            limit,
+        )
+        .into_response()
+    }
+
+    async fn resource_metadata(
+        State(s): State<Arc<HttpServer>>,
+        req: Request<axum::body::Body>,
+    ) -> Response<Body> {
+        match *req.method() {
+            hyper::Method::GET | hyper::Method::HEAD => {
+                let mut r = Response::new(Full::new(s.metadata.clone()).boxed());
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                r
+            }
+            _ => plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
+        }
+    }
+
+    /// The approval page (`/approvals/…`): no bearer token; the page
+    /// checks its own session and origin ([`page::Pages`]).
+    async fn page(
+        State(s): State<Arc<HttpServer>>,
+        Extension(conn): Extension<Conn>,
+        req: Request<axum::body::Body>,
+    ) -> Response<Body> {
+        let deadline = tokio::time::Instant::now() + s.limits.quotas.request_timeout;
+        let (method, path) = (
+            clip(req.method().as_str(), 16),
+            req.uri().path().to_string(),
+        );
+        // A page elsewhere must not reach this gateway by a name of its
+        // own (DNS rebinding); state changes also check their origin
+        // (page::Pages::same_origin).
+        if !s.host_allowed_in(&req) {
+            let why = s.refuse(
+                &conn,
+                StatusCode::FORBIDDEN,
+                "the Host is not a name of this gateway".into(),
+                &method,
+                &path,
+                None,
+            );
+            return page::refused(StatusCode::FORBIDDEN, &why);
+        }
+        let pages = match &s.pages {
+            Ok(p) => p,
+            Err(why) => {
+                return page::refused(
+                    StatusCode::NOT_FOUND,
+                    &format!("this gateway serves no approval page: {why}"),
+                );
+            }
+        };
+        let (parts, body) = req.into_parts();
+        let body = match limits::read_body(body, page::MAX_BODY, deadline).await {
+            Ok(b) => b,
+            Err(e) => return s.body_refused(e, conn.remote, &method, &path, "", page::MAX_BODY),
+        };
+        let req = Request::from_parts(parts, Full::new(body));
+        match pages.handle(req, conn.remote).await {
+            Ok(r) => r,
+            Err((status, why)) => {
+                let why = s.refuse(&conn, status, why, &method, &path, None);
+                page::refused(status, &why)
+            }
+        }
+    }
+
+    async fn control_request(
+        State(s): State<Arc<HttpServer>>,
+        Extension(conn): Extension<Conn>,
+        req: Request<axum::body::Body>,
+    ) -> Response<Body> {
+        s.authenticated(&conn, req, true).await
+    }
+
+    async fn mcp_request(
+        State(s): State<Arc<HttpServer>>,
+        Extension(conn): Extension<Conn>,
+        req: Request<axum::body::Body>,
+    ) -> Response<Body> {
+        s.authenticated(&conn, req, false).await
+    }
+
+    /// Audit a refusal of `conn`'s request; the reason, to answer with.
+    fn refuse(
+        &self,
+        conn: &Conn,
+        status: StatusCode,
+        reason: String,
+        method: &str,
+        path: &str,
+        token: Option<auth::TokenFacts>,
+    ) -> String {
+        self.audit_refusal(conn.remote, status, &reason, method, path, token);
+        reason
+    }
+
+    /// Whether the request's `Host` is a name of this gateway.
+    fn host_allowed_in<B>(&self, req: &Request<B>) -> bool {
+        req.headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+            .is_some_and(|h| self.host_allowed(&h))
+    }
+
+    /// A request to the MCP endpoint or the control API: the checks in
+    /// order (Host, Origin, no token in the query, the bearer token, the
+    /// identity's share, the body), then the operator command or MCP.
+    async fn authenticated(
         self: &Arc<Self>,
-        req: Request<hyper::body::Incoming>,
-        remote: SocketAddr,
-        tag: &limits::ConnTag,
+        conn: &Conn,
+        req: Request<axum::body::Body>,
+        is_control: bool,
     ) -> Response<Body> {
         // The whole request by then: its headers were read already (within
         // the same limit, hyper's), its body must follow in the rest.
         let deadline = tokio::time::Instant::now() + self.limits.quotas.request_timeout;
+        let remote = conn.remote;
+        let tag = &conn.tag;
         let path = req.uri().path().to_string();
-        if path == "/healthz" {
-            return plain(StatusCode::OK, "ok\n");
-        }
-        if path == "/readyz" {
-            return self.readiness().await;
-        }
-        if path == "/metrics"
-            && let Some(p) = &self.metrics
-        {
-            return metrics::scrape(req.method(), Arc::clone(p)).await;
-        }
-        if path == "/.well-known/oauth-protected-resource"
-            || path
-                == format!(
-                    "/.well-known/oauth-protected-resource{}",
-                    self.resource_path
-                )
-        {
-            return match *req.method() {
-                hyper::Method::GET | hyper::Method::HEAD => {
-                    let mut r = Response::new(Full::new(self.metadata.clone()).boxed());
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
-                _ => plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
-            };
-        }
-        let is_control = path == self.control_path;
-        let is_page = path == "/approvals" || path.starts_with("/approvals/");
-        if path != self.resource_path && !is_control && !is_page {
-            return plain(StatusCode::NOT_FOUND, "not found\n");
-        }
         let method = clip(req.method().as_str(), 16);
         let refuse = |status: StatusCode, reason: String, token: Option<auth::TokenFacts>| {
-            self.audit_refusal(remote, status, &reason, &method, &path, token);
-            reason
+            self.refuse(conn, status, reason, &method, &path, token)
         };
         // DNS rebinding: a page elsewhere must not reach this gateway by a
         // name of its own, nor from a browser origin not allowed.
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string)
-            .or_else(|| req.uri().authority().map(|a| a.to_string()));
-        if is_page {
-            // The approval page checks its own origin on every state
-            // change (page::Pages::same_origin); a foreign Host never
-            // gets a page.
-            if !host.as_deref().is_some_and(|h| self.host_allowed(h)) {
-                let why = refuse(
-                    StatusCode::FORBIDDEN,
-                    "the Host is not a name of this gateway".into(),
-                    None,
-                );
-                return page::refused(StatusCode::FORBIDDEN, &why);
-            }
-            let pages = match &self.pages {
-                Ok(p) => p,
-                Err(why) => {
-                    return page::refused(
-                        StatusCode::NOT_FOUND,
-                        &format!("this gateway serves no approval page: {why}"),
-                    );
-                }
-            };
-            let (parts, body) = req.into_parts();
-            let body = match limits::read_body(body, page::MAX_BODY, deadline).await {
-                Ok(b) => b,
-                Err(e) => return self.body_refused(e, remote, &method, &path, "", page::MAX_BODY),
-            };
-            let req = Request::from_parts(parts, Full::new(body));
-            return match pages.handle(req, remote).await {
-                Ok(r) => r,
-                Err((status, why)) => {
-                    let why = refuse(status, why, None);
-                    page::refused(status, &why)
-                }
-            };
-        }
-        if !host.as_deref().is_some_and(|h| self.host_allowed(h)) {
+        if !self.host_allowed_in(&req) {
+            let host = req
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+                .or_else(|| req.uri().authority().map(|a| a.to_string()));
             let why = refuse(
                 StatusCode::FORBIDDEN,
                 format!(
@@ -1161,6 +1406,31 @@ fn closing(mut r: Response<Body>) -> Response<Body> {
     r
 }
 
+/// Why the resource's path cannot be routed beside the listener's own
+/// paths, if it cannot: it would shadow or be shadowed by one of them, or
+/// a segment would read as a route parameter (`{x}`, `:x`, `*x`).
+fn unroutable(path: &str) -> Option<String> {
+    let own = ["/healthz", "/readyz", "/metrics", "/approvals"];
+    if own.contains(&path.trim_end_matches('/'))
+        || path.starts_with("/approvals/")
+        || path.starts_with(PRM_PATH)
+    {
+        return Some(format!(
+            "its path {path:?} is one of the listener's own ({}, /approvals/…, {PRM_PATH}); choose another, e.g. /mcp",
+            own[..3].join(", ")
+        ));
+    }
+    if path
+        .split('/')
+        .any(|seg| seg.starts_with([':', '*']) || seg.contains(['{', '}']))
+    {
+        return Some(format!(
+            "its path {path:?} has a segment starting with ':' or '*' or holding braces; choose a plain path, e.g. /mcp"
+        ));
+    }
+    None
+}
+
 /// Whether a JSON-RPC body is (or, as a batch, holds) an `initialize`:
 /// the request that opens a legacy session.
 fn is_initialize(body: &[u8]) -> bool {
@@ -1219,6 +1489,7 @@ fn clip(s: &str, n: usize) -> String {
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(text.to_string())).boxed());
     *r.status_mut() = status;
+    r.extensions_mut().insert(Answered);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -1313,6 +1584,29 @@ impl Drop for ConnSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resource_path_that_would_clash_with_a_route_is_refused() {
+        for ok in ["/", "/mcp", "/team/mcp", "/mcp/"] {
+            assert_eq!(unroutable(ok), None, "{ok}");
+            // And the router takes it (axum panics on a path it refuses).
+            let _ = Router::<()>::new()
+                .route(ok, any(|| async { "" }))
+                .route("/healthz", any(|| async { "" }));
+        }
+        for bad in [
+            "/healthz",
+            "/metrics/",
+            "/approvals",
+            "/approvals/x",
+            "/.well-known/oauth-protected-resource",
+            "/:id",
+            "/a/*rest",
+            "/{x}",
+        ] {
+            assert!(unroutable(bad).is_some(), "{bad}");
+        }
+    }
 
     #[test]
     fn tokens_are_found_in_the_header_only() {

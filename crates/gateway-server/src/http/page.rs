@@ -1156,7 +1156,9 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
 
 /// A refusal as the page shows it: text, with the page's headers.
 pub fn refused(status: StatusCode, why: &str) -> Response<Body> {
-    with_type(status, format!("{why}\n"), "text/plain; charset=utf-8")
+    let mut r = with_type(status, format!("{why}\n"), "text/plain; charset=utf-8");
+    r.extensions_mut().insert(super::Answered);
+    r
 }
 
 fn redirect(to: &str) -> Response<Body> {
