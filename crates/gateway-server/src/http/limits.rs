@@ -366,8 +366,21 @@ where
     match tokio::time::timeout_at(deadline, limited.collect()).await {
         Err(_) => Err(BodyError::TooSlow),
         Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
-        Ok(Err(e)) => Err(BodyError::Broken(e.to_string())),
+        Ok(Err(e)) => {
+            // The layers' errors arrive wrapped (axum's body error, boxed):
+            // each cause is looked at.
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+            while let Some(c) = cause {
+                if c.is::<http_body_util::LengthLimitError>() {
+                    return Err(BodyError::TooLarge);
+                }
+                if c.is::<tower_http::timeout::TimeoutError>() {
+                    return Err(BodyError::TooSlow);
+                }
+                cause = c.source();
+            }
+            Err(BodyError::Broken(e.to_string()))
+        }
     }
 }
 
@@ -424,6 +437,59 @@ mod tests {
             session_idle: Duration::from_secs(300),
             session_unused: Duration::from_millis(50),
         }))
+    }
+
+    /// A body as the routes get it: a stream, under tower-http's
+    /// stall timeout, inside axum's body.
+    fn routed(chunks: Vec<&'static [u8]>, then_stall: bool, stall: Duration) -> axum::body::Body {
+        let frames = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from_static(c)))),
+        );
+        let body = http_body_util::StreamBody::new(if then_stall {
+            futures::StreamExt::boxed(futures::StreamExt::chain(
+                frames,
+                futures::stream::pending(),
+            ))
+        } else {
+            futures::StreamExt::boxed(frames)
+        });
+        axum::body::Body::new(tower_http::timeout::TimeoutBody::new(stall, body))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_judged_by_what_cut_it_through_the_layers_wrapping() {
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        // Whole and within the limit.
+        let b = read_body(
+            routed(vec![b"ab", b"cd"], false, Duration::from_secs(5)),
+            4,
+            far,
+        )
+        .await
+        .expect("read");
+        assert_eq!(&b[..], b"abcd");
+        // Past the limit while streaming: too large, not "broken off".
+        let e = read_body(
+            routed(vec![b"ab", b"cde"], false, Duration::from_secs(5)),
+            4,
+            far,
+        )
+        .await
+        .expect_err("over");
+        assert!(matches!(e, BodyError::TooLarge), "{e:?}");
+        // Stalled past the layer's timeout: too slow, not "broken off".
+        let e = read_body(routed(vec![b"a"], true, Duration::from_millis(50)), 4, far)
+            .await
+            .expect_err("stalled");
+        assert!(matches!(e, BodyError::TooSlow), "{e:?}");
+        // Crawling within the layer's timeout but past the whole deadline.
+        let soon = tokio::time::Instant::now() + Duration::from_millis(100);
+        let e = read_body(routed(vec![b"a"], true, Duration::from_secs(5)), 4, soon)
+            .await
+            .expect_err("deadline");
+        assert!(matches!(e, BodyError::TooSlow), "{e:?}");
     }
 
     #[test]
