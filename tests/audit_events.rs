@@ -1,5 +1,5 @@
-//! The audit events are one typed enum (src/audit/events.rs): README.md's
-//! table lists exactly its names, and nothing outside src/audit writes an
+//! The audit events are one typed enum (crates/gateway-audit/src/audit/events.rs):
+//! README.md's table lists exactly its names, and nothing outside its audit/ writes an
 //! event by name.
 
 mod common;
@@ -29,7 +29,9 @@ fn the_readme_lists_exactly_the_events_the_gateway_writes() {
 fn every_event_the_source_names_is_a_listed_one_and_only_the_log_appends_by_name() {
     let names: BTreeSet<&str> = gateway::audit::events::NAMES.iter().copied().collect();
     let rename = regex::Regex::new(r#"#\[serde\(rename = "([a-z_]+\.[a-z_]+)"\)\]"#).expect("re");
-    let events = std::fs::read_to_string(common::repo().join("src/audit/events.rs")).expect("read");
+    let events =
+        std::fs::read_to_string(common::repo().join("crates/gateway-audit/src/audit/events.rs"))
+            .expect("read");
     let variants: BTreeSet<&str> = rename
         .captures_iter(&events)
         .map(|c| c.get(1).map(|m| m.as_str()).unwrap_or_default())
@@ -53,7 +55,7 @@ fn every_event_the_source_names_is_a_listed_one_and_only_the_log_appends_by_name
         names.len(),
         "NAMES lists an event no code writes"
     );
-    let mut stack = vec![common::repo().join("src")];
+    let mut stack = vec![common::repo().join("src"), common::repo().join("crates")];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir).expect("read_dir") {
             let p = e.expect("entry").path();

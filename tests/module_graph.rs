@@ -1,60 +1,112 @@
-//! The crate's top-level modules form a graph without cycles: a reader can
-//! follow one call down the pipeline without being sent back up. In
-//! particular sandbox, tools and broker do not import each other in a
-//! circle (tools uses sandbox; sandbox and broker use neither).
+//! The gateway's modules form a graph without cycles, across its crates:
+//! a reader can follow one call down the pipeline without being sent back
+//! up. In particular sandbox, tools and broker do not import each other in
+//! a circle (tools uses sandbox; sandbox and broker use neither).
+//! (`crate_layers.rs` checks the crates; this checks the modules inside
+//! them too: pipeline, tools and config in gateway-core, mcp, daemon and
+//! http in gateway-server, audit and approvals in gateway-audit.)
 //!
-//! The graph is read from the source: every `crate::MODULE` a module's
-//! non-test code names.
+//! The graph is read from the source: every `crate::MODULE` and
+//! `gateway_CRATE::MODULE` a module's non-test code names.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Each source root, and the module it is when it is one module alone
+/// (a crate that is one module has its files at the root of `src/`).
+fn roots() -> Vec<(PathBuf, Option<&'static str>)> {
+    let repo = common::repo();
+    let mut out = vec![(repo.join("src"), None)];
+    for (krate, single) in [
+        ("gateway-base", None),
+        ("gateway-store", Some("db")),
+        ("gateway-telemetry", Some("telemetry")),
+        ("gateway-policy", Some("policy")),
+        ("gateway-sandbox", Some("sandbox")),
+        ("gateway-audit", None),
+        ("gateway-broker", Some("broker")),
+        ("gateway-core", None),
+        ("gateway-server", None),
+    ] {
+        out.push((repo.join("crates").join(krate).join("src"), single));
+    }
+    out
+}
 
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = common::repo().join("src");
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let re = regex::Regex::new(r"crate::([a-z_]+)").expect("regex");
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read src") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
-                continue;
-            }
-            let rel = path.strip_prefix(&src).expect("under src");
-            let first = rel
-                .components()
-                .next()
-                .and_then(|c| c.as_os_str().to_str())
-                .unwrap_or_default();
-            let module = Path::new(first)
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or_default()
-                .to_string();
-            if module == "lib" || module == "main" {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("read");
-            // Unit tests may reach anywhere; the code may not.
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            // `super::super::x` would name a top-level module without
-            // `crate::`; none is used, and none may be, so that every
-            // edge is seen here.
-            assert!(
-                !code.contains("super::super::"),
-                "{}: use crate:: paths, not super::super::",
-                path.display()
-            );
-            let uses = g.entry(module.clone()).or_default();
-            for name in referenced(&re, code) {
-                if name != module {
-                    uses.insert(name);
+    // A crate of one module is named by the crate; the others' modules
+    // by the crate and the module.
+    let single =
+        regex::Regex::new(r"gateway_(store|telemetry|policy|sandbox|broker)\b(?:::([a-z_]+))?")
+            .expect("regex");
+    let multi = regex::Regex::new(r"gateway_(base|audit|core|server)::([a-z_]+)").expect("regex");
+    let crate_module = |c: &str| {
+        match c {
+            "store" => "db",
+            other => other,
+        }
+        .to_string()
+    };
+    for (src, one) in roots() {
+        let mut stack = vec![src.clone()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read src") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                    continue;
+                }
+                let rel = path.strip_prefix(&src).expect("under src");
+                let first = rel
+                    .components()
+                    .next()
+                    .and_then(|c| c.as_os_str().to_str())
+                    .unwrap_or_default();
+                let module = match one {
+                    Some(m) => m.to_string(),
+                    None => Path::new(first)
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                if one.is_none() && (module == "lib" || module == "main") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).expect("read");
+                // Unit tests may reach anywhere; the code may not.
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                // `super::super::x` would name a top-level module without
+                // `crate::`; none is used, and none may be, so that every
+                // edge is seen here.
+                assert!(
+                    !code.contains("super::super::"),
+                    "{}: use crate:: paths, not super::super::",
+                    path.display()
+                );
+                let mut names = if one.is_some() {
+                    BTreeSet::new()
+                } else {
+                    referenced(&re, code)
+                };
+                for c in single.captures_iter(code) {
+                    names.insert(crate_module(&c[1]));
+                }
+                for c in multi.captures_iter(code) {
+                    names.insert(c[2].to_string());
+                }
+                let uses = g.entry(module.clone()).or_default();
+                for name in names {
+                    if name != module {
+                        uses.insert(name);
+                    }
                 }
             }
         }
@@ -143,7 +195,11 @@ fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 fn the_top_level_modules_have_no_cycle() {
     let g = graph();
     assert!(
-        g.contains_key("pipeline") && g.contains_key("sandbox"),
+        g.contains_key("pipeline")
+            && g.contains_key("sandbox")
+            && g["pipeline"].contains("policy")
+            && g["http"].contains("pipeline")
+            && g["cli"].contains("daemon"),
         "{g:?}"
     );
     if let Some(c) = cycle(&g) {
