@@ -779,7 +779,7 @@ impl HttpServer {
                             .unwrap_or_default();
                         tracing::debug_span!(
                             "http",
-                            method = %req.method(),
+                            method = %clip(req.method().as_str(), 16),
                             path = %clip(req.uri().path(), 200),
                             request_id = %id,
                         )
@@ -1115,6 +1115,11 @@ impl HttpServer {
         // The token never goes further than this.
         req.headers_mut().remove(header::AUTHORIZATION);
         req.extensions_mut().insert(SsoPrincipal(principal));
+        // The connection's facts stay here: rmcp keeps a request's
+        // extensions for as long as its call runs, and the connection's
+        // tag must be given back when the connection closes, not when a
+        // call it started ends.
+        req.extensions_mut().remove::<Conn>();
         let response = self.mcp.handle(req).await;
         match &session {
             // Ended by its DELETE.
@@ -1283,10 +1288,11 @@ impl HttpServer {
                     start.elapsed() < Duration::from_secs(60) || *skipped > 0
                 });
             }
-            let e = r
-                .by_address
-                .entry(remote.ip())
-                .or_insert((std::time::Instant::now(), 0, 0));
+            let e = r.by_address.entry(address_key(remote.ip())).or_insert((
+                std::time::Instant::now(),
+                0,
+                0,
+            ));
             if e.0.elapsed() >= Duration::from_secs(60) {
                 e.0 = std::time::Instant::now();
                 e.1 = 0;
