@@ -3,9 +3,9 @@
 //! The modules follow the pipeline described in README.md. Every decision is made by the
 //! Rego policies under `policies/` (see [`policy`]); Rust moves data.
 
-// The layers, lowest first; each crate depends only on those above it in
-// this list. The modules keep the paths they had before the split
-// (`gateway::policy`, `gateway::audit`, ...).
+// The lower crates, re-exported under the module names they had before the
+// split (`gateway::policy`, `gateway::audit`, ...), sorted by name;
+// CONTRIBUTING.md has their layers.
 pub use gateway_audit::{approvals, audit};
 pub use gateway_base::{canonical, error_chain, identity, process, secret, text, trust};
 pub use gateway_broker as broker;

@@ -1,5 +1,5 @@
 //! `[http]` and `[[http.issuers]]` of gateway.toml: the HTTP transport's
-//! settings (src/http reads them; this is data only).
+//! settings (gateway-server's http/ reads them; this is data only).
 
 use std::path::PathBuf;
 
