@@ -16,7 +16,7 @@ fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (%d s in)\n' "$*" "$SECONDS"; }
 
 step "bootstrap"
 scripts/bootstrap.sh
@@ -51,3 +51,4 @@ CI=true cargo test --lib --bins --tests --locked
 
 step "the README's quick start, as written"
 scripts/readme-check.sh
+step "done"

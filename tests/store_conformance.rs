@@ -94,6 +94,46 @@ fn one_spend_among_many(make: &(dyn Fn() -> ApprovalStore + Sync)) {
     assert_eq!(read.state, State::Spent);
 }
 
+/// A once-only mark (a sign-in ceremony, a page session's sign-out): of
+/// 16 takers of one mark, each on its own connection, exactly one is
+/// first; it stays taken while it lasts, other marks are apart, and a mark
+/// past its expiry (and the margin for clocks behind) is swept and free.
+fn a_mark_is_taken_once(make: &(dyn Fn() -> ApprovalStore + Sync)) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let until = now + 60_000;
+    let first = AtomicUsize::new(0);
+    let barrier = std::sync::Barrier::new(16);
+    std::thread::scope(|scope| {
+        for _ in 0..16 {
+            let (first, barrier) = (&first, &barrier);
+            scope.spawn(move || {
+                let mine = make();
+                barrier.wait();
+                if mine.spend_once("page-login:abc", until).expect("db") {
+                    first.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert_eq!(first.load(Ordering::SeqCst), 1, "exactly one taker");
+    let s = make();
+    assert!(s.is_spent("page-login:abc").expect("db"));
+    assert!(!s.spend_once("page-login:abc", until).expect("db"), "taken");
+    assert!(!s.is_spent("page-session:other").expect("db"));
+    assert!(s.spend_once("page-session:other", until).expect("db"));
+    // Long past (beyond the margin): swept by the next mark, free again.
+    let old = now - 24 * 3600 * 1000;
+    assert!(s.spend_once("page-login:old", old).expect("db"));
+    assert!(!s.is_spent("page-login:old").expect("db"), "expired");
+    assert!(
+        s.spend_once("page-login:old", until).expect("db"),
+        "free again"
+    );
+}
+
 /// Two approvers granting at once an approval that needs both: it ends
 /// approved, with both verdicts (neither grant is lost to the other).
 fn two_grants_at_once_both_count(make: &(dyn Fn() -> ApprovalStore + Sync)) {
@@ -428,6 +468,7 @@ fn conformance(fresh: &dyn Fn(&str) -> Box<dyn Fn() -> ApprovalStore + Sync>) {
         ),
         ("unknown_ids_are_refused", unknown_ids_are_refused),
         ("one_spend_among_many", one_spend_among_many),
+        ("a_mark_is_taken_once", a_mark_is_taken_once),
         (
             "two_grants_at_once_both_count",
             two_grants_at_once_both_count,
