@@ -933,12 +933,7 @@ impl HttpServer {
 
     /// Whether the request's `Host` is a name of this gateway.
     fn host_allowed_in<B>(&self, req: &Request<B>) -> bool {
-        req.headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string)
-            .or_else(|| req.uri().authority().map(|a| a.to_string()))
-            .is_some_and(|h| self.host_allowed(&h))
+        host_of(req).is_some_and(|h| self.host_allowed(&h))
     }
 
     /// A request to the MCP endpoint or the control API: the checks in
@@ -963,12 +958,7 @@ impl HttpServer {
         // DNS rebinding: a page elsewhere must not reach this gateway by a
         // name of its own, nor from a browser origin not allowed.
         if !self.host_allowed_in(&req) {
-            let host = req
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-                .or_else(|| req.uri().authority().map(|a| a.to_string()));
+            let host = host_of(&req);
             let why = refuse(
                 StatusCode::FORBIDDEN,
                 format!(
@@ -1401,6 +1391,15 @@ impl HttpServer {
         }
         closing(r)
     }
+}
+
+/// The name a request is addressed to: its `Host`, else its URI's authority.
+fn host_of<B>(req: &Request<B>) -> Option<String> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
 }
 
 /// `r` with the connection closed after it: a refusal before any identity
