@@ -4,6 +4,11 @@
 //! fsynced):
 //! - `store/create_grant_spend/sqlite` and `.../postgres`: one approval
 //!   created, granted and spent, on each store in the same run;
+//! - `store/postgres_spend_concurrent/1_connection` and `.../pool_8`: 32
+//!   granted approvals spent at once by 32 threads through one store, its
+//!   PostgreSQL client holding one connection (what the store had before
+//!   its pool: one connection, taken in turn) and the default pool of 8;
+//!   criterion's rate is spends per second, both in the same run;
 //! - `audit/append`: one event appended (scrubbed, hashed, flock, fsync).
 //! - `store/audit_append/postgres`: one event appended to the replicas'
 //!   chain in PostgreSQL by one writer;
@@ -63,7 +68,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("store");
     g.throughput(Throughput::Elements(1));
-    for (name, mut store) in stores {
+    for (name, store) in stores {
         g.bench_function(format!("create_grant_spend/{name}"), |b| {
             b.iter(|| {
                 let (a, _) = store.create(&new).expect("create");
@@ -75,6 +80,72 @@ fn bench(c: &mut Criterion) {
                     .spend(&a.id, "terraform_apply", &params, Some(&plan_sha), "req-2")
                     .expect("db")
                     .expect("spent");
+            })
+        });
+    }
+    g.finish();
+
+    // 32 spends at once through one store: one connection against a pool.
+    let mut g = c.benchmark_group("store");
+    g.throughput(Throughput::Elements(32));
+    // Each sample also creates and grants its approvals (untimed).
+    g.sample_size(10);
+    for (name, size) in [("1_connection", 1), ("pool_8", 8), ("pool_16", 16)] {
+        let db = gateway::db::postgres::PostgresDb::connect_pooled(
+            &server.database(&format!("bench_spend_{size}")),
+            None,
+            gateway::db::postgres::PoolSettings {
+                size,
+                wait: Duration::from_secs(30),
+            },
+        )
+        .expect("connect");
+        let store = ApprovalStore::on_postgres(db).expect("migrate");
+        g.bench_function(format!("postgres_spend_concurrent/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let granted: Vec<String> = (0..32)
+                        .map(|i| {
+                            // Each its requester's (one requester's new
+                            // approval of a call supersedes its older one).
+                            let mine = NewApproval {
+                                requested_by: format!("agent-{i}"),
+                                ..new.clone()
+                            };
+                            let (a, _) = store.create(&mine).expect("create");
+                            store
+                                .grant(&a.id, &bob, "ok")
+                                .expect("db")
+                                .expect("granted");
+                            a.id
+                        })
+                        .collect();
+                    let start = std::sync::Barrier::new(33);
+                    let began = std::thread::scope(|scope| {
+                        for (i, id) in granted.iter().enumerate() {
+                            let (store, start, params, plan_sha) =
+                                (&store, &start, &params, &plan_sha);
+                            scope.spawn(move || {
+                                start.wait();
+                                store
+                                    .spend(
+                                        id,
+                                        "terraform_apply",
+                                        params,
+                                        Some(plan_sha),
+                                        &format!("req-{i}"),
+                                    )
+                                    .expect("db")
+                                    .expect("spent");
+                            });
+                        }
+                        start.wait();
+                        std::time::Instant::now()
+                    });
+                    took += began.elapsed();
+                }
+                took
             })
         });
     }

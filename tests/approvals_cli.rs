@@ -106,7 +106,7 @@ impl Keys {
 }
 
 fn approved(home: &Path) -> String {
-    let mut store = ApprovalStore::in_home(home).expect("open");
+    let store = ApprovalStore::in_home(home).expect("open");
     let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
@@ -230,7 +230,7 @@ fn of_8_concurrent_spender_processes_exactly_one_succeeds() {
 #[test]
 fn of_8_concurrent_approve_processes_exactly_one_approves() {
     let home = tempfile::tempdir().expect("home");
-    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let store = ApprovalStore::in_home(home.path()).expect("open");
     let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
@@ -265,7 +265,7 @@ fn of_8_concurrent_approve_processes_exactly_one_approves() {
 fn the_operator_cli_lists_shows_approves_and_refuses() {
     let home = tempfile::tempdir().expect("home");
     let me = gateway::identity::Caller::this_process().user;
-    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let store = ApprovalStore::in_home(home.path()).expect("open");
     let (a, _) = store.create(&new_approval(&me, 1, true)).expect("create");
     let k = keys(&["bob"]);
 
@@ -408,7 +408,7 @@ fn deny_ends_an_approval() {
 #[test]
 fn a_name_given_on_the_command_line_is_no_identity_as_is_gone() {
     let home = tempfile::tempdir().expect("home");
-    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let store = ApprovalStore::in_home(home.path()).expect("open");
     let (a, _) = store
         .create(&new_approval("alice", 1, false))
         .expect("create");
@@ -433,7 +433,7 @@ fn readers_are_not_blocked_while_the_server_writes() {
     let stop2 = Arc::clone(&stop);
     // The "server": creates approvals and writes audit events in a loop.
     let writer = std::thread::spawn(move || {
-        let mut store = ApprovalStore::in_home(&writer_home).expect("open");
+        let store = ApprovalStore::in_home(&writer_home).expect("open");
         let audit = AuditLog::in_home(&writer_home).expect("audit");
         let mut n = 0;
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
@@ -644,7 +644,7 @@ fn audit_head_and_checkpoints_catch_events_removed_from_the_end() {
 #[test]
 fn no_planted_secret_reaches_the_audit_file_or_any_cli_output() {
     let home = tempfile::tempdir().expect("home");
-    let mut store = ApprovalStore::in_home(home.path()).expect("open");
+    let store = ApprovalStore::in_home(home.path()).expect("open");
     let mut n = new_approval("alice", 1, false);
     n.params = json!({"working_dir": format!("terraform/{VAULT_TOKEN}")});
     n.signals = json!([{"kind": "replace", "message": format!("token {JWT} in a message"), "address": "x"}]);

@@ -1047,7 +1047,7 @@ fn over_https_a_call_asked_on_one_replica_is_approved_and_applied_on_another() {
 /// An approval with `changes` planned changes (and a diff each) and
 /// `signals`, written to the daemon's store as the pipeline would.
 fn seed_approval(home: &Path, changes: Vec<Value>, signals: Value) -> String {
-    let mut store = gateway::approvals::ApprovalStore::in_home(home).expect("store");
+    let store = gateway::approvals::ApprovalStore::in_home(home).expect("store");
     let (a, _) = store
         .create(&gateway::approvals::NewApproval {
             tool: "terraform_apply".into(),

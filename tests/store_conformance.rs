@@ -57,7 +57,7 @@ fn spend(s: &mut ApprovalStore, id: &str) -> Result<Approval, Refusal> {
 /// Of 32 spenders of one granted approval, each on its own connection,
 /// exactly one succeeds and every other is told it was spent.
 fn one_spend_among_many(make: &(dyn Fn() -> ApprovalStore + Sync)) {
-    let mut s = make();
+    let s = make();
     let (a, _) = s.create(&new(1, MIN30)).expect("create");
     s.grant(&a.id, &who("bob"), "")
         .expect("db")
@@ -65,11 +65,13 @@ fn one_spend_among_many(make: &(dyn Fn() -> ApprovalStore + Sync)) {
     let spent = AtomicUsize::new(0);
     let refused = AtomicUsize::new(0);
     let barrier = std::sync::Barrier::new(32);
+    // Opened first: a store that failed to open in a thread would leave
+    // the others at the barrier for ever.
+    let stores: Vec<ApprovalStore> = (0..32).map(|_| make()).collect();
     std::thread::scope(|scope| {
-        for i in 0..32 {
+        for (i, mine) in stores.iter().enumerate() {
             let (id, spent, refused, barrier) = (&a.id, &spent, &refused, &barrier);
             scope.spawn(move || {
-                let mut mine = make();
                 barrier.wait();
                 match mine
                     .spend(
@@ -106,11 +108,11 @@ fn a_mark_is_taken_once(make: &(dyn Fn() -> ApprovalStore + Sync)) {
     let until = now + 60_000;
     let first = AtomicUsize::new(0);
     let barrier = std::sync::Barrier::new(16);
+    let stores: Vec<ApprovalStore> = (0..16).map(|_| make()).collect();
     std::thread::scope(|scope| {
-        for _ in 0..16 {
+        for mine in &stores {
             let (first, barrier) = (&first, &barrier);
             scope.spawn(move || {
-                let mine = make();
                 barrier.wait();
                 if mine.spend_once("page-login:abc", until).expect("db") {
                     first.fetch_add(1, Ordering::SeqCst);
@@ -138,14 +140,14 @@ fn a_mark_is_taken_once(make: &(dyn Fn() -> ApprovalStore + Sync)) {
 /// approved, with both verdicts (neither grant is lost to the other).
 fn two_grants_at_once_both_count(make: &(dyn Fn() -> ApprovalStore + Sync)) {
     for _ in 0..5 {
-        let mut s = make();
+        let s = make();
         let (a, _) = s.create(&new(2, MIN30)).expect("create");
         let barrier = std::sync::Barrier::new(2);
+        let stores = [make(), make()];
         std::thread::scope(|scope| {
-            for name in ["bob", "carol"] {
+            for (name, mine) in ["bob", "carol"].into_iter().zip(&stores) {
                 let (id, barrier) = (&a.id, &barrier);
                 scope.spawn(move || {
-                    let mut mine = make();
                     barrier.wait();
                     mine.grant(id, &who(name), "")
                         .expect("db")
@@ -404,7 +406,7 @@ fn a_new_plan_of_the_same_call_supersedes_older_live_approvals(
 }
 
 fn a_required_reason_must_be_given(make: &(dyn Fn() -> ApprovalStore + Sync)) {
-    let mut s = make();
+    let s = make();
     let mut n = new(1, MIN30);
     n.reason_required = true;
     let (a, _) = s.create(&n).expect("create");
@@ -611,7 +613,7 @@ fn a_spend_whose_commit_answer_is_lost_is_still_the_callers() {
         "host=127.0.0.1 port={} user=postgres dbname=cut",
         cutter.port
     );
-    let mut s = ApprovalStore::postgres(&conninfo, None).expect("connect through the proxy");
+    let s = ApprovalStore::postgres(&conninfo, None).expect("connect through the proxy");
     let (a, _) = s.create(&new(1, MIN30)).expect("create");
     s.grant(&a.id, &who("bob"), "")
         .expect("db")
@@ -651,7 +653,7 @@ fn postgresql_over_tls_is_encrypted_and_its_certificate_checked() {
         "host=127.0.0.1 port={} user=postgres dbname=tls sslmode=require",
         server.port
     );
-    let mut s = ApprovalStore::postgres(&url, Some(&ca)).expect("TLS with the test CA");
+    let s = ApprovalStore::postgres(&url, Some(&ca)).expect("TLS with the test CA");
     let (a, _) = s.create(&new(1, MIN30)).expect("create over TLS");
     assert_eq!(a.state, State::Pending);
     let db = gateway::db::postgres::PostgresDb::connect(&url, Some(&ca)).expect("connect");
@@ -679,7 +681,7 @@ fn a_verdict_is_told_to_listening_replicas_when_it_commits() {
     let server = pg::Postgres::start();
     let url = server.database("notify");
     let listener = gateway::db::postgres::PostgresDb::connect(&url, None).expect("connect");
-    let mut s = ApprovalStore::postgres(&url, None).expect("store");
+    let s = ApprovalStore::postgres(&url, None).expect("store");
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     listener
         .listen(gateway::approvals::CHANGES_CHANNEL, move |id| {

@@ -244,8 +244,15 @@ pub fn open_store(
     match file.store()? {
         Store::Sqlite => ApprovalStore::in_home(home)
             .with_context(|| format!("cannot open the approval store under {}", home.display())),
-        Store::Postgres { url, ca_file } => ApprovalStore::postgres(&url, ca_file.as_deref())
-            .context("cannot open the approval store in PostgreSQL ([store] url_file)"),
+        Store::Postgres { url, ca_file, pool } => {
+            super::database::postgres(&url, ca_file.as_deref(), pool)
+                .map_err(|source| crate::approvals::ApprovalError::Db {
+                    at: "postgresql".into(),
+                    source,
+                })
+                .and_then(ApprovalStore::on_postgres)
+                .context("cannot open the approval store in PostgreSQL ([store] url_file)")
+        }
     }
 }
 
@@ -664,7 +671,7 @@ pub fn verdict(
 ) -> anyhow::Result<u8> {
     let home = cli.home();
     let audit = super::audit::open_log(&cli.file, &home)?;
-    let mut store = store(cli)?;
+    let store = store(cli)?;
     let verdict = if grant { "grant" } else { "deny" };
     let Some(approval) = store.get(&a.id)? else {
         return refuse(

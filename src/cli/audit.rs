@@ -111,8 +111,8 @@ pub fn open_log(
     use crate::config::store::Store;
     match file.store()? {
         Store::Sqlite => Ok(audit::AuditLog::in_home(home)?),
-        Store::Postgres { url, ca_file } => {
-            let chain = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+        Store::Postgres { url, ca_file, pool } => {
+            let chain = super::database::postgres(&url, ca_file.as_deref(), pool)
                 .and_then(audit::shared::SharedChain::postgres)
                 .context("cannot open the audit chain in PostgreSQL ([store] url_file)")?;
             Ok(audit::AuditLog::shared(chain))
@@ -223,8 +223,8 @@ fn chain_reader(cli: &Cli) -> anyhow::Result<Option<audit::shared::SharedChain>>
     use crate::config::store::Store;
     match cli.file.store()? {
         Store::Sqlite => Ok(None),
-        Store::Postgres { url, ca_file } => {
-            let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+        Store::Postgres { url, ca_file, pool } => {
+            let db = super::database::postgres(&url, ca_file.as_deref(), pool)
                 .context("cannot reach the audit chain in PostgreSQL ([store] url_file)")?;
             Ok(Some(audit::shared::SharedChain::postgres_reader(db)))
         }

@@ -494,20 +494,18 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     // What /readyz checks besides the policy set.
     let mut ready: Vec<crate::http::ReadyCheck> = Vec::new();
     // Replicas share approvals and plans in PostgreSQL ([store]).
-    if let crate::config::store::Store::Postgres { url, ca_file } = shared {
+    if let crate::config::store::Store::Postgres { url, ca_file, pool } = shared {
+        let db = super::database::postgres(&url, ca_file.as_deref(), pool)
+            .context("the team's database ([store] url_file)")?;
         pipeline.set_approval_store(
-            crate::approvals::ApprovalStore::postgres(&url, ca_file.as_deref())
+            crate::approvals::ApprovalStore::on_postgres(db.clone())
                 .context("the approval store in PostgreSQL ([store] url_file)")?,
         );
-        let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
-            .and_then(|db| {
-                db.migrate(
-                    "gateway_plans_schema",
-                    crate::pipeline::plans::SHARED_MIGRATIONS,
-                )?;
-                Ok(db)
-            })
-            .context("the shared plans in PostgreSQL ([store] url_file)")?;
+        db.migrate(
+            "gateway_plans_schema",
+            crate::pipeline::plans::SHARED_MIGRATIONS,
+        )
+        .context("the shared plans in PostgreSQL ([store] url_file)")?;
         // Verdicts given on any replica wake the calls waiting here.
         let changes = Arc::clone(&pipeline.approval_changes);
         db.listen(crate::approvals::CHANGES_CHANNEL, move |_| {
@@ -667,10 +665,11 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
                     p.home.join(crate::audit::FILE_NAME),
                     p.home.join(format!("audit-export-{}.cursor", x.name)),
                 ),
-                crate::config::store::Store::Postgres { url, ca_file } => {
-                    // A connection of its own: the export never waits on
-                    // the calls' appends, nor they on it.
-                    let chain = crate::db::postgres::PostgresDb::connect(url, ca_file.as_deref())
+                crate::config::store::Store::Postgres { url, ca_file, pool } => {
+                    // A chain handle of its own (the replica's pool): the
+                    // export never waits on the calls' appends, nor they
+                    // on it.
+                    let chain = super::database::postgres(url, ca_file.as_deref(), *pool)
                         .and_then(crate::audit::shared::SharedChain::postgres)
                         .context("the audit export's connection to PostgreSQL ([store])")?;
                     crate::audit::export::Source::Chain {

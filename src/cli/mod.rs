@@ -4,6 +4,7 @@ mod approvals;
 mod audit;
 mod control;
 mod daemon;
+mod database;
 mod demo;
 mod dev;
 pub(crate) mod doctor;

@@ -121,8 +121,8 @@ pub fn ledger(
     use crate::config::store::Store;
     Ok(match cli.file.store()? {
         Store::Sqlite => Arc::new(LocalLedger::in_home(home)?),
-        Store::Postgres { url, ca_file } => {
-            let db = crate::db::postgres::PostgresDb::connect(&url, ca_file.as_deref())
+        Store::Postgres { url, ca_file, pool } => {
+            let db = super::database::postgres(&url, ca_file.as_deref(), pool)
                 .context("the lease ledger in PostgreSQL ([store] url_file)")?;
             if !replica {
                 return Ok(Arc::new(SharedLedger::reader(db)));

@@ -148,7 +148,7 @@ pub enum DbError {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("{}", postgres_message(.0))]
-    Postgres(#[from] ::postgres::Error),
+    Postgres(#[from] tokio_postgres::Error),
     /// The connection was lost while the transaction committed: its
     /// writes may or may not have been kept (the caller reads to know).
     #[error("the database did not answer the commit, which may have happened: {0}")]
@@ -162,7 +162,7 @@ pub enum DbError {
 
 /// What PostgreSQL said (its error's own message and code), or what
 /// failed on the way to it ("db error" alone says nothing).
-fn postgres_message(e: &::postgres::Error) -> String {
+fn postgres_message(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
     }
@@ -178,8 +178,8 @@ impl DbError {
     pub fn retryable(&self) -> bool {
         match self {
             DbError::Postgres(e) => e.code().is_some_and(|c| {
-                *c == ::postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
-                    || *c == ::postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
             }),
             _ => false,
         }
@@ -217,7 +217,7 @@ pub enum End {
 pub type Body<'a> = dyn FnMut(&mut dyn Tx) -> Result<End, DbError> + Send + 'a;
 
 /// A database a store keeps its rows in.
-pub trait Db: Send + std::fmt::Debug {
+pub trait Db: Send + Sync + std::fmt::Debug {
     /// Where it is, for messages: a path, or a PostgreSQL host and
     /// database (never a password).
     fn describe(&self) -> String;
@@ -233,10 +233,13 @@ pub trait Db: Send + std::fmt::Debug {
     fn read(&self, body: &mut Body<'_>) -> Result<(), DbError>;
     /// Run `body` in one transaction that sees the latest committed rows
     /// and waits for the writers of the rows it updates (PostgreSQL's READ
-    /// COMMITTED): for a body that first updates one row every writer
-    /// updates (`UPDATE … RETURNING`), so that the writers queue on that
-    /// row instead of being given up and run again. A database that runs
-    /// one writer at a time (SQLite) runs it as [`Db::write`].
+    /// COMMITTED): for a body whose one decisive write is a conditional
+    /// `UPDATE` of one row (`UPDATE … RETURNING` of a row every writer
+    /// moves on; `UPDATE … WHERE state = 'approved'` of a row only one
+    /// writer may change), so that the writers queue on that row, the
+    /// later ones finding the condition false, instead of being given up
+    /// and run again. A database that runs one writer at a time (SQLite)
+    /// runs it as [`Db::write`].
     fn write_queued(&self, body: &mut Body<'_>) -> Result<(), DbError> {
         self.write(body)
     }

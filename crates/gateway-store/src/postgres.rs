@@ -3,21 +3,36 @@
 //! up for a concurrent one), so a store's read-check-write is as if it
 //! were alone, across processes and hosts.
 //!
-//! The client is the `postgres` crate (synchronous, over tokio-postgres):
-//! stores are called from synchronous code; inside an async runtime a call
-//! runs on a scoped thread of its own, since the client drives a runtime
-//! of its own. A lost connection is made again on the next call; while
-//! the database is away every call fails, with the database's reason.
+//! The client is tokio-postgres, pooled by deadpool-postgres: a bounded
+//! pool ([`PoolSettings`]: at most `size` connections, a caller waits at
+//! most `wait` for one), so that as many transactions run at once as there
+//! are connections, and a replica never opens more than its share of the
+//! server's. The connections are driven by a small runtime of the
+//! store's own ([`io`]), whoever calls: the CLI (no runtime), the daemon's
+//! tasks, a test's threads. A caller waits for its own statements only.
+//! The stores are synchronous (their callers, the audit log among them,
+//! are): a transaction called on a worker of a multi-threaded runtime is
+//! run with that worker's other tasks handed over for its length
+//! (`block_in_place`, once per transaction), so that a slow database holds
+//! the calls that need it, not the replica's HTTP server or heartbeats.
+//!
+//! A connection lost (the server restarted, its host gone) is dropped from
+//! the pool with the idle ones beside it, and the next call connects
+//! again; while the database is away every call fails, with the database's
+//! reason. LISTEN and the presence lock ([`PostgresDb::listen`],
+//! [`PostgresDb::hold`]) have connections of their own, outside the pool.
 //! Schemas are versioned with `refinery`, one history table per store,
 //! under an advisory lock so that replicas starting together migrate once.
 
+use std::future::Future;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use postgres::types::{IsNull, ToSql, Type};
-use postgres::{Client, Config};
+use deadpool_postgres::{Object, Pool, PoolError, TimeoutType};
 use rustls::pki_types::pem::PemObject;
+use tokio_postgres::types::{IsNull, ToSql, Type};
+use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{Body, Db, DbError, End, Row, SqlValue, Tx};
@@ -27,32 +42,47 @@ const RETRIES: u32 = 30;
 /// The advisory lock key migrations hold ("gateway" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0067_6174_6577_6179;
 
+/// How many connections a store keeps to the database, and how long a
+/// caller waits for one when all are in use (`[store] pool_size`,
+/// `pool_wait_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub size: usize,
+    pub wait: Duration,
+}
+
+impl PoolSettings {
+    /// At most 8 connections, waited for 5 s: three replicas stay far
+    /// under PostgreSQL's default 100 connections, and a caller that
+    /// cannot have one in 5 s is told so rather than queued for ever.
+    pub const DEFAULT: PoolSettings = PoolSettings {
+        size: 8,
+        wait: Duration::from_secs(5),
+    };
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings::DEFAULT
+    }
+}
+
+/// A pool of connections to one database (cheap to clone: the clones
+/// share the pool).
+#[derive(Clone)]
 pub struct PostgresDb {
     target: Target,
     describe: String,
-    client: Mutex<Option<Client>>,
+    pool: Pool,
+    settings: PoolSettings,
 }
 
 impl std::fmt::Debug for PostgresDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresDb")
             .field("at", &self.describe)
+            .field("pool", &self.settings)
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for PostgresDb {
-    /// A client's own drop blocks (it says goodbye to the server), which
-    /// an async thread may not: it is dropped where it may.
-    fn drop(&mut self) {
-        let held = self
-            .client
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if held.is_some() {
-            off_runtime(move || drop(held));
-        }
     }
 }
 
@@ -61,6 +91,137 @@ impl Drop for PostgresDb {
 struct Target {
     config: Config,
     tls: MakeRustlsConnect,
+}
+
+/// The runtime the connections run on: one thread, made on first use and
+/// kept for the process's life (a connection outlives the runtime of the
+/// task that opened it, and a caller with no runtime has its statements
+/// answered all the same).
+fn io() -> Result<&'static tokio::runtime::Runtime, DbError> {
+    static IO: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    IO.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gateway-db")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| DbError::Other(format!("starting the database client's runtime: {e}")))
+}
+
+/// `f` run on [`io`], its result awaited here (through a channel, not the
+/// task's handle: a handle draws on the waiting task's runtime budget,
+/// which a wait that never yields would never get back).
+fn on_io<T: Send + 'static>(
+    f: impl Future<Output = Result<T, DbError>> + Send + 'static,
+) -> Result<T, DbError> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    io()?.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    wait(rx).map_err(|_| DbError::Other("the database client's task ended".into()))?
+}
+
+/// Wait here for `f`: a statement's answer, sent by its connection's task
+/// on [`io`] (the future needs no runtime of its own).
+fn wait<F: Future>(f: F) -> F::Output {
+    futures::executor::block_on(f)
+}
+
+/// `f`, which waits on the database, run where it may: on a worker of a
+/// multi-threaded runtime, with the worker's other tasks handed over while
+/// it waits; elsewhere as it is.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// A pooled connection in use: unless its transaction is known to have
+/// ended (COMMIT or ROLLBACK answered), it is closed rather than handed
+/// out again, a panic in a transaction's body included, so that no caller
+/// ever begins inside another's transaction.
+struct InUse {
+    client: Option<Object>,
+    ended: bool,
+}
+
+impl InUse {
+    fn client(&self) -> &deadpool_postgres::ClientWrapper {
+        self.client
+            .as_deref()
+            .expect("a connection in use is held until dropped")
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            if self.ended && !c.is_closed() {
+                drop(c);
+            } else {
+                drop(Object::take(c));
+            }
+        }
+    }
+}
+
+/// Opens the pool's connections on [`io`] and sets each session's limits
+/// before the pool hands it out.
+struct Connector {
+    tls: MakeRustlsConnect,
+}
+
+impl deadpool_postgres::Connect for Connector {
+    fn connect(
+        &self,
+        config: &Config,
+    ) -> std::pin::Pin<
+        Box<
+            dyn Future<
+                    Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+                > + Send
+                + '_,
+        >,
+    > {
+        let tls = self.tls.clone();
+        let config = config.clone();
+        Box::pin(async move {
+            let (client, task) = open(&config, tls).await?;
+            Ok((client, task))
+        })
+    }
+}
+
+/// How long one statement may run, and a transaction stay idle, before
+/// PostgreSQL ends it: a database that hangs fails the call instead of
+/// holding it (and the store's lock) for ever. The server's side of a TCP
+/// connection probes too (a client whose host vanished has its session,
+/// and the locks it holds, ended in about 25 s rather than the system's
+/// 2 h); ignored over a Unix socket.
+const SESSION_LIMITS: &str = "SET statement_timeout = '10s'; \
+     SET idle_in_transaction_session_timeout = '30s'; \
+     SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3";
+
+/// A new connection, driven by a task on the current runtime (always
+/// [`io`] here), with the session's time limits set.
+async fn open(
+    config: &Config,
+    tls: MakeRustlsConnect,
+) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let (client, connection) = config.connect(tls).await?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("a database connection ended: {e}");
+        }
+    });
+    client.batch_execute(SESSION_LIMITS).await?;
+    Ok((client, task))
 }
 
 /// TLS with the system's roots and those of `ca_file` (rustls on ring).
@@ -104,12 +265,27 @@ fn tls(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, DbError> {
 impl PostgresDb {
     /// A database from a libpq connection string or URL (its password, if
     /// any, is never shown), its server's certificate checked against the
-    /// system's roots and `ca_file`'s. Connects at once: a database that
-    /// cannot be reached is an error here, not at the first call.
+    /// system's roots and `ca_file`'s, with the default pool. Connects at
+    /// once: a database that cannot be reached is an error here, not at
+    /// the first call.
     pub fn connect(conninfo: &str, ca_file: Option<&Path>) -> Result<PostgresDb, DbError> {
-        let mut config: Config = conninfo
-            .parse()
-            .map_err(|e: postgres::Error| DbError::Other(format!("the connection string: {e}")))?;
+        PostgresDb::connect_pooled(conninfo, ca_file, PoolSettings::DEFAULT)
+    }
+
+    /// [`PostgresDb::connect`] with a pool of `settings`.
+    pub fn connect_pooled(
+        conninfo: &str,
+        ca_file: Option<&Path>,
+        settings: PoolSettings,
+    ) -> Result<PostgresDb, DbError> {
+        if settings.size == 0 {
+            return Err(DbError::Other(
+                "[store] pool_size is 0: at least one connection is needed".into(),
+            ));
+        }
+        let mut config: Config = conninfo.parse().map_err(|e: tokio_postgres::Error| {
+            DbError::Other(format!("the connection string: {e}"))
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -129,8 +305,8 @@ impl PostgresDb {
             .get_hosts()
             .iter()
             .map(|h| match h {
-                postgres::config::Host::Tcp(h) => h.clone(),
-                postgres::config::Host::Unix(p) => p.display().to_string(),
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
             })
             .collect();
         let describe = format!(
@@ -144,16 +320,49 @@ impl PostgresDb {
                 .unwrap_or_default(),
             config.get_user().unwrap_or("(default)")
         );
-        let db = PostgresDb {
-            target: Target {
-                config,
-                tls: tls(ca_file)?,
+        let tls = tls(ca_file)?;
+        let manager = deadpool_postgres::Manager::from_connect(
+            config.clone(),
+            Connector { tls: tls.clone() },
+            deadpool_postgres::ManagerConfig {
+                // A connection is checked (closed or not) as it is handed
+                // out; one lost since is found by its BEGIN (`begin`).
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
+        );
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        let pool = Pool::builder(manager)
+            .max_size(settings.size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(settings.wait))
+            // Connecting and setting the session's limits.
+            .create_timeout(Some(connect_timeout + Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| DbError::Other(format!("the connection pool: {e}")))?;
+        let db = PostgresDb {
+            target: Target { config, tls },
             describe,
-            client: Mutex::new(None),
+            pool,
+            settings,
         };
-        db.with_client(|_| Ok(()))?;
+        drop(db.checkout()?);
         Ok(db)
+    }
+
+    /// The pool's bounds.
+    pub fn pool_settings(&self) -> PoolSettings {
+        self.settings
+    }
+
+    /// How many connections the pool holds now, and how many of them are
+    /// idle.
+    pub fn pool_status(&self) -> (usize, usize) {
+        let s = self.pool.status();
+        (s.size, s.available)
     }
 
     /// Bring a store's schema up to date: `migrations` are refinery's
@@ -165,62 +374,61 @@ impl PostgresDb {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| DbError::Other(format!("a migration: {e}")))?;
         let table = table.to_string();
-        self.with_client(move |conn| {
-            let client = conn.client()?;
-            client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
-            // A replica of the previous version, started while a newer one
-            // has already added its (additive) migrations, still runs.
-            let ran = refinery::Runner::new(&list)
-                .set_abort_missing(false)
-                .set_migration_table_name(&table)
-                .run(client)
-                .map_err(|e| DbError::Other(format!("migrating {table}: {e}")));
-            client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
-            ran.map(|_| ())
-        })
+        blocking(|| self.migrate_here(&table, &list))
     }
 
-    /// Call `on` with the payload of every notification on `channel`, from
-    /// a thread of its own on a connection of its own, for as long as the
+    fn migrate_here(&self, table: &str, list: &[refinery::Migration]) -> Result<(), DbError> {
+        let mut client = self.checkout()?;
+        let lock = format!("SELECT pg_advisory_lock({MIGRATION_LOCK})");
+        let unlock = format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})");
+        wait(client.batch_execute(&lock))?;
+        // A replica of the previous version, started while a newer one
+        // has already added its (additive) migrations, still runs.
+        let mut runner = refinery::Runner::new(list).set_abort_missing(false);
+        runner.set_migration_table_name(table);
+        let ran = wait(runner.run_async(&mut **client))
+            .map_err(|e| DbError::Other(format!("migrating {table}: {e}")));
+        if wait(client.batch_execute(&unlock)).is_err() {
+            // The lock is the session's: a connection that may still hold
+            // it is closed, never handed out again.
+            drop(Object::take(client));
+        }
+        ran.map(|_| ())
+    }
+
+    /// Call `on` with the payload of every notification on `channel`, on
+    /// a connection of its own (outside the pool), for as long as the
     /// process lives; a lost connection is made again (a second later, and
     /// `on("")` says that notifications may have been missed meanwhile).
-    pub fn listen(&self, channel: &str, on: impl Fn(&str) + Send + 'static) -> std::io::Result<()> {
+    pub fn listen(
+        &self,
+        channel: &str,
+        on: impl Fn(&str) + Send + Sync + 'static,
+    ) -> Result<(), DbError> {
         let target = self.target.clone();
         let listen = format!("LISTEN \"{}\"", channel.replace('"', ""));
         let at = self.describe.clone();
-        std::thread::Builder::new()
-            .name("db-listen".into())
-            .spawn(move || {
-                loop {
-                    match connect(&target).and_then(|mut c| {
-                        c.batch_execute(&listen)?;
-                        on("");
-                        let mut n = c.notifications();
-                        use fallible_iterator::FallibleIterator;
-                        let mut it = n.blocking_iter();
-                        while let Some(note) = it.next()? {
-                            on(note.payload());
-                        }
-                        Ok(())
-                    }) {
-                        Ok(()) => {}
-                        Err(e) => tracing::warn!(db = %at, "listening for changes: {e}"),
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
+        let on = Arc::new(on);
+        io()?.spawn(async move {
+            loop {
+                if let Err(e) = listening(&target, &listen, Arc::clone(&on)).await {
+                    tracing::warn!(db = %at, "listening for changes: {e}");
                 }
-            })
-            .map(|_| ())
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Ok(())
     }
 
     /// Hold the session-level advisory lock `key` on a connection of its
-    /// own for as long as the returned guard lives, running `beat` (with
-    /// `params`) once when the lock is taken and every `every` after: the
-    /// way a replica shows it is alive. Another session can take the lock
-    /// (`pg_try_advisory_xact_lock`) only once this connection is gone: the
-    /// process died (its socket closed by the kernel), the guard was
-    /// dropped, or the connection was lost (then it is made again, the lock
-    /// taken again, and `beat` run, a second later). Returns once the lock
-    /// is held and `beat` ran the first time.
+    /// own (outside the pool) for as long as the returned guard lives,
+    /// running `beat` (with `params`) once when the lock is taken and
+    /// every `every` after: the way a replica shows it is alive. Another
+    /// session can take the lock (`pg_try_advisory_xact_lock`) only once
+    /// this connection is gone: the process died (its socket closed by the
+    /// kernel), the guard was dropped, or the connection was lost (then it
+    /// is made again, the lock taken again, and `beat` run, a second
+    /// later). Returns once the lock is held and `beat` ran the first time.
     pub fn hold(
         &self,
         key: i64,
@@ -230,116 +438,122 @@ impl PostgresDb {
     ) -> Result<HeldLock, DbError> {
         let target = self.target.clone();
         let at = self.describe.clone();
-        let beat = dollar(beat);
-        let take = move |target: &Target| -> Result<Client, DbError> {
-            let mut c = connect(target)?;
-            c.execute("SELECT pg_advisory_lock($1)", &[&key])?;
-            Ok(c)
+        let beat = Arc::new(dollar(beat));
+        let params = Arc::new(params);
+        let first = {
+            let (target, beat, params) = (target.clone(), Arc::clone(&beat), Arc::clone(&params));
+            blocking(|| {
+                on_io(async move {
+                    let c = take_lock(&target, key).await?;
+                    run_beat(&c, &beat, &params).await?;
+                    Ok(c)
+                })
+            })?
         };
-        // A beat may return one boolean: true when what it keeps had to be
-        // made again (the others had taken it for gone).
-        let run = move |c: &mut Client| -> Result<bool, DbError> {
-            let bound = bind(&params);
-            let refs: Vec<&(dyn ToSql + Sync)> = bound
-                .iter()
-                .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-                .collect();
-            let rows = c.query(&beat, &refs)?;
-            Ok(rows
-                .first()
-                .and_then(|r| r.try_get::<_, bool>(0).ok())
-                .unwrap_or(false))
-        };
-        let first = off_runtime(|| {
-            let mut c = take(&target)?;
-            run(&mut c)?;
-            Ok::<_, DbError>(c)
-        })?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = std::sync::Arc::clone(&stop);
-        let since = std::sync::Arc::new(Mutex::new(Some(std::time::Instant::now())));
-        let held_since = std::sync::Arc::clone(&since);
-        std::thread::Builder::new()
-            .name("db-presence".into())
-            .spawn(move || {
-                let mut client = Some(first);
-                let step = Duration::from_millis(100);
-                let mut wait = every;
-                'outer: loop {
-                    let mut waited = Duration::ZERO;
-                    while waited < wait {
-                        if stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                            break 'outer;
-                        }
-                        std::thread::sleep(step);
-                        waited += step;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let since = Arc::new(Mutex::new(Some(std::time::Instant::now())));
+        let held_since = Arc::clone(&since);
+        io()?.spawn(async move {
+            let mut client = Some(first);
+            let step = Duration::from_millis(100);
+            let mut wait = every;
+            'outer: loop {
+                let mut waited = Duration::ZERO;
+                while waited < wait {
+                    if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        break 'outer;
                     }
-                    let result = match client.as_mut() {
-                        Some(c) => run(c),
-                        None => take(&target).and_then(|mut c| {
+                    tokio::time::sleep(step).await;
+                    waited += step;
+                }
+                let result = match client.as_ref() {
+                    Some(c) => run_beat(c, &beat, &params).await,
+                    None => match take_lock(&target, key).await {
+                        Ok(c) => {
                             *held_since.lock().unwrap_or_else(|p| p.into_inner()) =
                                 Some(std::time::Instant::now());
-                            let beat = run(&mut c);
+                            let beat = run_beat(&c, &beat, &params).await;
                             client = Some(c);
                             beat
-                        }),
-                    };
-                    if matches!(result, Ok(true)) {
-                        tracing::error!(
-                            db = %at,
-                            "the other replicas had taken this one for dead (its connection to the database was lost for too long): the credentials of its calls then in flight were revoked, and those calls fail; it is registered again"
-                        );
-                    }
-                    let result = result.map(|_| ());
-                    wait = every;
-                    if let Err(e) = result {
-                        tracing::warn!(db = %at, "showing this replica alive: {e}");
-                        // Only a lost connection lost the lock: it is made
-                        // again at once (then every second), so that the
-                        // others find the lock taken again before they
-                        // call this replica dead.
-                        if client.as_ref().is_none_or(Client::is_closed) {
-                            client = None;
-                            *held_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                            wait = Duration::from_secs(1);
                         }
+                        Err(e) => Err(e),
+                    },
+                };
+                if matches!(result, Ok(true)) {
+                    tracing::error!(
+                        db = %at,
+                        "the other replicas had taken this one for dead (its connection to the database was lost for too long): the credentials of its calls then in flight were revoked, and those calls fail; it is registered again"
+                    );
+                }
+                wait = every;
+                if let Err(e) = result {
+                    tracing::warn!(db = %at, "showing this replica alive: {e}");
+                    // Only a lost connection lost the lock: it is made
+                    // again at once (then every second), so that the
+                    // others find the lock taken again before they call
+                    // this replica dead.
+                    if client.as_ref().is_none_or(Client::is_closed) {
+                        client = None;
+                        *held_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        wait = Duration::from_secs(1);
                     }
                 }
-                drop(client);
-            })
-            .map_err(|e| DbError::Other(format!("starting the presence thread: {e}")))?;
+            }
+            drop(client);
+        });
         Ok(HeldLock { stop, since })
     }
 
-    /// Run `f` with a live client (made again if it was lost), off any
-    /// async runtime.
-    fn with_client<T: Send>(
-        &self,
-        f: impl FnOnce(&mut Conn<'_>) -> Result<T, DbError> + Send,
-    ) -> Result<T, DbError> {
-        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
-        let held = slot.take();
-        let target = &self.target;
-        let (kept, result) = off_runtime(move || {
-            // A lost client is dropped here too: dropping one blocks (it
-            // says goodbye to the server), which an async thread may not.
-            let (client, fresh) = match held.filter(|c| !c.is_closed()) {
-                Some(c) => (c, false),
-                None => match connect(target) {
-                    Ok(c) => (c, true),
-                    Err(e) => return (None, Err(e)),
-                },
-            };
-            let mut conn = Conn {
-                client: Some(client),
-                fresh,
-                target,
-            };
-            let r = f(&mut conn);
-            (conn.client, r)
-        });
-        *slot = kept;
-        result
+    /// A connection from the pool (waiting at most the pool's `wait` for
+    /// one), opened on [`io`] if none is idle.
+    fn checkout(&self) -> Result<Object, DbError> {
+        let pool = self.pool.clone();
+        let settings = self.settings;
+        on_io(async move {
+            pool.get().await.map_err(|e| match e {
+                PoolError::Timeout(TimeoutType::Wait) => DbError::Other(format!(
+                    "all {} connections to the database ([store] pool_size) stayed in use for {} s ([store] pool_wait_secs)",
+                    settings.size,
+                    settings.wait.as_secs_f32()
+                )),
+                PoolError::Timeout(_) => {
+                    DbError::Other("the database did not answer a new connection in time".into())
+                }
+                PoolError::Backend(e) => DbError::Postgres(e),
+                other => DbError::Other(format!("the connection pool: {other}")),
+            })
+        })
+    }
+
+    /// A connection with `begin` run on it. A pooled connection whose
+    /// BEGIN gets no answer was lost (the server restarted, say): nothing
+    /// ran on it, and the idle ones beside it are likely lost too, so they
+    /// are all let go and a new connection begins instead, once.
+    fn begin(&self, begin: &str) -> Result<InUse, DbError> {
+        let client = InUse {
+            client: Some(self.checkout()?),
+            ended: false,
+        };
+        match wait(client.client().batch_execute(begin)) {
+            Ok(()) => return Ok(client),
+            // The server answered, on a connection that is still open: its
+            // refusal is the answer (the connection, its transaction in an
+            // unknown state, is closed).
+            Err(e) if e.as_db_error().is_some() && !client.client().is_closed() => {
+                return Err(e.into());
+            }
+            Err(_) => {
+                drop(client);
+                self.pool.retain(|_, _| false);
+            }
+        }
+        let client = InUse {
+            client: Some(self.checkout()?),
+            ended: false,
+        };
+        wait(client.client().batch_execute(begin))?;
+        Ok(client)
     }
 
     fn transaction(&self, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
@@ -352,46 +566,119 @@ impl PostgresDb {
     }
 
     fn run_in(&self, begin: &str, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
-        self.with_client(|conn| {
-            let mut attempt = 0;
-            loop {
-                let client = conn.begin(begin)?;
-                let run = match body(&mut PgTx(client)) {
-                    Ok(End::Commit) if !read_only => match client.batch_execute("COMMIT") {
-                        Ok(()) => Ok(()),
-                        // The server answered: it did not commit.
-                        Err(e) if e.as_db_error().is_some() => Err(e.into()),
-                        // No answer: it may have committed or not.
-                        Err(e) => Err(DbError::CommitUnknown(DbError::from(e).to_string())),
-                    },
-                    Ok(_) => client.batch_execute("ROLLBACK").map_err(DbError::from),
-                    Err(e) => {
-                        let _ = client.batch_execute("ROLLBACK");
-                        Err(e)
-                    }
-                };
-                match run {
-                    Err(e) if e.retryable() && attempt < RETRIES => {
-                        attempt += 1;
-                        // A little apart, so that the same two do not
-                        // collide again at once.
-                        std::thread::sleep(Duration::from_millis(u64::from(attempt) + jitter_ms()));
-                    }
-                    other => return other,
-                }
-            }
-        })
+        blocking(|| self.run_here(begin, body, read_only))
     }
+
+    fn run_here(&self, begin: &str, body: &mut Body<'_>, read_only: bool) -> Result<(), DbError> {
+        let mut attempt = 0;
+        loop {
+            let mut held = self.begin(begin)?;
+            let client = held.client();
+            // Whether the transaction is known to have ended (else the
+            // connection is closed, not handed out again).
+            let (ended, run) = match body(&mut PgTx(client)) {
+                Ok(End::Commit) if !read_only => match wait(client.batch_execute("COMMIT")) {
+                    Ok(()) => (true, Ok(())),
+                    // The server answered: it did not commit, and the
+                    // transaction is over.
+                    Err(e) if e.as_db_error().is_some() => (true, Err(e.into())),
+                    // No answer: it may have committed or not.
+                    Err(e) => (
+                        false,
+                        Err(DbError::CommitUnknown(DbError::from(e).to_string())),
+                    ),
+                },
+                Ok(_) => match wait(client.batch_execute("ROLLBACK")) {
+                    Ok(()) => (true, Ok(())),
+                    Err(e) => (false, Err(e.into())),
+                },
+                Err(e) => (wait(client.batch_execute("ROLLBACK")).is_ok(), Err(e)),
+            };
+            held.ended = ended;
+            drop(held);
+            match run {
+                Err(e) if e.retryable() && attempt < RETRIES => {
+                    attempt += 1;
+                    // A little apart, so that the same two do not
+                    // collide again at once.
+                    std::thread::sleep(Duration::from_millis(u64::from(attempt) + jitter_ms()));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// One connection's life listening on a channel: ends (with its reason)
+/// when the connection does.
+async fn listening(
+    target: &Target,
+    listen: &str,
+    on: Arc<impl Fn(&str) + Send + Sync + 'static>,
+) -> Result<(), DbError> {
+    let (client, mut connection) = target.config.connect(target.tls.clone()).await?;
+    // The connection's messages are read here (the notifications among
+    // them) while the client sends LISTEN.
+    let heard = Arc::clone(&on);
+    let reader = tokio::spawn(async move {
+        loop {
+            match futures::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    // Off this runtime's one thread: a listener that waited
+                    // on the database here would wait on itself.
+                    let heard = Arc::clone(&heard);
+                    tokio::task::spawn_blocking(move || heard(n.payload()));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(DbError::from(e)),
+                None => return Ok(()),
+            }
+        }
+    });
+    let listened = client.batch_execute(listen).await;
+    if let Err(e) = listened {
+        reader.abort();
+        return Err(e.into());
+    }
+    let told = Arc::clone(&on);
+    tokio::task::spawn_blocking(move || told(""));
+    let ended = reader
+        .await
+        .map_err(|e| DbError::Other(format!("the listener's task: {e}")))?;
+    drop(client);
+    ended.and(Err(DbError::Other("the connection was closed".into())))
+}
+
+/// A connection of its own holding the session advisory lock `key`.
+async fn take_lock(target: &Target, key: i64) -> Result<Client, DbError> {
+    let (c, _task) = open(&target.config, target.tls.clone()).await?;
+    c.execute("SELECT pg_advisory_lock($1)", &[&key]).await?;
+    Ok(c)
+}
+
+/// Run a presence beat. A beat may return one boolean: true when what it
+/// keeps had to be made again (the others had taken it for gone).
+async fn run_beat(c: &Client, beat: &str, params: &[SqlValue]) -> Result<bool, DbError> {
+    let bound = bind(params);
+    let refs: Vec<&(dyn ToSql + Sync)> = bound
+        .iter()
+        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    let rows = c.query(beat, &refs).await?;
+    Ok(rows
+        .first()
+        .and_then(|r| r.try_get::<_, bool>(0).ok())
+        .unwrap_or(false))
 }
 
 /// An advisory lock [`PostgresDb::hold`] holds: released (its connection
 /// closed) soon after this is dropped.
 #[derive(Debug)]
 pub struct HeldLock {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
     /// Since when the lock has been held without a break (`None`: lost
     /// now).
-    since: std::sync::Arc<Mutex<Option<std::time::Instant>>>,
+    since: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl HeldLock {
@@ -411,99 +698,10 @@ impl Drop for HeldLock {
     }
 }
 
-/// Run one statement on `c`.
-fn exec(c: &mut Client, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
-    let bound = bind(params);
-    let refs: Vec<&(dyn ToSql + Sync)> = bound
-        .iter()
-        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-        .collect();
-    Ok(c.execute(sql, &refs)?)
-}
-
-/// A client in use, and how to make it again.
-struct Conn<'a> {
-    /// `None` only after a failed reconnection.
-    client: Option<Client>,
-    /// Made for this call (a failure on it is not a lost connection).
-    fresh: bool,
-    target: &'a Target,
-}
-
-impl Conn<'_> {
-    fn client(&mut self) -> Result<&mut Client, DbError> {
-        self.client
-            .as_mut()
-            .ok_or_else(|| DbError::Other("no connection to the database".into()))
-    }
-
-    /// Begin a transaction. A client held from before whose BEGIN fails
-    /// lost its connection (the server restarted, say): nothing ran on
-    /// it, so a new connection begins instead, once.
-    fn begin(&mut self, begin: &str) -> Result<&mut Client, DbError> {
-        match self.client()?.batch_execute(begin) {
-            Ok(()) => {}
-            Err(e) if self.fresh => return Err(e.into()),
-            Err(_) => {
-                self.fresh = true;
-                // Dropped first: it may block saying goodbye.
-                drop(self.client.take());
-                let mut c = connect(self.target)?;
-                c.batch_execute(begin)?;
-                self.client = Some(c);
-            }
-        }
-        self.client()
-    }
-}
-
-/// How long one statement may run, and a transaction stay idle, before
-/// PostgreSQL ends it: a database that hangs fails the call instead of
-/// holding it (and the store's lock) for ever.
-const STATEMENT_TIMEOUT: &str = "10s";
-const IDLE_IN_TRANSACTION_TIMEOUT: &str = "30s";
-
-/// A new connection, with the session's time limits set.
-fn connect(target: &Target) -> Result<Client, DbError> {
-    let mut c = target.config.connect(target.tls.clone())?;
-    // The server's side of a TCP connection probes too (a client whose host
-    // vanished has its session, and the locks it holds, ended in about
-    // 25 s rather than the system's 2 h); ignored over a Unix socket.
-    c.batch_execute(&format!(
-        "SET statement_timeout = '{STATEMENT_TIMEOUT}'; \
-         SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'; \
-         SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
-    ))?;
-    Ok(c)
-}
-
 fn jitter_ms() -> u64 {
     let mut b = [0u8; 1];
     let _ = getrandom::fill(&mut b);
     u64::from(b[0] % 8)
-}
-
-/// `f` run where a blocking client may block: on a scoped thread when
-/// this thread drives an async runtime. On a multi-threaded runtime the
-/// worker also hands its other tasks over while it waits
-/// (`block_in_place`): a slow or frozen database then holds the calls that
-/// need it, not the replica's other work (its HTTP server, heartbeats,
-/// the orphan watch).
-fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return f();
-    };
-    let scoped = move || {
-        std::thread::scope(|s| match s.spawn(f).join() {
-            Ok(v) => v,
-            Err(p) => std::panic::resume_unwind(p),
-        })
-    };
-    if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-        tokio::task::block_in_place(scoped)
-    } else {
-        scoped()
-    }
 }
 
 impl Db for PostgresDb {
@@ -549,10 +747,15 @@ impl ToSql for AnyNull {
     fn accepts(_: &Type) -> bool {
         true
     }
-    postgres::types::to_sql_checked!();
+    tokio_postgres::types::to_sql_checked!();
 }
 
-struct PgTx<'a>(&'a mut Client);
+/// A transaction's statements on a pooled connection. Each is prepared
+/// unnamed, as it runs, not kept on the connection: a pooler between the
+/// gateway and the database (PgBouncer in transaction mode) may hand the
+/// next transaction another server connection, where a kept statement
+/// would not exist.
+struct PgTx<'a>(&'a deadpool_postgres::ClientWrapper);
 
 /// `?1`-style parameters as PostgreSQL's `$1`.
 fn dollar(sql: &str) -> String {
@@ -585,22 +788,31 @@ fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
 
 impl Tx for PgTx<'_> {
     fn notify(&mut self, channel: &str, payload: &str) -> Result<(), DbError> {
-        self.0
-            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])?;
+        wait(
+            self.0
+                .execute("SELECT pg_notify($1, $2)", &[&channel, &payload]),
+        )?;
         Ok(())
     }
 
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
-        exec(self.0, &dollar(sql), params)
-    }
-
-    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError> {
+        let statement = dollar(sql);
         let bound = bind(params);
         let refs: Vec<&(dyn ToSql + Sync)> = bound
             .iter()
             .map(|b| b.as_ref() as &(dyn ToSql + Sync))
             .collect();
-        let rows = self.0.query(&dollar(sql), &refs)?;
+        Ok(wait(self.0.execute(statement.as_str(), &refs))?)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError> {
+        let statement = dollar(sql);
+        let bound = bind(params);
+        let refs: Vec<&(dyn ToSql + Sync)> = bound
+            .iter()
+            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        let rows = wait(self.0.query(statement.as_str(), &refs))?;
         rows.iter()
             .map(|r| {
                 (0..r.len())

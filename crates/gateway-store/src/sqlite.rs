@@ -1,5 +1,6 @@
 //! [`Db`] on a SQLite file: one connection, writes in `BEGIN IMMEDIATE`
 //! transactions (one writer at a time across every process on the file).
+//! The connection is taken in turn by the threads of this process.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,7 @@ use super::{Body, Db, DbError, End, Row, SqlValue, Tx};
 #[derive(Debug)]
 pub struct SqliteDb {
     path: PathBuf,
-    conn: Connection,
+    conn: std::sync::Mutex<Connection>,
 }
 
 impl SqliteDb {
@@ -19,13 +20,17 @@ impl SqliteDb {
     pub fn open(path: &Path, synchronous: &str) -> Result<SqliteDb, DbError> {
         Ok(SqliteDb {
             path: path.to_path_buf(),
-            conn: super::open(path, synchronous)?,
+            conn: std::sync::Mutex::new(super::open(path, synchronous)?),
         })
     }
 
     /// The connection itself, for a store's own migrations.
     pub fn connection(&mut self) -> &mut Connection {
-        &mut self.conn
+        self.conn.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn path(&self) -> &Path {
@@ -93,7 +98,8 @@ impl Db for SqliteDb {
     }
 
     fn write(&self, body: &mut Body<'_>) -> Result<(), DbError> {
-        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)?;
+        let conn = self.conn();
+        let tx = Transaction::new_unchecked(&conn, TransactionBehavior::Immediate)?;
         match body(&mut SqliteTx(&tx))? {
             End::Commit => tx.commit()?,
             End::Rollback => tx.rollback()?,
@@ -102,7 +108,8 @@ impl Db for SqliteDb {
     }
 
     fn read(&self, body: &mut Body<'_>) -> Result<(), DbError> {
-        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)?;
+        let conn = self.conn();
+        let tx = Transaction::new_unchecked(&conn, TransactionBehavior::Deferred)?;
         body(&mut SqliteTx(&tx))?;
         tx.rollback()?;
         Ok(())

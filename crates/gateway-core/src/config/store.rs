@@ -20,6 +20,14 @@ pub struct StoreConfig {
     /// `postgres`: a PEM file of CA certificates the server's TLS
     /// certificate is checked against, beside the system's.
     pub ca_file: Option<PathBuf>,
+    /// `postgres`: how many connections a replica keeps to the database at
+    /// most (1 to 256; default 8), shared by its approvals, plans, leases
+    /// and audit chain. LISTEN and the replica's presence lock have one
+    /// each besides.
+    pub pool_size: Option<usize>,
+    /// `postgres`: how long a call waits for a connection when all are in
+    /// use before it fails, with that reason (1 to 300 s; default 5).
+    pub pool_wait_secs: Option<u64>,
 }
 
 /// Which store to open.
@@ -30,6 +38,7 @@ pub enum Store {
         /// The connection string (zeroed when dropped; never shown).
         url: Zeroizing<String>,
         ca_file: Option<PathBuf>,
+        pool: gateway_store::postgres::PoolSettings,
     },
 }
 
@@ -41,6 +50,8 @@ pub enum StoreConfigError {
     NoUrl,
     #[error("[store] url_file {path}: {message}")]
     UrlFile { path: PathBuf, message: String },
+    #[error("[store] {0}")]
+    Pool(String),
 }
 
 impl StoreConfig {
@@ -69,10 +80,34 @@ impl StoreConfig {
                 Ok(Store::Postgres {
                     url,
                     ca_file: self.ca_file.clone(),
+                    pool: self.pool()?,
                 })
             }
             other => Err(StoreConfigError::Backend(other.to_string())),
         }
+    }
+}
+
+impl StoreConfig {
+    /// The pool's bounds, defaults filled in and checked.
+    fn pool(&self) -> Result<gateway_store::postgres::PoolSettings, StoreConfigError> {
+        let default = gateway_store::postgres::PoolSettings::DEFAULT;
+        let size = self.pool_size.unwrap_or(default.size);
+        if !(1..=256).contains(&size) {
+            return Err(StoreConfigError::Pool(format!(
+                "pool_size is {size}: it is 1 to 256 connections"
+            )));
+        }
+        let wait = self.pool_wait_secs.unwrap_or(default.wait.as_secs());
+        if !(1..=300).contains(&wait) {
+            return Err(StoreConfigError::Pool(format!(
+                "pool_wait_secs is {wait}: it is 1 to 300 seconds"
+            )));
+        }
+        Ok(gateway_store::postgres::PoolSettings {
+            size,
+            wait: std::time::Duration::from_secs(wait),
+        })
     }
 }
 
@@ -173,6 +208,8 @@ mod tests {
             backend: Some("postgres".into()),
             url_file: Some(file.clone()),
             ca_file: None,
+            pool_size: None,
+            pool_wait_secs: None,
         };
         let e = c.resolve().expect_err("readable by others");
         assert!(e.to_string().contains("chmod 600"), "{e}");
@@ -194,6 +231,7 @@ mod tests {
             backend: Some("postgres".into()),
             url_file: Some(link),
             ca_file: None,
+            ..StoreConfig::default()
         }
         .resolve()
         .expect_err("a symlink");
@@ -202,7 +240,7 @@ mod tests {
             StoreConfig {
                 backend: Some("postgres".into()),
                 url_file: None,
-                ca_file: None
+                ..StoreConfig::default()
             }
             .resolve(),
             Err(StoreConfigError::NoUrl)
@@ -211,7 +249,7 @@ mod tests {
             StoreConfig {
                 backend: Some("mysql".into()),
                 url_file: None,
-                ca_file: None
+                ..StoreConfig::default()
             }
             .resolve(),
             Err(StoreConfigError::Backend(_))
@@ -220,5 +258,27 @@ mod tests {
             StoreConfig::default().resolve(),
             Ok(Store::Sqlite)
         ));
+        // The pool's bounds: defaults, and a size or wait out of range
+        // refused with the setting's name.
+        match c.resolve().expect("0600") {
+            Store::Postgres { pool, .. } => {
+                assert_eq!(pool, gateway_store::postgres::PoolSettings::DEFAULT)
+            }
+            Store::Sqlite => panic!("postgres expected"),
+        }
+        for (size, wait, named) in [
+            (Some(0), None, "pool_size"),
+            (Some(257), None, "pool_size"),
+            (None, Some(0), "pool_wait_secs"),
+        ] {
+            let e = StoreConfig {
+                pool_size: size,
+                pool_wait_secs: wait,
+                ..c.clone()
+            }
+            .resolve()
+            .expect_err("out of range");
+            assert!(e.to_string().contains(named), "{e}");
+        }
     }
 }

@@ -144,7 +144,7 @@ pub struct Pipeline {
     pub audit: Arc<AuditLog>,
     /// Where credentials come from; `None`: calls that need one are refused.
     pub broker: Option<Arc<dyn Broker>>,
-    approvals: Mutex<ApprovalStore>,
+    approvals: ApprovalStore,
     /// The saved plans (HOME/plans).
     pub plans: PlanStore,
     pub sandbox: Arc<dyn Sandbox>,
@@ -512,7 +512,7 @@ impl Pipeline {
     /// Keep approvals in `store` instead of the home's SQLite file (the
     /// daemon's `[store]`).
     pub fn set_approval_store(&mut self, store: ApprovalStore) {
-        self.approvals = Mutex::new(store);
+        self.approvals = store;
     }
 
     pub fn new(
@@ -543,7 +543,7 @@ impl Pipeline {
         Ok(Pipeline {
             audit,
             broker: None,
-            approvals: Mutex::new(ApprovalStore::in_home(&home)?),
+            approvals: ApprovalStore::in_home(&home)?,
             plans,
             policy,
             home,
@@ -1309,8 +1309,10 @@ impl Pipeline {
     }
 
     /// The approval store (one connection, shared by the calls).
-    pub fn approvals(&self) -> std::sync::MutexGuard<'_, ApprovalStore> {
-        self.approvals.lock().unwrap_or_else(|p| p.into_inner())
+    /// The approval store: its transactions run side by side, each on
+    /// a connection of its own (PostgreSQL) or in turn (SQLite).
+    pub fn approvals(&self) -> &ApprovalStore {
+        &self.approvals
     }
 
     /// One approval as it stands now (expiry applied), for a caller that

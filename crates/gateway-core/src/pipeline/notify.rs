@@ -324,8 +324,7 @@ mod tests {
     #[test]
     fn the_body_links_the_page_and_sums_up_the_signals_in_one_line() {
         let dir = tempfile::tempdir().expect("dir");
-        let mut store =
-            gateway_audit::approvals::ApprovalStore::in_home(dir.path()).expect("store");
+        let store = gateway_audit::approvals::ApprovalStore::in_home(dir.path()).expect("store");
         let sig = |kind: &str| json!({"address": "<!channel> a.b", "kind": kind, "actions": ["delete"], "reason": null, "paths": [], "message": "m"});
         let (a, _) = store
             .create(&gateway_audit::approvals::NewApproval {
