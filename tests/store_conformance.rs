@@ -503,6 +503,103 @@ fn the_approval_store_conforms_on_postgresql() {
 
 /// A database that stops answering fails a call instead of holding it:
 /// every session the store opens has PostgreSQL's own time limits set.
+/// A transaction whose body panics half-way leaves nothing behind for the
+/// next caller: its connection is closed, not handed out again still in
+/// its transaction (where the next caller's BEGIN would be only a warning,
+/// and its COMMIT would keep the half-done write too).
+#[test]
+fn a_transaction_that_panics_leaves_no_write_for_the_next_caller() {
+    use gateway::db::postgres::{PoolSettings, PostgresDb};
+    use gateway::db::{Db, End};
+    let server = pg::Postgres::start();
+    let one = PoolSettings {
+        size: 1,
+        wait: Duration::from_secs(10),
+    };
+    let db = PostgresDb::connect_pooled(&server.database("panics"), None, one).expect("connect");
+    db.write(&mut |tx| {
+        tx.execute("CREATE TABLE t (v TEXT NOT NULL)", &[])?;
+        Ok(End::Commit)
+    })
+    .expect("table");
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        db.write(&mut |tx| {
+            tx.execute("INSERT INTO t VALUES ('half-done')", &[])?;
+            panic!("the body fails half-way")
+        })
+    }));
+    assert!(panicked.is_err(), "the body panicked");
+    db.write(&mut |tx| {
+        tx.execute("INSERT INTO t VALUES ('next')", &[])?;
+        Ok(End::Commit)
+    })
+    .expect("the next caller");
+    let mut kept = Vec::new();
+    db.read(&mut |tx| {
+        kept = tx
+            .query("SELECT v FROM t ORDER BY v", &[])?
+            .iter()
+            .map(|r| r.text(0))
+            .collect::<Result<_, _>>()?;
+        Ok(End::Rollback)
+    })
+    .expect("read");
+    assert_eq!(kept, ["next"]);
+}
+
+/// A caller that finds every connection of the pool in use waits the
+/// pool's wait, then fails with the reason (which setting, never the
+/// connection string); once a connection is free again calls go on.
+#[test]
+fn a_full_pool_refuses_after_its_wait_with_the_reason_and_recovers() {
+    use gateway::db::postgres::{PoolSettings, PostgresDb};
+    use gateway::db::{Db, End};
+    let server = pg::Postgres::start();
+    let settings = PoolSettings {
+        size: 1,
+        wait: Duration::from_secs(1),
+    };
+    // A password the server (trust) ignores: it must not be shown.
+    let url = format!("{} password=pool-secret-pw", server.database("pool_full"));
+    let db = PostgresDb::connect_pooled(&url, None, settings).expect("connect");
+    let (held, taken) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            db.read(&mut |tx| {
+                let _ = held.send(());
+                tx.query("SELECT pg_sleep(3)::text", &[])?;
+                Ok(End::Rollback)
+            })
+            .expect("the holder");
+        });
+        taken.recv().expect("the holder has the connection");
+        let started = std::time::Instant::now();
+        let e = db
+            .read(&mut |tx| {
+                tx.query("SELECT 1::text", &[])?;
+                Ok(End::Rollback)
+            })
+            .expect_err("no connection free");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500),
+            "waited {waited:?}"
+        );
+        let said = e.to_string();
+        assert!(
+            said.contains("pool_size") && said.contains("pool_wait_secs"),
+            "{said}"
+        );
+        assert!(!said.contains("pool-secret-pw"), "{said}");
+    });
+    db.read(&mut |tx| {
+        tx.query("SELECT 1::text", &[])?;
+        Ok(End::Rollback)
+    })
+    .expect("free again");
+    assert_eq!(db.pool_status().0, 1, "never more than the pool's size");
+}
+
 #[test]
 fn postgresql_sessions_carry_time_limits() {
     use gateway::db::{Db, End};

@@ -659,12 +659,7 @@ async fn take_lock(target: &Target, key: i64) -> Result<Client, DbError> {
 /// Run a presence beat. A beat may return one boolean: true when what it
 /// keeps had to be made again (the others had taken it for gone).
 async fn run_beat(c: &Client, beat: &str, params: &[SqlValue]) -> Result<bool, DbError> {
-    let bound = bind(params);
-    let refs: Vec<&(dyn ToSql + Sync)> = bound
-        .iter()
-        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-        .collect();
-    let rows = c.query(beat, &refs).await?;
+    let rows = c.query(beat, &bound(params)).await?;
     Ok(rows
         .first()
         .and_then(|r| r.try_get::<_, bool>(0).ok())
@@ -732,22 +727,32 @@ impl Db for PostgresDb {
     }
 }
 
-/// A NULL of whatever type the statement wants.
-#[derive(Debug)]
-struct AnyNull;
-
-impl ToSql for AnyNull {
+/// A value bound as the statement's parameter wants it: NULL of any
+/// type, the others as their own type is bound (an integer to a `BIGINT`,
+/// text to `TEXT`; another type is refused, not converted).
+impl ToSql for SqlValue {
     fn to_sql(
         &self,
-        _: &Type,
-        _: &mut bytes::BytesMut,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
     ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        Ok(IsNull::Yes)
+        match self {
+            SqlValue::Null => Ok(IsNull::Yes),
+            SqlValue::Int(v) => v.to_sql_checked(ty, out),
+            SqlValue::Text(v) => v.to_sql_checked(ty, out),
+            SqlValue::Bool(v) => v.to_sql_checked(ty, out),
+            SqlValue::Bytes(v) => v.to_sql_checked(ty, out),
+        }
     }
     fn accepts(_: &Type) -> bool {
         true
     }
     tokio_postgres::types::to_sql_checked!();
+}
+
+/// A statement's parameters as the client takes them.
+fn bound(params: &[SqlValue]) -> Vec<&(dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
 }
 
 /// A transaction's statements on a pooled connection. Each is prepared
@@ -771,21 +776,6 @@ fn dollar(sql: &str) -> String {
     out
 }
 
-fn bind(params: &[SqlValue]) -> Vec<Box<dyn ToSql + Sync + Send>> {
-    params
-        .iter()
-        .map(|p| -> Box<dyn ToSql + Sync + Send> {
-            match p {
-                SqlValue::Null => Box::new(AnyNull),
-                SqlValue::Int(v) => Box::new(*v),
-                SqlValue::Text(v) => Box::new(v.clone()),
-                SqlValue::Bool(v) => Box::new(*v),
-                SqlValue::Bytes(v) => Box::new(v.clone()),
-            }
-        })
-        .collect()
-}
-
 impl Tx for PgTx<'_> {
     fn notify(&mut self, channel: &str, payload: &str) -> Result<(), DbError> {
         wait(
@@ -796,23 +786,11 @@ impl Tx for PgTx<'_> {
     }
 
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
-        let statement = dollar(sql);
-        let bound = bind(params);
-        let refs: Vec<&(dyn ToSql + Sync)> = bound
-            .iter()
-            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        Ok(wait(self.0.execute(statement.as_str(), &refs))?)
+        Ok(wait(self.0.execute(dollar(sql).as_str(), &bound(params)))?)
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>, DbError> {
-        let statement = dollar(sql);
-        let bound = bind(params);
-        let refs: Vec<&(dyn ToSql + Sync)> = bound
-            .iter()
-            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        let rows = wait(self.0.query(statement.as_str(), &refs))?;
+        let rows = wait(self.0.query(dollar(sql).as_str(), &bound(params)))?;
         rows.iter()
             .map(|r| {
                 (0..r.len())

@@ -1308,7 +1308,6 @@ impl Pipeline {
         gateway_sandbox::Scratch::new(&root, quota)
     }
 
-    /// The approval store (one connection, shared by the calls).
     /// The approval store: its transactions run side by side, each on
     /// a connection of its own (PostgreSQL) or in turn (SQLite).
     pub fn approvals(&self) -> &ApprovalStore {
