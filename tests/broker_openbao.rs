@@ -9,6 +9,8 @@
 mod common;
 #[path = "support/fake_kube.rs"]
 mod fake_kube;
+#[path = "support/kube_world.rs"]
+mod kube_world;
 #[path = "support/openbao.rs"]
 mod openbao;
 #[path = "support/otlp.rs"]
@@ -25,82 +27,13 @@ use std::time::Duration;
 use fake_kube::FakeKube;
 use gateway::broker::vault::{Secret, VaultAuth, VaultBroker, VaultSettings};
 use gateway::broker::{Broker, CredentialMeta};
-use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
+use gateway::pipeline::{Outcome, ToolCall};
 use gateway::policy::set::LoadOptions;
 use gateway::policy::{CredentialScope, PolicyStore, Principal};
 use gateway::sandbox::local::{LocalConfig, LocalSandbox};
 use gateway::tools::ToolPaths;
-use openbao::OpenBao;
+use kube_world::{World, everything_written, pipeline, settings, trail, world};
 use serde_json::{Value, json};
-
-struct World {
-    kube: FakeKube,
-    bao: OpenBao,
-    /// A token with only the `gateway` policy `vault setup` wrote.
-    gateway_token: String,
-    dir: tempfile::TempDir,
-    home: PathBuf,
-    ca_file: PathBuf,
-    setup_output: String,
-}
-
-fn tls() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// OpenBao + the fake API server, set up by `gateway vault setup`.
-async fn world() -> World {
-    tls();
-    let kube = FakeKube::start().await;
-    let bao = tokio::task::spawn_blocking(OpenBao::start)
-        .await
-        .expect("bao");
-    let dir = tempfile::tempdir().expect("tmp");
-    let ca_file = dir.path().join("kube-ca.pem");
-    std::fs::write(&ca_file, &kube.ca_pem).expect("ca");
-    let jwt_file = dir.path().join("openbao-sa.jwt");
-    std::fs::write(&jwt_file, &kube.admin_jwt).expect("jwt");
-    let home = dir.path().join("home");
-    let out = common::gateway(&home)
-        .args(["vault", "setup", "--kubernetes-host", &kube.url()])
-        .arg("--kubernetes-ca-file")
-        .arg(&ca_file)
-        .arg("--service-account-jwt-file")
-        .arg(&jwt_file)
-        .args(["--approle", "--secret-id-file"])
-        .arg(dir.path().join("secret-id"))
-        .env("VAULT_ADDR", &bao.addr)
-        .env("VAULT_TOKEN", &bao.root_token)
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .output()
-        .expect("vault setup");
-    assert!(
-        out.status.success(),
-        "vault setup failed: {}{}",
-        common::stdout(&out),
-        common::stderr(&out)
-    );
-    let gateway_token = bao.token_with_policy("gateway");
-    World {
-        kube,
-        bao,
-        gateway_token,
-        home,
-        ca_file,
-        setup_output: common::stdout(&out),
-        dir,
-    }
-}
-
-fn settings(addr: &str, token: &str) -> VaultSettings {
-    VaultSettings {
-        address: addr.to_string(),
-        namespace: None,
-        ca_cert: None,
-        auth: VaultAuth::Token(Secret::from(token)),
-        timeout: std::time::Duration::from_secs(5),
-    }
-}
 
 fn pod_reader() -> CredentialScope {
     // Exactly what the default policy derives for k8s_get_pod_status/demo-app.
@@ -808,26 +741,6 @@ fn rusqlite_update_owner(home: &Path, lease: &str, owner: gateway::broker::lease
     .expect("update")
 }
 
-fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Arc<Pipeline> {
-    let store = Arc::new(PolicyStore::open(
-        vec![common::repo().join("policies")],
-        LoadOptions::default(),
-    ));
-    let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));
-    let mut tools = ToolPaths::discover(&common::repo());
-    tools.runner = common::runner_bin();
-    let mut p =
-        Pipeline::new(store, w.home.clone(), common::repo(), sandbox, tools).expect("pipeline");
-    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), w.kube.port)]);
-    p.kubernetes = Some(KubernetesAccess {
-        endpoint: "kube-apiserver".into(),
-        ca_pem: std::fs::read(&w.ca_file).expect("ca"),
-        tls_server_name: "kubernetes".into(),
-    });
-    p.broker = Some(broker);
-    Arc::new(p)
-}
-
 fn call(ns: &str) -> ToolCall {
     ToolCall {
         trace: None,
@@ -836,29 +749,6 @@ fn call(ns: &str) -> ToolCall {
         principal: principal(),
         workspace: None,
     }
-}
-
-fn trail(home: &Path, rid: &str) -> Vec<String> {
-    std::fs::read_to_string(home.join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["request_id"] == rid)
-        .filter_map(|e| e["event"].as_str().map(str::to_string))
-        .collect()
-}
-
-/// Every byte the gateway wrote under its home, as text.
-fn everything_written(home: &Path) -> String {
-    let mut all = String::new();
-    for entry in std::fs::read_dir(home).expect("home").flatten() {
-        if entry.path().is_file() {
-            all.push_str(&String::from_utf8_lossy(
-                &std::fs::read(entry.path()).unwrap_or_default(),
-            ));
-        }
-    }
-    all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1597,6 +1487,11 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
     assert_eq!(
         roles,
         [
+            "gateway-k8s-describe-demo-app",
+            "gateway-k8s-events-demo-app",
+            "gateway-k8s-get-demo-app",
+            "gateway-k8s-logs-demo-app",
+            "gateway-k8s-rollout-demo-app",
             "gateway-pod-reader-demo-app",
             "gateway-tf-apply-demo-app",
             "gateway-tf-plan-demo-app"

@@ -105,6 +105,9 @@ pub struct State {
     pub restricted_namespaces: Vec<String>,
     /// Container logs by pod name.
     pub logs: BTreeMap<String, Vec<u8>>,
+    /// The log of a pod's container's previous (terminated) run, by pod
+    /// name: what `previous=true` reads.
+    pub previous_logs: BTreeMap<String, Vec<u8>>,
     /// When each line of `logs[pod]` was written (seconds since the epoch),
     /// for `sinceSeconds` and `timestamps` ([`State::log_line`]); a line
     /// with no time recorded counts as written now.
@@ -1020,6 +1023,18 @@ fn forbidden_error(
     )
 }
 
+/// One Namespace, or its 404.
+fn namespace_get(st: &Arc<Mutex<State>>, name: &str) -> Response<Body> {
+    let s = st.lock().expect("state");
+    match s
+        .objects
+        .get(&("namespaces".to_string(), String::new(), name.to_string()))
+    {
+        Some(o) => respond(StatusCode::OK, o.clone()),
+        None => not_found_error("namespaces", name),
+    }
+}
+
 fn respond(code: StatusCode, body: Value) -> Response<Body> {
     let mut r = Response::new(full(body.to_string()));
     *r.status_mut() = code;
@@ -1888,7 +1903,14 @@ async fn workload_route(
                 );
                 return r;
             }
-            let mut log = s.logs.get(pod).cloned().unwrap_or_default();
+            // The previous run's log, when it was asked for (kept by the
+            // kubelet for the container's last terminated instance).
+            let previous = q.get("previous").is_some_and(|v| v == "true");
+            let mut log = if previous {
+                s.previous_logs.get(pod).cloned().unwrap_or_default()
+            } else {
+                s.logs.get(pod).cloned().unwrap_or_default()
+            };
             if since.is_some() || tail.is_some() || timestamps {
                 let at = now_f64();
                 let times = s.log_times.get(pod).cloned().unwrap_or_default();
@@ -2704,6 +2726,13 @@ fn kind_of(resource: &str) -> &'static str {
         "jobs" => "Job",
         "secrets" => "Secret",
         "events" => "Event",
+        "deployments" => "Deployment",
+        "replicasets" => "ReplicaSet",
+        "statefulsets" => "StatefulSet",
+        "daemonsets" => "DaemonSet",
+        "controllerrevisions" => "ControllerRevision",
+        "services" => "Service",
+        "configmaps" => "ConfigMap",
         "serviceaccounts" => "ServiceAccount",
         "roles" => "Role",
         "rolebindings" => "RoleBinding",
@@ -2714,6 +2743,9 @@ fn kind_of(resource: &str) -> &'static str {
 fn api_version_of(resource: &str) -> &'static str {
     match resource {
         "jobs" => "batch/v1",
+        "deployments" | "replicasets" | "statefulsets" | "daemonsets" | "controllerrevisions" => {
+            "apps/v1"
+        }
         "roles" | "rolebindings" => "rbac.authorization.k8s.io/v1",
         _ => "v1",
     }
@@ -2727,11 +2759,39 @@ fn discovery(path: &str) -> Option<Value> {
         "/api" => {
             json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "kubernetes:6443"}]})
         }
-        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": "rbac.authorization.k8s.io", "versions": [{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}],
-             "preferredVersion": {"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}]}),
+        "/apis" => {
+            let group = |g: &str| {
+                let gv = format!("{g}/v1");
+                json!({"name": g, "versions": [{"groupVersion": gv, "version": "v1"}],
+                       "preferredVersion": {"groupVersion": gv, "version": "v1"}})
+            };
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                group("apps"), group("events.k8s.io"), group("batch"), group("rbac.authorization.k8s.io")]})
+        }
+        "/apis/apps/v1" => {
+            json!({"kind": "APIResourceList", "groupVersion": "apps/v1", "resources": [
+            {"name": "controllerrevisions", "singularName": "controllerrevision", "namespaced": true, "kind": "ControllerRevision", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+            {"name": "daemonsets", "singularName": "daemonset", "namespaced": true, "kind": "DaemonSet", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["ds"], "categories": ["all"]},
+            {"name": "deployments", "singularName": "deployment", "namespaced": true, "kind": "Deployment", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["deploy"], "categories": ["all"]},
+            {"name": "deployments/scale", "singularName": "", "namespaced": true, "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]},
+            {"name": "deployments/status", "singularName": "", "namespaced": true, "kind": "Deployment", "verbs": ["get", "patch", "update"]},
+            {"name": "replicasets", "singularName": "replicaset", "namespaced": true, "kind": "ReplicaSet", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["rs"], "categories": ["all"]},
+            {"name": "statefulsets", "singularName": "statefulset", "namespaced": true, "kind": "StatefulSet", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["sts"], "categories": ["all"]}]})
+        }
+        "/apis/batch/v1" => {
+            json!({"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
+            {"name": "jobs", "singularName": "job", "namespaced": true, "kind": "Job", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "categories": ["all"]}]})
+        }
+        "/apis/events.k8s.io/v1" => {
+            json!({"kind": "APIResourceList", "groupVersion": "events.k8s.io/v1", "resources": [
+            {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["ev"]}]})
+        }
         "/api/v1" => json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-            {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod", "verbs": ["get", "list", "watch"], "shortNames": ["po"]},
+            {"name": "configmaps", "singularName": "configmap", "namespaced": true, "kind": "ConfigMap", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["cm"]},
+            {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["ev"]},
+            {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod", "verbs": ["get", "list", "watch"], "shortNames": ["po"], "categories": ["all"]},
+            {"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]},
+            {"name": "services", "singularName": "service", "namespaced": true, "kind": "Service", "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["svc"], "categories": ["all"]},
             {"name": "secrets", "singularName": "secret", "namespaced": true, "kind": "Secret", "verbs": ["get", "list"]},
             {"name": "serviceaccounts", "singularName": "serviceaccount", "namespaced": true, "kind": "ServiceAccount", "verbs": ["create", "delete", "get", "list"], "shortNames": ["sa"]},
             {"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}]}),
@@ -3012,6 +3072,31 @@ async fn route(
         };
         return (r, user);
     }
+    // GET of one Namespace (kubectl asks for it after a NotFound, to say
+    // whether the namespace itself is missing). A namespace's own name is
+    // the request's namespace for RBAC: a ServiceAccount needs `get
+    // namespaces` granted there or cluster-wide, which the gateway's roles
+    // never grant: 403, as the real server answers.
+    if let (true, ["namespaces", name]) = (method == "GET", rest) {
+        let r = match &who {
+            Who::Sa {
+                ns: sa_ns,
+                name: sa,
+            } => {
+                let s = st.lock().expect("state");
+                if s.allowed(sa_ns, sa, "get", "", "namespaces", Some(name), name)
+                    || s.allowed_cluster(sa_ns, sa, "get", "", "namespaces")
+                {
+                    drop(s);
+                    namespace_get(st, name)
+                } else {
+                    forbidden_error(&user, "get", "namespaces", "namespaces", Some(name), name)
+                }
+            }
+            _ => namespace_get(st, name),
+        };
+        return (r, user);
+    }
     let (ns, resource, name, sub) = match rest {
         ["namespaces", ns, resource] => (*ns, *resource, None, None),
         ["namespaces", ns, resource, name] => (*ns, *resource, Some(*name), None),
@@ -3128,7 +3213,21 @@ async fn route(
             );
         }
     }
-    let workload = matches!(resource, "jobs" | "secrets" | "events")
+    // The stored kinds the Kubernetes tools read: get, list and watch
+    // (with label and field selectors) as for the workload kinds.
+    let read_kind = matches!(
+        resource,
+        "deployments"
+            | "replicasets"
+            | "statefulsets"
+            | "daemonsets"
+            | "controllerrevisions"
+            | "services"
+            | "configmaps"
+    ) && matches!(verb, "get" | "list" | "watch")
+        && sub.is_none();
+    let workload = read_kind
+        || matches!(resource, "jobs" | "secrets" | "events")
         || (resource == "pods"
             && (labels.is_some() || fields.is_some() || watching || verb == "create"));
     if workload || (resource == "pods" && name.is_some()) {
