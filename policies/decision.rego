@@ -9,13 +9,14 @@
 #   signals.rego    destructive signals from the Terraform plan
 #   approvals.rego  when a person must approve, how many, for how long
 #   sandbox.rego    sandbox limits and egress
+#   kubernetes.rego the operation a Kubernetes tool's runner carries out
 # Tables live in config/*.yaml.
 package gateway
 
 
 # Deny by default: the call is allowed only when no rule found a reason to
 # refuse it.
-deny_reasons := data.gateway.tools.deny | data.gateway.scope.deny
+deny_reasons := (data.gateway.tools.deny | data.gateway.scope.deny) | data.gateway.kubernetes.deny
 
 decision := {
 	"allow": count(deny_reasons) == 0,
@@ -28,6 +29,7 @@ decision := {
 	"sandbox": data.gateway.sandbox.limits,
 	"signals": data.gateway.signals.signals,
 	"approval": data.gateway.approvals.requirement,
+	"operation": data.gateway.kubernetes.operation,
 }
 
 # tools/list: the tools this principal may see, by name.

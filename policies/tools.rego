@@ -65,9 +65,14 @@ visible[name] := {
 # A param as tools/list shows it: one with `choices` lists the keys of that
 # config/scopes table as its allowed values (none when there is no such
 # table), so that the agent sees what the policy allows.
-shown_param(spec) := object.union(spec, {"enum": sort(object.keys(object.get(data.config.scopes, spec.choices, {})))}) if spec.choices
+shown_param(spec) := object.union(spec, {"enum": sort(object.keys(object.get(data.config.scopes, spec.choices, {})))}) if is_string(spec.choices)
+
+else := object.union(spec, {"enum": spec.choices}) if is_array(spec.choices)
 
 else := spec
+
+# A param's type: string unless its spec says integer or boolean.
+param_type(spec) := object.get(spec, "type", "string")
 
 deny contains msg if {
 	not tool
@@ -133,8 +138,65 @@ violations contains {"param": short(name), "problem": "unknown", "message": spri
 
 violations contains {"param": name, "problem": "not_a_string", "message": sprintf("param %q must be a string", [name])} if {
 	some name, value in params
-	usable.params[name]
+	param_type(usable.params[name]) == "string"
 	not is_string(value)
+}
+
+# An integer is a number without a fraction (JSON has no integer type:
+# 5.0 is 5, as JSON Schema's "integer" takes it).
+violations contains {"param": name, "problem": "not_an_integer", "message": sprintf("param %q must be an integer", [name])} if {
+	some name, value in params
+	param_type(usable.params[name]) == "integer"
+	not is_integer(value)
+}
+
+is_integer(v) if {
+	is_number(v)
+	v == round(v)
+}
+
+violations contains {"param": name, "problem": "out_of_range", "message": sprintf("param %q must be %s", [name, range_text(spec)])} if {
+	some name, value in params
+	spec := usable.params[name]
+	param_type(spec) == "integer"
+	is_integer(value)
+	not within(value, spec)
+}
+
+range_text(spec) := sprintf("between %v and %v", [spec.minimum, spec.maximum]) if {
+	spec.minimum
+	spec.maximum
+} else := sprintf("at least %v", [spec.minimum]) if spec.minimum
+
+else := sprintf("at most %v", [spec.maximum])
+
+within(v, spec) if {
+	v >= object.get(spec, "minimum", v)
+	v <= object.get(spec, "maximum", v)
+}
+
+violations contains {"param": name, "problem": "not_a_boolean", "message": sprintf("param %q must be true or false", [name])} if {
+	some name, value in params
+	param_type(usable.params[name]) == "boolean"
+	not is_boolean(value)
+}
+
+violations contains {"param": name, "problem": "no_match", "message": sprintf("param %q does not have the form %s", [name, spec.pattern])} if {
+	some name, value in params
+	spec := usable.params[name]
+	is_string(value)
+	spec.pattern
+	not longer_than(value, spec.max_length)
+	not regex.match(spec.pattern, value)
+}
+
+# A param whose choices are a list takes only those values.
+violations contains {"param": name, "problem": "not_allowed", "message": sprintf("param %q must be one of: %s", [name, concat(", ", spec.choices)])} if {
+	some name, value in params
+	spec := usable.params[name]
+	is_array(spec.choices)
+	is_string(value)
+	not value in spec.choices
 }
 
 violations contains {"param": name, "problem": "too_long", "message": sprintf("param %q is longer than %d characters", [name, usable.params[name].max_length])} if {

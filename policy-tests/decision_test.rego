@@ -86,7 +86,8 @@ test_missing_tool_is_denied if {
 
 test_every_field_of_the_contract_is_present if {
 	d := decide("nope", {})
-	object.keys(d) == {"allow", "deny_reasons", "violations", "runner", "tier", "annotations", "credential", "sandbox", "signals", "approval"}
+	object.keys(d) == {"allow", "deny_reasons", "violations", "runner", "tier", "annotations", "credential", "sandbox", "signals", "approval", "operation"}
+	d.operation == null
 	object.keys(d.approval) == {"required", "approvers", "ttl_seconds", "reason_required", "satisfied"}
 	object.keys(d.sandbox) == {"cpu", "memory", "deadline_seconds", "module_copy_bytes", "module_copy_files", "file_out_bytes", "module_wait_seconds", "max_processes", "file_bytes", "output_bytes", "plan_json_bytes", "disk_bytes", "egress"}
 }
@@ -122,7 +123,8 @@ test_a_call_with_good_params_has_no_violations if {
 
 test_tool_list_shows_catalog_tools_to_every_client_by_default if {
 	l := gateway.tool_list with input as {"principal": principal}
-	object.keys(l) == {"k8s_get_pod_status", "terraform_plan", "terraform_apply"}
+	object.keys(l) == object.keys(data.config.tools)
+	{"k8s_get_pod_status", "terraform_plan", "terraform_apply", "k8s_logs"} - object.keys(l) == set()
 	l.terraform_apply.tier == "high"
 	l.k8s_get_pod_status.annotations.readOnlyHint
 }

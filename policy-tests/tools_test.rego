@@ -121,12 +121,91 @@ test_every_tool_run_by_the_apply_runner_is_high_tier_and_destructive if {
 	}
 }
 
-test_every_catalog_param_has_a_numeric_max_length if {
+test_every_catalog_param_is_bounded if {
 	every _, entry in data.config.tools {
 		every _, spec in entry.params {
-			is_number(spec.max_length)
+			bounded(spec)
 		}
 	}
+}
+
+bounded(spec) if {
+	tools.param_type(spec) == "string"
+	is_number(spec.max_length)
+}
+
+bounded(spec) if {
+	tools.param_type(spec) == "integer"
+	is_number(spec.minimum)
+	is_number(spec.maximum)
+}
+
+bounded(spec) if tools.param_type(spec) == "boolean"
+
+# --- Typed params: integers, booleans, patterns, listed choices -------------
+
+logs(params) := call("k8s_logs", object.union({"namespace": "demo-app", "name": "web-1"}, params))
+
+problems(params) := p if {
+	v := tools.violations with input as logs(params)
+	p := {[x.param, x.problem] | some x in v}
+}
+
+test_an_integer_param_takes_whole_numbers_in_its_range if {
+	problems({"tail_lines": 1}) == set()
+	problems({"tail_lines": 2000}) == set()
+	problems({"tail_lines": 5.0}) == set()
+	problems({"tail_lines": 2.5}) == {["tail_lines", "not_an_integer"]}
+	problems({"tail_lines": "10"}) == {["tail_lines", "not_an_integer"]}
+	problems({"tail_lines": 0}) == {["tail_lines", "out_of_range"]}
+	problems({"tail_lines": 2001}) == {["tail_lines", "out_of_range"]}
+}
+
+test_an_out_of_range_message_names_the_range if {
+	r := tools.deny with input as logs({"tail_lines": 0})
+	r == {`param "tail_lines" must be between 1 and 2000`}
+}
+
+test_a_range_with_one_bound_says_that_bound if {
+	catalog := {"t": {"title": "t", "description": "d", "tier": "low", "runner": "r", "annotations": {}, "params": {
+		"lo": {"type": "integer", "minimum": 3, "description": "d"},
+		"hi": {"type": "integer", "maximum": 3, "description": "d"},
+	}}}
+	r := tools.deny with data.config.tools as catalog with input as call("t", {"lo": 2, "hi": 4})
+	r == {`param "lo" must be at least 3`, `param "hi" must be at most 3`}
+}
+
+test_a_boolean_param_takes_true_or_false_only if {
+	problems({"previous": true}) == set()
+	problems({"previous": false}) == set()
+	problems({"previous": "true"}) == {["previous", "not_a_boolean"]}
+	problems({"previous": 1}) == {["previous", "not_a_boolean"]}
+}
+
+test_a_string_param_with_a_pattern_must_match_it if {
+	problems({"name": "web-5c4b.x"}) == set()
+	problems({"name": "--raw=/api"}) == {["name", "no_match"]}
+	problems({"name": "Web"}) == {["name", "no_match"]}
+	problems({"name": "web-"}) == {["name", "no_match"]}
+	problems({"name": "a b"}) == {["name", "no_match"]}
+}
+
+test_a_string_too_long_for_its_pattern_is_only_too_long if {
+	problems({"name": concat("", ["a" | some _ in numbers.range(1, 254)])}) == {["name", "too_long"]}
+}
+
+test_a_param_with_listed_choices_takes_only_those if {
+	v := {[x.param, x.problem] | some x in tools.violations} with input as call("k8s_get", {"namespace": "demo-app", "kind": "nodes"})
+	v == {["kind", "not_allowed"]}
+	r := tools.deny with input as call("k8s_rollout_status", {"namespace": "demo-app", "kind": "pods", "name": "x"})
+	r == {`param "kind" must be one of: deployments, statefulsets, daemonsets`}
+}
+
+test_tools_list_shows_listed_choices_as_the_enum if {
+	l := tools.visible with input as call("k8s_get", {})
+	l.k8s_rollout_status.params.kind.enum == ["deployments", "statefulsets", "daemonsets"]
+	l.k8s_logs.params.tail_lines.type == "integer"
+	l.k8s_get.params.namespace.enum == ["demo-app"]
 }
 
 test_every_catalog_param_has_a_description if {

@@ -473,3 +473,84 @@ fn policy_check_passes_on_the_defaults_and_names_file_line_column_on_errors() {
         "a reassigned variable is caught at load with its position: {err}"
     );
 }
+
+/// The README's "add a read tool without recompiling", as written there:
+/// its catalog lines (taken from the README itself), a credential kind and
+/// a role as its prose says, then the policy's own tests (which check the
+/// role grants what the tool's verb asks) and a decision for the new tool.
+#[test]
+fn the_readme_adds_a_configmaps_reader_with_policy_data_alone() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    let from = readme
+        .find("**Add a read tool without recompiling**")
+        .expect("the README's how-to");
+    let block = readme[from..]
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its catalog lines");
+    let dir = tempfile::tempdir().expect("tmp");
+    let policies = dir.path().join("policies");
+    copy_dir(&repo().join("policies"), &policies);
+    let append = |rel: &str, text: &str| {
+        let p = policies.join(rel);
+        let mut s = std::fs::read_to_string(&p).expect("data");
+        s.push('\n');
+        s.push_str(text);
+        std::fs::write(&p, s).expect("write");
+    };
+    append("config/tools/data.yaml", block);
+    let scopes = policies.join("config/scopes/data.yaml");
+    let s = std::fs::read_to_string(&scopes).expect("scopes");
+    let s = s
+        .replace(
+            "credential_kinds:\n",
+            "credential_kinds:\n  k8s_configmaps: {type: kubernetes, mount: kubernetes, ttl: 10m, egress: [kube-apiserver]}\n",
+        )
+        .replace(
+            "      k8s_rollout: gateway-k8s-rollout-demo-app\n",
+            "      k8s_rollout: gateway-k8s-rollout-demo-app\n      k8s_configmaps: gateway-k8s-configmaps-demo-app\n",
+        );
+    std::fs::write(&scopes, s).expect("scopes");
+    let role = "  gateway-k8s-configmaps-demo-app:\n    mount: kubernetes\n    namespace: demo-app\n    default_ttl: 10m\n    max_ttl: 30m\n    rules: [{apiGroups: [\"\"], resources: [configmaps], verbs: [get, list]}]\n";
+    let home = tempfile::tempdir().expect("home");
+    let run = |args: &[&str]| {
+        gateway(home.path())
+            .arg("--policies")
+            .arg(&policies)
+            .args(args)
+            .output()
+            .expect("gateway")
+    };
+    let tests = policies.join("../policy-tests");
+    copy_dir(&repo().join("policy-tests"), &tests);
+    let tests = tests.display().to_string();
+    let policy_dir = policies.display().to_string();
+    // Without its role, the policy's own tests say what is missing.
+    let out = run(&["policy", "test", &policy_dir, &tests]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(
+            "test_every_role_the_policies_can_derive_is_defined_by_the_vault_setup: FAIL"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    append("config/vault_roles/data.yaml", role);
+    let out = run(&["policy", "test", &policy_dir, &tests]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let out = run(&[
+        "policy",
+        "eval",
+        "--tool",
+        "k8s_configmaps",
+        "--params",
+        r#"{"namespace":"demo-app","kind":"configmaps","name":"web-config"}"#,
+    ]);
+    let d: Value = serde_json::from_slice(&out.stdout).expect("decision");
+    assert_eq!(d["allow"], true, "{d}");
+    assert_eq!(d["credential"]["role"], "gateway-k8s-configmaps-demo-app");
+    assert_eq!(d["operation"]["verb"], "get");
+    assert_eq!(d["operation"]["resource"], "configmaps");
+    assert_eq!(d["operation"]["name"], "web-config");
+}

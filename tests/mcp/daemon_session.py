@@ -27,6 +27,11 @@ from mcp.client.stdio import stdio_client
 MODULE = "terraform/offline-demo"
 
 
+# The default catalog's tools, sorted (policies/config/tools/data.yaml).
+DEFAULT_TOOLS = ["k8s_describe", "k8s_events", "k8s_get", "k8s_get_pod_status", "k8s_logs",
+                 "k8s_rollout_history", "k8s_rollout_status", "terraform_apply", "terraform_plan"]
+
+
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
@@ -68,7 +73,7 @@ async def scenarios(gateway, socket, workspace, daemon_policies, victim):
     # 1. The normal path: list, plan, apply -> pending approval.
     async def first(s):
         tools = sorted(t.name for t in (await s.list_tools()).tools)
-        check(tools == ["k8s_get_pod_status", "terraform_apply", "terraform_plan"], tools)
+        check(tools == DEFAULT_TOOLS, tools)
         r = await s.call_tool("terraform_plan", {"working_dir": MODULE})
         check(not r.is_error and r.structured_content["status"] == "completed", r.content[0].text)
         r = await s.call_tool("terraform_apply", {"working_dir": MODULE})
@@ -201,7 +206,7 @@ async def list_tools(config_file, client, workspace):
         return sorted(t.name for t in (await s.list_tools()).tools)
 
     tools = await session(params, body)
-    check(tools == ["k8s_get_pod_status", "terraform_apply", "terraform_plan"], tools)
+    check(tools == DEFAULT_TOOLS, tools)
     print(f"PASS {client}: the installed config reaches the daemon as this user ({len(tools)} tools)")
 
 

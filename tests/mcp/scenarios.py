@@ -58,6 +58,11 @@ def requests_of(request_id):
     return [e["data"] for e in events if e.get("request_id") == request_id and e["event"] == "tool.request"]
 
 
+# The default catalog's tools, sorted (policies/config/tools/data.yaml).
+DEFAULT_TOOLS = ["k8s_describe", "k8s_events", "k8s_get", "k8s_get_pod_status", "k8s_logs",
+                 "k8s_rollout_history", "k8s_rollout_status", "terraform_apply", "terraform_plan"]
+
+
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
@@ -66,7 +71,7 @@ def check(cond, what):
 async def scenarios(s):
     init_tools = await s.list_tools()
     names = sorted(t.name for t in init_tools.tools)
-    check(names == ["k8s_get_pod_status", "terraform_apply", "terraform_plan"], names)
+    check(names == DEFAULT_TOOLS, names)
     apply_tool = next(t for t in init_tools.tools if t.name == "terraform_apply")
     check(apply_tool.annotations.destructive_hint is True, apply_tool.annotations)
     check(apply_tool.input_schema["additionalProperties"] is False, apply_tool.input_schema)
@@ -77,8 +82,17 @@ async def scenarios(s):
         for name, prop in t.input_schema["properties"].items():
             check(prop.get("description"), f"{t.name}.{name} has no description")
         OUTPUT_SCHEMAS[t.name] = t.output_schema
-    check(len({json.dumps(t.output_schema["properties"]["result"], sort_keys=True) for t in init_tools.tools}) == 3,
-          "each tool has its own result schema")
+    # One result schema per runner: the pod lister, the Kubernetes reads
+    # (every k8s_* read shares kubectl_read's), the plan and the apply.
+    check(len({json.dumps(t.output_schema["properties"]["result"], sort_keys=True) for t in init_tools.tools}) == 4,
+          "each runner has its own result schema")
+    logs = next(t for t in init_tools.tools if t.name == "k8s_logs")
+    check(logs.input_schema["properties"]["tail_lines"] == {
+        "type": "integer", "minimum": 1, "maximum": 2000,
+        "description": "How many of the last lines (default 200)."}, logs.input_schema)
+    check(logs.input_schema["properties"]["previous"]["type"] == "boolean", logs.input_schema)
+    check(logs.input_schema["properties"]["name"]["pattern"] == "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+          logs.input_schema)
     pods = next(t for t in init_tools.tools if t.name == "k8s_get_pod_status")
     check(pods.input_schema["properties"]["namespace"]["enum"] == ["demo-app"], pods.input_schema)
     check(MODULE in apply_tool.input_schema["properties"]["working_dir"]["enum"], apply_tool.input_schema)
@@ -241,7 +255,7 @@ async def list_changed(s):
         try:
             await wait_list_changed(s, sub, seen)
             names = sorted(t.name for t in (await s.list_tools()).tools)
-            check(names == ["k8s_get_pod_status", "terraform_plan"], names)
+            check(names == [n for n in DEFAULT_TOOLS if n != "terraform_apply"], names)
             try:
                 await s.call_tool("terraform_apply", {"working_dir": MODULE})
                 check(False, "a tool the client is not shown got a result")
@@ -255,7 +269,7 @@ async def list_changed(s):
             open(catalog, "w").write(original)
         await wait_list_changed(s, sub, seen)
         names = sorted(t.name for t in (await s.list_tools()).tools)
-        check(names == ["k8s_get_pod_status", "terraform_apply", "terraform_plan"], names)
+        check(names == DEFAULT_TOOLS, names)
 
     if MODE == "legacy":
         await body(None)

@@ -29,6 +29,12 @@ pub struct Decision {
     pub sandbox: SandboxLimits,
     pub signals: Vec<Signal>,
     pub approval: ApprovalRequirement,
+    /// What the tool's runner is to carry out, for a runner that takes it
+    /// from the policy (`kubectl_read`: the verb, kind, object and limits).
+    /// Optional in the contract: absent or null for every other tool, so a
+    /// policy set written before it still matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<serde_json::Value>,
 }
 
 /// MCP tool annotations (hints to the client, decided by the policy).
@@ -253,6 +259,7 @@ impl Decision {
                 egress: vec![],
             },
             signals: vec![],
+            operation: None,
             approval: ApprovalRequirement {
                 required: true,
                 approvers: 1,

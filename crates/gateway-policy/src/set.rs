@@ -574,7 +574,17 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
         let names: Vec<&str> = tools.keys().map(String::as_str).collect();
         assert_eq!(
             names,
-            vec!["k8s_get_pod_status", "terraform_apply", "terraform_plan"]
+            vec![
+                "k8s_describe",
+                "k8s_events",
+                "k8s_get",
+                "k8s_get_pod_status",
+                "k8s_logs",
+                "k8s_rollout_history",
+                "k8s_rollout_status",
+                "terraform_apply",
+                "terraform_plan"
+            ]
         );
         assert_eq!(tools["terraform_apply"]["tier"], "high");
         let other = set_from(

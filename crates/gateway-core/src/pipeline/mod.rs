@@ -471,6 +471,11 @@ pub struct Call {
     pub workspace_owner: Option<u32>,
     /// Whether the call is past its point of no return.
     pub commitment: Arc<Commitment>,
+    /// What the audit's `tool.result` keeps of a completed call's summary
+    /// and result instead of themselves, when a runner sets it: a read's
+    /// content (a log, objects) goes to the agent, its size and digest to
+    /// the audit, as the API server's own audit keeps a read's metadata.
+    pub audit_result: Option<Value>,
 }
 
 impl Call {
@@ -682,6 +687,7 @@ impl Pipeline {
             workspace: call.workspace.unwrap_or_else(|| self.workspace.clone()),
             workspace_owner,
             commitment,
+            audit_result: None,
         };
         // The call's credentials leave the redaction list however it ends.
         let _secrets = CallSecrets {
@@ -716,7 +722,12 @@ impl Pipeline {
             Outcome::Completed { ok: true, .. } => "completed",
             Outcome::Completed { ok: false, .. } => "failed",
         };
-        let r = self.finish(request_id, &call.input.tool, outcome);
+        let r = self.finish(
+            request_id,
+            &call.input.tool,
+            outcome,
+            call.audit_result.take(),
+        );
         Self::observed(
             tool_label,
             decided,
@@ -979,6 +990,7 @@ impl Pipeline {
         request_id: &str,
         tool: &str,
         outcome: Outcome,
+        audit_result: Option<Value>,
     ) -> Result<CallResult, PipelineError> {
         let claimed = self
             .interrupted
@@ -986,10 +998,14 @@ impl Pipeline {
             .unwrap_or_else(|p| p.into_inner())
             .contains(request_id);
         if !claimed {
-            self.audit.record(
-                request_id,
-                Event::ToolResult(serde_json::to_value(&outcome).unwrap_or(Value::Null)),
-            )?;
+            let mut recorded = serde_json::to_value(&outcome).unwrap_or(Value::Null);
+            if let (Some(kept), Outcome::Completed { .. }) = (audit_result, &outcome) {
+                recorded["result"] = kept;
+                recorded["summary"] = json!(
+                    "(the content went to the agent; the audit keeps its size and digest in result)"
+                );
+            }
+            self.audit.record(request_id, Event::ToolResult(recorded))?;
         }
         Ok(CallResult {
             request_id: request_id.to_string(),

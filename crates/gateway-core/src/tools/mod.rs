@@ -8,6 +8,7 @@
 //! runner loads its shared library and calls its CLI entry point in a child
 //! process per step, so no Python and no shell is needed in the sandbox.
 
+pub mod kubectl;
 pub mod module;
 
 use std::path::{Path, PathBuf};

@@ -7,16 +7,34 @@ use serde_json::{Map, Value, json};
 use gateway_core::pipeline::runners;
 
 /// The input schema of a tool from its policy param specs: strings with
-/// the policy's length limit, its description, the values the policy
-/// allows when it lists them (`enum`), and nothing else accepted.
+/// the policy's length limit and pattern, integers with their range,
+/// booleans, each with its description and the values the policy allows
+/// when it lists them (`enum`), and nothing else accepted.
 pub fn input_schema(params: &Value) -> Map<String, Value> {
     let mut props = Map::new();
     let mut required = Vec::new();
     if let Some(p) = params.as_object() {
         for (name, spec) in p {
-            let mut s = json!({"type": "string", "minLength": 1});
-            if let Some(max) = spec.get("max_length").and_then(Value::as_u64) {
-                s["maxLength"] = max.into();
+            let mut s = match spec.get("type").and_then(Value::as_str) {
+                Some("integer") => {
+                    let mut s = json!({"type": "integer"});
+                    for (from, to) in [("minimum", "minimum"), ("maximum", "maximum")] {
+                        if let Some(n) = spec.get(from).filter(|n| n.is_number()) {
+                            s[to] = n.clone();
+                        }
+                    }
+                    s
+                }
+                Some("boolean") => json!({"type": "boolean"}),
+                _ => json!({"type": "string", "minLength": 1}),
+            };
+            if s["type"] == "string" {
+                if let Some(max) = spec.get("max_length").and_then(Value::as_u64) {
+                    s["maxLength"] = max.into();
+                }
+                if let Some(pattern) = spec.get("pattern").and_then(Value::as_str) {
+                    s["pattern"] = pattern.into();
+                }
             }
             if let Some(d) = spec.get("description").and_then(Value::as_str) {
                 s["description"] = d.trim().into();
@@ -106,6 +124,25 @@ mod tests {
         assert!(s["properties"]["approval_id"].get("enum").is_none());
         assert_eq!(s["required"], json!(["namespace"]));
         assert_eq!(s["additionalProperties"], false);
+    }
+
+    #[test]
+    fn integers_booleans_and_patterns_keep_their_type_and_bounds() {
+        let s = input_schema(&json!({
+            "tail_lines": {"type": "integer", "minimum": 1, "maximum": 2000, "max_length": 9},
+            "previous": {"type": "boolean", "pattern": "x"},
+            "name": {"max_length": 253, "pattern": "^[a-z]+$"}
+        }));
+        let p = &s["properties"];
+        assert_eq!(
+            p["tail_lines"],
+            json!({"type": "integer", "minimum": 1, "maximum": 2000})
+        );
+        assert_eq!(p["previous"], json!({"type": "boolean"}));
+        assert_eq!(
+            p["name"],
+            json!({"type": "string", "minLength": 1, "maxLength": 253, "pattern": "^[a-z]+$"})
+        );
     }
 
     #[test]

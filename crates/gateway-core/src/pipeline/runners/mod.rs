@@ -75,7 +75,12 @@ pub fn signals_schema() -> Value {
 }
 
 /// Every runner this gateway has.
-pub static RUNNERS: &[&dyn ToolRunner] = &[&kubectl::GetPods, &terraform::Plan, &terraform::Apply];
+pub static RUNNERS: &[&dyn ToolRunner] = &[
+    &kubectl::GetPods,
+    &kubectl::Read,
+    &terraform::Plan,
+    &terraform::Apply,
+];
 
 /// The runner the decision names; a tool without one (or one this gateway
 /// does not have) is refused before anything is run.

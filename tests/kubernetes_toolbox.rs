@@ -1,0 +1,469 @@
+//! The Kubernetes toolbox's reads (`kubectl_read`: k8s_get, k8s_describe,
+//! k8s_logs, k8s_events, k8s_rollout_status, k8s_rollout_history) end to
+//! end: the default policy decides, a REAL OpenBao mints a credential whose
+//! role the policy data defines, REAL kubectl runs in a REAL gVisor
+//! sandbox against the FAKE API server (tests/support/fake_kube.rs: no real
+//! API server runs here; it follows the documented API, RBAC included, for
+//! what kubectl sends), and the answer is read as hostile input.
+//!
+//! The cluster is the one an agent debugs: a Deployment whose pod
+//! crash-loops because an environment variable is missing.
+
+mod common;
+#[path = "support/fake_kube.rs"]
+mod fake_kube;
+#[path = "support/kube_world.rs"]
+mod kube_world;
+#[path = "support/openbao.rs"]
+mod openbao;
+
+use std::sync::Arc;
+
+use gateway::broker::vault::VaultBroker;
+use gateway::pipeline::{CallResult, Outcome, Pipeline, ToolCall};
+use gateway::policy::Principal;
+use kube_world::{World, everything_written, pipeline, settings, trail, world};
+use serde_json::{Value, json};
+
+/// A Secret's value, which must never leave the sandbox.
+const SECRET_VALUE: &str = "hunter2-do-not-leak";
+
+fn principal() -> Principal {
+    Principal::os_user("test".into(), "alice".into(), 1000, vec![])
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// demo-app as an agent finds it: Deployment `web` (revision 2 rolled out
+/// with a bad env var), its two ReplicaSets, a crash-looping pod with its
+/// current and previous logs, the events, a Secret and a ConfigMap.
+fn crash_looping(w: &World) {
+    let ns = "demo-app";
+    w.kube.with(|s| {
+        s.put("namespaces", "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        let dep = s.put("deployments", ns, json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": ns, "labels": {"app": "web"},
+                "annotations": {"deployment.kubernetes.io/revision": "2",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\":{\"replicas\":1}}"},
+                "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update"}]},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "app", "image": "registry.example/web:1.4.2",
+                        "env": [{"name": "DATABSE_URL", "value": "postgres://db:5432/web"}]}]}}},
+            "status": {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "unavailableReplicas": 1,
+                "conditions": [{"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+                    "message": "Deployment does not have minimum availability."},
+                    {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                    "message": "ReplicaSet \"web-5c4b\" is progressing."}]}}));
+        let uid = dep["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        for (rs, rev, image, replicas) in [("web-7d9f", "1", "registry.example/web:1.4.1", 0), ("web-5c4b", "2", "registry.example/web:1.4.2", 1)] {
+            s.put("replicasets", ns, json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": rs, "namespace": ns, "labels": {"app": "web", "pod-template-hash": &rs[4..]},
+                    "annotations": {"deployment.kubernetes.io/revision": rev},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": uid, "controller": true}]},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web", "pod-template-hash": &rs[4..]}},
+                    "template": {"metadata": {"labels": {"app": "web", "pod-template-hash": &rs[4..]}},
+                        "spec": {"containers": [{"name": "app", "image": image}]}}},
+                "status": {"replicas": replicas}}));
+        }
+        s.put("pods", ns, json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-5c4b-x7k2p", "namespace": ns, "labels": {"app": "web", "pod-template-hash": "5c4b"}},
+            "spec": {"nodeName": "kind-worker", "containers": [{"name": "app", "image": "registry.example/web:1.4.2"}]},
+            "status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "app", "ready": false, "restartCount": 4, "image": "registry.example/web:1.4.2",
+                    "state": {"running": {"startedAt": "2026-12-07T00:00:00Z"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-12-07T00:00:00Z"}}}]}}));
+        s.logs.insert("web-5c4b-x7k2p".into(), b"starting web 1.4.2\nconnecting to the database\n".to_vec());
+        s.previous_logs.insert(
+            "web-5c4b-x7k2p".into(),
+            b"starting web 1.4.2\n\x1b]0;owned\x07panic: DATABASE_URL is not set\n".to_vec(),
+        );
+        for (i, (reason, kind, name, ty, msg)) in [
+            ("Scheduled", "Pod", "web-5c4b-x7k2p", "Normal", "Successfully assigned demo-app/web-5c4b-x7k2p to kind-worker"),
+            ("BackOff", "Pod", "web-5c4b-x7k2p", "Warning", "Back-off restarting failed container app in pod web-5c4b-x7k2p"),
+            ("ScalingReplicaSet", "Deployment", "web", "Normal", "Scaled up replica set web-5c4b from 0 to 1"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            s.put("events", ns, json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": format!("{name}.{i}"), "namespace": ns},
+                "involvedObject": {"kind": kind, "name": name, "namespace": ns},
+                "reason": reason, "type": ty, "message": msg, "count": i + 1,
+                "lastTimestamp": format!("2026-12-07T00:0{i}:00Z")}));
+        }
+        s.put("secrets", ns, json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": "db", "namespace": ns,
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": format!("{{\"stringData\":{{\"password\":\"{SECRET_VALUE}\"}}}}")}},
+            "data": {"password": b64(SECRET_VALUE), "user": b64("web")}}));
+        s.put("configmaps", ns, json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "web-config", "namespace": ns}, "data": {"LOG_LEVEL": "debug"}}));
+    });
+}
+
+async fn setup() -> (World, Arc<Pipeline>) {
+    let w = world().await;
+    crash_looping(&w);
+    let broker =
+        Arc::new(VaultBroker::new(settings(&w.bao.addr, &w.gateway_token), &w.home).expect("b"));
+    let p = pipeline(&w, broker);
+    (w, p)
+}
+
+async fn call(p: &Arc<Pipeline>, tool: &str, params: Value) -> CallResult {
+    p.call(ToolCall {
+        trace: None,
+        tool: tool.into(),
+        params,
+        principal: principal(),
+        workspace: None,
+    })
+    .await
+    .expect("call")
+}
+
+/// A completed call's summary and result; anything else fails the test.
+fn completed(r: &CallResult) -> (&str, &Value) {
+    match &r.outcome {
+        Outcome::Completed {
+            ok: true,
+            summary,
+            result,
+        } => (summary, result),
+        other => panic!("{} did not complete: {other:?}", r.tool),
+    }
+}
+
+/// The audit's `tool.result` of a call.
+fn audited_result(w: &World, rid: &str) -> Value {
+    std::fs::read_to_string(w.home.join("audit.jsonl"))
+        .expect("audit")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["request_id"] == rid && e["event"] == "tool.result")
+        .map(|e| e["data"].clone())
+        .expect("tool.result")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_finds_why_a_deployment_crash_loops_through_the_read_tools() {
+    let (w, p) = setup().await;
+
+    // The pod's previous run says why it died; control characters from the
+    // log (an OSC title sequence) arrive escaped.
+    let r = call(&p, "k8s_logs", json!({"namespace": "demo-app", "name": "web-5c4b-x7k2p", "previous": true, "tail_lines": 50})).await;
+    let (summary, result) = completed(&r);
+    let text = result["text"].as_str().expect("text");
+    assert!(text.contains("panic: DATABASE_URL is not set"), "{text}");
+    assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+    assert!(summary.contains("DATABASE_URL"), "{summary}");
+    assert_eq!(result["truncated"], false);
+    // The audit keeps the log's size and digest, not the log.
+    let audited = audited_result(&w, &r.request_id);
+    assert!(!audited.to_string().contains("DATABASE_URL"), "{audited}");
+    assert_eq!(
+        audited["result"]["sha256"].as_str().map(str::len),
+        Some(64),
+        "{audited}"
+    );
+    let t = trail(&w.home, &r.request_id);
+    assert!(t.contains(&"credential.revoked".to_string()), "{t:?}");
+    // kubectl asked for exactly that: the previous run, 50 lines, capped.
+    let q = w
+        .kube
+        .with(|s| s.log_queries.last().cloned())
+        .expect("a log query");
+    assert_eq!(q.get("previous").map(String::as_str), Some("true"), "{q:?}");
+    assert_eq!(q.get("tailLines").map(String::as_str), Some("50"), "{q:?}");
+    assert_eq!(
+        q.get("limitBytes").map(String::as_str),
+        Some("65537"),
+        "{q:?}"
+    );
+
+    // The pod's events, then the namespace's.
+    let r = call(
+        &p,
+        "k8s_events",
+        json!({"namespace": "demo-app", "kind": "pods", "name": "web-5c4b-x7k2p"}),
+    )
+    .await;
+    let (summary, result) = completed(&r);
+    let reasons: Vec<&str> = result["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert_eq!(reasons, ["Scheduled", "BackOff"], "{result}");
+    assert!(
+        summary.contains("Warning BackOff Pod/web-5c4b-x7k2p"),
+        "{summary}"
+    );
+    let r = call(&p, "k8s_events", json!({"namespace": "demo-app"})).await;
+    assert_eq!(completed(&r).1["events"].as_array().map(Vec::len), Some(3));
+
+    // The Deployment as JSON: no managedFields, no last-applied copy.
+    let r = call(
+        &p,
+        "k8s_get",
+        json!({"namespace": "demo-app", "kind": "deployments", "name": "web"}),
+    )
+    .await;
+    let (_, result) = completed(&r);
+    let web = &result["items"][0];
+    assert_eq!(
+        web["spec"]["template"]["spec"]["containers"][0]["env"][0]["name"],
+        "DATABSE_URL"
+    );
+    assert!(web["metadata"].get("managedFields").is_none(), "{web}");
+    assert!(
+        web["metadata"]["annotations"]
+            .get("kubectl.kubernetes.io/last-applied-configuration")
+            .is_none(),
+        "{web}"
+    );
+    let r = call(
+        &p,
+        "k8s_get",
+        json!({"namespace": "demo-app", "kind": "replicasets"}),
+    )
+    .await;
+    let names: Vec<&str> = completed(&r).1["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["web-5c4b", "web-7d9f"]);
+
+    // describe, rollout status and history: kubectl's own text.
+    let r = call(
+        &p,
+        "k8s_describe",
+        json!({"namespace": "demo-app", "kind": "deployments", "name": "web"}),
+    )
+    .await;
+    let text = completed(&r).1["text"].as_str().expect("text").to_string();
+    assert!(
+        text.contains("web") && text.contains("DATABSE_URL"),
+        "{text}"
+    );
+    let r = call(
+        &p,
+        "k8s_rollout_status",
+        json!({"namespace": "demo-app", "kind": "deployments", "name": "web"}),
+    )
+    .await;
+    let text = completed(&r).1["text"].as_str().expect("text").to_string();
+    assert!(
+        text.contains("Waiting for deployment \"web\" rollout to finish"),
+        "{text}"
+    );
+    let r = call(
+        &p,
+        "k8s_rollout_history",
+        json!({"namespace": "demo-app", "kind": "deployments", "name": "web"}),
+    )
+    .await;
+    let text = completed(&r).1["text"].as_str().expect("text").to_string();
+    assert!(
+        text.contains('1') && text.contains('2') && text.contains("REVISION"),
+        "{text}"
+    );
+
+    // Every request kubectl made was allowed by its call's own role: none
+    // needed more than the policy data grants.
+    let refused: Vec<_> = w.kube.with(|s| {
+        s.seen
+            .iter()
+            .filter(|r| r.status == 403 || r.status == 401)
+            .map(|r| format!("{} {} {} {}", r.user, r.method, r.path, r.status))
+            .collect()
+    });
+    assert!(refused.is_empty(), "{refused:#?}");
+    assert!(
+        w.kube.with(|s| s.live("serviceaccounts").is_empty()),
+        "a credential outlived its call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_is_read_as_names_and_keys_and_its_value_reaches_nothing() {
+    let (w, p) = setup().await;
+    let r = call(
+        &p,
+        "k8s_get",
+        json!({"namespace": "demo-app", "kind": "secrets"}),
+    )
+    .await;
+    let (summary, result) = completed(&r);
+    assert_eq!(
+        result["items"],
+        json!([{"name": "db", "type": "Opaque", "keys": ["password", "user"]}]),
+        "{result}"
+    );
+    assert_eq!(result["values"], "hidden");
+    let r1 = call(
+        &p,
+        "k8s_get",
+        json!({"namespace": "demo-app", "kind": "secrets", "name": "db"}),
+    )
+    .await;
+    assert_eq!(
+        completed(&r1).1["items"][0]["keys"],
+        json!(["password", "user"])
+    );
+    // Neither the value nor its base64 is in the answer, the audit, or
+    // anything else the gateway wrote.
+    let everything = format!(
+        "{summary}{result}{}{}",
+        serde_json::to_string(&r1).expect("j"),
+        everything_written(&w.home)
+    );
+    for needle in [SECRET_VALUE.to_string(), b64(SECRET_VALUE)] {
+        assert!(!everything.contains(&needle), "the secret's value leaked");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_read_gets_a_token_that_can_do_only_what_its_tool_needs() {
+    let (w, p) = setup().await;
+    // The logs call's token: bound to a role of pods and pods/log, get only.
+    let r = call(
+        &p,
+        "k8s_logs",
+        json!({"namespace": "demo-app", "name": "web-5c4b-x7k2p"}),
+    )
+    .await;
+    completed(&r);
+    // (Vault writes an empty resourceNames into each rule: no names, no
+    // restriction by name.)
+    let rules: Vec<Value> = w.kube.with(|s| {
+        s.created
+            .iter()
+            .filter(|(r, _)| r == "roles")
+            .map(|(_, o)| {
+                let mut rules = o["rules"].clone();
+                for r in rules.as_array_mut().into_iter().flatten() {
+                    if r["resourceNames"] == json!([]) {
+                        r.as_object_mut().map(|m| m.remove("resourceNames"));
+                    }
+                }
+                rules
+            })
+            .collect()
+    });
+    assert_eq!(
+        rules,
+        [json!([{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get"]}])],
+        "{rules:#?}"
+    );
+    // A denied read runs nothing and mints nothing.
+    let before = w.kube.with(|s| s.created.len());
+    for (tool, params, why) in [
+        (
+            "k8s_get",
+            json!({"namespace": "kube-system", "kind": "secrets"}),
+            "not in the allowlist",
+        ),
+        (
+            "k8s_get",
+            json!({"namespace": "demo-app", "kind": "nodes"}),
+            "must be one of",
+        ),
+        (
+            "k8s_logs",
+            json!({"namespace": "demo-app", "name": "--raw=/api/v1/secrets"}),
+            "does not have the form",
+        ),
+        (
+            "k8s_logs",
+            json!({"namespace": "demo-app", "name": "web", "tail_lines": 1000000}),
+            "between 1 and 2000",
+        ),
+        (
+            "k8s_describe",
+            json!({"namespace": "demo-app", "kind": "secrets", "name": "db"}),
+            "must be one of",
+        ),
+    ] {
+        let r = call(&p, tool, params.clone()).await;
+        let Outcome::Denied { reasons, .. } = &r.outcome else {
+            panic!("{tool} {params} was not denied: {:?}", r.outcome);
+        };
+        assert!(
+            reasons.iter().any(|x| x.contains(why)),
+            "{tool} {params}: {reasons:?}"
+        );
+    }
+    assert_eq!(
+        w.kube.with(|s| s.created.len()),
+        before,
+        "a denied call minted a credential"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_larger_than_the_cap_is_cut_and_says_so() {
+    let (w, p) = setup().await;
+    // A log of ~200 KB: more than result_bytes (64 KiB).
+    let line = "x".repeat(199) + "\n";
+    w.kube.with(|s| {
+        s.logs
+            .insert("web-5c4b-x7k2p".into(), line.repeat(1000).into_bytes());
+    });
+    let r = call(
+        &p,
+        "k8s_logs",
+        json!({"namespace": "demo-app", "name": "web-5c4b-x7k2p", "tail_lines": 2000}),
+    )
+    .await;
+    let (_, result) = completed(&r);
+    let text = result["text"].as_str().expect("text");
+    assert_eq!(result["truncated"], true);
+    assert!(text.len() <= 65536 + 200, "{}", text.len());
+    assert!(
+        text.ends_with("or a shorter since_seconds]"),
+        "{}",
+        &text[text.len() - 120..]
+    );
+    // A missing pod is kubectl's own answer, not a gateway error.
+    let r = call(
+        &p,
+        "k8s_logs",
+        json!({"namespace": "demo-app", "name": "gone"}),
+    )
+    .await;
+    let Outcome::Completed {
+        ok: false,
+        summary,
+        result,
+    } = &r.outcome
+    else {
+        panic!("{:?}", r.outcome);
+    };
+    let seen: Vec<String> = w.kube.with(|s| {
+        s.seen
+            .iter()
+            .rev()
+            .take(4)
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect()
+    });
+    assert!(
+        summary.contains("pods \"gone\" not found"),
+        "{summary} {result} {seen:?}"
+    );
+}
