@@ -39,8 +39,15 @@ pub fn escaped(s: &str, one_line: bool) -> String {
         return s.to_string();
     }
     let mut out = String::with_capacity(s.len() + 16);
+    // The mixed-script words are in order and apart: one pass over them
+    // alongside the text (a scan of all of them per character made a long
+    // hostile text cost its length squared).
+    let mut word = 0;
     for (i, c) in s.char_indices() {
-        if !c.is_ascii() && mixed.iter().any(|r| r.contains(&i)) {
+        while word < mixed.len() && mixed[word].end <= i {
+            word += 1;
+        }
+        if !c.is_ascii() && mixed.get(word).is_some_and(|r| r.contains(&i)) {
             out.push_str(&format!("\\u{{{:04x}}}", c as u32));
             continue;
         }

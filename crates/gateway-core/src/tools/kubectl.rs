@@ -120,7 +120,11 @@ impl ReadOp {
         if !self.container.is_empty() && !dns_name(&self.container, 63, false) {
             return Err(format!("{:?} is not a container name", self.container));
         }
-        if !api_word(&self.group) || !api_word(&self.resource) || self.resource.contains('/') {
+        if !api_word(&self.group)
+            || self.group.ends_with('.')
+            || !api_word(&self.resource)
+            || self.resource.contains(['/', '.'])
+        {
             return Err(format!(
                 "{:?} of group {:?} is not a resource",
                 self.resource, self.group
@@ -149,6 +153,15 @@ impl ReadOp {
                 self.values
             ));
         }
+        // A kind whose values are hidden is read with get only (names and
+        // keys): describe would print a service-account token in clear.
+        if self.values_hidden() && !matches!(self.verb.as_str(), "get" | "events") {
+            return Err(format!(
+                "{} of {} is refused: its values are hidden, so it is only listed (get)",
+                self.verb,
+                self.kubectl_type()
+            ));
+        }
         if self.result_bytes == 0 || self.tail_lines == 0 {
             return Err("result_bytes and tail_lines must be at least 1".into());
         }
@@ -172,7 +185,9 @@ impl ReadOp {
     /// Values never leave the sandbox for a Secret, whatever the policy
     /// says of it, nor for any kind the policy marks `hidden`.
     pub fn values_hidden(&self) -> bool {
-        self.values == "hidden" || (self.group.is_empty() && self.resource == "secrets")
+        self.values == "hidden"
+            || self.kind == "Secret"
+            || (self.group.is_empty() && matches!(self.resource.as_str(), "secrets" | "secret"))
     }
 
     /// What the result is about, for the summary and the audit.
@@ -220,12 +235,15 @@ impl ReadOp {
                     push(&["--output", "json"]);
                 }
             }
-            "describe" => push(&["describe", &ty, &self.name]),
+            // TYPE/NAME, one argument: `describe TYPE NAME` falls back to
+            // every object whose name starts with NAME when NAME is not found.
+            "describe" => push(&["describe", &object]),
             "logs" => {
+                // No --limit-bytes: the kubelet counts it from the start of
+                // the tail, and a crash's last words are at its end. The
+                // runner keeps the last `result_bytes` of what comes back.
                 let tail = format!("--tail={}", self.tail_lines);
-                // One byte over the cap: enough to know it was cut.
-                let limit = format!("--limit-bytes={}", self.cap() + 1);
-                push(&["logs", &format!("pods/{}", self.name), &tail, &limit]);
+                push(&["logs", &format!("pods/{}", self.name), &tail]);
                 if !self.container.is_empty() {
                     push(&["--container", &self.container]);
                 }
@@ -259,9 +277,10 @@ impl ReadOp {
 }
 
 /// A Go template printing, per Secret (one object or a list), its name,
-/// type and the keys of its data: one line each, space-separated. Names,
-/// types and keys cannot hold a space or a newline.
-pub const KEYS_ONLY_TEMPLATE: &str = "go-template={{define \"s\"}}{{.metadata.name}} {{.type}}{{range $k, $v := .data}} {{$k}}{{end}}{{range $k, $v := .stringData}} {{$k}}{{end}}\n{{end}}{{if .items}}{{range .items}}{{template \"s\" .}}{{end}}{{else}}{{if .metadata}}{{template \"s\" .}}{{end}}{{end}}";
+/// type and the keys of its data: one line each, each field Go-quoted
+/// (`%q`) and the fields space-separated. A Secret's type is free text (the
+/// API server does not check it), so nothing is printed unquoted.
+pub const KEYS_ONLY_TEMPLATE: &str = "go-template={{define \"s\"}}{{printf \"%q\" .metadata.name}} {{printf \"%q\" (or .type \"\")}}{{range $k, $v := .data}} {{printf \"%q\" $k}}{{end}}\n{{end}}{{if .items}}{{range .items}}{{template \"s\" .}}{{end}}{{else}}{{if .metadata}}{{template \"s\" .}}{{end}}{{end}}";
 
 /// What the agent gets of one read.
 #[derive(Debug, Clone, PartialEq)]
@@ -301,20 +320,49 @@ pub fn read_result(op: &ReadOp, stdout: &[u8], cut: bool) -> Result<ReadResult, 
     })
 }
 
+/// kubectl's complaint as the agent gets it: its last lines, at most
+/// `cap` bytes of them, control characters escaped.
+pub fn errors(stderr: &str, cap: usize) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let last = lines[lines.len().saturating_sub(20)..].join("\n");
+    gateway_base::text::escaped(cut_to(&last, cap.min(8192), true), false)
+}
+
+/// At most `cap` bytes of `t`, cut at a character boundary: its start
+/// (`keep_end` false) or its end (`keep_end`: a log's newest lines).
+fn cut_to(t: &str, cap: usize, keep_end: bool) -> &str {
+    if t.len() <= cap {
+        return t;
+    }
+    if keep_end {
+        let mut at = t.len() - cap;
+        while !t.is_char_boundary(at) {
+            at += 1;
+        }
+        &t[at..]
+    } else {
+        let mut at = cap;
+        while !t.is_char_boundary(at) {
+            at -= 1;
+        }
+        &t[..at]
+    }
+}
+
 /// Text (describe, logs, rollout): control and format characters escaped,
-/// at most the cap.
+/// then at most the cap (what the agent gets is what was counted). A log
+/// keeps its end, where a crash's last words are.
 fn text(op: &ReadOp, stdout: &[u8], cut: bool) -> (String, Value) {
     let cap = op.cap();
-    let mut bytes = stdout;
-    let mut truncated = cut;
-    if bytes.len() > cap {
-        bytes = &bytes[..cap];
-        truncated = true;
-    }
-    let mut t = gateway_base::text::escaped(&String::from_utf8_lossy(bytes), false);
+    let logs = op.verb == "logs";
+    // Escaping is linear; the sandbox's output cap bounds what it reads.
+    let all = gateway_base::text::escaped(&String::from_utf8_lossy(stdout), false);
+    let kept = cut_to(&all, cap, logs);
+    let truncated = cut || kept.len() < all.len();
+    let mut t = kept.to_string();
     if truncated {
-        if op.verb == "logs" {
-            t.push_str("\n[truncated: the log is longer; ask for fewer lines (tail_lines) or a shorter since_seconds]");
+        if logs {
+            t.insert_str(0, "[truncated: only the newest lines are shown; ask for fewer lines (tail_lines) or a shorter since_seconds]\n");
         } else {
             t.push_str("\n[truncated]");
         }
@@ -330,15 +378,26 @@ fn text(op: &ReadOp, stdout: &[u8], cut: bool) -> (String, Value) {
     )
 }
 
+/// The longest event message kept (a core/v1 Event's message has no limit
+/// of its own; events.k8s.io keeps 1 KiB).
+const EVENT_MESSAGE_BYTES: usize = 1024;
+
 /// `kubectl get -o json`: one object or a list. Each object without its
 /// `managedFields` and its last-applied annotation (a copy of what was
-/// applied, noise at best); as many whole objects as fit in the cap.
+/// applied, noise at best); as many whole objects as fit in the cap, an
+/// object too large for it skipped (counted), never the rest with it.
+/// Events become rows, newest kept first.
 fn objects(op: &ReadOp, stdout: &[u8], cut: bool) -> Result<(String, Value), String> {
     if cut {
         // Cut JSON does not parse; say why rather than "not JSON".
         return Err(format!(
-            "kubectl's answer for {} was longer than the sandbox's output cap (output_bytes); name one object",
-            op.object()
+            "kubectl's answer for {} was longer than the sandbox's output cap (output_bytes){}",
+            op.object(),
+            if op.name.is_empty() {
+                "; name one object"
+            } else {
+                ""
+            }
         ));
     }
     let v: Value = serde_json::from_slice(stdout).map_err(|e| format!("not JSON: {e}"))?;
@@ -350,25 +409,28 @@ fn objects(op: &ReadOp, stdout: &[u8], cut: bool) -> Result<(String, Value), Str
     };
     let total = items.len();
     let cap = op.cap();
+    let mut rows: Vec<Value> = if op.verb == "events" {
+        let mut rows: Vec<Value> = items.iter().map(event_row).collect();
+        // Newest first, to keep the newest when not all fit.
+        rows.sort_by(|a, b| b["last_seen"].as_str().cmp(&a["last_seen"].as_str()));
+        rows
+    } else {
+        items.into_iter().map(trimmed).collect()
+    };
     let mut kept = Vec::new();
     let mut used: usize = 2;
-    for item in items {
-        let item = if op.verb == "events" {
-            event_row(&item)
-        } else {
-            trimmed(item)
-        };
+    for item in rows.drain(..) {
         let n = serde_json::to_vec(&item)
             .map(|b| b.len())
             .unwrap_or(usize::MAX);
         if used.saturating_add(n).saturating_add(1) > cap {
-            break;
+            continue;
         }
         used += n + 1;
         kept.push(item);
     }
     if op.verb == "events" {
-        kept.sort_by(|a, b| a["last_seen"].as_str().cmp(&b["last_seen"].as_str()));
+        kept.reverse();
     }
     let omitted = total - kept.len();
     let summary = if op.verb == "events" {
@@ -385,7 +447,12 @@ fn objects(op: &ReadOp, stdout: &[u8], cut: bool) -> Result<(String, Value), Str
         }
         if omitted > 0 {
             s.push_str(&format!(
-                " [truncated: {omitted} more not shown; name one object]"
+                " [truncated: {omitted} not shown, over the {cap}-byte cap{}]",
+                if op.name.is_empty() {
+                    "; name one object"
+                } else {
+                    ""
+                }
             ));
         }
         s
@@ -413,13 +480,15 @@ fn trimmed(mut o: Value) -> Value {
 }
 
 fn s(v: &Value) -> String {
-    gateway_base::text::escaped(v.as_str().unwrap_or(""), true)
+    gateway_base::text::escaped(cut_to(v.as_str().unwrap_or(""), 253, false), true)
 }
 
 /// One event as a row: when it was last seen, its type, reason, what it
-/// is about, its message and how many times it happened.
+/// is about, its message (cut, then escaped) and how many times it
+/// happened (a series' count for events.k8s.io-style ones).
 fn event_row(e: &Value) -> Value {
     let last = [
+        &e["series"]["lastObservedTime"],
         &e["lastTimestamp"],
         &e["eventTime"],
         &e["firstTimestamp"],
@@ -430,13 +499,18 @@ fn event_row(e: &Value) -> Value {
     .map(s)
     .unwrap_or_default();
     let io = &e["involvedObject"];
+    let message = e["message"].as_str().unwrap_or("");
+    let mut m = gateway_base::text::escaped(cut_to(message, EVENT_MESSAGE_BYTES, false), false);
+    if message.len() > EVENT_MESSAGE_BYTES {
+        m.push_str(" [truncated]");
+    }
     json!({
         "last_seen": last,
         "type": s(&e["type"]),
         "reason": s(&e["reason"]),
         "object": format!("{}/{}", s(&io["kind"]), s(&io["name"])),
-        "message": gateway_base::text::escaped(e["message"].as_str().unwrap_or(""), false),
-        "count": e["count"].as_u64().unwrap_or(1),
+        "message": m,
+        "count": e["series"]["count"].as_u64().or(e["count"].as_u64()).unwrap_or(1),
     })
 }
 
@@ -453,7 +527,7 @@ fn event_summary(op: &ReadOp, rows: &[Value], omitted: usize) -> String {
             r["reason"].as_str().unwrap_or(""),
             r["object"].as_str().unwrap_or(""),
             r["count"],
-            gateway_base::text::escaped(r["message"].as_str().unwrap_or(""), true),
+            r["message"].as_str().unwrap_or("").replace('\n', "\\n"),
         ));
     }
     if omitted > 0 {
@@ -462,36 +536,81 @@ fn event_summary(op: &ReadOp, rows: &[Value], omitted: usize) -> String {
     out
 }
 
-/// Secrets as names, types and keys ([`KEYS_ONLY_TEMPLATE`]'s lines). A
-/// line that is not that form (a value cannot reach here, but a hostile
-/// object's name could try) is refused whole.
+/// One Go-quoted string (`%q`) at the start of `s`: its value and the rest.
+fn go_unquoted(s: &str) -> Option<(String, &str)> {
+    let mut chars = s.strip_prefix('"')?.char_indices();
+    let mut out = String::new();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((out, &s[i + 2..])),
+            '\\' => {
+                let (_, e) = chars.next()?;
+                let hex = |n: usize, chars: &mut std::str::CharIndices| -> Option<char> {
+                    let h: String = (0..n)
+                        .filter_map(|_| chars.next().map(|(_, c)| c))
+                        .collect();
+                    (h.len() == n)
+                        .then(|| u32::from_str_radix(&h, 16).ok().and_then(char::from_u32))?
+                };
+                out.push(match e {
+                    'n' => '\n',
+                    't' => '\t',
+                    'r' => '\r',
+                    'a' => '\u{7}',
+                    'b' => '\u{8}',
+                    'f' => '\u{c}',
+                    'v' => '\u{b}',
+                    '\\' => '\\',
+                    '"' => '"',
+                    'x' => hex(2, &mut chars)?,
+                    'u' => hex(4, &mut chars)?,
+                    'U' => hex(8, &mut chars)?,
+                    _ => return None,
+                });
+            }
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Secrets as names, types and keys ([`KEYS_ONLY_TEMPLATE`]'s lines: Go-
+/// quoted fields). A line that is not that form is refused whole: only
+/// quoted strings, one space apart, can pass.
 fn keys_only(op: &ReadOp, stdout: &[u8], cut: bool) -> Result<(String, Value), String> {
     let text = std::str::from_utf8(stdout).map_err(|_| "not UTF-8".to_string())?;
-    let word = |w: &str| {
-        !w.is_empty()
-            && w.len() <= 253
-            && w.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '/'))
-    };
     let mut items = Vec::new();
     let mut used = 2;
     let mut omitted = 0;
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        let mut words = line.split(' ');
-        let (Some(name), Some(ty)) = (words.next(), words.next()) else {
-            return Err("a line that is not a Secret's name and type".into());
-        };
-        let keys: Vec<&str> = words.collect();
-        if !word(name) || !word(ty) || !keys.iter().all(|k| word(k)) {
-            return Err("a line that is not a Secret's name, type and keys".into());
+    for line in text.split('\n').filter(|l| !l.is_empty()) {
+        let mut fields = Vec::new();
+        let mut rest = line;
+        loop {
+            let (v, r) = go_unquoted(rest).ok_or_else(|| {
+                "a line that is not a Secret's quoted name, type and keys".to_string()
+            })?;
+            fields.push(v);
+            if r.is_empty() {
+                break;
+            }
+            rest = r.strip_prefix(' ').ok_or_else(|| {
+                "a line that is not a Secret's quoted name, type and keys".to_string()
+            })?;
         }
+        if fields.len() < 2 {
+            return Err("a line that is not a Secret's name and type".into());
+        }
+        let shown = |f: &str| gateway_base::text::escaped(cut_to(f, 253, false), true);
         let mut m = Map::new();
-        m.insert("name".into(), name.into());
-        m.insert("type".into(), ty.into());
-        m.insert("keys".into(), json!(keys));
+        m.insert("name".into(), shown(&fields[0]).into());
+        m.insert("type".into(), shown(&fields[1]).into());
+        m.insert(
+            "keys".into(),
+            json!(fields[2..].iter().map(|k| shown(k)).collect::<Vec<_>>()),
+        );
         let item = Value::Object(m);
         let n = item.to_string().len() + 1;
-        if omitted > 0 || used + n > op.cap() {
+        if used + n > op.cap() {
             omitted += 1;
             continue;
         }
@@ -575,7 +694,6 @@ mod tests {
                 "logs",
                 "pods/web-1",
                 "--tail=50",
-                "--limit-bytes=1001",
                 "--container",
                 "app",
                 "--since=600s",
@@ -626,6 +744,22 @@ mod tests {
             (json!({"tail_lines": 2.5}), "whole number"),
             (json!({"extra": 1}), "malformed"),
             (json!({"values": "maybe"}), "neither"),
+            (
+                json!({"verb": "describe", "group": "", "resource": "secrets", "kind": "Secret", "name": "db"}),
+                "only listed",
+            ),
+            (
+                json!({"verb": "describe", "group": "", "resource": "secret", "kind": "Secret", "name": "db"}),
+                "only listed",
+            ),
+            (
+                json!({"group": "", "resource": "secrets.v1.", "kind": "Secret"}),
+                "not a resource",
+            ),
+            (
+                json!({"group": "apps.", "resource": "deployments"}),
+                "not a resource",
+            ),
         ] {
             let e = op(bad.clone()).expect_err(&bad.to_string());
             assert!(e.contains(why), "{bad}: {e}");
@@ -695,7 +829,9 @@ mod tests {
         assert!(o.values_hidden());
         let r = read_result(
             &o,
-            b"db Opaque password user\ntls kubernetes.io/tls tls.crt tls.key\n",
+            br#""db" "Opaque" "password" "user"
+"tls" "kubernetes.io/tls" "tls.crt" "tls.key"
+"#,
             false,
         )
         .expect("keys");
@@ -704,11 +840,30 @@ mod tests {
             json!([{"name": "db", "type": "Opaque", "keys": ["password", "user"]},
                    {"name": "tls", "type": "kubernetes.io/tls", "keys": ["tls.crt", "tls.key"]}])
         );
-        // A line that is not names and keys (a value, JSON) is refused.
+        // A Secret's type is free text: with a space, a newline and quotes
+        // it stays one field of one Secret (never a forged second line).
+        let odd = read_result(
+            &o,
+            br#""db" "a b\n\"x\" \"y\"" "k"
+"#,
+            false,
+        )
+        .expect("quoted");
+        assert_eq!(
+            odd.result["items"].as_array().map(Vec::len),
+            Some(1),
+            "{}",
+            odd.result
+        );
+        assert_eq!(odd.result["items"][0]["keys"], json!(["k"]));
+        assert_eq!(odd.result["items"][0]["type"], "a b\\n\"x\" \"y\"");
+        // A line that is not quoted names and keys (a value, JSON) is refused.
         for bad in [
-            &b"db Opaque cGFzc3dvcmQ=\"\n"[..],
+            &b"db Opaque password\n"[..],
             b"{\"data\": {\"p\": \"x\"}}\n",
-            b"db\n",
+            b"\"db\"\n",
+            b"\"db\" \"Opaque\" cGFzcw==\n",
+            b"\"db\" \"Opaque\"  \"k\"\n",
         ] {
             assert!(read_result(&o, bad, false).is_err(), "{bad:?}");
         }
