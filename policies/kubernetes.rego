@@ -12,8 +12,12 @@ params := tools.params
 
 cfg := data.config.kubernetes
 
-# The verbs kubectl_read carries out.
-verbs := {"get", "describe", "logs", "events", "rollout_status", "rollout_history"}
+# The verbs kubectl_read carries out, and those kubectl_change does.
+read_verbs := {"get", "describe", "logs", "events", "rollout_status", "rollout_history"}
+
+change_verbs := {"scale", "rollout_restart", "set_image", "rollout_undo", "apply", "delete"}
+
+verbs := read_verbs | change_verbs
 
 # The tool's kubectl verb (undefined for a tool that is not a Kubernetes read).
 verb := tools.tool.kubernetes.verb
@@ -21,7 +25,7 @@ verb := tools.tool.kubernetes.verb
 deny contains msg if {
 	tools.tool.kubernetes
 	not verb in verbs
-	msg := sprintf("the catalog gives tool %s the kubernetes verb %s, which kubectl_read does not have (it has: %s)", [tools.quoted(input.tool), tools.quoted(sprintf("%v", [object.get(tools.tool.kubernetes, "verb", null)])), concat(", ", sort(verbs))])
+	msg := sprintf("the catalog gives tool %s the kubernetes verb %s, which no Kubernetes runner has (they have: %s)", [tools.quoted(input.tool), tools.quoted(sprintf("%v", [object.get(tools.tool.kubernetes, "verb", null)])), concat(", ", sort(verbs))])
 }
 
 deny contains msg if {
@@ -36,6 +40,8 @@ kind := k if {
 	k := data.config.scopes.kinds[params.kind]
 } else := data.config.scopes.kinds.pods if {
 	verb == "logs"
+} else := manifest_kind if {
+	verb == "apply"
 } else := {}
 
 deny contains msg if {
@@ -61,7 +67,11 @@ else := "shown"
 
 default operation := null
 
-operation := {
+operation := read_operation if verb in read_verbs
+
+operation := change_operation if verb in change_verbs
+
+read_operation := {
 	"verb": verb,
 	"namespace": data.gateway.scope.target_namespace,
 	"group": object.get(kind, "group", ""),
@@ -77,7 +87,108 @@ operation := {
 	"values": values,
 	"result_bytes": cfg.result_bytes,
 } if {
-	verb in verbs
 	count(tools.violations) == 0
 	count(deny) == 0
+}
+
+# --- Changes ------------------------------------------------------------------
+
+# What kubectl_change carries out. The object is named by the call (or, for
+# an apply, by its manifest); the runner reads the live object, works out
+# what to send, and asks the API server's dry run what it would become.
+change_operation := {
+	"verb": verb,
+	"namespace": data.gateway.scope.target_namespace,
+	"group": kind.group,
+	"version": kind.version,
+	"resource": kind.resource,
+	"kind": kind.kind,
+	"name": object_name,
+	"replicas": round(object.get(params, "replicas", -1)),
+	"container": object.get(params, "container", ""),
+	"image": object.get(params, "image", ""),
+	"to_revision": round(object.get(params, "to_revision", 0)),
+	"manifest": object.get(params, "manifest", null),
+	"result_bytes": cfg.result_bytes,
+} if {
+	count(tools.violations) == 0
+	count(deny) == 0
+}
+
+object_name := manifest.metadata.name if verb == "apply"
+
+else := object.get(params, "name", "")
+
+# --- A manifest from the agent is hostile input -------------------------------
+
+# The manifest of an apply, when it is an object (anything else is a param
+# violation: YAML text is never taken, so no anchors, aliases or second
+# documents can reach the cluster).
+manifest := params.manifest if is_object(params.manifest)
+
+# The kinds the tool applies (its manifest param's `kinds`), as defined in
+# config/scopes.
+apply_kinds := {k | some name in tools.tool.params.manifest.kinds; k := data.config.scopes.kinds[name]}
+
+manifest_kind := k if {
+	some k in apply_kinds
+	k.kind == manifest.kind
+}
+
+# apiVersion as the API server serves the kind: v1, or group/version.
+api_version(k) := k.version if k.group == ""
+
+else := concat("/", [k.group, k.version])
+
+deny contains msg if {
+	manifest
+	not manifest_kind
+	msg := sprintf("the manifest's kind %s is not one this tool applies (it applies: %s)", [
+		tools.quoted(sprintf("%v", [object.get(manifest, "kind", null)])),
+		concat(", ", sort([k.kind | some k in apply_kinds])),
+	])
+}
+
+deny contains msg if {
+	manifest_kind
+	object.get(manifest, "apiVersion", null) != api_version(manifest_kind)
+	msg := sprintf("the manifest's apiVersion %s does not serve kind %s here (expected %q)", [tools.quoted(sprintf("%v", [object.get(manifest, "apiVersion", null)])), manifest_kind.kind, api_version(manifest_kind)])
+}
+
+deny contains msg if {
+	manifest
+	not valid_name(object.get(object.get(manifest, "metadata", {}), "name", null))
+	msg := "the manifest needs metadata.name: a DNS name (lowercase letters, digits, '-' and '.', at most 253 characters)"
+}
+
+valid_name(n) if {
+	is_string(n)
+	not tools.longer_than(n, 253)
+	regex.match("^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", n)
+}
+
+deny contains "the manifest sets metadata.generateName: name the object instead (a name the server makes up cannot be approved beforehand)" if {
+	manifest
+	object.get(object.get(manifest, "metadata", {}), "generateName", null) != null
+}
+
+deny contains msg if {
+	ns := object.get(object.get(manifest, "metadata", {}), "namespace", null)
+	ns != null
+	ns != params.namespace
+	msg := sprintf("the manifest's namespace %s is not the call's (%q): an apply stays in its namespace", [tools.quoted(sprintf("%v", [ns])), params.namespace])
+}
+
+# What the server owns, or what would tie the object to another one: the
+# runner sets the resourceVersion it planned against itself.
+server_owned := ["resourceVersion", "uid", "managedFields", "creationTimestamp", "deletionTimestamp", "generation", "ownerReferences", "selfLink", "finalizers"]
+
+deny contains msg if {
+	some field in server_owned
+	object.get(object.get(manifest, "metadata", {}), field, null) != null
+	msg := sprintf("the manifest sets metadata.%s, which the server keeps (or which would let another object own and delete it, or keep it from being deleted): leave it out", [field])
+}
+
+deny contains "the manifest sets status, which the server keeps: leave it out" if {
+	object.get(manifest, "status", null) != null
 }

@@ -32,15 +32,26 @@ signals := [entry[3] | some entry in sort({[s.address, s.kind, s.message, s] | s
 
 else := []
 
-# Whether the call carries anything the rules below read: a plan, or the
-# configuration files of its plan file. Without either, every rule finds
-# nothing, so none is evaluated (a kubectl call's decision skips them all).
+# Whether the call carries anything the rules read: a plan, the
+# configuration files of its plan file, or a Kubernetes change's plan.
+# Without any, every rule finds nothing, so none is evaluated (a read's
+# decision skips them all).
 inspected if {
 	_ = input.plan
 }
 
 inspected if {
 	_ = input.plan_config_files
+}
+
+# A Kubernetes change's plan (kubernetes_signals.rego reads it).
+inspected if {
+	_ = input.kubernetes
+}
+
+# A Kubernetes change's signals.
+found contains s if {
+	some s in data.gateway.kubernetes_signals.found
 }
 
 # --- Per-resource signals ---------------------------------------------------

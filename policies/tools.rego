@@ -175,6 +175,12 @@ within(v, spec) if {
 	v <= object.get(spec, "maximum", v)
 }
 
+violations contains {"param": name, "problem": "not_an_object", "message": sprintf("param %q must be a JSON object", [name])} if {
+	some name, value in params
+	param_type(usable.params[name]) == "object"
+	not is_object(value)
+}
+
 violations contains {"param": name, "problem": "not_a_boolean", "message": sprintf("param %q must be true or false", [name])} if {
 	some name, value in params
 	param_type(usable.params[name]) == "boolean"

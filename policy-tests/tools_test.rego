@@ -142,6 +142,13 @@ bounded(spec) if {
 
 bounded(spec) if tools.param_type(spec) == "boolean"
 
+# An object param (a manifest) is bounded by the call's arguments' size
+# (calls.rego) and must name the kinds it takes.
+bounded(spec) if {
+	tools.param_type(spec) == "object"
+	count(spec.kinds) > 0
+}
+
 # --- Typed params: integers, booleans, patterns, listed choices -------------
 
 logs(params) := call("k8s_logs", object.union({"namespace": "demo-app", "name": "web-1"}, params))

@@ -172,6 +172,22 @@ def cases(policies, work):
                           {**ns, "name": "web-1"}]
     for t in ("k8s_describe", "k8s_rollout_status", "k8s_rollout_history"):
         good[t] = [{**ns, "kind": "deployments", "name": "web"}, {**ns, "kind": "secrets", "name": "db"}]
+    # The Kubernetes changes, and hostile manifests.
+    web = {**ns, "kind": "deployments", "name": "web"}
+    good["k8s_scale"] = [{**web, "replicas": 0}, {**web, "replicas": 3.0}, {**web, "replicas": -1},
+                         {**web, "replicas": 2, "approval_id": "appr-1"}]
+    good["k8s_rollout_restart"] = [web, {**ns, "kind": "pods", "name": "web"}]
+    good["k8s_set_image"] = [{**web, "container": "app", "image": "web:latest"},
+                             {**web, "container": "app", "image": "--x"}]
+    good["k8s_rollout_undo"] = [{**web, "to_revision": 1}, {**web, "to_revision": 0}]
+    good["k8s_delete"] = [{**ns, "kind": "statefulsets", "name": "db"}, {**ns, "kind": "nodes", "name": "n"}]
+    cm = lambda meta: {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"a": "b"}}
+    good["k8s_apply"] = [{**ns, "manifest": m} for m in (
+        cm({"name": "web-config"}), cm({"name": "x", "namespace": "kube-system"}), cm({"generateName": "x-"}),
+        cm({"name": "x", "uid": "u", "ownerReferences": []}), {**cm({"name": "x"}), "status": {}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
+        {"apiVersion": "apps/v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+        "apiVersion: v1\nkind: ConfigMap", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}})]
     out = []
     for tool in catalog:
         for p in good.get(tool, [{}]):
@@ -184,6 +200,29 @@ def cases(policies, work):
             out.append((f"{tool} as {client}", ["--tool", tool, "--client", client,
                                                 "--params", json.dumps(good.get(tool, [{}])[0])]))
     out.append(("unknown tool", ["--tool", "kubectl_delete", "--params", "{}"]))
+    # Kubernetes change plans (input.kubernetes): each signal, and none.
+    def dep(replicas, pod, kind="Deployment"):
+        return {"kind": kind, "metadata": {"name": "web", "namespace": "demo-app"},
+                "spec": {"replicas": replicas, "template": {"spec": pod}}}
+    app = lambda image, **extra: {"containers": [{"name": "app", "image": image, **extra}]}
+    risky = {"hostNetwork": True, "serviceAccountName": "admin", "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+             "containers": [{"name": "app", "image": "web:latest",
+                             "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}}]}
+    plans = {
+        "harmless": ("k8s_scale", "scale", dep(2, app("web:1")), dep(3, app("web:1"))),
+        "to zero": ("k8s_scale", "scale", dep(2, app("web:1")), dep(0, app("web:1"))),
+        "halved": ("k8s_scale", "scale", dep(5, app("web:1")), dep(2, app("web:1"))),
+        "mutable image": ("k8s_set_image", "set_image", dep(1, app("web:1")), dep(1, app("web"))),
+        "risky pod": ("k8s_apply", "apply", dep(1, app("web:1", resources={"limits": {"cpu": "1"}})), dep(1, risky)),
+        "create": ("k8s_apply", "apply", None, dep(1, app("web:latest"))),
+        "delete data": ("k8s_delete", "delete", dep(1, app("x"), kind="StatefulSet"), None),
+    }
+    for name, (tool, verb, live, planned) in plans.items():
+        doc = os.path.join(work, f"k8s-{name.replace(' ', '-')}.json")
+        with open(doc, "w") as f:
+            json.dump({"tool": tool, "params": {"namespace": "demo-app", "kind": "deployments", "name": "web"},
+                       "kubernetes": {"verb": verb, "live": live, "planned": planned, "changes": []}}, f)
+        out.append((f"kubernetes plan {name}", ["--input", doc]))
     # Lengths in characters, not bytes or UTF-16 units (the engines' count()
     # differs on these), and a long unknown name (quoted short).
     for n in (31, 32, 63, 64, 126, 127, 200):

@@ -1487,11 +1487,17 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
     assert_eq!(
         roles,
         [
+            "gateway-k8s-apply-demo-app",
+            "gateway-k8s-delete-demo-app",
             "gateway-k8s-describe-demo-app",
             "gateway-k8s-events-demo-app",
             "gateway-k8s-get-demo-app",
             "gateway-k8s-logs-demo-app",
+            "gateway-k8s-restart-demo-app",
             "gateway-k8s-rollout-demo-app",
+            "gateway-k8s-scale-demo-app",
+            "gateway-k8s-set-image-demo-app",
+            "gateway-k8s-undo-demo-app",
             "gateway-pod-reader-demo-app",
             "gateway-tf-apply-demo-app",
             "gateway-tf-plan-demo-app"

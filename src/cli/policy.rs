@@ -526,6 +526,10 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     } else if let Some(f) = base.get("plan_config_files") {
         input.plan_config_files = Some(f.clone());
     }
+    // A Kubernetes change's plan (live, planned, changes), as given.
+    if let Some(k) = base.get("kubernetes") {
+        input.kubernetes = Some(k.clone());
+    }
     input.approval = match &a.approval {
         Some(s) => Some(serde_json::from_str(s).context("--approval is not valid JSON")?),
         None => base.get("approval").cloned(),

@@ -59,8 +59,9 @@ def requests_of(request_id):
 
 
 # The default catalog's tools, sorted (policies/config/tools/data.yaml).
-DEFAULT_TOOLS = ["k8s_describe", "k8s_events", "k8s_get", "k8s_get_pod_status", "k8s_logs",
-                 "k8s_rollout_history", "k8s_rollout_status", "terraform_apply", "terraform_plan"]
+DEFAULT_TOOLS = ["k8s_apply", "k8s_delete", "k8s_describe", "k8s_events", "k8s_get", "k8s_get_pod_status",
+                 "k8s_logs", "k8s_rollout_history", "k8s_rollout_restart", "k8s_rollout_status",
+                 "k8s_rollout_undo", "k8s_scale", "k8s_set_image", "terraform_apply", "terraform_plan"]
 
 
 def check(cond, what):
@@ -83,8 +84,9 @@ async def scenarios(s):
             check(prop.get("description"), f"{t.name}.{name} has no description")
         OUTPUT_SCHEMAS[t.name] = t.output_schema
     # One result schema per runner: the pod lister, the Kubernetes reads
-    # (every k8s_* read shares kubectl_read's), the plan and the apply.
-    check(len({json.dumps(t.output_schema["properties"]["result"], sort_keys=True) for t in init_tools.tools}) == 4,
+    # (every k8s_* read shares kubectl_read's), the Kubernetes changes, the
+    # plan and the apply.
+    check(len({json.dumps(t.output_schema["properties"]["result"], sort_keys=True) for t in init_tools.tools}) == 5,
           "each runner has its own result schema")
     logs = next(t for t in init_tools.tools if t.name == "k8s_logs")
     check(logs.input_schema["properties"]["tail_lines"] == {

@@ -73,6 +73,8 @@ pub struct Seen {
     pub status: u16,
     /// When the request arrived.
     pub at: std::time::Instant,
+    /// The request's query string ("" without one).
+    pub query: String,
 }
 
 #[derive(Debug, Default)]
@@ -1236,6 +1238,48 @@ impl State {
         Ok(obj)
     }
 
+    /// What [`State::create`] would store, stored nowhere (a dry run: the
+    /// real server fills in uid and creationTimestamp, and no
+    /// resourceVersion, since nothing was written).
+    fn would_create(
+        &self,
+        resource: &str,
+        ns: &str,
+        mut obj: Value,
+    ) -> Result<Value, Box<Response<Body>>> {
+        let Some(name) = obj["metadata"]["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+        else {
+            return Err(Box::new(status(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!(
+                    "{resource} \"\" is invalid: metadata.name: Required value: name or generateName is required"
+                ),
+                json!({"kind": resource}),
+            )));
+        };
+        if self
+            .objects
+            .contains_key(&(resource.to_string(), ns.to_string(), name.clone()))
+        {
+            return Err(Box::new(api_error(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", qualified(resource)),
+                resource,
+                Some(&name),
+            )));
+        }
+        let m = &mut obj["metadata"];
+        m["namespace"] = json!(ns);
+        m["uid"] = json!(format!("dry-run-{name}"));
+        m["creationTimestamp"] = json!(rfc3339(now()));
+        Ok(obj)
+    }
+
     fn record(&mut self, kind: &str, resource: &str, obj: &Value) {
         let rv = obj["metadata"]["resourceVersion"]
             .as_str()
@@ -2356,6 +2400,26 @@ fn strategic_merge(target: &mut Value, patch: &Value) {
 
 /// `dryRun` takes one value, `All`; anything else is 422, as the real
 /// server says it.
+/// What the real server refuses of a write's query: a `dryRun` other
+/// than `All`, a `fieldValidation` other than `Ignore`, `Warn` or
+/// `Strict` (400 BadRequest, as the API server says it).
+fn bad_query(q: &BTreeMap<String, String>) -> Option<Response<Body>> {
+    if let Some(r) = bad_dry_run(q) {
+        return Some(r);
+    }
+    let v = q.get("fieldValidation")?;
+    (!matches!(v.as_str(), "Ignore" | "Warn" | "Strict")).then(|| {
+        status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "fieldValidation parameter unsupported: {v}: must be one of Ignore, Warn or Strict"
+            ),
+            json!({}),
+        )
+    })
+}
+
 fn bad_dry_run(q: &BTreeMap<String, String>) -> Option<Response<Body>> {
     let v = q.get("dryRun")?;
     (v != "All").then(|| {
@@ -2856,6 +2920,7 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
     let at = std::time::Instant::now();
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
+    let raw_query = req.uri().query().unwrap_or("").to_string();
     let q = query(req.uri());
     let ct = req
         .headers()
@@ -2893,6 +2958,7 @@ async fn handle(req: Request<Incoming>, st: Arc<Mutex<State>>, admin: String) ->
             user,
             status: resp.status().as_u16(),
             at,
+            query: raw_query,
         });
     }
     resp
@@ -3340,6 +3406,28 @@ async fn route(
             | "persistentvolumeclaims",
             None,
         ) => match decode_body(ct, body, "") {
+            // What the real server refuses of a create (the write path's
+            // own checks), and a dry run (`dryRun=All`) that stores
+            // nothing and answers the object as it would be.
+            Ok(_) if bad_query(q).is_some() => bad_query(q).expect("checked"),
+            Ok(obj)
+                if obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .is_some_and(|v| !v.is_empty()) =>
+            {
+                status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "resourceVersion should not be set on objects to be created".into(),
+                    json!({}),
+                )
+            }
+            Ok(obj) if q.get("dryRun").is_some() => {
+                match st.lock().expect("state").would_create(resource, ns, obj) {
+                    Ok(o) => respond(StatusCode::CREATED, o),
+                    Err(r) => *r,
+                }
+            }
             Ok(obj) => match st.lock().expect("state").create(resource, ns, obj) {
                 Ok(created) => respond(StatusCode::CREATED, created),
                 Err(r) => *r,
@@ -3365,7 +3453,22 @@ async fn route(
         }
         (
             "update" | "patch",
-            "deployments" | "statefulsets" | "services" | "configmaps" | "persistentvolumeclaims",
+            "deployments"
+            | "statefulsets"
+            | "daemonsets"
+            | "services"
+            | "configmaps"
+            | "persistentvolumeclaims",
+            None,
+        ) if bad_query(q).is_some() => bad_query(q).expect("checked"),
+        (
+            "update" | "patch",
+            "deployments"
+            | "statefulsets"
+            | "daemonsets"
+            | "services"
+            | "configmaps"
+            | "persistentvolumeclaims",
             None,
         ) => write_object(
             verb,
@@ -3377,6 +3480,93 @@ async fn route(
             body,
             st,
         ),
+        // Deleting one object of the kinds the Kubernetes tools change:
+        // DeleteOptions in the body (their preconditions: the uid and
+        // resourceVersion the object must still have, else 409 Conflict
+        // and nothing deleted), and a dry run that deletes nothing.
+        (
+            "delete",
+            "deployments"
+            | "statefulsets"
+            | "daemonsets"
+            | "services"
+            | "configmaps"
+            | "persistentvolumeclaims",
+            None,
+        ) => {
+            if let Some(r) = bad_query(q) {
+                return (r, user);
+            }
+            let n = name.unwrap_or_default();
+            let opts: Value = if body.is_empty() {
+                json!({})
+            } else {
+                match serde_json::from_slice(body) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        return (
+                            status(
+                                StatusCode::BAD_REQUEST,
+                                "BadRequest",
+                                format!("the body is not DeleteOptions: {e}"),
+                                json!({}),
+                            ),
+                            user,
+                        );
+                    }
+                }
+            };
+            let mut s = st.lock().expect("state");
+            let key = (resource.to_string(), ns.to_string(), n.to_string());
+            let Some(current) = s.objects.get(&key).cloned() else {
+                return (not_found_error(resource, n), user);
+            };
+            for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+                let want = &opts["preconditions"][field];
+                if !want.is_null() && want != &current["metadata"][field] {
+                    return (
+                        api_error(
+                            StatusCode::CONFLICT,
+                            "Conflict",
+                            format!(
+                                "Precondition failed: {label} in precondition: {}, {label} in object meta: {}",
+                                want.as_str().unwrap_or(""),
+                                current["metadata"][field].as_str().unwrap_or("")
+                            ),
+                            resource,
+                            Some(n),
+                        ),
+                        user,
+                    );
+                }
+            }
+            // The API server reads a DELETE's options from its body when
+            // it has one, and then ignores the query (`dryRun` included).
+            let dry_run = if body.is_empty() {
+                q.get("dryRun").is_some()
+            } else {
+                opts["dryRun"] == json!(["All"])
+            };
+            // An object without finalizers is gone at once: the answer is
+            // a Status naming it. One with finalizers (a PVC's protection)
+            // is answered with itself, marked for deletion.
+            let answer = if current["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+                || resource == "persistentvolumeclaims"
+            {
+                let mut o = current.clone();
+                o["metadata"]["deletionTimestamp"] = json!(rfc3339(now()));
+                o
+            } else {
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": n, "group": group, "kind": resource, "uid": current["metadata"]["uid"]}})
+            };
+            if !dry_run {
+                s.remove(resource, ns, n);
+            }
+            respond(StatusCode::OK, answer)
+        }
         ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => st
             .lock()
             .expect("state")

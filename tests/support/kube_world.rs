@@ -90,8 +90,13 @@ pub fn settings(addr: &str, token: &str) -> VaultSettings {
 }
 
 pub fn pipeline(w: &World, broker: Arc<VaultBroker>) -> Arc<Pipeline> {
+    pipeline_with(w, broker, &common::repo().join("policies"))
+}
+
+/// [`pipeline`] deciding with the policy dir `policies`.
+pub fn pipeline_with(w: &World, broker: Arc<VaultBroker>, policies: &Path) -> Arc<Pipeline> {
     let store = Arc::new(PolicyStore::open(
-        vec![common::repo().join("policies")],
+        vec![policies.to_path_buf()],
         LoadOptions::default(),
     ));
     let sandbox = Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc"));

@@ -128,6 +128,10 @@ pub struct DecisionInput {
     /// The configuration the saved plan file carries, `{path: text}`
     /// (`plan_config_files` in the input), once a plan exists.
     pub plan_config_files: Option<serde_json::Value>,
+    /// A Kubernetes change's plan, once it exists (`kubernetes` in the
+    /// input): `{verb, live, planned, changes}`, the live object and what
+    /// the API server's dry run said it would become.
+    pub kubernetes: Option<serde_json::Value>,
 }
 
 impl DecisionInput {
@@ -142,6 +146,7 @@ impl DecisionInput {
             plan: None,
             approval: None,
             plan_config_files: None,
+            kubernetes: None,
         }
     }
 
@@ -150,6 +155,9 @@ impl DecisionInput {
         let mut doc = self.to_json_without_plan();
         if let (Some(plan), Some(m)) = (&self.plan, doc.as_object_mut()) {
             m.insert("plan".into(), plan.json());
+        }
+        if let (Some(k), Some(m)) = (&self.kubernetes, doc.as_object_mut()) {
+            m.insert("kubernetes".into(), k.clone());
         }
         doc
     }
@@ -163,6 +171,16 @@ impl DecisionInput {
             m.insert(
                 "plan".into(),
                 serde_json::json!({"sha256_of_json": plan.sha256}),
+            );
+        }
+        // A Kubernetes plan's objects are kept apart too (they are saved
+        // with the plan): the audit keeps their digest.
+        if let (Some(k), Some(m)) = (&self.kubernetes, doc.as_object_mut()) {
+            use sha2::Digest as _;
+            let bytes = serde_json::to_vec(k).unwrap_or_default();
+            m.insert(
+                "kubernetes".into(),
+                serde_json::json!({"sha256_of_json": hex::encode(sha2::Sha256::digest(&bytes))}),
             );
         }
         doc
@@ -240,6 +258,9 @@ impl DecisionInput {
         }
         if let Some(files) = &self.plan_config_files {
             obj.insert(s("plan_config_files"), regorus::Value::from(files.clone()));
+        }
+        if let Some(k) = &self.kubernetes {
+            obj.insert(s("kubernetes"), regorus::Value::from(k.clone()));
         }
         regorus::Value::from(obj)
     }

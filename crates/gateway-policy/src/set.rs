@@ -575,13 +575,19 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
         assert_eq!(
             names,
             vec![
+                "k8s_apply",
+                "k8s_delete",
                 "k8s_describe",
                 "k8s_events",
                 "k8s_get",
                 "k8s_get_pod_status",
                 "k8s_logs",
                 "k8s_rollout_history",
+                "k8s_rollout_restart",
                 "k8s_rollout_status",
+                "k8s_rollout_undo",
+                "k8s_scale",
+                "k8s_set_image",
                 "terraform_apply",
                 "terraform_plan"
             ]

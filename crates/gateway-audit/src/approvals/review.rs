@@ -131,8 +131,9 @@ fn omitted() -> Value {
     json!([{"path": "(attribute changes not shown: the plan's diffs passed their size budget; read the plan with terraform show)", "before": null, "after": null}])
 }
 
-/// The attribute paths whose values differ, before → after.
-fn attribute_changes(
+/// The attribute paths whose values differ, before → after (values as
+/// display text, folded; a `*_sensitive` value of `true` masks a side).
+pub fn attribute_changes(
     before: &Value,
     after: &Value,
     before_sensitive: &Value,

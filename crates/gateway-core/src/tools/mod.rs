@@ -9,6 +9,7 @@
 //! process per step, so no Python and no shell is needed in the sandbox.
 
 pub mod kubectl;
+pub mod kubectl_change;
 pub mod module;
 
 use std::path::{Path, PathBuf};

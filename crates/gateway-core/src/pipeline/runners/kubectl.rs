@@ -88,7 +88,11 @@ impl ToolRunner for GetPods {
 
 /// The namespace the decision's credential is scoped to (what kubectl is
 /// pointed at), once it is known that a broker can mint it.
-fn credential_namespace(p: &Pipeline, call: &Call, decision: &Decision) -> Result<String, Stop> {
+pub(super) fn credential_namespace(
+    p: &Pipeline,
+    call: &Call,
+    decision: &Decision,
+) -> Result<String, Stop> {
     let namespace = decision
         .credential
         .as_ref()
@@ -107,7 +111,7 @@ fn credential_namespace(p: &Pipeline, call: &Call, decision: &Decision) -> Resul
 }
 
 /// kubectl's `steps` in the call's sandbox, with its credential.
-async fn kubectl_sandbox(
+pub(super) async fn kubectl_sandbox(
     p: &Pipeline,
     call: &Call,
     decision: &Decision,
@@ -201,7 +205,7 @@ impl ToolRunner for Read {
                 kubectl_sandbox(p, call, &decision, op.steps(&tools::kubeconfig_inside())).await?;
             let head = json!({"namespace": namespace, "verb": op.verb, "object": op.object()});
             if !r.success() {
-                let errors = gateway_base::text::escaped(&tail(&r.stderr.text(), 20), false);
+                let errors = tools::kubectl::errors(&r.stderr.text(), op.cap());
                 let mut result = head;
                 result["exit_code"] = json!(r.exit_code);
                 result["ended"] = json!(r.ended);

@@ -4,6 +4,7 @@
 //! runner here plus catalog lines, and the pipeline matches no tool name.
 
 mod kubectl;
+mod kubectl_change;
 mod terraform;
 
 use std::future::Future;
@@ -78,6 +79,7 @@ pub fn signals_schema() -> Value {
 pub static RUNNERS: &[&dyn ToolRunner] = &[
     &kubectl::GetPods,
     &kubectl::Read,
+    &kubectl_change::Change,
     &terraform::Plan,
     &terraform::Apply,
 ];

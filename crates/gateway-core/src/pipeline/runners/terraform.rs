@@ -151,7 +151,11 @@ fn failed(what: &str, r: &gateway_sandbox::SandboxResult) -> Stop {
 
 /// `approval.refused` from the pipeline: with a reason of its own or the
 /// store's refusal.
-fn refused_approval(approval_id: &str, reason: Option<&str>, refusal: Option<Value>) -> Event {
+pub(super) fn refused_approval(
+    approval_id: &str,
+    reason: Option<&str>,
+    refusal: Option<Value>,
+) -> Event {
     Event::ApprovalRefused {
         approval_id: approval_id.into(),
         reason: reason.map(str::to_string),
@@ -165,7 +169,7 @@ fn refused_approval(approval_id: &str, reason: Option<&str>, refusal: Option<Val
 
 /// An apply's outcome kept with its approval, returned to a later call
 /// with the same approval.
-fn replayed(kept: &Value, approval_id: &str, spender: &str) -> Outcome {
+pub(super) fn replayed(kept: &Value, approval_id: &str, spender: &str) -> Outcome {
     let said = format!(
         "approval {approval_id} was spent by request {spender}; this is that apply's outcome."
     );
@@ -189,7 +193,7 @@ fn replayed(kept: &Value, approval_id: &str, spender: &str) -> Outcome {
 }
 
 /// The call's params without its approval_id: what an approval is bound to.
-fn bound_params(params: &Value) -> Value {
+pub(super) fn bound_params(params: &Value) -> Value {
     let mut bound = params.clone();
     if let Some(o) = bound.as_object_mut() {
         o.remove("approval_id");
@@ -658,7 +662,7 @@ impl Pipeline {
     /// spent: the outcome of that apply, waited for while it still runs
     /// here. `None`: not such a call (it goes on, and the store refuses
     /// what it must).
-    async fn spent_outcome(
+    pub(super) async fn spent_outcome(
         &self,
         call: &Call,
         first: &Decision,
@@ -961,7 +965,7 @@ pub fn summarize(changes: &Value, decision: &Decision) -> String {
 
 /// The requester as the approvals policy knows them: the names its other
 /// identities might carry are the policy's to derive.
-fn requester_facts(p: &gateway_policy::Principal) -> Value {
+pub(super) fn requester_facts(p: &gateway_policy::Principal) -> Value {
     let mut m = serde_json::Map::new();
     m.insert("kind".into(), json!(p.kind));
     m.insert("user".into(), json!(p.user));
