@@ -19,17 +19,14 @@
 //! approval stays spent (the point of no return was reached), with that
 //! outcome recorded, and the agent is told to plan again.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
 use super::kubectl::{credential_namespace, kubectl_sandbox};
-use super::terraform::{bound_params, refused_approval, requester_facts};
+use super::terraform::{bound_params, refused_approval};
 use super::{RunnerFuture, ToolRunner};
 use crate::pipeline::{Call, Outcome, Pipeline, SandboxCall, Step, Stop, Toolset, tail};
 use crate::tools;
 use crate::tools::kubectl_change::{self as change, ChangeOp};
-use gateway_audit::approvals::NewApproval;
 use gateway_audit::audit::Event;
 use gateway_base::canonical::sha256_hex;
 use gateway_policy::Decision;
@@ -248,65 +245,16 @@ impl Pipeline {
                 c
             })
             .collect();
-        let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
         let plan_json = serde_json::to_vec(&plan.input).unwrap_or_default();
         self.plans.save(&rid, &plan.file, &plan_json)?;
         self.plans.prune(self.plan_retention());
-        let (a, superseded) = self.approvals().create(&NewApproval {
-            tool: call.input.tool.clone(),
-            params: bound_params(&call.input.params),
-            plan_sha256: Some(plan.digest.clone()),
-            plan_summary: summary,
-            signals: signals.clone(),
-            request_id: rid.clone(),
-            requested_by: call.input.principal.id(),
-            requested_client: call.input.principal.client.clone(),
-            requester: requester_facts(&call.input.principal),
-            approvers_required: decision.approval.approvers,
-            ttl: Duration::from_secs(decision.approval.ttl_seconds),
-            reason_required: decision.approval.reason_required,
-        })?;
-        self.audit.record(
-            &rid,
-            Event::ApprovalRequested {
-                approval_id: a.id.clone(),
-                plan_sha256: plan.digest.clone(),
-                signals: signals.as_array().map(Vec::len),
-                approvers_required: a.approvers_required,
-                expires_at: a.expires_at.to_string(),
-            },
-        )?;
-        for old in superseded {
-            let old_rid = self
-                .approvals()
-                .get(&old)?
-                .map(|o| o.request_id)
-                .unwrap_or_default();
-            self.audit.record(
-                &old_rid,
-                Event::ApprovalSuperseded {
-                    approval_id: old,
-                    superseded_by: a.id.clone(),
-                },
-            )?;
-        }
-        self.notify(&a);
-        let approve_command = format!(
-            "gateway approve {}{}",
-            a.id,
-            if a.reason_required {
-                " --reason \"...\""
-            } else {
-                ""
-            }
-        );
-        Ok(Outcome::PendingApproval {
-            review_url: self.review_url(&a.id),
-            approval_id: a.id,
-            signals,
-            changes: Value::Array(changes),
-            approve_command,
-        })
+        self.request_approval(
+            call,
+            &decision,
+            &plan.digest,
+            summary,
+            Value::Array(changes),
+        )
     }
 
     /// A change with an approval: its saved plan decided again with the

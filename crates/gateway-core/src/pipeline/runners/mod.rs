@@ -3,6 +3,7 @@
 //! `config/tools/data.yaml`, `runner` in the decision); a new tool is a
 //! runner here plus catalog lines, and the pipeline matches no tool name.
 
+mod gate;
 mod kubectl;
 mod kubectl_change;
 mod terraform;

@@ -24,7 +24,6 @@ use super::{RunnerFuture, ToolRunner};
 use crate::pipeline::{Call, Outcome, Pipeline, Progress, SandboxCall, Step, Stop, Toolset, tail};
 use crate::tools;
 use crate::tools::module::{self, CopyCaps, ModuleDir, ModuleLock};
-use gateway_audit::approvals::NewApproval;
 use gateway_audit::audit::Event;
 use gateway_base::canonical::sha256_hex;
 use gateway_policy::{Decision, DecisionInput, PlanInput};
@@ -460,62 +459,8 @@ impl Pipeline {
                 .await;
         }
         let changes = gateway_audit::approvals::plan_summary(made.plan.value());
-        let signals = serde_json::to_value(&decision.signals).unwrap_or(Value::Null);
-        let (a, superseded) = self.approvals().create(&NewApproval {
-            tool: call.input.tool.clone(),
-            params: bound_params(&call.input.params),
-            plan_sha256: Some(made.digest.clone()),
-            plan_summary: gateway_audit::approvals::review::with_diffs(&changes, made.plan.value()),
-            signals: signals.clone(),
-            request_id: rid.clone(),
-            requested_by: call.input.principal.id(),
-            requested_client: call.input.principal.client.clone(),
-            requester: requester_facts(&call.input.principal),
-            approvers_required: decision.approval.approvers,
-            ttl: Duration::from_secs(decision.approval.ttl_seconds),
-            reason_required: decision.approval.reason_required,
-        })?;
-        self.audit.record(
-            &rid,
-            Event::ApprovalRequested {
-                approval_id: a.id.clone(),
-                plan_sha256: made.digest.clone(),
-                signals: signals.as_array().map(Vec::len),
-                approvers_required: a.approvers_required,
-                expires_at: a.expires_at.to_string(),
-            },
-        )?;
-        for old in superseded {
-            let old_rid = self
-                .approvals()
-                .get(&old)?
-                .map(|o| o.request_id)
-                .unwrap_or_default();
-            self.audit.record(
-                &old_rid,
-                Event::ApprovalSuperseded {
-                    approval_id: old,
-                    superseded_by: a.id.clone(),
-                },
-            )?;
-        }
-        self.notify(&a);
-        let approve_command = format!(
-            "gateway approve {}{}",
-            a.id,
-            if a.reason_required {
-                " --reason \"...\""
-            } else {
-                ""
-            }
-        );
-        Ok(Outcome::PendingApproval {
-            review_url: self.review_url(&a.id),
-            approval_id: a.id,
-            signals,
-            changes,
-            approve_command,
-        })
+        let summary = gateway_audit::approvals::review::with_diffs(&changes, made.plan.value());
+        self.request_approval(call, &decision, &made.digest, summary, changes)
     }
 
     /// Apply with an approval: the saved plan it is bound to, decided again
