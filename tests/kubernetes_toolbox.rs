@@ -819,3 +819,40 @@ async fn deleting_what_holds_data_says_so_and_deletes_only_the_approved_object()
     assert!(summary.contains("deleted"), "{summary}");
     assert!(w.kube.with(|s| s.live("statefulsets").is_empty()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_object_is_created_as_the_dry_run_showed_it() {
+    let (w, p, gate) = setup_with_approver().await;
+    let manifest = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "web-flags", "labels": {"app": "web"}}, "data": {"FEATURE_X": "on"}});
+    let params = json!({"namespace": "demo-app", "manifest": manifest});
+    let r = call(&p, "k8s_apply", params.clone()).await;
+    let (id, _, changes) = pending(&r);
+    assert_eq!(changes[0]["actions"], json!(["create"]), "{changes}");
+    assert!(
+        w.kube.with(|s| !s.objects.contains_key(&(
+            "configmaps".to_string(),
+            "demo-app".to_string(),
+            "web-flags".to_string()
+        ))),
+        "the dry run created nothing"
+    );
+    gate.approve(&w, &id);
+    let mut with_id = params;
+    with_id["approval_id"] = json!(id);
+    let r = call(&p, "k8s_apply", with_id).await;
+    completed(&r);
+    let cm = w.kube.with(|s| {
+        s.objects[&(
+            "configmaps".to_string(),
+            "demo-app".to_string(),
+            "web-flags".to_string(),
+        )]
+            .clone()
+    });
+    assert_eq!(cm["data"], json!({"FEATURE_X": "on"}));
+    assert_ne!(
+        cm["metadata"]["uid"], "dry-run-web-flags",
+        "the server assigned the uid, not the dry run"
+    );
+}

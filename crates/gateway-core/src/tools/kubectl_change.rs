@@ -460,8 +460,11 @@ pub fn planned_object(op: &ChangeOp, stdout: &[u8], live: Option<&Value>) -> Res
         ));
     }
     let named = v["metadata"]["name"] == op.name.as_str()
-        && v["metadata"]["namespace"] == op.namespace.as_str();
-    if v["kind"] != op.kind.as_str() || !named {
+        && v["metadata"]["namespace"] == op.namespace.as_str()
+        && v["apiVersion"] == op.api_version().as_str();
+    // An update's answer is the live object (its uid), not another one.
+    let same = live.is_none_or(|l| v["metadata"]["uid"] == l["metadata"]["uid"]);
+    if v["kind"] != op.kind.as_str() || !named || !same {
         return Err(format!(
             "the dry run's answer for {} is not that object",
             op.address()
@@ -470,13 +473,26 @@ pub fn planned_object(op: &ChangeOp, stdout: &[u8], live: Option<&Value>) -> Res
     Ok(v)
 }
 
-/// What is sent at the apply, from the plan: for an update, the object the
-/// dry run returned (without its managed fields and status) — exactly what
-/// was shown — carrying the live resourceVersion; for a create, the
-/// manifest; for a delete, the DeleteOptions with their preconditions.
+/// What is sent at the apply, from the plan: the object the dry run
+/// returned (without its managed fields and status) — exactly what was
+/// shown — carrying the live resourceVersion for an update (for a create,
+/// without what the server assigns); for a delete, the DeleteOptions with
+/// their preconditions.
 pub fn to_send(op: &ChangeOp, desired: &Value, planned: &Value, live: Option<&Value>) -> Value {
     match (op.verb.as_str(), live) {
-        ("delete", _) | (_, None) => desired.clone(),
+        ("delete", _) => desired.clone(),
+        // A create sends what the dry run answered too (defaults filled
+        // in), so that what the policy and the approver saw is what is
+        // created; without what the server assigns itself.
+        (_, None) => {
+            let mut o = without_server_state(planned.clone());
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                for k in ["uid", "resourceVersion", "creationTimestamp", "generation"] {
+                    m.remove(k);
+                }
+            }
+            o
+        }
         (_, Some(l)) => {
             let mut o = without_server_state(planned.clone());
             o["metadata"]["resourceVersion"] = l["metadata"]["resourceVersion"].clone();
