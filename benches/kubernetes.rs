@@ -6,6 +6,10 @@
 //! against the FAKE Kubernetes API server of the tests playing the node on
 //! a timing model (tests/support/fake_kube.rs, `Kubelet`).
 //!
+//! `kubernetes/read_call` is a `k8s_logs` call (the kubectl_read runner,
+//! its own credential kind and role) the same way, in the same run: what a
+//! read of the toolbox costs beside `pod_status_call`.
+//!
 //! `kubernetes/pod_status_call/warm` is the same call on a gateway with a
 //! warm pool (`warm_pool = 4`): the call takes a pod started before it,
 //! whose network gate has already run, and writes its files and credential
@@ -89,6 +93,21 @@ fn log(end_frame: bool) -> Vec<u8> {
     log.into_bytes()
 }
 
+/// What the runner's container writes for a `k8s_logs` call: a crashed
+/// container's last lines, framed, and the runner's end.
+fn logs_log() -> Vec<u8> {
+    let mut log = String::from("e ==> step 1/1: kubectl logs\n");
+    for l in [
+        "starting web 1.4.2",
+        "connecting to the database",
+        "panic: DATABASE_URL is not set",
+    ] {
+        log.push_str(&format!("o {l}\n"));
+    }
+    log.push_str("x 0\n");
+    log.into_bytes()
+}
+
 fn bench(c: &mut Criterion) {
     let t = timing();
     let secs = |k: &str| Duration::from_secs_f64(t[k]);
@@ -161,13 +180,14 @@ fn bench(c: &mut Criterion) {
         s.pod_creation_delay = secs("job");
         s.request_latency = secs("latency");
     });
-    let call = |p: &Arc<Pipeline>| {
+    let call_tool = |p: &Arc<Pipeline>, tool: &str, params: serde_json::Value| {
         let p = Arc::clone(p);
+        let tool = tool.to_string();
         rt.block_on(async move {
             p.call(ToolCall {
                 trace: None,
-                tool: "k8s_get_pod_status".into(),
-                params: json!({"namespace": "demo-app"}),
+                tool,
+                params,
                 principal: Principal::os_user("bench".into(), "bench".into(), 1000, vec![]),
                 workspace: None,
             })
@@ -175,6 +195,8 @@ fn bench(c: &mut Criterion) {
         })
         .expect("call")
     };
+    let call =
+        |p: &Arc<Pipeline>| call_tool(p, "k8s_get_pod_status", json!({"namespace": "demo-app"}));
     let mut g = c.benchmark_group("kubernetes");
     g.sample_size(10)
         .sampling_mode(SamplingMode::Flat)
@@ -182,9 +204,11 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(40));
     for (name, end_frame, p) in [
         ("pod_status_call", true, &cold),
+        ("read_call", true, &cold),
         ("pod_status_call/kubelet_end", false, &cold),
         ("pod_status_call/warm", true, &warm),
     ] {
+        let reads = name == "read_call";
         kube.with(|s| {
             s.kubelet = Some(fake_kube::Kubelet {
                 schedule: secs("schedule"),
@@ -194,7 +218,7 @@ fn bench(c: &mut Criterion) {
                 relist: secs("relist"),
                 report: secs("report"),
                 follow_check: Duration::from_secs(5),
-                log: log(end_frame),
+                log: if reads { logs_log() } else { log(end_frame) },
                 exit_code: 0,
             })
         });
@@ -215,13 +239,30 @@ fn bench(c: &mut Criterion) {
                     i += 1;
                     std::thread::sleep(secs("relist").mul_f64(((i * 7) % 10) as f64 / 10.0));
                     let started = std::time::Instant::now();
-                    let r = call(p);
+                    let r = if reads {
+                        call_tool(
+                            p,
+                            "k8s_logs",
+                            json!({"namespace": "demo-app", "name": "web-0", "previous": true}),
+                        )
+                    } else {
+                        call(p)
+                    };
                     total += started.elapsed();
                     let Outcome::Completed { ok, result, .. } = &r.outcome else {
                         panic!("completed: {r:?}");
                     };
                     assert!(ok, "{result}");
-                    assert_eq!(result["pods"][0]["name"], "web-0");
+                    if reads {
+                        assert!(
+                            result["text"]
+                                .as_str()
+                                .is_some_and(|t| t.contains("DATABASE_URL")),
+                            "{result}"
+                        );
+                    } else {
+                        assert_eq!(result["pods"][0]["name"], "web-0");
+                    }
                 }
                 total
             })
