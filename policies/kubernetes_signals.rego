@@ -249,6 +249,26 @@ found contains k8s_signal("exposed", ["update"], msg) if {
 	msg := sprintf("%s is reachable from outside the cluster (%s)", [k8s_address, how])
 }
 
+# The Secrets a pod spec hands its containers: as volumes, whole as env
+# (envFrom), or key by key (secretKeyRef).
+secrets_used(spec) := {name |
+	some v in object.get(spec, "volumes", [])
+	name := v.secret.secretName
+} | {name |
+	some c in containers(spec)
+	some e in object.get(c, "envFrom", [])
+	name := e.secretRef.name
+} | {name |
+	some c in containers(spec)
+	some e in object.get(c, "env", [])
+	name := e.valueFrom.secretKeyRef.name
+}
+
+found contains k8s_signal("secret_exposed", ["update"], msg) if {
+	some name in secrets_used(pod_spec(k8s_planned)) - secrets_used(pod_spec(object.get(k8s, "live", {})))
+	msg := sprintf("%s gives its pods' code the Secret %q (a volume or env): whatever runs there can read it", [k8s_address, name])
+}
+
 service_account(spec) := object.get(spec, "serviceAccountName", "default")
 
 found contains k8s_signal("service_account", ["update"], msg) if {

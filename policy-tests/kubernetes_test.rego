@@ -294,3 +294,15 @@ test_host_ports_root_and_exposure_are_signals if {
 	k8s_signals("apply", svc({"type": "NodePort"}), svc({"type": "NodePort"})) == []
 	k8s_signals("apply", null, svc({})) == []
 }
+
+test_a_secret_handed_to_pods_is_a_signal_each_way if {
+	vol := {"volumes": [{"name": "s", "secret": {"secretName": "db"}}], "containers": [{"name": "app", "image": "web:1"}]}
+	from := {"containers": [{"name": "app", "image": "web:1", "envFrom": [{"secretRef": {"name": "api"}}]}]}
+	ref := {"containers": [{"name": "app", "image": "web:1", "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "tls", "key": "k"}}}]}]}
+	[s] := k8s_signals("apply", deployment(1, app("web:1")), deployment(1, vol))
+	s.message == `Deployment demo-app/web gives its pods' code the Secret "db" (a volume or env): whatever runs there can read it`
+	kinds_of(k8s_signals("apply", deployment(1, app("web:1")), deployment(1, from))) == {"secret_exposed"}
+	kinds_of(k8s_signals("apply", deployment(1, app("web:1")), deployment(1, ref))) == {"secret_exposed"}
+	# Already so before: not a signal of this change.
+	k8s_signals("apply", deployment(1, vol), deployment(1, vol)) == []
+}

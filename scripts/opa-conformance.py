@@ -216,6 +216,10 @@ def cases(policies, work):
         "risky pod": ("k8s_apply", "apply", dep(1, app("web:1", resources={"limits": {"cpu": "1"}})), dep(1, risky)),
         "create": ("k8s_apply", "apply", None, dep(1, app("web:latest"))),
         "delete data": ("k8s_delete", "delete", dep(1, app("x"), kind="StatefulSet"), None),
+        "secret handed over": ("k8s_apply", "apply", dep(1, app("web:1")),
+                               dep(1, {"volumes": [{"name": "s", "secret": {"secretName": "db"}}],
+                                       "containers": [{"name": "app", "image": "web:1",
+                                                       "envFrom": [{"secretRef": {"name": "api"}}]}]})),
     }
     for name, (tool, verb, live, planned) in plans.items():
         doc = os.path.join(work, f"k8s-{name.replace(' ', '-')}.json")
