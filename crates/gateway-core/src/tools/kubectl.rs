@@ -66,7 +66,7 @@ pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 /// A DNS-1123 subdomain (an object's name) or label: lowercase letters,
 /// digits, `-` and `.`, starting and ending with a letter or digit. So it
 /// can never be read as a flag.
-fn dns_name(s: &str, max: usize, dots: bool) -> bool {
+pub(crate) fn dns_name(s: &str, max: usize, dots: bool) -> bool {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     !s.is_empty()
         && s.len() <= max
@@ -78,7 +78,7 @@ fn dns_name(s: &str, max: usize, dots: bool) -> bool {
 
 /// An API group or resource: lowercase letters, digits, `.`, `-`, `/`
 /// (a subresource), never empty unless allowed, never a flag.
-fn api_word(s: &str) -> bool {
+pub(crate) fn api_word(s: &str) -> bool {
     s.chars()
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-'))
         && !s.starts_with(['-', '.'])

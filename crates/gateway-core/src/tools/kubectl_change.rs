@@ -10,6 +10,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::kubectl::{api_word as word, dns_name as dns};
 use super::{KUBECTL, Step};
 use gateway_runner::protocol::FILES_IN_DIR;
 
@@ -52,21 +53,6 @@ pub const OBJECT_FILE: &str = "object.json";
 pub const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
 /// The revision annotation of a Deployment's ReplicaSets.
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
-
-fn dns(s: &str, max: usize, dots: bool) -> bool {
-    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !s.is_empty()
-        && s.len() <= max
-        && s.starts_with(ok)
-        && s.ends_with(ok)
-        && s.chars().all(|c| ok(c) || c == '-' || (dots && c == '.'))
-}
-
-fn word(s: &str) -> bool {
-    s.chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-'))
-        && !s.starts_with(['-', '.'])
-}
 
 impl ChangeOp {
     /// The operation in a decision, checked against the credential's

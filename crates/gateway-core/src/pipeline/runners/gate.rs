@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::terraform::{bound_params, requester_facts};
 use crate::pipeline::{Call, Outcome, Pipeline, Stop};
@@ -79,6 +79,21 @@ impl Pipeline {
             signals,
             changes,
             approve_command,
+        })
+    }
+
+    /// The approval presented with a call, as the policy sees it
+    /// (`input.approval`): who approved, proven again now (signatures
+    /// against today's allowed signers).
+    pub(super) fn approval_input(&self, approval: &gateway_audit::approvals::Approval) -> Value {
+        let identities = self.approver_identities(approval);
+        json!({
+            "id": approval.id, "status": approval.state.as_str(),
+            "requested_by": approval.requested_by,
+            "requester": approval.requester,
+            "signals": approval.signals,
+            "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
+            "identities": identities,
         })
     }
 }

@@ -293,15 +293,7 @@ impl Pipeline {
         {
             call.input.kubernetes = Some(plan);
         }
-        let identities = self.approver_identities(&approval);
-        call.input.approval = Some(json!({
-            "id": approval.id, "status": approval.state.as_str(),
-            "requested_by": approval.requested_by,
-            "requester": approval.requester,
-            "signals": approval.signals,
-            "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
-            "identities": identities,
-        }));
+        call.input.approval = Some(self.approval_input(&approval));
         let decision = self.decide(&call.input, Step::Approval)?;
         if decision.approval.required
             && !decision.approval.satisfied

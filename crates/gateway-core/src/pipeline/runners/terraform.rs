@@ -517,15 +517,7 @@ impl Pipeline {
         }
         // Who approved, proven again now (signatures against today's
         // allowed signers); the policy counts only these.
-        let identities = self.approver_identities(&approval);
-        call.input.approval = Some(json!({
-            "id": approval.id, "status": approval.state.as_str(),
-            "requested_by": approval.requested_by,
-            "requester": approval.requester,
-            "signals": approval.signals,
-            "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
-            "identities": identities,
-        }));
+        call.input.approval = Some(self.approval_input(&approval));
         let decision = self.decide(&call.input, Step::Approval)?;
         // The policy of now decides whether a granted approval is enough
         // (more approvers may be needed than when it was asked for). One
