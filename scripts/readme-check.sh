@@ -7,6 +7,9 @@
 # 1b. The policy author's signed-bundle commands (the block marked
 #    `<!-- readme-check: bundle -->`), verbatim, in a scratch dir holding a
 #    copy of the policies, with the release build's `gateway` on PATH.
+# 1d. The Kubernetes demo (the block marked
+#    `<!-- readme-check: kubernetes-demo -->`), verbatim, and it must have
+#    run the demo to its end.
 # 2. The client path of "Use it from an MCP client" (the block marked
 #    `<!-- readme-check: client -->`): every command of that block must still
 #    be in it (checked below), and each is run here as the person it is
@@ -112,6 +115,21 @@ for line in "${expected_kubernetes[@]}"; do
     fail "the README's kubernetes block no longer says: $line (update scripts/readme-check.sh with it)"
 done
 say "the README's kubernetes block: $rendered kustomizations render"
+
+# 1d. The Kubernetes demo (the block marked
+# `<!-- readme-check: kubernetes-demo -->`), verbatim.
+k8s_demo="$(block kubernetes-demo)"
+[ "$k8s_demo" = 'cargo test --test kubernetes_toolbox demo_ -- --nocapture' ] ||
+  fail "the README's Kubernetes demo is no longer 'cargo test --test kubernetes_toolbox demo_ -- --nocapture' (update scripts/readme-check.sh with it): $k8s_demo"
+say "the README's Kubernetes demo: $k8s_demo"
+demo_out="$(mktemp)"
+if ! bash -euo pipefail -c "$k8s_demo" >"$demo_out" 2>&1; then
+  cat "$demo_out" >&2
+  fail "the README's Kubernetes demo failed: $k8s_demo"
+fi
+# It ran the demo (a filter matching no test passes too).
+grep -q '^demo complete' "$demo_out" || { cat "$demo_out" >&2; fail "the README's Kubernetes demo ran no demo"; }
+rm -f "$demo_out"
 
 # 2. The client path. Its commands, as the README spells them:
 client="$(block client)"

@@ -14,10 +14,15 @@ mod common;
 mod fake_kube;
 #[path = "support/kube_world.rs"]
 mod kube_world;
+#[path = "support/daemon.rs"]
+mod daemon;
 #[path = "support/openbao.rs"]
 mod openbao;
 
+use std::io::{BufRead as _, Write as _};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use gateway::broker::vault::VaultBroker;
 use gateway::pipeline::{CallResult, Outcome, Pipeline, ToolCall};
@@ -46,7 +51,7 @@ fn crash_looping(w: &World) {
         s.put("namespaces", "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
         let dep = s.put("deployments", ns, json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": ns, "labels": {"app": "web"},
+            "metadata": {"name": "web", "namespace": ns, "labels": {"app": "web"}, "generation": 2,
                 "annotations": {"deployment.kubernetes.io/revision": "2",
                     "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\":{\"replicas\":1}}"},
                 "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update"}]},
@@ -855,4 +860,245 @@ async fn a_new_object_is_created_as_the_dry_run_showed_it() {
         cm["metadata"]["uid"], "dry-run-web-flags",
         "the server assigned the uid, not the dry run"
     );
+}
+
+/// Plays the deployment controller and the kubelet for `demo-app/web`, as
+/// the fake leaves them to its tests: once the Deployment's spec changes
+/// (its generation passes `status.observedGeneration`) a ReplicaSet of the
+/// new template is made and the Deployment's status says the rollout
+/// began; a second later the kubelet starts its pod, which is ready only
+/// when the template gives the app the `DATABASE_URL` it needs (else it
+/// crash-loops as before and the rollout never ends), and the old
+/// ReplicaSet is scaled down and its pod removed.
+fn deployment_controller(w: &World, stop: &AtomicBool) {
+    use sha2::Digest as _;
+    let ns = "demo-app";
+    let key = ("deployments".to_string(), ns.to_string(), "web".to_string());
+    let mut started: Option<(String, String, Instant)> = None;
+    let mut events = 0;
+    let mut event = |s: &mut fake_kube::State, kind: &str, name: &str, ty: &str, reason: &str, msg: String| {
+        events += 1;
+        s.put("events", ns, json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("{name}.demo{events}"), "namespace": ns},
+            "involvedObject": {"kind": kind, "name": name, "namespace": ns},
+            "reason": reason, "type": ty, "message": msg, "count": 1,
+            "lastTimestamp": "2026-12-07T00:10:00Z"}));
+    };
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        w.kube.with(|s| {
+            let Some(dep) = s.objects.get(&key).cloned() else {
+                return;
+            };
+            let generation = dep["metadata"]["generation"].as_i64().unwrap_or(1);
+            let observed = dep["status"]["observedGeneration"].as_i64().unwrap_or(0);
+            let replicas = dep["spec"]["replicas"].as_i64().unwrap_or(1);
+            if generation > observed {
+                // The deployment controller: a ReplicaSet for the template.
+                let template = dep["spec"]["template"].clone();
+                let hash = hex::encode(sha2::Sha256::digest(template.to_string()))[..10].to_string();
+                let rs = format!("web-{hash}");
+                let revision = 1 + s
+                    .live("replicasets")
+                    .iter()
+                    .filter_map(|r| r["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str()?.parse::<i64>().ok())
+                    .max()
+                    .unwrap_or(0);
+                let mut t = template;
+                t["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+                s.put("replicasets", ns, json!({
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "metadata": {"name": rs, "namespace": ns, "labels": {"app": "web", "pod-template-hash": hash},
+                        "annotations": {"deployment.kubernetes.io/revision": revision.to_string()},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                            "uid": dep["metadata"]["uid"], "controller": true}]},
+                    "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web", "pod-template-hash": hash}}, "template": t},
+                    "status": {"replicas": 0}}));
+                s.update("deployments", ns, "web", |d| {
+                    d["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = json!(revision.to_string());
+                    d["status"]["observedGeneration"] = json!(generation);
+                    d["status"]["updatedReplicas"] = json!(replicas);
+                    d["status"]["replicas"] = json!(replicas + 1);
+                    d["status"]["conditions"][1] = json!({"type": "Progressing", "status": "True",
+                        "reason": "ReplicaSetUpdated", "message": format!("ReplicaSet \"{rs}\" is progressing.")});
+                });
+                event(s, "Deployment", "web", "Normal", "ScalingReplicaSet", format!("Scaled up replica set {rs} from 0 to {replicas}"));
+                started = Some((rs, hash, Instant::now()));
+                return;
+            }
+            let Some((rs, hash, at)) = started.clone() else {
+                return;
+            };
+            if at.elapsed() < Duration::from_secs(1) {
+                return;
+            }
+            started = None;
+            // The kubelet: the new pod runs; the app needs DATABASE_URL.
+            let healthy = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["name"] == "DATABASE_URL");
+            let pod = format!("{rs}-{}", &fake_kube::random_suffix()[..5]);
+            let container = if healthy {
+                json!({"name": "app", "ready": true, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-07T00:10:01Z"}}})
+            } else {
+                json!({"name": "app", "ready": false, "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}})
+            };
+            s.put("pods", ns, json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": ns, "labels": {"app": "web", "pod-template-hash": hash}},
+                "spec": {"nodeName": "kind-worker", "containers": dep["spec"]["template"]["spec"]["containers"]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if healthy { "True" } else { "False" }}],
+                    "containerStatuses": [container]}}));
+            event(s, "Pod", &pod, "Normal", "Started", "Started container app".into());
+            if !healthy {
+                s.previous_logs.insert(pod.clone(), b"starting web 1.4.2\npanic: DATABASE_URL is not set\n".to_vec());
+                event(s, "Pod", &pod, "Warning", "BackOff", format!("Back-off restarting failed container app in pod {pod}"));
+                return;
+            }
+            s.logs.insert(pod.clone(), b"starting web 1.4.2\nconnected to the database\nlistening on :8080\n".to_vec());
+            // The old ReplicaSets scaled down, their pods gone.
+            for old in s.live("replicasets") {
+                let name = old["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if name != rs && old["spec"]["replicas"].as_i64().unwrap_or(0) > 0 {
+                    s.update("replicasets", ns, &name, |r| r["spec"]["replicas"] = json!(0));
+                    event(s, "Deployment", "web", "Normal", "ScalingReplicaSet", format!("Scaled down replica set {name} from 1 to 0"));
+                }
+            }
+            for old in s.live("pods") {
+                if old["metadata"]["labels"]["app"] == "web" && old["metadata"]["labels"]["pod-template-hash"] != hash.as_str() {
+                    let name = old["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    s.remove("pods", ns, &name);
+                }
+            }
+            s.update("deployments", ns, "web", |d| {
+                d["status"] = json!({"observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+                    "readyReplicas": replicas, "availableReplicas": replicas,
+                    "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                        "message": "Deployment has minimum availability."},
+                        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                        "message": format!("ReplicaSet \"{rs}\" has successfully progressed.")}]});
+            });
+        });
+    }
+}
+
+/// The README's second demo (`cargo test --test kubernetes_toolbox demo_ --
+/// --nocapture`): a Deployment crash-loops because of a misspelt env var;
+/// an agent (tests/mcp/kubernetes_demo.py, the MCP Python SDK, an
+/// unprivileged OS user) finds why through the daemon's read tools and
+/// proposes the fix with k8s_apply; the API server's dry run is the plan,
+/// a second OS user in the approvers' group reviews it and approves it
+/// with `gateway approve`, the apply runs, and the rollout finishes with
+/// the new pod ready. Real daemon, OpenBao, gVisor and kubectl; the API
+/// server is the FAKE one, this test playing its controllers.
+#[test]
+fn demo_a_crash_looping_deployment_is_found_and_fixed() {
+    daemon::os_user(daemon::AGENT);
+    daemon::os_user(daemon::APPROVER);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let w = rt.block_on(world());
+    crash_looping(&w);
+    let token_file = w.dir.path().join("gateway-token");
+    std::fs::write(&token_file, &w.gateway_token).expect("token file");
+    let extra = format!(
+        "[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
+        w.kube.port, w.bao.addr, token_file, w.ca_file
+    );
+    let d = daemon::Daemon::start(&common::repo().join("policies"), &extra);
+    let workspace = daemon::owned_dir(daemon::AGENT);
+    let agent_home = daemon::owned_dir(daemon::AGENT);
+    let gateway = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gateway"));
+    let python = common::repo().join(".tools/venv-user/bin/python");
+    assert!(
+        python.is_file(),
+        "the users' MCP client is installed by scripts/install-tools.sh mcp"
+    );
+    println!("the Kubernetes demo: an agent fixes a crash-looping Deployment through the gateway");
+    println!("(real daemon, OpenBao, gVisor and kubectl; a FAKE API server, this test playing its controllers)\n");
+    let stop = AtomicBool::new(false);
+    let (status, said) = std::thread::scope(|scope| {
+        scope.spawn(|| deployment_controller(&w, &stop));
+        let mut agent = daemon::as_user(daemon::AGENT, agent_home.path(), &[], &python)
+            .arg(common::repo().join("tests/mcp/kubernetes_demo.py"))
+            .arg(&gateway)
+            .arg(&d.socket)
+            .arg(workspace.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the agent");
+        let mut to_agent = agent.stdin.take().expect("stdin");
+        let from_agent = std::io::BufReader::new(agent.stdout.take().expect("stdout"));
+        let mut said = String::new();
+        for line in from_agent.lines().map_while(Result::ok) {
+            println!("{line}");
+            said.push_str(&line);
+            said.push('\n');
+            let Some(id) = line.strip_prefix("NEED-APPROVAL ") else {
+                continue;
+            };
+            // The approver: another OS user, in the approvers' group,
+            // reads the plan and approves it, as a person would.
+            let approver_home = daemon::owned_dir(daemon::APPROVER);
+            let run = |args: &[&str]| {
+                let out = daemon::as_user(
+                    daemon::APPROVER,
+                    approver_home.path(),
+                    &[("GATEWAY_SOCKET", &d.socket)],
+                    &gateway,
+                )
+                .args(args)
+                .output()
+                .expect("gateway");
+                let text = common::stdout(&out) + &common::stderr(&out);
+                assert!(out.status.success(), "gateway {args:?}: {text}");
+                text
+            };
+            let shown = run(&["approvals", "show", id]);
+            println!("\n== the approver, another OS user: gateway approvals show {id}");
+            for l in shown.lines() {
+                println!("   {l}");
+            }
+            assert!(
+                shown.contains("DATABSE_URL") && shown.contains("DATABASE_URL"),
+                "the approver sees the env var's name before and after: {shown}"
+            );
+            let reason = "the env var's name was misspelt; reviewed the diff";
+            let out = run(&["approve", id, "--reason", reason]);
+            println!("\n== the approver: gateway approve {id} --reason {reason:?}\n   {}", out.trim());
+            writeln!(to_agent).expect("answer the agent");
+        }
+        let status = agent.wait().expect("agent");
+        stop.store(true, Ordering::SeqCst);
+        (status, said)
+    });
+    assert!(status.success(), "the agent failed: {said}\n{}", d.log());
+    assert!(said.contains("AGENT DONE"), "{said}");
+    // What the cluster now runs is the approved fix.
+    let env = w.kube.with(|s| {
+        s.objects[&("deployments".to_string(), "demo-app".to_string(), "web".to_string())]["spec"]
+            ["template"]["spec"]["containers"][0]["env"]
+            .clone()
+    });
+    assert_eq!(env[0]["name"], "DATABASE_URL", "{env}");
+    // Every call's credential was revoked, the audit verifies, and the
+    // Secret in the namespace reached neither the agent nor the gateway's
+    // files.
+    let until = Instant::now() + Duration::from_secs(15);
+    while !w.kube.with(|s| s.live("serviceaccounts").is_empty()) {
+        assert!(Instant::now() < until, "a credential outlived its call");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.assert_audit_verifies();
+    let events = d.events();
+    let spent: Vec<_> = events.iter().filter(|e| e["event"] == "approval.spent").collect();
+    assert_eq!(spent.len(), 1, "{spent:?}");
+    assert!(!said.contains(SECRET_VALUE));
+    assert!(!everything_written(&d.home).contains(SECRET_VALUE));
+    assert!(!d.log().contains(SECRET_VALUE));
+    println!("\ndemo complete: the audit trail verifies; every credential was revoked");
 }

@@ -1232,6 +1232,15 @@ impl State {
         if resource == "pods" && obj["status"]["phase"].is_null() {
             obj["status"] = json!({"phase": "Pending"});
         }
+        // Workloads count their spec's changes from 1 (each kind's
+        // PrepareForCreate); a controller playing history may give more.
+        if matches!(
+            resource,
+            "deployments" | "statefulsets" | "daemonsets" | "replicasets" | "jobs"
+        ) && obj["metadata"]["generation"].is_null()
+        {
+            obj["metadata"]["generation"] = json!(1);
+        }
         self.objects.insert(key, obj.clone());
         self.created.push((resource.to_string(), obj.clone()));
         self.record("ADDED", resource, &obj);
@@ -1384,7 +1393,9 @@ impl State {
         }
     }
 
-    fn remove(&mut self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+    /// Remove an object as a controller would (no finalizers, no garbage
+    /// collection of what it owns).
+    pub fn remove(&mut self, resource: &str, ns: &str, name: &str) -> Option<Value> {
         let key = (resource.to_string(), ns.to_string(), name.to_string());
         let mut obj = self.objects.remove(&key)?;
         if resource == "serviceaccounts" {
@@ -2496,6 +2507,18 @@ fn write_object(
     for k in ["uid", "creationTimestamp", "name", "namespace"] {
         next["metadata"][k] = current["metadata"][k].clone();
     }
+    // A kind with a `status` subresource keeps its status on a write of
+    // the main resource (API conventions, "Spec and Status": the status is
+    // written only through `/status`; each kind's strategy copies the old
+    // status over in PrepareForUpdate).
+    if has_status_subresource(resource) {
+        match current.get("status") {
+            Some(st) => next["status"] = st.clone(),
+            None => {
+                next.as_object_mut().map(|m| m.remove("status"));
+            }
+        }
+    }
     let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
     next["metadata"]["generation"] = json!(if next["spec"] != current["spec"] {
         generation + 1
@@ -2513,6 +2536,22 @@ fn write_object(
     respond(
         StatusCode::OK,
         s.objects.get(&key).cloned().unwrap_or(Value::Null),
+    )
+}
+
+/// The built-in kinds the fake serves whose status is a subresource.
+fn has_status_subresource(resource: &str) -> bool {
+    matches!(
+        resource,
+        "deployments"
+            | "statefulsets"
+            | "daemonsets"
+            | "replicasets"
+            | "pods"
+            | "jobs"
+            | "services"
+            | "persistentvolumeclaims"
+            | "namespaces"
     )
 }
 
