@@ -10,12 +10,12 @@
 //! crash-loops because an environment variable is missing.
 
 mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
 #[path = "support/fake_kube.rs"]
 mod fake_kube;
 #[path = "support/kube_world.rs"]
 mod kube_world;
-#[path = "support/daemon.rs"]
-mod daemon;
 #[path = "support/openbao.rs"]
 mod openbao;
 
@@ -876,15 +876,20 @@ fn deployment_controller(w: &World, stop: &AtomicBool) {
     let key = ("deployments".to_string(), ns.to_string(), "web".to_string());
     let mut started: Option<(String, String, Instant)> = None;
     let mut events = 0;
-    let mut event = |s: &mut fake_kube::State, kind: &str, name: &str, ty: &str, reason: &str, msg: String| {
-        events += 1;
-        s.put("events", ns, json!({
+    let mut event =
+        |s: &mut fake_kube::State, kind: &str, name: &str, ty: &str, reason: &str, msg: String| {
+            events += 1;
+            s.put(
+                "events",
+                ns,
+                json!({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": format!("{name}.demo{events}"), "namespace": ns},
             "involvedObject": {"kind": kind, "name": name, "namespace": ns},
             "reason": reason, "type": ty, "message": msg, "count": 1,
-            "lastTimestamp": "2026-12-07T00:10:00Z"}));
-    };
+            "lastTimestamp": "2026-12-07T00:10:00Z"}),
+            );
+        };
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));
         w.kube.with(|s| {
@@ -986,6 +991,86 @@ fn deployment_controller(w: &World, stop: &AtomicBool) {
     }
 }
 
+/// A daemon deciding with the default policies, its broker the world's
+/// OpenBao, its cluster the world's fake API server.
+fn daemon_on(w: &World) -> daemon::Daemon {
+    daemon::os_user(daemon::AGENT);
+    daemon::os_user(daemon::APPROVER);
+    let token_file = w.dir.path().join("gateway-token");
+    std::fs::write(&token_file, &w.gateway_token).expect("token file");
+    let extra = format!(
+        "[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
+        w.kube.port, w.bao.addr, token_file, w.ca_file
+    );
+    daemon::Daemon::start(&common::repo().join("policies"), &extra)
+}
+
+/// tests/mcp/kubernetes_demo.py `mode` as the agent OS user, its lines
+/// printed as they come. Each `NEED-APPROVAL` is reviewed (`gateway
+/// approvals show`, handed to `review` with the id) and approved by the
+/// approver OS user, a member of the approvers' group, as a person would.
+/// Returns the agent's exit status and what it printed.
+fn run_agent(
+    d: &daemon::Daemon,
+    mode: &str,
+    mut review: impl FnMut(&str, &str),
+) -> (std::process::ExitStatus, String) {
+    let workspace = daemon::owned_dir(daemon::AGENT);
+    let agent_home = daemon::owned_dir(daemon::AGENT);
+    let gateway = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gateway"));
+    let python = common::repo().join(".tools/venv-user/bin/python");
+    assert!(
+        python.is_file(),
+        "the users' MCP client is installed by scripts/install-tools.sh mcp"
+    );
+    let mut agent = daemon::as_user(daemon::AGENT, agent_home.path(), &[], &python)
+        .arg(common::repo().join("tests/mcp/kubernetes_demo.py"))
+        .arg(mode)
+        .arg(&gateway)
+        .arg(&d.socket)
+        .arg(workspace.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the agent");
+    let mut to_agent = agent.stdin.take().expect("stdin");
+    let from_agent = std::io::BufReader::new(agent.stdout.take().expect("stdout"));
+    let mut said = String::new();
+    for line in from_agent.lines().map_while(Result::ok) {
+        println!("{line}");
+        said.push_str(&line);
+        said.push('\n');
+        let Some(id) = line.strip_prefix("NEED-APPROVAL ") else {
+            continue;
+        };
+        let approver_home = daemon::owned_dir(daemon::APPROVER);
+        let run = |args: &[&str]| {
+            let out = daemon::as_user(
+                daemon::APPROVER,
+                approver_home.path(),
+                &[("GATEWAY_SOCKET", &d.socket)],
+                &gateway,
+            )
+            .args(args)
+            .output()
+            .expect("gateway");
+            let text = common::stdout(&out) + &common::stderr(&out);
+            assert!(out.status.success(), "gateway {args:?}: {text}");
+            text
+        };
+        let shown = run(&["approvals", "show", id]);
+        review(id, &shown);
+        let reason = "reviewed the diff";
+        let out = run(&["approve", id, "--reason", reason]);
+        println!(
+            "\n== the approver: gateway approve {id} --reason {reason:?}\n   {}",
+            out.trim()
+        );
+        writeln!(to_agent).expect("answer the agent");
+    }
+    (agent.wait().expect("agent"), said)
+}
+
 /// The README's second demo (`cargo test --test kubernetes_toolbox demo_ --
 /// --nocapture`): a Deployment crash-loops because of a misspelt env var;
 /// an agent (tests/mcp/kubernetes_demo.py, the MCP Python SDK, an
@@ -997,68 +1082,18 @@ fn deployment_controller(w: &World, stop: &AtomicBool) {
 /// server is the FAKE one, this test playing its controllers.
 #[test]
 fn demo_a_crash_looping_deployment_is_found_and_fixed() {
-    daemon::os_user(daemon::AGENT);
-    daemon::os_user(daemon::APPROVER);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let w = rt.block_on(world());
     crash_looping(&w);
-    let token_file = w.dir.path().join("gateway-token");
-    std::fs::write(&token_file, &w.gateway_token).expect("token file");
-    let extra = format!(
-        "[endpoints]\nkube-apiserver = {}\n[vault]\naddress = {:?}\nauth = \"token\"\ntoken_file = {:?}\n[kubernetes]\nca_file = {:?}\n",
-        w.kube.port, w.bao.addr, token_file, w.ca_file
-    );
-    let d = daemon::Daemon::start(&common::repo().join("policies"), &extra);
-    let workspace = daemon::owned_dir(daemon::AGENT);
-    let agent_home = daemon::owned_dir(daemon::AGENT);
-    let gateway = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gateway"));
-    let python = common::repo().join(".tools/venv-user/bin/python");
-    assert!(
-        python.is_file(),
-        "the users' MCP client is installed by scripts/install-tools.sh mcp"
-    );
+    let d = daemon_on(&w);
     println!("the Kubernetes demo: an agent fixes a crash-looping Deployment through the gateway");
-    println!("(real daemon, OpenBao, gVisor and kubectl; a FAKE API server, this test playing its controllers)\n");
+    println!(
+        "(real daemon, OpenBao, gVisor and kubectl; a FAKE API server, this test playing its controllers)\n"
+    );
     let stop = AtomicBool::new(false);
     let (status, said) = std::thread::scope(|scope| {
         scope.spawn(|| deployment_controller(&w, &stop));
-        let mut agent = daemon::as_user(daemon::AGENT, agent_home.path(), &[], &python)
-            .arg(common::repo().join("tests/mcp/kubernetes_demo.py"))
-            .arg(&gateway)
-            .arg(&d.socket)
-            .arg(workspace.path())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("the agent");
-        let mut to_agent = agent.stdin.take().expect("stdin");
-        let from_agent = std::io::BufReader::new(agent.stdout.take().expect("stdout"));
-        let mut said = String::new();
-        for line in from_agent.lines().map_while(Result::ok) {
-            println!("{line}");
-            said.push_str(&line);
-            said.push('\n');
-            let Some(id) = line.strip_prefix("NEED-APPROVAL ") else {
-                continue;
-            };
-            // The approver: another OS user, in the approvers' group,
-            // reads the plan and approves it, as a person would.
-            let approver_home = daemon::owned_dir(daemon::APPROVER);
-            let run = |args: &[&str]| {
-                let out = daemon::as_user(
-                    daemon::APPROVER,
-                    approver_home.path(),
-                    &[("GATEWAY_SOCKET", &d.socket)],
-                    &gateway,
-                )
-                .args(args)
-                .output()
-                .expect("gateway");
-                let text = common::stdout(&out) + &common::stderr(&out);
-                assert!(out.status.success(), "gateway {args:?}: {text}");
-                text
-            };
-            let shown = run(&["approvals", "show", id]);
+        let r = run_agent(&d, "demo", |id, shown| {
             println!("\n== the approver, another OS user: gateway approvals show {id}");
             for l in shown.lines() {
                 println!("   {l}");
@@ -1067,38 +1102,121 @@ fn demo_a_crash_looping_deployment_is_found_and_fixed() {
                 shown.contains("DATABSE_URL") && shown.contains("DATABASE_URL"),
                 "the approver sees the env var's name before and after: {shown}"
             );
-            let reason = "the env var's name was misspelt; reviewed the diff";
-            let out = run(&["approve", id, "--reason", reason]);
-            println!("\n== the approver: gateway approve {id} --reason {reason:?}\n   {}", out.trim());
-            writeln!(to_agent).expect("answer the agent");
-        }
-        let status = agent.wait().expect("agent");
+        });
         stop.store(true, Ordering::SeqCst);
-        (status, said)
+        r
     });
     assert!(status.success(), "the agent failed: {said}\n{}", d.log());
     assert!(said.contains("AGENT DONE"), "{said}");
     // What the cluster now runs is the approved fix.
     let env = w.kube.with(|s| {
-        s.objects[&("deployments".to_string(), "demo-app".to_string(), "web".to_string())]["spec"]
-            ["template"]["spec"]["containers"][0]["env"]
+        s.objects[&(
+            "deployments".to_string(),
+            "demo-app".to_string(),
+            "web".to_string(),
+        )]["spec"]["template"]["spec"]["containers"][0]["env"]
             .clone()
     });
     assert_eq!(env[0]["name"], "DATABASE_URL", "{env}");
     // Every call's credential was revoked, the audit verifies, and the
     // Secret in the namespace reached neither the agent nor the gateway's
     // files.
-    let until = Instant::now() + Duration::from_secs(15);
-    while !w.kube.with(|s| s.live("serviceaccounts").is_empty()) {
-        assert!(Instant::now() < until, "a credential outlived its call");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    all_revoked(&w);
     d.assert_audit_verifies();
     let events = d.events();
-    let spent: Vec<_> = events.iter().filter(|e| e["event"] == "approval.spent").collect();
+    let spent: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "approval.spent")
+        .collect();
     assert_eq!(spent.len(), 1, "{spent:?}");
     assert!(!said.contains(SECRET_VALUE));
     assert!(!everything_written(&d.home).contains(SECRET_VALUE));
     assert!(!d.log().contains(SECRET_VALUE));
     println!("\ndemo complete: the audit trail verifies; every credential was revoked");
+}
+
+/// No ServiceAccount a credential made is left (within 15 s).
+fn all_revoked(w: &World) {
+    let until = Instant::now() + Duration::from_secs(15);
+    while !w.kube.with(|s| s.live("serviceaccounts").is_empty()) {
+        assert!(Instant::now() < until, "a credential outlived its call");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every Kubernetes tool of the default catalog, through the daemon, from
+/// the MCP Python SDK as an unprivileged OS user, on the fake API server:
+/// the reads complete, the medium changes (no signal) are applied at once,
+/// the high ones after another OS user's approval, each as its dry run
+/// planned it.
+#[test]
+fn every_kubernetes_tool_works_through_the_daemon_from_the_python_sdk() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let w = rt.block_on(world());
+    crash_looping(&w);
+    let d = daemon_on(&w);
+    let mut reviewed = Vec::new();
+    let (status, said) = run_agent(&d, "tour", |id, shown| {
+        reviewed.push((id.to_string(), shown.to_string()));
+    });
+    assert!(status.success(), "the agent failed: {said}\n{}", d.log());
+    assert!(said.contains("TOUR DONE"), "{said}");
+    let tools: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("TOOL ")?.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "k8s_get_pod_status",
+            "k8s_get",
+            "k8s_describe",
+            "k8s_logs",
+            "k8s_events",
+            "k8s_rollout_status",
+            "k8s_rollout_history",
+            "k8s_scale",
+            "k8s_rollout_restart",
+            "k8s_set_image",
+            "k8s_rollout_undo",
+            "k8s_apply",
+            "k8s_delete"
+        ]
+    );
+    assert_eq!(
+        reviewed.len(),
+        3,
+        "the three high-tier changes waited for a person"
+    );
+    // The cluster holds what each change said.
+    let (web, flags, config) = w.kube.with(|s| {
+        let get = |r: &str, n: &str| {
+            s.objects
+                .get(&(r.to_string(), "demo-app".to_string(), n.to_string()))
+                .cloned()
+        };
+        (
+            get("deployments", "web"),
+            get("configmaps", "web-flags"),
+            get("configmaps", "web-config"),
+        )
+    });
+    let web = web.expect("web");
+    assert_eq!(web["spec"]["replicas"], 2, "{web}");
+    // Undone to revision 1: the template (and its image) of web-7d9f, the
+    // restart annotation and the pinned image gone with it.
+    assert_eq!(
+        web["spec"]["template"]["spec"]["containers"][0]["image"], "registry.example/web:1.4.1",
+        "{web}"
+    );
+    assert_eq!(flags.expect("created")["data"]["beta"], "on");
+    assert!(config.is_none(), "web-config was deleted");
+    all_revoked(&w);
+    d.assert_audit_verifies();
+    let spent = d
+        .events()
+        .iter()
+        .filter(|e| e["event"] == "approval.spent")
+        .count();
+    assert_eq!(spent, 3);
 }

@@ -4,7 +4,11 @@ speaks MCP to the gateway daemon with the official MCP Python SDK (PyPI
 `mcp`), through `gateway serve`, as an unprivileged OS user. Run by the
 `demo_` test of tests/kubernetes_toolbox.rs (the README's second demo):
 
-    python kubernetes_demo.py GATEWAY_BIN SOCKET WORKSPACE
+    python kubernetes_demo.py demo GATEWAY_BIN SOCKET WORKSPACE
+    python kubernetes_demo.py tour GATEWAY_BIN SOCKET WORKSPACE
+
+`tour` calls every Kubernetes tool of the default catalog once (the
+changes on the same crash-looping world), for tests/kubernetes_toolbox.rs.
 
 It decides only from what the tools return: the pod that is not ready, the
 line its previous run died with, the env var the Deployment sets instead,
@@ -152,15 +156,63 @@ async def demo(s):
     say("\nAGENT DONE: the Deployment is fixed and its pods are ready")
 
 
-async def main(gateway, socket, workspace):
+async def approved(s, tool, args):
+    """A change that waits for a person: ask, print NEED-APPROVAL, wait for
+    the test's line, call again with the approval."""
+    sc = await call(s, tool, args)
+    if sc["status"] != "pending_approval":
+        fail(f"{tool} ran without a person: {sc}")
+    say(f"NEED-APPROVAL {sc['approval_id']}")
+    if not sys.stdin.readline():
+        fail("nobody answered")
+    return await call(s, tool, {**args, "approval_id": sc["approval_id"]})
+
+
+async def tour(s):
+    """Every Kubernetes tool of the default catalog once, through the
+    daemon; prints `TOOL <name> <summary>` for each, for the test."""
+    web = {"namespace": NS, "kind": "deployments", "name": "web"}
+    done = {}
+
+    async def low(tool, args):
+        sc = await call(s, tool, args)
+        if sc["status"] != "completed":
+            fail(f"{tool} waited for a person: {sc}")
+        done[tool] = sc
+        say(f"TOOL {tool} {sc['summary'].splitlines()[0] if sc['summary'] else ''}")
+
+    await low("k8s_get_pod_status", {"namespace": NS})
+    await low("k8s_get", {"namespace": NS, "kind": "deployments"})
+    await low("k8s_describe", web)
+    await low("k8s_logs", {"namespace": NS, "name": "web-5c4b-x7k2p"})
+    await low("k8s_events", {"namespace": NS})
+    await low("k8s_rollout_status", web)
+    await low("k8s_rollout_history", web)
+    # Medium, no signal: planned by the dry run and applied at once.
+    await low("k8s_scale", {**web, "replicas": 2})
+    await low("k8s_rollout_restart", web)
+    await low("k8s_set_image", {**web, "container": "app", "image": "registry.example/web@sha256:" + "ab" * 32})
+    # High: a person approves each.
+    for tool, args in [
+        ("k8s_rollout_undo", {**web, "to_revision": 1}),
+        ("k8s_apply", {"namespace": NS, "manifest": {"apiVersion": "v1", "kind": "ConfigMap",
+                                                      "metadata": {"name": "web-flags"}, "data": {"beta": "on"}}}),
+        ("k8s_delete", {"namespace": NS, "kind": "configmaps", "name": "web-config"}),
+    ]:
+        sc = await approved(s, tool, args)
+        say(f"TOOL {tool} {sc['summary']}")
+    say("TOUR DONE")
+
+
+async def main(mode, gateway, socket, workspace):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_SOCKET"] = socket
     params = StdioServerParameters(command=gateway, args=["serve", "--workspace", workspace], env=env, cwd=workspace)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
-            await demo(s)
+            await {"demo": demo, "tour": tour}[mode](s)
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:4])
+    anyio.run(main, *sys.argv[1:5])

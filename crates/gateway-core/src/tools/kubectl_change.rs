@@ -187,23 +187,23 @@ impl ChangeOp {
         }
     }
 
-    /// The plan's first sandbox: the live object (and, for an undo, the
-    /// ReplicaSets that hold the Deployment's revisions, into a file).
+    /// The plan's first sandbox: the live object.
     pub fn read_steps(&self, kubeconfig: &str) -> Vec<Step> {
-        let mut steps = vec![self.kubectl(kubeconfig, &["get", "--raw", &self.object_path()])];
-        if self.verb == "rollout_undo" {
-            let mut rs = self.kubectl(
-                kubeconfig,
-                &[
-                    "get",
-                    "--raw",
-                    &format!("/apis/apps/v1/namespaces/{}/replicasets", self.namespace),
-                ],
-            );
-            rs.stdout_file = Some(REPLICASETS_FILE.into());
-            steps.push(rs);
-        }
-        steps
+        vec![self.kubectl(kubeconfig, &["get", "--raw", &self.object_path()])]
+    }
+
+    /// An undo's second read: the namespace's ReplicaSets, which hold the
+    /// Deployment's revisions (the role of `k8s_rollout_undo` may list
+    /// them).
+    pub fn revisions_steps(&self, kubeconfig: &str) -> Vec<Step> {
+        vec![self.kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "--raw",
+                &format!("/apis/apps/v1/namespaces/{}/replicasets", self.namespace),
+            ],
+        )]
     }
 
     /// The one request of a dry run (`dry_run`) or of the write: PUT of
@@ -245,9 +245,6 @@ pub fn dry_run_body(op: &ChangeOp, desired: &Value) -> Value {
     }
     b
 }
-
-/// The ReplicaSets file of an undo's first sandbox.
-pub const REPLICASETS_FILE: &str = "replicasets.json";
 
 /// The live object from the first sandbox's GET: `None` when kubectl said
 /// NotFound (an apply that creates).
@@ -683,6 +680,19 @@ mod tests {
                 "get",
                 "--raw",
                 "/apis/apps/v1/namespaces/demo-app/deployments/web"
+            ]
+        );
+        // An undo reads its object as any change does (one step, stdout:
+        // the sandbox has no writable workdir), and its revisions apart.
+        let undo = op(json!({"verb": "rollout_undo", "to_revision": 1})).expect("op");
+        assert_eq!(undo.read_steps("/k").len(), 1);
+        assert!(undo.read_steps("/k")[0].stdout_file.is_none());
+        assert_eq!(
+            argv(undo.revisions_steps("/k")),
+            [
+                "get",
+                "--raw",
+                "/apis/apps/v1/namespaces/demo-app/replicasets"
             ]
         );
         assert_eq!(

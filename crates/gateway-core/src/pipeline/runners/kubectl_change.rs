@@ -156,14 +156,10 @@ impl Pipeline {
         let live = change::live_object(op, r.success(), &r.stdout.bytes, &r.stderr.text())
             .map_err(|e| Stop::refused(format!("{e}; nothing was applied")))?;
         let replicasets = if op.verb == "rollout_undo" {
-            let path = format!("/apis/apps/v1/namespaces/{}/replicasets", op.namespace);
-            let mut step = op.read_steps(&kubeconfig).remove(0);
-            step.argv.pop();
-            step.argv.push(path);
             let call_rs = SandboxCall {
                 suffix: "revisions",
                 tool: Toolset::Kubectl,
-                steps: vec![step],
+                steps: op.revisions_steps(&kubeconfig),
                 workdir: None,
                 files_in: vec![],
                 files_out: vec![],
