@@ -30,6 +30,21 @@
 //! from a real cluster's `sandbox.completed` stages with e.g.
 //! `BENCH_KUBE_TIMING=start=2.1,run=1.9 cargo bench --bench kubernetes`.
 //!
+//! `kubernetes/change_plan` is a `k8s_apply` of a 200-line Deployment
+//! manifest planned end to end on the LOCAL backend: a credential minted
+//! by the real OpenBao for each of its two gVisor sandboxes, real kubectl
+//! reading the live object and asking the fake API server for the dry run,
+//! the policy deciding on `input.kubernetes`, the plan saved and the
+//! approval asked for (the call ends `pending_approval`). Criterion's time
+//! is the call's time above its sandboxes' own (each sandbox's
+//! `duration_ms` in the audit, kubectl's API round trips inside it):
+//! what the gateway adds to a plan, credentials included.
+//! `kubernetes/change_plan/whole_call` is the same call's whole time, and
+//! `kubernetes/change_plan/gateway_work` the gateway's own work on that
+//! plan with no I/O: the desired object, the dry run's answer parsed, the
+//! structured diff, the object to send, the plan file's digest, and the
+//! decision on it (Rego). Needs root (gVisor sandboxes).
+//!
 //! Needs `.tools/bin/bao` (scripts/install-tools.sh).
 
 #[path = "../tests/support/fake_kube.rs"]
@@ -45,9 +60,11 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use gateway::broker::vault::VaultBroker;
 use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
 use gateway::policy::set::LoadOptions;
-use gateway::policy::{PolicyStore, Principal};
+use gateway::policy::{DecisionInput, PolicyStore, Principal};
 use gateway::sandbox::kubernetes::{KubeSandboxConfig, KubernetesSandbox};
-use serde_json::json;
+use gateway::sandbox::local::{LocalConfig, LocalSandbox};
+use gateway::tools::kubectl_change as change;
+use serde_json::{Value, json};
 
 const NS: &str = "gateway-sandbox";
 
@@ -331,5 +348,232 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// A Deployment of two containers with probes, resources, env and
+/// mounts: 200-odd lines as `kubectl get -o json` prints it.
+fn big_deployment(image: &str) -> Value {
+    let container = |name: &str, port: u16| {
+        json!({
+            "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
+            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+            "env": (0..6).map(|i| json!({"name": format!("{}_SETTING_{i}", name.to_uppercase()), "value": format!("value-{i}")})).collect::<Vec<_>>(),
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": port}, "periodSeconds": 5},
+            "livenessProbe": {"httpGet": {"path": "/live", "port": port}, "periodSeconds": 10},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}, {"name": "cache", "mountPath": "/var/cache/app"}],
+            "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}}
+        })
+    };
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "big", "labels": {"app": "big", "team": "platform"}},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "big"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+            "template": {"metadata": {"labels": {"app": "big", "team": "platform"}},
+                "spec": {"serviceAccountName": "big", "containers": [container("api", 8080), container("worker", 8081),],
+                    "volumes": [{"name": "config", "configMap": {"name": "big-config"}}, {"name": "cache", "emptyDir": {}}]}}}
+    })
+}
+
+/// `kubernetes/change_plan`, `.../whole_call` and `.../gateway_work`.
+fn change_plan(c: &mut Criterion) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let kube = rt.block_on(fake_kube::FakeKube::start());
+    let bao = openbao::OpenBao::start();
+    // Lanes as `vault setup` makes them by default: a plan mints two
+    // credentials, and one lane's client-side rate limit would be the bench.
+    let settings = bao.set_up_gateway(
+        &rt,
+        kube.url(),
+        kube.ca_pem.clone(),
+        kube.admin_jwt.clone(),
+        16,
+    );
+    let home = tempfile::tempdir().expect("home");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let broker = Arc::new(
+        VaultBroker::new(settings, home.path())
+            .expect("broker")
+            .with_lanes(16),
+    );
+    let store = Arc::new(PolicyStore::open(
+        vec![repo.join("policies")],
+        LoadOptions::default(),
+    ));
+    let mut tools = gateway::tools::ToolPaths::discover(&repo);
+    tools.runner = repo.join("target/release/gateway-runner");
+    if !tools.runner.is_file() {
+        tools.runner = repo.join("target/debug/gateway-runner");
+    }
+    assert!(
+        tools.runner.is_file(),
+        "build the in-sandbox runner first: cargo build --release -p gateway-runner"
+    );
+    let mut p = Pipeline::new(
+        Arc::clone(&store),
+        home.path().to_path_buf(),
+        workspace.path().to_path_buf(),
+        Arc::new(LocalSandbox::new(LocalConfig::default()).expect("runsc")),
+        tools,
+    )
+    .expect("pipeline");
+    p.broker = Some(Arc::clone(&broker) as Arc<dyn gateway::broker::Broker>);
+    p.endpoints = BTreeMap::from([("kube-apiserver".to_string(), kube.port)]);
+    p.kubernetes = Some(KubernetesAccess {
+        endpoint: "kube-apiserver".into(),
+        ca_pem: kube.ca_pem.clone().into_bytes(),
+        tls_server_name: "kubernetes".into(),
+    });
+    let p = Arc::new(p);
+    let live = big_deployment("registry.example/big:2.0.0");
+    let lines = serde_json::to_string_pretty(&live)
+        .expect("json")
+        .lines()
+        .count();
+    assert!(
+        (190..=240).contains(&lines),
+        "the manifest is {lines} lines"
+    );
+    kube.with(|s| {
+        s.put(
+            "namespaces",
+            "",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo-app"}}),
+        );
+        s.put("deployments", "demo-app", live.clone());
+    });
+    // The agent's manifest: the live object with a new (pinned) image.
+    let manifest = big_deployment(&format!("registry.example/big@sha256:{}", "ab".repeat(32)));
+    let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
+    let params = json!({"namespace": "demo-app", "manifest": manifest});
+    let plan = || {
+        let p = Arc::clone(&p);
+        let call = ToolCall {
+            trace: None,
+            tool: "k8s_apply".into(),
+            params: params.clone(),
+            principal: principal.clone(),
+            workspace: None,
+        };
+        let started = std::time::Instant::now();
+        let r = rt
+            .block_on(async move { p.call(call).await })
+            .expect("call");
+        let took = started.elapsed();
+        let Outcome::PendingApproval { changes, .. } = &r.outcome else {
+            panic!("the plan did not wait for approval: {:?}", r.outcome);
+        };
+        assert_eq!(changes[0]["actions"], json!(["update"]), "{changes}");
+        let sandboxes: u64 = std::fs::read_to_string(home.path().join("audit.jsonl"))
+            .expect("audit")
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| {
+                e["request_id"] == r.request_id.as_str() && e["event"] == "sandbox.completed"
+            })
+            .map(|e| e["data"]["duration_ms"].as_u64().expect("duration_ms"))
+            .sum();
+        (took, Duration::from_millis(sandboxes))
+    };
+    let mut g = c.benchmark_group("kubernetes");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(30));
+    g.bench_function("change_plan", |b| {
+        b.iter_custom(|n| {
+            (0..n)
+                .map(|_| {
+                    let (took, sandboxes) = plan();
+                    took.saturating_sub(sandboxes)
+                })
+                .sum()
+        })
+    });
+    g.bench_function("change_plan/whole_call", |b| {
+        b.iter_custom(|n| (0..n).map(|_| plan().0).sum())
+    });
+    // Where the last plan's time went: its events, ms after its request.
+    let events: Vec<Value> = std::fs::read_to_string(home.path().join("audit.jsonl"))
+        .expect("audit")
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let at = |e: &Value| {
+        e["ts"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_micros())
+            .unwrap_or(0)
+    };
+    if let Some(last) = events.iter().rev().find(|e| e["event"] == "tool.result") {
+        let mine: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["request_id"] == last["request_id"])
+            .collect();
+        let t0 = mine.first().map(|e| at(e)).unwrap_or(0);
+        for e in mine {
+            let extra = e["data"]["duration_ms"]
+                .as_u64()
+                .map(|d| format!(" (ran {d} ms)"))
+                .unwrap_or_default();
+            eprintln!(
+                "{:>8.1} ms {}{extra}",
+                (at(e) - t0) as f64 / 1000.0,
+                e["event"].as_str().unwrap_or("?")
+            );
+        }
+    }
+
+    // The gateway's own work on the same plan, no I/O: what the first
+    // decision names, the object to send, the dry run's answer (as the
+    // fake gave it) parsed, the diff, the plan file and its digest, and
+    // the decision on input.kubernetes.
+    let mut input = DecisionInput::new("k8s_apply", params.clone(), principal.clone());
+    let first = store.decide(&input).decision;
+    let op = change::ChangeOp::from_decision(first.operation.as_ref(), "demo-app").expect("op");
+    let stored = kube.with(|s| {
+        s.objects[&(
+            "deployments".to_string(),
+            "demo-app".to_string(),
+            "big".to_string(),
+        )]
+            .clone()
+    });
+    let mut answer = stored.clone();
+    answer["spec"] = manifest_spec(&params);
+    let answer = serde_json::to_vec(&answer).expect("json");
+    g.sample_size(50).measurement_time(Duration::from_secs(10));
+    g.bench_function("change_plan/gateway_work", |b| {
+        b.iter(|| {
+            let desired =
+                change::desired(&op, Some(&stored), None, "2026-12-07T00:00:00Z").expect("desired");
+            let planned = change::planned_object(&op, &answer, Some(&stored)).expect("planned");
+            let plan_input = change::plan_input(&op, Some(&stored), Some(&planned));
+            let send = change::to_send(&op, &desired, &planned, Some(&stored));
+            let file = serde_json::to_vec(&json!({"send": send, "creates": false})).expect("file");
+            let digest = gateway::canonical::sha256_hex(&file);
+            input.kubernetes = Some(plan_input);
+            let d = store.decide(&input).decision;
+            assert!(d.approval.required && digest.len() == 64);
+        })
+    });
+    g.finish();
+    assert!(
+        kube.with(|s| s.live("serviceaccounts").is_empty()),
+        "every credential was revoked"
+    );
+}
+
+/// The spec of the manifest in `params`.
+fn manifest_spec(params: &Value) -> Value {
+    params["manifest"]["spec"].clone()
+}
+
+criterion_group!(benches, change_plan, bench);
 criterion_main!(benches);
