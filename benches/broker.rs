@@ -43,11 +43,12 @@ fn bench(c: &mut Criterion) {
     let kube = rt.block_on(fake_kube::FakeKube::start());
     let bao = openbao::OpenBao::start();
     let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default()).expect("policies");
+    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
     let settings = bao.set_up_gateway(
         &rt,
         kube.url(),
         kube.ca_pem.clone(),
-        kube.admin_jwt.clone(),
+        kube.openbao_jwt.clone(),
         lanes,
     );
     let home = tempfile::tempdir().expect("home");

@@ -138,11 +138,12 @@ fn bench(c: &mut Criterion) {
         .expect("rt");
     let kube = rt.block_on(fake_kube::FakeKube::start());
     let bao = openbao::OpenBao::start();
+    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
     let settings = bao.set_up_gateway(
         &rt,
         kube.url(),
         kube.ca_pem.clone(),
-        kube.admin_jwt.clone(),
+        kube.openbao_jwt.clone(),
         1,
     );
     let home = tempfile::tempdir().expect("home");
@@ -387,11 +388,12 @@ fn change_plan(c: &mut Criterion) {
     let bao = openbao::OpenBao::start();
     // Lanes as `vault setup` makes them by default: a plan mints two
     // credentials, and one lane's client-side rate limit would be the bench.
+    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
     let settings = bao.set_up_gateway(
         &rt,
         kube.url(),
         kube.ca_pem.clone(),
-        kube.admin_jwt.clone(),
+        kube.openbao_jwt.clone(),
         16,
     );
     let home = tempfile::tempdir().expect("home");

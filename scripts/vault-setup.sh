@@ -56,6 +56,10 @@ server="$("$kubectl" config view --minify --raw -o jsonpath='{.clusters[0].clust
   | base64 -d > "$work/ca.pem"
 "$kubectl" apply -f "$root/cluster/namespaces.yaml" >&2
 "$kubectl" apply -f "$root/cluster/vault-rbac.yaml" >&2
+# The credential roles' Roles, from the policies in use (not the committed
+# copy: the policy data may have changed), then checked.
+"$gateway" --policies "$root/policies" vault cluster-roles | "$kubectl" apply --server-side -f - >&2
+"$gateway" --policies "$root/policies" vault cluster-roles --check >&2
 "$kubectl" -n vault create token openbao --duration=8760h > "$work/openbao.jwt"
 chmod 0600 "$work/openbao.jwt"
 "$gateway" --policies "$root/policies" vault setup \

@@ -123,31 +123,39 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
             s.seen
         );
         let one = |r: &str| {
-            let live = s.live(r);
+            let live = s.minted(r);
             assert_eq!(live.len(), 1, "{r}: {live:?}");
             live[0].clone()
         };
+        assert!(s.minted("roles").is_empty(), "OpenBao made a Role");
         let token = s.tokens.keys().next().cloned().expect("a token was minted");
-        (
-            one("serviceaccounts"),
-            one("roles"),
-            one("rolebindings"),
-            token,
-        )
+        let binding = one("rolebindings");
+        let role = s.objects[&(
+            "roles".to_string(),
+            "demo-app".to_string(),
+            binding["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )]
+            .clone();
+        (one("serviceaccounts"), role, binding, token)
     });
     assert_eq!(sa["metadata"]["namespace"], "demo-app");
     assert_eq!(sa["metadata"]["name"], json!(service_account));
-    assert_eq!(role["metadata"]["namespace"], "demo-app");
+    // Bound to the Role provisioned for it (gateway vault cluster-roles),
+    // which holds exactly the rules of config/vault_roles/data.yaml.
+    assert_eq!(role["metadata"]["name"], "gateway-pod-reader-demo-app");
     assert_eq!(
         role["rules"],
-        json!([{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["pods"], "resourceNames": []}]),
+        json!([{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["pods"]}]),
         "exactly the rules of config/vault_roles/data.yaml"
     );
     assert_eq!(binding["metadata"]["namespace"], "demo-app");
-    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["roleRef"]["kind"], "Role");
     assert_eq!(binding["subjects"][0]["name"], json!(service_account));
     assert_eq!(
-        role["metadata"]["labels"]["app.kubernetes.io/part-of"],
+        binding["metadata"]["labels"]["app.kubernetes.io/part-of"],
         "gateway"
     );
     // The credential is the fake's JWT: three parts, with exp.
@@ -188,8 +196,16 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
     broker.revoke(&cred.lease_id).await.expect("revoked");
     w.kube.with(|s| {
         assert!(s.live("serviceaccounts").is_empty(), "deleted on revoke");
-        assert!(s.live("roles").is_empty());
-        assert!(s.live("rolebindings").is_empty());
+        assert!(s.minted("roles").is_empty());
+        assert!(s.minted("rolebindings").is_empty());
+        assert!(
+            s.objects.contains_key(&(
+                "roles".to_string(),
+                "demo-app".to_string(),
+                "gateway-pod-reader-demo-app".to_string()
+            )),
+            "the provisioned Role stays"
+        );
     });
     let after = kubectl(&kc, &["get", "pods", "-n", "demo-app"]);
     assert!(!after.status.success(), "a revoked token stops working");
@@ -265,7 +281,7 @@ async fn credentials_spread_over_the_lanes_set_up_and_each_is_revoked() {
     }
     w.kube.with(|s| {
         for r in ["serviceaccounts", "roles", "rolebindings"] {
-            assert!(s.live(r).is_empty(), "{r}: {:?}", s.live(r));
+            assert!(s.minted(r).is_empty(), "{r}: {:?}", s.minted(r));
         }
     });
     assert!(
@@ -2492,4 +2508,170 @@ async fn a_call_cancelled_while_it_waits_for_a_lane_leaves_nothing_minted() {
     for l in &leases {
         broker.revoke(l).await.expect("revoked");
     }
+}
+
+/// OpenBao's Kubernetes secrets engine holds, through the cluster assets
+/// (cluster/vault-rbac.yaml and the Roles `gateway vault cluster-roles`
+/// makes), exactly what a credential needs: a ServiceAccount, its token,
+/// and a RoleBinding to one of the provisioned credential Roles. Played
+/// with its own token, as a compromised OpenBao would: it cannot write a
+/// Role (no `escalate`, no `create roles`), nor bind a ClusterRole or a
+/// Role that is not a credential role, nor act in a namespace it has no
+/// binding in. Before the roles were provisioned, its ClusterRole held
+/// `create` and `escalate` on roles: any rules at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
+    let w = world().await;
+    w.kube.with(|s| {
+        s.put(
+            "clusterroles",
+            "",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "admin"},
+                "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+        );
+        // Another team's Role in the same namespace.
+        s.put(
+            "roles",
+            "demo-app",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "secrets-reader", "namespace": "demo-app"},
+                "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}]}),
+        );
+    });
+    let token_file = w.dir.path().join("openbao.jwt");
+    std::fs::write(&token_file, &w.kube.openbao_jwt).expect("token");
+    let kc = kubeconfig(&w, &token_file);
+    let run = |args: &[&str]| {
+        let out = kubectl(&kc, args);
+        (
+            out.status.success(),
+            common::stdout(&out) + &common::stderr(&out),
+        )
+    };
+    // What a credential needs.
+    let (ok, said) = run(&["-n", "demo-app", "create", "serviceaccount", "probe"]);
+    assert!(ok, "{said}");
+    let (ok, said) = run(&[
+        "-n",
+        "demo-app",
+        "create",
+        "rolebinding",
+        "probe-get",
+        "--role=gateway-k8s-get-demo-app",
+        "--serviceaccount=demo-app:probe",
+    ]);
+    assert!(ok, "a credential role may be bound: {said}");
+    // Nothing wider.
+    for (args, what) in [
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "role",
+                "wide",
+                "--verb=*",
+                "--resource=secrets",
+            ],
+            "a Role of its own making",
+        ),
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "probe-admin",
+                "--clusterrole=admin",
+                "--serviceaccount=demo-app:probe",
+            ],
+            "a ClusterRole",
+        ),
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "probe-secrets",
+                "--role=secrets-reader",
+                "--serviceaccount=demo-app:probe",
+            ],
+            "a Role that is not a credential role",
+        ),
+        (
+            vec!["-n", "kube-system", "create", "serviceaccount", "probe"],
+            "a namespace it has no binding in",
+        ),
+    ] {
+        let (ok, said) = run(&args);
+        assert!(!ok && said.contains("forbidden"), "{what}: {said}");
+    }
+    assert!(
+        w.kube.with(|s| !s.objects.contains_key(&(
+            "roles".to_string(),
+            "demo-app".to_string(),
+            "wide".to_string()
+        ))),
+        "no Role was made"
+    );
+}
+
+/// The drift check: `gateway vault cluster-roles --check`, as the operator
+/// runs it with their own kubeconfig, passes on the cluster the assets
+/// were applied to, and names each difference once the cluster drifts: a
+/// credential Role widened by hand, the engine's binder binding deleted,
+/// a labelled credential Role the policy data no longer has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_check_names_every_way_the_cluster_roles_differ_from_the_policy_data() {
+    let w = world().await;
+    let kc = w
+        .kube
+        .kubeconfig(w.dir.path(), &w.kube.admin_jwt, "demo-app");
+    let check = || {
+        let out = common::gateway(&w.home)
+            .args(["vault", "cluster-roles", "--check"])
+            .env("KUBECONFIG", &kc)
+            .output()
+            .expect("check");
+        (
+            out.status.code(),
+            common::stdout(&out) + &common::stderr(&out),
+        )
+    };
+    let (code, said) = check();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("match the policy data (14 roles"), "{said}");
+    w.kube.with(|s| {
+        s.update("roles", "demo-app", "gateway-k8s-get-demo-app", |r| {
+            r["rules"][0]["verbs"] = json!(["get", "list", "delete"]);
+        });
+        s.remove("rolebindings", "demo-app", "gateway-credential-binder");
+        s.put(
+            "roles",
+            "demo-app",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "gateway-k8s-old-demo-app", "namespace": "demo-app",
+                    "labels": {"gateway.dev/credential-role": "true"}},
+                "rules": []}),
+        );
+    });
+    let (code, said) = check();
+    assert_eq!(code, Some(1), "{said}");
+    let drift: Vec<&str> = said.lines().filter(|l| l.starts_with("DRIFT ")).collect();
+    assert_eq!(drift.len(), 3, "{said}");
+    assert!(
+        drift[0].contains("Role demo-app/gateway-k8s-get-demo-app has other rules")
+            && drift[0].contains("delete"),
+        "{said}"
+    );
+    assert!(
+        drift[1].contains("RoleBinding demo-app/gateway-credential-binder is missing"),
+        "{said}"
+    );
+    assert!(
+        drift[2].contains("Role demo-app/gateway-k8s-old-demo-app is labelled"),
+        "{said}"
+    );
 }

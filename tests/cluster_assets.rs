@@ -322,3 +322,51 @@ fn cluster_assets_apply_in_an_order_that_works_on_a_fresh_cluster() {
             .all(|(_, d)| d["apiVersion"] != "kind.x-k8s.io/v1alpha4")
     );
 }
+
+/// The policy component's credential-roles.yaml (deploy/kubernetes/policies,
+/// what `gateway vault cluster-roles` makes of the default policies; its
+/// staleness is tests/deploy_kubernetes.rs'): each credential role is a
+/// Role in its namespace, and OpenBao's service account may bind those
+/// Roles and no other, nor write any Role itself.
+#[test]
+fn the_credential_roles_are_bindable_by_name_only_and_the_engine_writes_no_role() {
+    let home = tempfile::tempdir().expect("home");
+    let out = common::gateway(home.path())
+        .args(["vault", "cluster-roles"])
+        .output()
+        .expect("gateway");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let mut docs = documents();
+    for d in serde_saphyr::from_multiple::<Value>(&common::stdout(&out)).expect("YAML") {
+        docs.push(("credential-roles.yaml".into(), d));
+    }
+    let issuer = find(&docs, "ClusterRole", "gateway-credential-issuer");
+    for rule in issuer["rules"].as_array().expect("rules") {
+        let verbs = rule["verbs"].to_string();
+        assert!(
+            !verbs.contains("escalate") && !verbs.contains("bind"),
+            "{rule}"
+        );
+        assert!(
+            !rule["resources"].to_string().contains("\"roles\""),
+            "the issuer writes no Role: {rule}"
+        );
+    }
+    let binder = find(&docs, "Role", "gateway-credential-binder");
+    assert_eq!(binder["rules"].as_array().map(Vec::len), Some(1));
+    assert_eq!(binder["rules"][0]["verbs"], serde_json::json!(["bind"]));
+    let names: Vec<&str> = binder["rules"][0]["resourceNames"]
+        .as_array()
+        .expect("by name")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let credential_roles: Vec<&str> = docs
+        .iter()
+        .filter(|(_, d)| {
+            d["kind"] == "Role" && d["metadata"]["labels"]["gateway.dev/credential-role"] == "true"
+        })
+        .filter_map(|(_, d)| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, credential_roles);
+}

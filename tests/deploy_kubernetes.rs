@@ -403,7 +403,11 @@ fn the_policy_component_is_the_policy_dir_regenerated() {
         .output()
         .expect("gateway policy configmap");
     assert!(out.status.success(), "{}", common::stderr(&out));
-    for f in ["kustomization.yaml", "policies.yaml"] {
+    for f in [
+        "kustomization.yaml",
+        "policies.yaml",
+        "credential-roles.yaml",
+    ] {
         let fresh = std::fs::read_to_string(dir.path().join("policies").join(f)).expect("fresh");
         let kept =
             std::fs::read_to_string(common::repo().join("deploy/kubernetes/policies").join(f))

@@ -349,27 +349,36 @@ async fn each_read_gets_a_token_that_can_do_only_what_its_tool_needs() {
     )
     .await;
     completed(&r);
-    // (Vault writes an empty resourceNames into each rule: no names, no
-    // restriction by name.)
-    let rules: Vec<Value> = w.kube.with(|s| {
-        s.created
+    // The credential's ServiceAccount was bound (by OpenBao, creating no
+    // Role of its own) to the Role provisioned for that tool.
+    let (created_roles, bound): (usize, Vec<(String, Value)>) = w.kube.with(|s| {
+        let bound = s
+            .created
             .iter()
-            .filter(|(r, _)| r == "roles")
-            .map(|(_, o)| {
-                let mut rules = o["rules"].clone();
-                for r in rules.as_array_mut().into_iter().flatten() {
-                    if r["resourceNames"] == json!([]) {
-                        r.as_object_mut().map(|m| m.remove("resourceNames"));
-                    }
-                }
-                rules
+            .filter(|(r, b)| r == "rolebindings" && b["subjects"][0]["name"] != "openbao")
+            .filter_map(|(_, b)| {
+                let name = b["roleRef"]["name"].as_str()?.to_string();
+                let role =
+                    s.objects
+                        .get(&("roles".to_string(), "demo-app".to_string(), name.clone()))?;
+                Some((name, role["rules"].clone()))
             })
-            .collect()
+            .collect();
+        let created_roles = s
+            .seen
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/roles"))
+            .count();
+        (created_roles, bound)
     });
+    assert_eq!(created_roles, 0, "OpenBao made a Role");
     assert_eq!(
-        rules,
-        [json!([{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get"]}])],
-        "{rules:#?}"
+        bound,
+        [(
+            "gateway-k8s-logs-demo-app".to_string(),
+            json!([{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get"]}])
+        )],
+        "{bound:#?}"
     );
     // A denied read runs nothing and mints nothing.
     let before = w.kube.with(|s| s.created.len());

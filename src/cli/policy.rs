@@ -40,10 +40,15 @@ pub enum PolicyCommand {
 pub struct ConfigmapArgs {
     /// The policy dir [default: the --policies dir].
     dir: Option<PathBuf>,
-    /// The component's dir (kustomization.yaml and policies.yaml are
+    /// The component's dir (kustomization.yaml, policies.yaml and, when
+    /// the policies define credential roles, credential-roles.yaml are
     /// written there).
     #[arg(short, long)]
     output: PathBuf,
+    /// The service account Vault/OpenBao's Kubernetes secrets engine runs
+    /// as (it may bind the credential Roles).
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "vault/openbao")]
+    engine_service_account: String,
     /// The ConfigMap's name (the Deployment's `policies` volume names it).
     #[arg(long, default_value = "gateway-policies")]
     name: String,
@@ -51,6 +56,9 @@ pub struct ConfigmapArgs {
     #[arg(long, default_value = "gateway-sandbox")]
     namespace: String,
 }
+
+/// The credential roles' file of the policy component.
+const ROLES_FILE: &str = "credential-roles.yaml";
 
 /// The label of a workload whose `policies` volume mounts the ConfigMap.
 const POLICIES_LABEL: &str = "gateway.dev/policies";
@@ -257,10 +265,28 @@ fn configmap(cli: &Cli, a: &ConfigmapArgs) -> anyhow::Result<ExitCode> {
         },
         "data": data,
     });
+    // The cluster Roles the policies' credentials are bound to, made from
+    // the same set: they deploy together, and never drift apart.
+    let roles = match set.data("data.config.vault_roles")? {
+        Some(v) => {
+            let roles: crate::broker::setup::VaultRoles = serde_json::from_value(v)
+                .context("config/vault_roles/data.yaml does not match the expected shape")?;
+            let (ns, sa) = a
+                .engine_service_account
+                .split_once('/')
+                .context("--engine-service-account takes NAMESPACE/NAME")?;
+            Some(super::vault::cluster_roles_manifest(&roles, (ns, sa))?)
+        }
+        None => None,
+    };
+    let mut resources = vec!["policies.yaml"];
+    if roles.is_some() {
+        resources.push(ROLES_FILE);
+    }
     let component = serde_json::json!({
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
-        "resources": ["policies.yaml"],
+        "resources": resources,
         "patches": [{
             // Every workload that mounts the policies says so by a label:
             // the Deployment, and the verify Job.
@@ -284,6 +310,13 @@ fn configmap(cli: &Cli, a: &ConfigmapArgs) -> anyhow::Result<ExitCode> {
     ] {
         let text = format!("{header}{}", serde_saphyr::to_string(doc)?);
         write_by_rename(&a.output.join(name), text.as_bytes())?;
+    }
+    let roles_path = a.output.join(ROLES_FILE);
+    match &roles {
+        Some(text) => write_by_rename(&roles_path, text.as_bytes())?,
+        None if roles_path.exists() => std::fs::remove_file(&roles_path)
+            .with_context(|| format!("removing {}", roles_path.display()))?,
+        None => {}
     }
     println!(
         "wrote {} ({} files, policy set {})",

@@ -79,6 +79,8 @@ pub struct Seen {
 
 #[derive(Debug, Default)]
 pub struct State {
+    /// The token of `vault/openbao` ([`FakeKube::openbao_jwt`]).
+    pub openbao_token: String,
     /// Objects by (resource, namespace, name), as JSON.
     pub objects: BTreeMap<(String, String, String), Value>,
     /// Minted tokens -> (namespace, service account, uid of the SA, exp).
@@ -643,6 +645,12 @@ pub struct FakeKube {
     pub ca_pem: String,
     /// The JWT the secrets engine authenticates with (full access).
     pub admin_jwt: String,
+    /// A token of the ServiceAccount `vault/openbao`, what OpenBao's
+    /// Kubernetes secrets engine authenticates with: held to RBAC like any
+    /// service account (cluster/vault-rbac.yaml and the generated
+    /// credential roles grant it its rights, once applied with
+    /// [`State::apply_cluster_assets`]).
+    pub openbao_jwt: String,
     pub state: Arc<Mutex<State>>,
     task: Mutex<tokio::task::JoinHandle<()>>,
 }
@@ -1063,6 +1071,15 @@ impl State {
         if token == admin_jwt {
             return Who::Admin;
         }
+        // OpenBao's service account (the fake's own: it is not among the
+        // objects, so that a test's "no ServiceAccount is left" counts
+        // only the credentials').
+        if !self.openbao_token.is_empty() && token == self.openbao_token {
+            return Who::Sa {
+                ns: "vault".into(),
+                name: "openbao".into(),
+            };
+        }
         match self.tokens.get(token) {
             Some((ns, name, uid, exp)) if *exp > now() => {
                 // Valid only while the very ServiceAccount it was bound to exists.
@@ -1117,17 +1134,22 @@ impl State {
                 b["subjects"].as_array().into_iter().flatten().any(|s| {
                     s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == ns
                 });
-            if !subject_matches || b["roleRef"]["kind"] != "Role" {
+            if !subject_matches {
                 continue;
             }
             let role_name = b["roleRef"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let Some(role) =
-                self.objects
-                    .get(&("roles".to_string(), target_ns.to_string(), role_name))
-            else {
+            // A RoleBinding grants a Role of its namespace, or a
+            // ClusterRole's rules within its namespace (RBAC docs,
+            // "RoleBinding and ClusterRoleBinding").
+            let role_key = match b["roleRef"]["kind"].as_str() {
+                Some("Role") => ("roles".to_string(), target_ns.to_string(), role_name),
+                Some("ClusterRole") => ("clusterroles".to_string(), String::new(), role_name),
+                _ => continue,
+            };
+            let Some(role) = self.objects.get(&role_key) else {
                 continue;
             };
             for rule in role["rules"].as_array().into_iter().flatten() {
@@ -1185,6 +1207,171 @@ impl State {
                     && any(&rule["apiGroups"], group)
                     && any(&rule["resources"], resource)
             })
+    }
+
+    /// Does `ns/sa` hold every permission of `rules` in `target_ns`? (What
+    /// RBAC's escalation check asks of someone who writes a Role, or binds
+    /// one, without `escalate` or `bind`.)
+    fn holds_all(&self, ns: &str, sa: &str, rules: &Value, target_ns: &str) -> bool {
+        rules.as_array().into_iter().flatten().all(|rule| {
+            let list = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            };
+            let names = list("resourceNames");
+            list("verbs").iter().all(|verb| {
+                list("apiGroups").iter().all(|group| {
+                    list("resources").iter().all(|resource| {
+                        if names.is_empty() {
+                            self.allowed(ns, sa, verb, group, resource, None, target_ns)
+                        } else {
+                            names.iter().all(|n| {
+                                self.allowed(ns, sa, verb, group, resource, Some(n), target_ns)
+                            })
+                        }
+                    })
+                })
+            })
+        })
+    }
+
+    /// RBAC's privilege escalation prevention ("Using RBAC Authorization",
+    /// "Restrictions on role creation or update" and "on role binding
+    /// creation or update"): a service account may write a Role only with
+    /// `escalate` on roles or holding every permission it grants, and bind
+    /// a Role or ClusterRole only with `bind` on it (by name, when the
+    /// rule lists resourceNames) or holding every permission it grants.
+    /// `None` when allowed; else the real server's message.
+    pub fn escalation(
+        &self,
+        ns: &str,
+        sa: &str,
+        resource: &str,
+        obj: &Value,
+        target_ns: &str,
+    ) -> Option<String> {
+        let user = format!("system:serviceaccount:{ns}:{sa}");
+        match resource {
+            "roles" => {
+                if self.allowed(
+                    ns,
+                    sa,
+                    "escalate",
+                    "rbac.authorization.k8s.io",
+                    "roles",
+                    None,
+                    target_ns,
+                ) || self.holds_all(ns, sa, &obj["rules"], target_ns)
+                {
+                    return None;
+                }
+                Some(format!(
+                    "roles.rbac.authorization.k8s.io \"{}\" is forbidden: user \"{user}\" is attempting to grant RBAC permissions not currently held",
+                    obj["metadata"]["name"].as_str().unwrap_or_default()
+                ))
+            }
+            "rolebindings" => {
+                let kind = obj["roleRef"]["kind"].as_str().unwrap_or_default();
+                let name = obj["roleRef"]["name"].as_str().unwrap_or_default();
+                let (role_resource, role) = if kind == "ClusterRole" {
+                    (
+                        "clusterroles",
+                        self.objects.get(&(
+                            "clusterroles".to_string(),
+                            String::new(),
+                            name.to_string(),
+                        )),
+                    )
+                } else {
+                    (
+                        "roles",
+                        self.objects.get(&(
+                            "roles".to_string(),
+                            target_ns.to_string(),
+                            name.to_string(),
+                        )),
+                    )
+                };
+                if self.allowed(
+                    ns,
+                    sa,
+                    "bind",
+                    "rbac.authorization.k8s.io",
+                    role_resource,
+                    Some(name),
+                    target_ns,
+                ) || role.is_some_and(|r| self.holds_all(ns, sa, &r["rules"], target_ns))
+                {
+                    return None;
+                }
+                Some(format!(
+                    "rolebindings.rbac.authorization.k8s.io \"{}\" is forbidden: user \"{user}\" is attempting to grant RBAC permissions not currently held",
+                    obj["metadata"]["name"].as_str().unwrap_or_default()
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// The operator's `kubectl apply` of cluster assets: every RBAC object
+    /// and ServiceAccount in `yaml` (documents separated by `---`).
+    pub fn apply_yaml(&mut self, yaml: &str) {
+        // Set up before the test: not among what the test sees created.
+        let before = self.created.len();
+        for doc in serde_saphyr::from_multiple::<Value>(yaml).expect("YAML") {
+            let resource = match doc["kind"].as_str() {
+                Some("Role") => "roles",
+                Some("RoleBinding") => "rolebindings",
+                Some("ClusterRole") => "clusterroles",
+                Some("ClusterRoleBinding") => "clusterrolebindings",
+                Some("ServiceAccount") => "serviceaccounts",
+                _ => continue,
+            };
+            let ns = doc["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let name = doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if self
+                .objects
+                .contains_key(&(resource.to_string(), ns.clone(), name.clone()))
+            {
+                self.update(resource, &ns, &name, |o| *o = doc.clone());
+            } else {
+                self.put(resource, &ns, doc);
+            }
+        }
+        self.created.truncate(before);
+    }
+
+    /// The live objects of `resource` a credential made: not the
+    /// operator's cluster assets (which carry `gateway.dev/credential-role`).
+    pub fn minted(&self, resource: &str) -> Vec<Value> {
+        self.live(resource)
+            .into_iter()
+            .filter(|o| o["metadata"]["labels"]["gateway.dev/credential-role"].is_null())
+            .collect()
+    }
+
+    /// cluster/vault-rbac.yaml, as `scripts/vault-setup.sh` applies it,
+    /// and `credential_roles` (what `gateway vault cluster-roles` printed).
+    pub fn apply_cluster_assets(&mut self, credential_roles: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/vault-rbac.yaml");
+        let vault_rbac = std::fs::read_to_string(&path).expect("cluster/vault-rbac.yaml");
+        // Its ServiceAccount is the fake's own (its token was minted at start).
+        let without_sa: Vec<&str> = vault_rbac
+            .split("\n---\n")
+            .filter(|d| !d.contains("kind: ServiceAccount\n"))
+            .collect();
+        self.apply_yaml(&without_sa.join("\n---\n"));
+        self.apply_yaml(credential_roles);
     }
 
     fn create(
@@ -1611,6 +1798,12 @@ impl FakeKube {
                     {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
                 ]}),
         );
+        let openbao_jwt = jwt(
+            "system:serviceaccount:vault:openbao",
+            now() + 86_400,
+            json!({"kubernetes.io": {"namespace": "vault", "serviceaccount": {"name": "openbao"}}}),
+        );
+        first.openbao_token = openbao_jwt.clone();
         let state = Arc::new(Mutex::new(first));
         tokio::spawn(deadline_controller(Arc::downgrade(&state)));
         let (shutdown, _) = tokio::sync::watch::channel(0u64);
@@ -1627,6 +1820,7 @@ impl FakeKube {
             shutdown,
             ca_pem: ca_cert.pem(),
             admin_jwt,
+            openbao_jwt,
             state,
             task: Mutex::new(task),
         }
@@ -3358,6 +3552,32 @@ async fn route(
                        "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
             )
         }
+        // RBAC objects, read as an operator's tools read them.
+        ("get", "roles" | "rolebindings", None) => {
+            let s = st.lock().expect("state");
+            let name = name.unwrap_or_default();
+            match s
+                .objects
+                .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+            {
+                Some(o) => respond(StatusCode::OK, o.clone()),
+                None => not_found_error(resource, name),
+            }
+        }
+        ("list", "roles" | "rolebindings", None) => {
+            let s = st.lock().expect("state");
+            let kind = if resource == "roles" {
+                "RoleList"
+            } else {
+                "RoleBindingList"
+            };
+            respond(
+                StatusCode::OK,
+                json!({"kind": kind, "apiVersion": "rbac.authorization.k8s.io/v1",
+                       "metadata": {"resourceVersion": s.next_rv.to_string()},
+                       "items": s.select(resource, ns, labels, fields)}),
+            )
+        }
         ("list", "secrets", None) => respond(
             StatusCode::OK,
             json!({"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []}),
@@ -3425,10 +3645,29 @@ async fn route(
                 _ => "RoleBinding",
             };
             match decode_body(ct, body, kind) {
-                Ok(obj) => match st.lock().expect("state").create(resource, ns, obj) {
-                    Ok(created) => respond(StatusCode::CREATED, created),
-                    Err(r) => *r,
-                },
+                Ok(obj) => {
+                    let mut s = st.lock().expect("state");
+                    let refused = match &who {
+                        Who::Sa {
+                            ns: sa_ns,
+                            name: sa,
+                        } => s.escalation(sa_ns, sa, resource, &obj, ns),
+                        _ => None,
+                    };
+                    match refused {
+                        Some(message) => status(
+                            StatusCode::FORBIDDEN,
+                            "Forbidden",
+                            message,
+                            json!({"group": "rbac.authorization.k8s.io", "kind": resource,
+                                "name": obj["metadata"]["name"]}),
+                        ),
+                        None => match s.create(resource, ns, obj) {
+                            Ok(created) => respond(StatusCode::CREATED, created),
+                            Err(r) => *r,
+                        },
+                    }
+                }
                 Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
             }
         }

@@ -46,8 +46,16 @@ pub async fn world() -> World {
     let ca_file = dir.path().join("kube-ca.pem");
     std::fs::write(&ca_file, &kube.ca_pem).expect("ca");
     let jwt_file = dir.path().join("openbao-sa.jwt");
-    std::fs::write(&jwt_file, &kube.admin_jwt).expect("jwt");
+    std::fs::write(&jwt_file, &kube.openbao_jwt).expect("jwt");
     let home = dir.path().join("home");
+    // The operator applies the cluster assets first (scripts/vault-setup.sh):
+    // OpenBao's rights, and the credential roles made from the policies.
+    let roles = common::gateway(&home)
+        .args(["vault", "cluster-roles"])
+        .output()
+        .expect("vault cluster-roles");
+    assert!(roles.status.success(), "{}", common::stderr(&roles));
+    kube.with(|s| s.apply_cluster_assets(&common::stdout(&roles)));
     let out = common::gateway(&home)
         .args(["vault", "setup", "--kubernetes-host", &kube.url()])
         .arg("--kubernetes-ca-file")

@@ -131,6 +131,27 @@ impl Drop for OpenBao {
     }
 }
 
+/// What `gateway vault cluster-roles` prints for the default policies: the
+/// credential roles' Roles an operator applies to the cluster.
+pub fn cluster_roles_yaml() -> String {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let set = gateway::policy::PolicySet::load(
+        &[repo.join("policies")],
+        &gateway::policy::set::LoadOptions::default(),
+    )
+    .expect("policies");
+    let roles: gateway::broker::setup::VaultRoles = serde_json::from_value(
+        set.data("data.config.vault_roles")
+            .expect("data")
+            .expect("roles"),
+    )
+    .expect("shape");
+    gateway::broker::setup::cluster_roles(&roles, ("vault", "openbao"))
+        .iter()
+        .map(|d| format!("---\n{}", serde_saphyr::to_string(d).expect("yaml")))
+        .collect()
+}
+
 impl OpenBao {
     /// What `gateway vault setup` does, in-process, for the API server at
     /// `kube_url` (the default policies' roles, on `lanes` lanes of the

@@ -116,16 +116,173 @@ pub fn revocations_in(policy: &str, roles: &VaultRoles) -> Vec<String> {
     kept
 }
 
-/// The Kubernetes secrets engine role for `def`.
-pub fn role_body(def: &RoleDef) -> Value {
+/// The Kubernetes secrets engine role `name` for `def`: each credential is
+/// a new ServiceAccount bound (by a new RoleBinding) to the Role of the
+/// same name that [`cluster_roles`] provisions once in the role's
+/// namespace. The engine creates no Role and needs neither `escalate` nor
+/// the right to write Roles: only to bind these, by name.
+pub fn role_body(name: &str, def: &RoleDef) -> Value {
     json!({
         "allowed_kubernetes_namespaces": [def.namespace],
         "kubernetes_role_type": "Role",
-        "generated_role_rules": json!({"rules": def.rules}).to_string(),
+        "kubernetes_role_name": name,
         "token_default_ttl": def.default_ttl,
         "token_max_ttl": def.max_ttl,
         "extra_labels": {"app.kubernetes.io/part-of": "gateway"},
     })
+}
+
+/// The ClusterRole the secrets engine's service account is given in each
+/// namespace it mints credentials in (cluster/vault-rbac.yaml): its
+/// ServiceAccounts, their tokens and RoleBindings.
+pub const ISSUER_CLUSTER_ROLE: &str = "gateway-credential-issuer";
+/// The Role, in each such namespace, that lets the engine bind exactly the
+/// credential Roles there (`bind` with `resourceNames`).
+pub const BINDER_ROLE: &str = "gateway-credential-binder";
+/// The label every object [`cluster_roles`] makes carries, `true` on the
+/// credential Roles themselves (what the drift check lists).
+pub const CREDENTIAL_ROLE_LABEL: &str = "gateway.dev/credential-role";
+
+/// The Kubernetes objects behind the credentials, made once from the same
+/// data the policies derive scopes from (`data.config.vault_roles`): a
+/// Role per credential role, named as it and holding exactly its rules;
+/// and per namespace, for the secrets engine's service account
+/// `engine` (namespace, name), a RoleBinding of [`ISSUER_CLUSTER_ROLE`]
+/// and a Role (and binding) that may `bind` those Roles and no other.
+pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
+    let labels = |credential: bool| json!({"app.kubernetes.io/part-of": "gateway", CREDENTIAL_ROLE_LABEL: credential.to_string()});
+    let subject = json!([{"kind": "ServiceAccount", "name": engine.1, "namespace": engine.0}]);
+    let mut by_ns: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut docs = Vec::new();
+    for (name, def) in &roles.roles {
+        by_ns.entry(&def.namespace).or_default().push(name);
+        docs.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": def.namespace, "labels": labels(true)},
+            "rules": def.rules,
+        }));
+    }
+    for (ns, names) in by_ns {
+        docs.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": ISSUER_CLUSTER_ROLE, "namespace": ns, "labels": labels(false)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ISSUER_CLUSTER_ROLE},
+            "subjects": subject,
+        }));
+        docs.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": BINDER_ROLE, "namespace": ns, "labels": labels(false)},
+            "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+                       "verbs": ["bind"], "resourceNames": names}],
+        }));
+        docs.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": BINDER_ROLE, "namespace": ns, "labels": labels(false)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": BINDER_ROLE},
+            "subjects": subject,
+        }));
+    }
+    docs
+}
+
+/// A rule as the API server keeps it, for comparing: every list sorted,
+/// an empty `resourceNames` (what a Role written without one reads back
+/// as, from some clients) the same as none.
+fn normal_rule(rule: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for key in [
+        "apiGroups",
+        "resources",
+        "verbs",
+        "resourceNames",
+        "nonResourceURLs",
+    ] {
+        let mut items: Vec<String> = rule[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        items.sort();
+        items.dedup();
+        if !items.is_empty() {
+            out.insert(key.into(), json!(items));
+        }
+    }
+    Value::Object(out)
+}
+
+/// How the cluster's objects differ from [`cluster_roles`]' `expected`:
+/// `live(kind, namespace, name)` is the object in the cluster, if any, and
+/// `listed` every Role labelled a credential role in those namespaces.
+/// One line per difference; none when the cluster matches.
+pub fn role_drift(
+    expected: &[Value],
+    live: impl Fn(&str, &str, &str) -> Option<Value>,
+    listed: &[Value],
+) -> Vec<String> {
+    let mut drift = Vec::new();
+    let key = |o: &Value| {
+        (
+            o["kind"].as_str().unwrap_or_default().to_string(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    };
+    let rules = |o: &Value| {
+        let mut r: Vec<String> = o["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| normal_rule(r).to_string())
+            .collect();
+        r.sort();
+        r
+    };
+    for want in expected {
+        let (kind, ns, name) = key(want);
+        let Some(have) = live(&kind, &ns, &name) else {
+            drift.push(format!("{kind} {ns}/{name} is missing"));
+            continue;
+        };
+        if kind == "Role" && rules(want) != rules(&have) {
+            drift.push(format!(
+                "{kind} {ns}/{name} has other rules: {} (the policy data says {})",
+                json!(have["rules"]),
+                json!(want["rules"])
+            ));
+        }
+        if kind == "RoleBinding" {
+            for field in ["roleRef", "subjects"] {
+                if want[field] != have[field] {
+                    drift.push(format!(
+                        "{kind} {ns}/{name} has another {field}: {} (expected {})",
+                        have[field], want[field]
+                    ));
+                }
+            }
+        }
+    }
+    let wanted: std::collections::BTreeSet<_> = expected.iter().map(key).collect();
+    for have in listed {
+        let mut k = key(have);
+        if k.0.is_empty() {
+            k.0 = "Role".into();
+        }
+        if !wanted.contains(&k) {
+            drift.push(format!(
+                "Role {}/{} is labelled a gateway credential role and is not in the policy data: delete it or add it to config/vault_roles",
+                k.1, k.2
+            ));
+        }
+    }
+    drift
 }
 
 /// How Vault reaches the cluster (the secrets engine's and the Kubernetes
@@ -223,7 +380,7 @@ pub async fn setup(
                 &client,
                 RequestMethod::POST,
                 &format!("{mount}/roles/{name}"),
-                Some(role_body(def)),
+                Some(role_body(name, def)),
                 &format!("writing role {name} on {mount}/"),
             )
             .await?;
@@ -429,11 +586,94 @@ mod tests {
     }
 
     #[test]
-    fn a_role_is_bound_to_its_one_namespace_with_its_rules() {
-        let b = role_body(&roles().roles["r1"]);
+    fn a_role_binds_its_one_namespace_to_the_provisioned_role_of_its_name() {
+        let b = role_body("r1", &roles().roles["r1"]);
         assert_eq!(b["allowed_kubernetes_namespaces"], json!(["demo-app"]));
-        let rules: Value =
-            serde_json::from_str(b["generated_role_rules"].as_str().expect("str")).expect("json");
-        assert_eq!(rules["rules"][0]["resources"], json!(["pods"]));
+        assert_eq!(b["kubernetes_role_name"], "r1");
+        assert_eq!(b["kubernetes_role_type"], "Role");
+        assert!(b.get("generated_role_rules").is_none(), "{b}");
+    }
+
+    #[test]
+    fn the_cluster_roles_hold_the_rules_and_the_engine_may_bind_only_them() {
+        let docs = cluster_roles(&roles(), ("vault", "openbao"));
+        let kinds: Vec<String> = docs
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {}",
+                    d["kind"].as_str().unwrap_or(""),
+                    d["metadata"]["name"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "Role r1",
+                "RoleBinding gateway-credential-issuer",
+                "Role gateway-credential-binder",
+                "RoleBinding gateway-credential-binder"
+            ]
+        );
+        assert_eq!(
+            docs[0]["rules"],
+            roles().roles["r1"].rules.iter().cloned().collect::<Value>()
+        );
+        assert_eq!(docs[0]["metadata"]["labels"][CREDENTIAL_ROLE_LABEL], "true");
+        assert_eq!(
+            docs[2]["rules"],
+            json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind"], "resourceNames": ["r1"]}])
+        );
+        assert_eq!(docs[3]["subjects"][0]["name"], "openbao");
+    }
+
+    #[test]
+    fn drift_names_what_is_missing_changed_or_left_over() {
+        let docs = cluster_roles(&roles(), ("vault", "openbao"));
+        let same = |kind: &str, ns: &str, name: &str| {
+            docs.iter()
+                .find(|d| {
+                    d["kind"] == kind
+                        && d["metadata"]["namespace"] == ns
+                        && d["metadata"]["name"] == name
+                })
+                .cloned()
+        };
+        // As the API server reads them back: lists in another order, an
+        // empty resourceNames.
+        let mut r1 = docs[0].clone();
+        r1["rules"] = json!([{"verbs": ["list"], "resources": ["pods"], "apiGroups": [""], "resourceNames": []}]);
+        let read_back = |kind: &str, ns: &str, name: &str| {
+            if name == "r1" {
+                Some(r1.clone())
+            } else {
+                same(kind, ns, name)
+            }
+        };
+        assert_eq!(
+            role_drift(&docs, read_back, &[docs[0].clone()]),
+            Vec::<String>::new()
+        );
+        // A rule widened in the cluster, a binding gone, a stray role.
+        let mut wide = docs[0].clone();
+        wide["rules"][0]["verbs"] = json!(["list", "delete"]);
+        let drifted = |kind: &str, ns: &str, name: &str| match name {
+            "r1" => Some(wide.clone()),
+            BINDER_ROLE if kind == "RoleBinding" => None,
+            _ => same(kind, ns, name),
+        };
+        let stray = json!({"metadata": {"name": "old", "namespace": "demo-app"}});
+        let d = role_drift(&docs, drifted, &[docs[0].clone(), stray]);
+        assert_eq!(d.len(), 3, "{d:#?}");
+        assert!(
+            d[0].contains("Role demo-app/r1 has other rules") && d[0].contains("delete"),
+            "{d:?}"
+        );
+        assert!(
+            d[1].contains("RoleBinding demo-app/gateway-credential-binder is missing"),
+            "{d:?}"
+        );
+        assert!(d[2].contains("Role demo-app/old is labelled"), "{d:?}");
     }
 }
