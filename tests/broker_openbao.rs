@@ -1485,6 +1485,18 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
             .output()
             .expect("vault-setup.sh")
     };
+    // A role as the setup before provisioned Roles wrote it (Vault made a
+    // Role per credential from generated_role_rules): a new setup must
+    // turn it into a binding of the provisioned Role, not fail on it.
+    w.bao
+        .ok(&["delete", "kubernetes/roles/gateway-pod-reader-demo-app"]);
+    w.bao.ok(&[
+        "write",
+        "kubernetes/roles/gateway-pod-reader-demo-app",
+        "allowed_kubernetes_namespaces=demo-app",
+        "kubernetes_role_type=Role",
+        r#"generated_role_rules={"rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get","list","watch"]}]}"#,
+    ]);
     // world() already ran setup once; run it again through the script.
     let url = w.kube.url();
     for _ in 0..2 {
@@ -1529,6 +1541,11 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
         role["data"]["allowed_kubernetes_namespaces"],
         json!(["demo-app"])
     );
+    assert_eq!(
+        role["data"]["kubernetes_role_name"], "gateway-pod-reader-demo-app",
+        "{role}"
+    );
+    assert_eq!(role["data"]["generated_role_rules"], "", "{role}");
     // TTLs from config/vault_roles/data.yaml (10m and 30m), in seconds.
     assert_eq!(role["data"]["token_default_ttl"], 600, "{role}");
     assert_eq!(role["data"]["token_max_ttl"], 1800, "{role}");
@@ -1849,10 +1866,20 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
     );
     assert!(common::stdout(&out).contains("gateway verify: kubernetes backend"));
     assert!(
-        common::stdout(&out).contains("5 passed, 0 failed"),
+        common::stdout(&out).contains("7 passed, 0 failed"),
         "{}",
         common::stdout(&out)
     );
+    // The toolbox's read and the dry run of a change, with their own
+    // tokens: the dry run admitted by the server and nothing created.
+    assert!(
+        common::stdout(&out).contains("deployments in demo-app: listed (")
+            && common::stdout(&out)
+                .contains(": admitted; afterwards in the cluster: absent; tokens revoked: both"),
+        "{}",
+        common::stdout(&out)
+    );
+    assert!(w.kube.with(|s| s.live("configmaps").is_empty()));
     // A namespace the policy does not allow: the credential check fails and
     // says why, in the policy's words.
     let mut cmd = common::gateway(&w.home);
@@ -1866,10 +1893,37 @@ async fn verify_on_the_kubernetes_backend_passes_and_fails_for_the_right_reasons
     assert!(
         common::stdout(&out)
             .contains("the policy denies k8s_get_pod_status in namespace kube-system")
-            && common::stdout(&out).contains("4 passed, 1 failed"),
+            && common::stdout(&out).contains("the policy denies k8s_get (")
+            && common::stdout(&out).contains("5 passed, 2 failed"),
         "{}",
         common::stdout(&out)
     );
+    // A credential Role that lost a verb in the cluster: the change's dry
+    // run is refused by RBAC, and the drift check names the Role.
+    w.kube.with(|s| {
+        s.update("roles", "demo-app", "gateway-k8s-apply-demo-app", |r| {
+            for rule in r["rules"].as_array_mut().into_iter().flatten() {
+                rule["verbs"] = json!(["get", "update"]);
+            }
+        });
+    });
+    let mut cmd = common::gateway(&w.home);
+    cmd.arg("--config").arg(&config).arg("verify");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("gateway verify"))
+        .await
+        .expect("join");
+    let said = common::stdout(&out);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("5 passed, 2 failed")
+            && said.contains("dry-run create of ConfigMap demo-app/gateway-verify-")
+            && said.contains("refused (403")
+            && said.contains("Role demo-app/gateway-k8s-apply-demo-app has other rules"),
+        "{said}"
+    );
+    w.kube.with(|s| {
+        s.apply_yaml(&openbao::cluster_roles_yaml());
+    });
 
     // And each check can fail: a cluster without gVisor, without the
     // NetworkPolicy labels, with admission off.
@@ -2656,11 +2710,26 @@ async fn the_drift_check_names_every_way_the_cluster_roles_differ_from_the_polic
                     "labels": {"gateway.dev/credential-role": "true"}},
                 "rules": []}),
         );
+        // What a compromised Vault may do with `bind`: hand a credential
+        // Role to everyone, for good.
+        s.put(
+            "rolebindings",
+            "demo-app",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "everyone", "namespace": "demo-app"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gateway-k8s-get-demo-app"},
+                "subjects": [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}]}),
+        );
     });
     let (code, said) = check();
     assert_eq!(code, Some(1), "{said}");
     let drift: Vec<&str> = said.lines().filter(|l| l.starts_with("DRIFT ")).collect();
-    assert_eq!(drift.len(), 3, "{said}");
+    assert_eq!(drift.len(), 4, "{said}");
+    assert!(
+        drift[3].contains("RoleBinding demo-app/everyone gives Role gateway-k8s-get-demo-app to")
+            && drift[3].contains("system:authenticated"),
+        "{said}"
+    );
     assert!(
         drift[0].contains("Role demo-app/gateway-k8s-get-demo-app has other rules")
             && drift[0].contains("delete"),

@@ -189,7 +189,7 @@ pub fn run(cli: &Cli, cmd: &VaultCommand) -> anyhow::Result<ExitCode> {
 }
 
 /// The policies' `config/vault_roles`.
-fn vault_roles(cli: &Cli) -> anyhow::Result<VaultRoles> {
+pub fn vault_roles(cli: &Cli) -> anyhow::Result<VaultRoles> {
     let set = crate::policy::PolicySet::load(
         std::slice::from_ref(&cli.policies),
         &crate::policy::set::LoadOptions::default(),
@@ -238,10 +238,14 @@ fn cluster_roles(cli: &Cli, a: &ClusterRolesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The drift check: each object of the manifest read from the cluster of
-/// the current kubeconfig context, and every Role labelled a credential
-/// role in those namespaces.
-fn check_cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> anyhow::Result<ExitCode> {
+/// The drift check on the cluster `client` reaches: each object the
+/// policy data implies read back, and every Role labelled a credential
+/// role in those namespaces. One line per difference.
+pub async fn cluster_role_drift(
+    client: &kube::Client,
+    roles: &VaultRoles,
+    engine: (&str, &str),
+) -> anyhow::Result<Vec<String>> {
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::api::{Api, ListParams};
     let expected = crate::broker::setup::cluster_roles(roles, engine);
@@ -249,51 +253,91 @@ fn check_cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> anyhow::Resu
         .iter()
         .filter_map(|d| d["metadata"]["namespace"].as_str().map(str::to_string))
         .collect();
-    let rt = runtime()?;
-    let (live, listed) = rt.block_on(async {
-        let client = kube::Client::try_default()
-            .await
-            .context("connecting to the cluster of the current kubeconfig context")?;
-        let mut live = std::collections::BTreeMap::new();
-        let mut listed = Vec::new();
-        for d in &expected {
-            let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
-            let name = d["metadata"]["name"].as_str().unwrap_or_default();
-            let kind = d["kind"].as_str().unwrap_or_default();
-            let got = if kind == "Role" {
-                Api::<Role>::namespaced(client.clone(), ns)
-                    .get_opt(name)
-                    .await
-                    .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
-            } else {
-                Api::<RoleBinding>::namespaced(client.clone(), ns)
-                    .get_opt(name)
-                    .await
-                    .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
-            }
-            .with_context(|| format!("reading {kind} {ns}/{name}"))?;
-            if let Some(o) = got {
-                live.insert((kind.to_string(), ns.to_string(), name.to_string()), o);
-            }
-        }
-        let lp = ListParams::default().labels(&format!(
-            "{}=true",
-            crate::broker::setup::CREDENTIAL_ROLE_LABEL
-        ));
-        for ns in &namespaces {
-            for r in Api::<Role>::namespaced(client.clone(), ns)
-                .list(&lp)
+    let mut live = std::collections::BTreeMap::new();
+    let mut listed = Vec::new();
+    for d in &expected {
+        let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        let kind = d["kind"].as_str().unwrap_or_default();
+        let got = if kind == "Role" {
+            Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(name)
                 .await
-                .with_context(|| format!("listing the credential Roles in {ns}"))?
-            {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
-                v["kind"] = serde_json::json!("Role");
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
+        } else {
+            Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
+        }
+        .with_context(|| format!("reading {kind} {ns}/{name}"))?;
+        if let Some(o) = got {
+            live.insert((kind.to_string(), ns.to_string(), name.to_string()), o);
+        }
+    }
+    let lp = ListParams::default().labels(&format!(
+        "{}=true",
+        crate::broker::setup::CREDENTIAL_ROLE_LABEL
+    ));
+    for ns in &namespaces {
+        for r in Api::<Role>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .with_context(|| format!("listing the credential Roles in {ns}"))?
+        {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            v["kind"] = serde_json::json!("Role");
+            listed.push(v);
+        }
+    }
+    // Labelled objects anywhere (a namespace the data dropped keeps its
+    // Roles and the engine's bindings until someone deletes them).
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let label = crate::broker::setup::CREDENTIAL_ROLE_LABEL;
+    let mut bindings: Vec<serde_json::Value> = Vec::new();
+    for value in ["true", "false"] {
+        let lp = ListParams::default().labels(&format!("{label}={value}"));
+        for r in Api::<Role>::all(client.clone())
+            .list(&lp)
+            .await
+            .context("listing the gateway's Roles")?
+        {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            v["kind"] = serde_json::json!("Role");
+            if !namespaces.contains(v["metadata"]["namespace"].as_str().unwrap_or_default()) {
                 listed.push(v);
             }
         }
-        anyhow::Ok((live, listed))
-    })?;
-    let drift = crate::broker::setup::role_drift(
+        for b in Api::<RoleBinding>::all(client.clone())
+            .list(&lp)
+            .await
+            .context("listing the gateway's RoleBindings")?
+        {
+            bindings.push(serde_json::to_value(b).unwrap_or_default());
+        }
+    }
+    for ns in &namespaces {
+        for b in Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("listing the RoleBindings in {ns}"))?
+        {
+            bindings.push(serde_json::to_value(b).unwrap_or_default());
+        }
+    }
+    let cluster_bindings: Vec<serde_json::Value> = Api::<ClusterRoleBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing the ClusterRoleBindings")?
+        .into_iter()
+        .map(|b| serde_json::to_value(b).unwrap_or_default())
+        .collect();
+    let issuer = Api::<ClusterRole>::all(client.clone())
+        .get_opt(crate::broker::setup::ISSUER_CLUSTER_ROLE)
+        .await
+        .context("reading the issuer ClusterRole")?
+        .map(|c| serde_json::to_value(c).unwrap_or_default());
+    let mut drift = crate::broker::setup::role_drift(
         &expected,
         |k, n, m| {
             live.get(&(k.to_string(), n.to_string(), m.to_string()))
@@ -301,6 +345,42 @@ fn check_cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> anyhow::Resu
         },
         &listed,
     );
+    drift.extend(crate::broker::setup::binding_drift(
+        &expected,
+        &bindings,
+        &cluster_bindings,
+        issuer.as_ref(),
+        &issuer_rules()?,
+    ));
+    Ok(drift)
+}
+
+/// The issuer ClusterRole's rules as cluster/vault-rbac.yaml (built into
+/// this binary) has them.
+fn issuer_rules() -> anyhow::Result<serde_json::Value> {
+    const VAULT_RBAC: &str = include_str!("../../cluster/vault-rbac.yaml");
+    serde_saphyr::from_multiple::<serde_json::Value>(VAULT_RBAC)
+        .context("cluster/vault-rbac.yaml")?
+        .into_iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["name"] == crate::broker::setup::ISSUER_CLUSTER_ROLE
+        })
+        .map(|d| d["rules"].clone())
+        .context("cluster/vault-rbac.yaml has no issuer ClusterRole")
+}
+
+/// `--check`: [`cluster_role_drift`] on the cluster of the current
+/// kubeconfig context.
+fn check_cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> anyhow::Result<ExitCode> {
+    let namespaces: std::collections::BTreeSet<&str> =
+        roles.roles.values().map(|r| r.namespace.as_str()).collect();
+    let drift = runtime()?.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the cluster of the current kubeconfig context")?;
+        cluster_role_drift(&client, roles, engine).await
+    })?;
     if drift.is_empty() {
         println!(
             "the cluster's credential Roles match the policy data ({} roles, {} namespace(s))",

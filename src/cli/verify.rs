@@ -13,9 +13,13 @@ pub struct VerifyArgs {
     /// The backend to verify [default: the configured one].
     #[arg(long, value_parser = ["local", "kubernetes"])]
     backend: Option<String>,
-    /// kubernetes: the namespace whose pod-reader credential is checked.
+    /// kubernetes: the namespace whose credentials are checked.
     #[arg(long, default_value = "demo-app")]
     namespace: String,
+    /// kubernetes: the service account Vault/OpenBao's Kubernetes secrets
+    /// engine runs as (the drift check compares its bindings).
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "vault/openbao")]
+    engine_service_account: String,
     /// local: how many times Terraform's init, plan and show run in a sandbox.
     #[arg(long, default_value_t = crate::verify::workload::TERRAFORM_RUNS as u16, value_parser = clap::value_parser!(u16).range(1..=100))]
     terraform_runs: u16,
@@ -85,7 +89,7 @@ async fn verify_kubernetes(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<Vec<crat
     let cfg = cli.file.sandbox.kubernetes.clone();
     let base = config(&cfg).await?;
     let client = kube::Client::try_from(base.clone())?;
-    let sb = KubernetesSandbox::new(client, cfg);
+    let sb = KubernetesSandbox::new(client.clone(), cfg);
     let port = cli
         .file
         .endpoints
@@ -145,5 +149,99 @@ async fn verify_kubernetes(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<Vec<crat
             detail: why_none,
         });
     }
+    // 7. The toolbox's read and the dry run of a change, with the
+    // credentials the policy derives for them.
+    crate::verify::kubernetes::step(
+        7,
+        "a toolbox read and a change's dry run, with their own credentials",
+    );
+    let name = format!("gateway-verify-{}", std::process::id());
+    let read = credential_for(
+        cli,
+        "k8s_get",
+        serde_json::json!({"namespace": a.namespace, "kind": "deployments"}),
+    );
+    let change = credential_for(
+        cli,
+        "k8s_apply",
+        serde_json::json!({"namespace": a.namespace, "manifest": {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name}, "data": {"checked-by": "gateway verify"}}}),
+    );
+    checks.push(match (&broker, read, change) {
+        (Some(b), Ok(read), Ok(change)) => {
+            crate::verify::kubernetes::toolbox_check(&base, b.as_ref(), &read, &change, &a.namespace).await
+        }
+        (None, _, _) => crate::verify::Check {
+            name: "a k8s_get token reads the namespace, a k8s_apply token's server-side dry run is admitted and creates nothing",
+            pass: false,
+            detail: "no Vault configured ([vault] address or VAULT_ADDR): cannot check".into(),
+        },
+        (_, Err(e), _) | (_, _, Err(e)) => crate::verify::Check {
+            name: "a k8s_get token reads the namespace, a k8s_apply token's server-side dry run is admitted and creates nothing",
+            pass: false,
+            detail: e,
+        },
+    });
+    // 8. The cluster's credential Roles are the policy data's.
+    crate::verify::kubernetes::step(
+        8,
+        "the credential Roles in the cluster are the policy data's",
+    );
+    const DRIFT: &str = "the credential Roles in the cluster are the policy data's (gateway vault cluster-roles --check)";
+    let drift = async {
+        let roles = super::vault::vault_roles(cli)?;
+        let (ns, sa) = a
+            .engine_service_account
+            .split_once('/')
+            .ok_or_else(|| anyhow::anyhow!("--engine-service-account takes NAMESPACE/NAME"))?;
+        super::vault::cluster_role_drift(&client, &roles, (ns, sa)).await
+    }
+    .await;
+    checks.push(match drift {
+        Ok(d) if d.is_empty() => crate::verify::Check {
+            name: DRIFT,
+            pass: true,
+            detail: "every Role and binding matches; no stray credential Role".into(),
+        },
+        Ok(d) => crate::verify::Check {
+            name: DRIFT,
+            pass: false,
+            detail: d.join("; "),
+        },
+        Err(e) => crate::verify::Check {
+            name: DRIFT,
+            pass: false,
+            detail: format!("{e:#}"),
+        },
+    });
     Ok(checks)
+}
+
+/// The credential the policy derives for `tool` with `params`, or why
+/// there is none (in the policy's words).
+fn credential_for(
+    cli: &Cli,
+    tool: &str,
+    params: serde_json::Value,
+) -> Result<crate::policy::CredentialScope, String> {
+    let store = crate::policy::PolicyStore::open(
+        vec![cli.policies.clone()],
+        crate::policy::set::LoadOptions::default(),
+    );
+    let input = crate::policy::DecisionInput::new(
+        tool,
+        params,
+        crate::policy::Principal::new("gateway-verify", &crate::identity::Caller::this_process()),
+    );
+    let d = store.decide(&input).decision;
+    match (d.allow, d.credential) {
+        (true, Some(c)) => Ok(c),
+        (true, None) => Err(format!(
+            "the policy derives no credential for {tool}: cannot check"
+        )),
+        (false, _) => Err(format!(
+            "the policy denies {tool} ({}); pass --namespace with one it allows",
+            d.deny_reasons.join("; ")
+        )),
+    }
 }

@@ -16,7 +16,12 @@
 //!    (403 while the API server's cache of authenticated tokens still knows
 //!    it, about ten seconds on a real one), then 401;
 //! 6. with `warm_pool` set: a warm sandbox becomes ready, takes a call's
-//!    steps on its stdin (`pods/attach`) and runs them.
+//!    steps on its stdin (`pods/attach`) and runs them;
+//! 7. the Kubernetes toolbox's credentials: a `k8s_get` token reads the
+//!    namespace, a `k8s_apply` token's server-side dry run is admitted and
+//!    creates nothing;
+//! 8. the credential Roles in the cluster are the policy data's (the drift
+//!    check of `gateway vault cluster-roles --check`).
 //!
 //! It needs a context allowed to create a namespace and pods (an operator's,
 //! not the gateway's least-privilege account). Check 5 needs a broker.
@@ -77,8 +82,8 @@ pub fn baseline_config(cfg: &KubeSandboxConfig) -> KubeSandboxConfig {
 
 /// Progress, as each check starts (a check that waits on a pod the
 /// scheduler cannot place says so in the log meanwhile).
-fn step(n: usize, what: &str) {
-    eprintln!("verify: [{n}/6] {what}…");
+pub fn step(n: usize, what: &str) {
+    eprintln!("verify: [{n}/8] {what}…");
 }
 
 fn check(name: &'static str, pass: bool, detail: impl Into<String>) -> Check {
@@ -424,6 +429,130 @@ async fn token_checks(base: &kube::Config, broker: &dyn Broker, scope: &Credenti
         format!(
             "pods in {ns}: {own}; pods in kube-system: {other}; secrets in {ns}: {secrets}; revoke: {}; after revoke: {after_text}",
             if revoked.is_ok() { "ok" } else { "failed" }
+        ),
+    )
+}
+
+/// Check 7: the Kubernetes toolbox's credentials on this cluster, as the
+/// policy derives them: a `k8s_get` token lists the namespace's
+/// Deployments, and a `k8s_apply` token's server-side dry run of a new
+/// ConfigMap is admitted by the API server (its RBAC, admission and
+/// validation) and creates nothing. Both tokens are revoked.
+pub async fn toolbox_check(
+    base: &kube::Config,
+    broker: &dyn Broker,
+    read: &CredentialScope,
+    change: &CredentialScope,
+    namespace: &str,
+) -> Check {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    const NAME: &str = "a k8s_get token reads the namespace, a k8s_apply token's server-side dry run is admitted and creates nothing";
+    let with_token = |token: String| {
+        let mut cfg = base.clone();
+        cfg.auth_info = kube::config::AuthInfo {
+            token: Some(secrecy::SecretString::from(token)),
+            ..kube::config::AuthInfo::default()
+        };
+        Client::try_from(cfg)
+    };
+    let code = |e: &kube::Error| match e {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+        other => other.to_string(),
+    };
+    // The read.
+    let cred = match broker.issue("verify-read", read).await {
+        Ok(c) => c,
+        Err(e) => return check(NAME, false, format!("issuing the k8s_get credential: {e}")),
+    };
+    let listed = match with_token(String::from_utf8_lossy(cred.secret.expose()).into_owned()) {
+        Ok(c) => Api::<Deployment>::namespaced(c, namespace)
+            .list(&ListParams::default().limit(50))
+            .await
+            .map(|l| l.items.len())
+            .map_err(|e| code(&e)),
+        Err(e) => Err(e.to_string()),
+    };
+    let read_revoked = broker.revoke(&cred.lease_id).await.is_ok();
+    // The dry run of a change.
+    let name = format!("gateway-verify-{}", std::process::id());
+    let cm: ConfigMap = match serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gateway"}},
+        "data": {"checked-by": "gateway verify"}}))
+    {
+        Ok(c) => c,
+        Err(e) => return check(NAME, false, e.to_string()),
+    };
+    let cred = match broker.issue("verify-change", change).await {
+        Ok(c) => c,
+        Err(e) => {
+            return check(
+                NAME,
+                false,
+                format!("issuing the k8s_apply credential: {e}"),
+            );
+        }
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let planned = match with_token(String::from_utf8_lossy(cred.secret.expose()).into_owned()) {
+        Ok(c) => Api::<ConfigMap>::namespaced(c, namespace)
+            .create(&dry, &cm)
+            .await
+            .map_err(|e| code(&e)),
+        Err(e) => Err(e.to_string()),
+    };
+    let change_revoked = broker.revoke(&cred.lease_id).await.is_ok();
+    // Nothing was created: the operator's own eyes.
+    let left = match Client::try_from(base.clone()) {
+        Ok(c) => {
+            let api = Api::<ConfigMap>::namespaced(c, namespace);
+            let left = api
+                .get_opt(&name)
+                .await
+                .map(|o| o.is_some())
+                .map_err(|e| code(&e));
+            // A server that ignored the dry run made it: verify leaves
+            // nothing behind either way.
+            if left == Ok(true) {
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            }
+            left
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    let pass = listed.is_ok()
+        && planned
+            .as_ref()
+            .is_ok_and(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+        && left == Ok(false)
+        && read_revoked
+        && change_revoked;
+    check(
+        NAME,
+        pass,
+        format!(
+            "deployments in {namespace}: {}; dry-run create of ConfigMap {namespace}/{name}: {}; afterwards in the cluster: {}; tokens revoked: {}",
+            match &listed {
+                Ok(n) => format!("listed ({n})"),
+                Err(e) => format!("refused ({e})"),
+            },
+            match &planned {
+                Ok(_) => "admitted".to_string(),
+                Err(e) => format!("refused ({e})"),
+            },
+            match &left {
+                Ok(false) => "absent".to_string(),
+                Ok(true) => "PRESENT (a dry run created it)".to_string(),
+                Err(e) => format!("unknown ({e})"),
+            },
+            if read_revoked && change_revoked {
+                "both"
+            } else {
+                "NOT all"
+            }
         ),
     )
 }

@@ -1473,6 +1473,12 @@ impl State {
         m["namespace"] = json!(ns);
         m["uid"] = json!(format!("dry-run-{name}"));
         m["creationTimestamp"] = json!(rfc3339(now()));
+        if matches!(
+            resource,
+            "deployments" | "statefulsets" | "daemonsets" | "replicasets" | "jobs"
+        ) {
+            m["generation"] = json!(1);
+        }
         Ok(obj)
     }
 
@@ -2733,6 +2739,21 @@ fn write_object(
     )
 }
 
+/// What a client's create keeps: each kind's PrepareForCreate drops the
+/// status of a kind whose status is a subresource, and a workload's
+/// generation starts at 1 whatever the client sent.
+fn as_created(resource: &str, mut obj: Value) -> Value {
+    if has_status_subresource(resource)
+        && let Some(m) = obj.as_object_mut()
+    {
+        m.remove("status");
+    }
+    if let Some(m) = obj["metadata"].as_object_mut() {
+        m.remove("generation");
+    }
+    obj
+}
+
 /// The built-in kinds the fake serves whose status is a subresource.
 fn has_status_subresource(resource: &str) -> bool {
     matches!(
@@ -3371,6 +3392,77 @@ async fn route(
         };
         return (r, user);
     }
+    // RBAC objects read at the cluster scope, as an operator's tools read
+    // them: every namespace's Roles or RoleBindings (with a label
+    // selector), ClusterRoles and ClusterRoleBindings, one ClusterRole.
+    // An admin's, or a service account's with the cluster-wide right.
+    if method == "GET"
+        && let [
+            resource @ ("roles" | "rolebindings" | "clusterroles" | "clusterrolebindings"),
+            rest_name @ ..,
+        ] = rest
+        && group == "rbac.authorization.k8s.io"
+        && rest_name.len() <= 1
+    {
+        let verb = if rest_name.is_empty() { "list" } else { "get" };
+        let s = st.lock().expect("state");
+        if let Who::Sa {
+            ns: sa_ns,
+            name: sa,
+        } = &who
+            && !s.allowed_cluster(sa_ns, sa, verb, group, resource)
+        {
+            return (
+                forbidden_error(
+                    &user,
+                    verb,
+                    resource,
+                    resource,
+                    rest_name.first().copied(),
+                    "",
+                ),
+                user,
+            );
+        }
+        let labels = q.get("labelSelector").map(String::as_str);
+        let r = match rest_name.first() {
+            Some(name) if matches!(*resource, "clusterroles" | "clusterrolebindings") => {
+                match s
+                    .objects
+                    .get(&(resource.to_string(), String::new(), name.to_string()))
+                {
+                    Some(o) => respond(StatusCode::OK, o.clone()),
+                    None => not_found_error(resource, name),
+                }
+            }
+            Some(_) => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+                json!({}),
+            ),
+            None => {
+                let kind = match *resource {
+                    "roles" => "RoleList",
+                    "rolebindings" => "RoleBindingList",
+                    "clusterroles" => "ClusterRoleList",
+                    _ => "ClusterRoleBindingList",
+                };
+                let items: Vec<Value> = s
+                    .objects
+                    .iter()
+                    .filter(|((r, _, _), v)| r == resource && matches(v, labels, None))
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                respond(
+                    StatusCode::OK,
+                    json!({"kind": kind, "apiVersion": "rbac.authorization.k8s.io/v1",
+                           "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
+                )
+            }
+        };
+        return (r, user);
+    }
     // GET of one Namespace (kubectl asks for it after a NotFound, to say
     // whether the namespace itself is missing). A namespace's own name is
     // the request's namespace for RBAC: a ServiceAccount needs `get
@@ -3701,15 +3793,25 @@ async fn route(
                 )
             }
             Ok(obj) if q.get("dryRun").is_some() => {
-                match st.lock().expect("state").would_create(resource, ns, obj) {
+                match st.lock().expect("state").would_create(
+                    resource,
+                    ns,
+                    as_created(resource, obj),
+                ) {
                     Ok(o) => respond(StatusCode::CREATED, o),
                     Err(r) => *r,
                 }
             }
-            Ok(obj) => match st.lock().expect("state").create(resource, ns, obj) {
-                Ok(created) => respond(StatusCode::CREATED, created),
-                Err(r) => *r,
-            },
+            Ok(obj) => {
+                match st
+                    .lock()
+                    .expect("state")
+                    .create(resource, ns, as_created(resource, obj))
+                {
+                    Ok(created) => respond(StatusCode::CREATED, created),
+                    Err(r) => *r,
+                }
+            }
             Err(e) => status(StatusCode::BAD_REQUEST, "BadRequest", e, json!({})),
         },
         // A stored object of a deployment's kinds (a Deployment the

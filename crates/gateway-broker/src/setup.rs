@@ -126,6 +126,11 @@ pub fn role_body(name: &str, def: &RoleDef) -> Value {
         "allowed_kubernetes_namespaces": [def.namespace],
         "kubernetes_role_type": "Role",
         "kubernetes_role_name": name,
+        // A role written by an older setup keeps the fields a write does
+        // not send, and the engine refuses a role that has more than one
+        // of these three: the other two are cleared by name.
+        "generated_role_rules": "",
+        "service_account_name": "",
         "token_default_ttl": def.default_ttl,
         "token_max_ttl": def.max_ttl,
         "extra_labels": {"app.kubernetes.io/part-of": "gateway"},
@@ -212,6 +217,19 @@ fn normal_rule(rule: &Value) -> Value {
     Value::Object(out)
 }
 
+/// A rule list as [`normal_rule`]s, sorted: equal when RBAC reads them
+/// the same.
+fn normal_rules(rules: &Value) -> Vec<String> {
+    let mut r: Vec<String> = rules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| normal_rule(r).to_string())
+        .collect();
+    r.sort();
+    r
+}
+
 /// How the cluster's objects differ from [`cluster_roles`]' `expected`:
 /// `live(kind, namespace, name)` is the object in the cluster, if any, and
 /// `listed` every Role labelled a credential role in those namespaces.
@@ -235,16 +253,7 @@ pub fn role_drift(
                 .to_string(),
         )
     };
-    let rules = |o: &Value| {
-        let mut r: Vec<String> = o["rules"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| normal_rule(r).to_string())
-            .collect();
-        r.sort();
-        r
-    };
+    let rules = |o: &Value| normal_rules(&o["rules"]);
     for want in expected {
         let (kind, ns, name) = key(want);
         let Some(have) = live(&kind, &ns, &name) else {
@@ -536,6 +545,90 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(b"\n")
 }
 
+/// What [`role_drift`] does not see, in the bindings and in the secrets
+/// engine's own ClusterRole:
+/// - `bindings` (every RoleBinding of the credential namespaces, and every
+///   one labelled as this tool's anywhere): one that is not expected and
+///   refers to a credential Role, the binder Role or the issuer ClusterRole
+///   must be a credential's own (a credential Role of its namespace, held
+///   by one ServiceAccount of its namespace, as the engine makes them);
+///   anything else hands the engine's rights or a credential's to someone;
+/// - a labelled binding that is not expected is left over;
+/// - `cluster_bindings`: a ClusterRoleBinding of the issuer ClusterRole
+///   grants it in every namespace;
+/// - `issuer`, the issuer ClusterRole as the cluster has it, must hold
+///   exactly `issuer_rules` (cluster/vault-rbac.yaml): the engine's
+///   containment rests on it holding no right on Roles and no `escalate`.
+pub fn binding_drift(
+    expected: &[Value],
+    bindings: &[Value],
+    cluster_bindings: &[Value],
+    issuer: Option<&Value>,
+    issuer_rules: &Value,
+) -> Vec<String> {
+    let mut drift = Vec::new();
+    let meta = |o: &Value, k: &str| o["metadata"][k].as_str().unwrap_or_default().to_string();
+    let expected_bindings: std::collections::BTreeSet<(String, String)> = expected
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding")
+        .map(|d| (meta(d, "namespace"), meta(d, "name")))
+        .collect();
+    let credential_roles: std::collections::BTreeSet<(String, String)> = expected
+        .iter()
+        .filter(|d| d["kind"] == "Role" && d["metadata"]["labels"][CREDENTIAL_ROLE_LABEL] == "true")
+        .map(|d| (meta(d, "namespace"), meta(d, "name")))
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for b in bindings {
+        let (ns, name) = (meta(b, "namespace"), meta(b, "name"));
+        if !seen.insert((ns.clone(), name.clone()))
+            || expected_bindings.contains(&(ns.clone(), name.clone()))
+        {
+            continue;
+        }
+        let kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
+        let role = b["roleRef"]["name"].as_str().unwrap_or_default();
+        let to_credential =
+            kind == "Role" && credential_roles.contains(&(ns.clone(), role.to_string()));
+        let to_engine = (kind == "Role" && role == BINDER_ROLE)
+            || (kind == "ClusterRole" && role == ISSUER_CLUSTER_ROLE);
+        let labelled = !b["metadata"]["labels"][CREDENTIAL_ROLE_LABEL].is_null();
+        let subjects = b["subjects"].as_array().cloned().unwrap_or_default();
+        let a_credentials_own = to_credential
+            && subjects.len() == 1
+            && subjects[0]["kind"] == "ServiceAccount"
+            && subjects[0]["namespace"].as_str().unwrap_or(ns.as_str()) == ns;
+        if labelled {
+            drift.push(format!(
+                "RoleBinding {ns}/{name} is labelled as the gateway's and is not in the policy data: delete it"
+            ));
+        } else if to_engine || (to_credential && !a_credentials_own) {
+            drift.push(format!(
+                "RoleBinding {ns}/{name} gives {kind} {role} to {}: only the engine's bindings and a credential's own ServiceAccount may hold it",
+                Value::Array(subjects)
+            ));
+        }
+    }
+    for b in cluster_bindings {
+        if b["roleRef"]["kind"] == "ClusterRole" && b["roleRef"]["name"] == ISSUER_CLUSTER_ROLE {
+            drift.push(format!(
+                "ClusterRoleBinding {} gives ClusterRole {ISSUER_CLUSTER_ROLE} in every namespace: bind it per namespace only",
+                meta(b, "name")
+            ));
+        }
+    }
+    let rules = normal_rules;
+    match issuer {
+        None => drift.push(format!("ClusterRole {ISSUER_CLUSTER_ROLE} is missing (cluster/vault-rbac.yaml)")),
+        Some(c) if rules(&c["rules"]) != rules(issuer_rules) => drift.push(format!(
+            "ClusterRole {ISSUER_CLUSTER_ROLE} has other rules: {} (cluster/vault-rbac.yaml says {})",
+            c["rules"], issuer_rules
+        )),
+        Some(_) => {}
+    }
+    drift
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,7 +684,9 @@ mod tests {
         assert_eq!(b["allowed_kubernetes_namespaces"], json!(["demo-app"]));
         assert_eq!(b["kubernetes_role_name"], "r1");
         assert_eq!(b["kubernetes_role_type"], "Role");
-        assert!(b.get("generated_role_rules").is_none(), "{b}");
+        // Cleared, for a role an older setup wrote with generated rules.
+        assert_eq!(b["generated_role_rules"], "");
+        assert_eq!(b["service_account_name"], "");
     }
 
     #[test]
@@ -626,6 +721,73 @@ mod tests {
             json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind"], "resourceNames": ["r1"]}])
         );
         assert_eq!(docs[3]["subjects"][0]["name"], "openbao");
+    }
+
+    #[test]
+    fn binding_drift_names_every_foreign_grant_of_a_credential_or_the_engine() {
+        let docs = cluster_roles(&roles(), ("vault", "openbao"));
+        let issuer_rules =
+            json!([{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create"]}]);
+        let issuer = json!({"rules": issuer_rules});
+        let binding = |name: &str, kind: &str, role: &str, subjects: Value| {
+            json!({"metadata": {"name": name, "namespace": "demo-app"},
+                   "roleRef": {"kind": kind, "name": role}, "subjects": subjects})
+        };
+        let sa =
+            |ns: &str| json!([{"kind": "ServiceAccount", "name": "v-token-x", "namespace": ns}]);
+        // The engine's own bindings and a credential's: nothing to say.
+        let mut ok = vec![
+            docs[1].clone(),
+            docs[3].clone(),
+            binding("v-token-x", "Role", "r1", sa("demo-app")),
+        ];
+        ok.push(binding(
+            "app",
+            "Role",
+            "someone-elses",
+            json!([{"kind": "Group", "name": "devs"}]),
+        ));
+        assert_eq!(
+            binding_drift(&docs, &ok, &[], Some(&issuer), &issuer_rules),
+            Vec::<String>::new()
+        );
+        let bad = vec![
+            binding(
+                "everyone",
+                "Role",
+                "r1",
+                json!([{"kind": "Group", "name": "system:authenticated"}]),
+            ),
+            binding("elsewhere", "Role", "r1", sa("other")),
+            binding(
+                "engine",
+                "ClusterRole",
+                ISSUER_CLUSTER_ROLE,
+                json!([{"kind": "User", "name": "mallory"}]),
+            ),
+            binding("binder", "Role", BINDER_ROLE, sa("demo-app")),
+            json!({"metadata": {"name": "stale", "namespace": "gone", "labels": {CREDENTIAL_ROLE_LABEL: "false"}},
+                   "roleRef": {"kind": "Role", "name": BINDER_ROLE}, "subjects": sa("gone")}),
+        ];
+        let crb = json!({"metadata": {"name": "wide"}, "roleRef": {"kind": "ClusterRole", "name": ISSUER_CLUSTER_ROLE}});
+        let widened = json!({"rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}]});
+        let d = binding_drift(&docs, &bad, &[crb], Some(&widened), &issuer_rules);
+        assert_eq!(d.len(), 7, "{d:#?}");
+        for (i, what) in [
+            "everyone",
+            "elsewhere",
+            "engine",
+            "binder",
+            "gone/stale",
+            "ClusterRoleBinding wide",
+            "has other rules",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(d[i].contains(what), "{i}: {d:#?}");
+        }
+        assert!(binding_drift(&docs, &[], &[], None, &issuer_rules)[0].contains("is missing"));
     }
 
     #[test]

@@ -192,18 +192,53 @@ impl ChangeOp {
         vec![self.kubectl(kubeconfig, &["get", "--raw", &self.object_path()])]
     }
 
-    /// An undo's second read: the namespace's ReplicaSets, which hold the
-    /// Deployment's revisions (the role of `k8s_rollout_undo` may list
-    /// them).
-    pub fn revisions_steps(&self, kubeconfig: &str) -> Vec<Step> {
-        vec![self.kubectl(
+    /// An undo's second read: the ReplicaSets the live Deployment selects
+    /// (its `spec.selector.matchLabels`, each checked to be a label before
+    /// it goes into the query), which hold its revisions (the role of
+    /// `k8s_rollout_undo` may list them). Not the namespace's every
+    /// ReplicaSet: in a busy namespace that list outgrows the output cap.
+    pub fn revisions_steps(&self, kubeconfig: &str, live: &Value) -> Result<Vec<Step>, String> {
+        let labels = live["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "{} selects its pods without matchLabels: an undo needs them to find its revisions",
+                    self.address()
+                )
+            })?;
+        let mut selector = Vec::new();
+        for (k, v) in labels {
+            let v = v.as_str().unwrap_or_default();
+            if !label_key(k) || !label_value(v) {
+                return Err(format!(
+                    "{}'s selector holds {k:?}={v:?}, which is not a label",
+                    self.address()
+                ));
+            }
+            selector.push(format!("{k}={v}"));
+        }
+        let query: String = selector
+            .join(",")
+            .chars()
+            .map(|c| match c {
+                '=' => "%3D".to_string(),
+                ',' => "%2C".to_string(),
+                '/' => "%2F".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        Ok(vec![self.kubectl(
             kubeconfig,
             &[
                 "get",
                 "--raw",
-                &format!("/apis/apps/v1/namespaces/{}/replicasets", self.namespace),
+                &format!(
+                    "/apis/apps/v1/namespaces/{}/replicasets?labelSelector={query}",
+                    self.namespace
+                ),
             ],
-        )]
+        )])
     }
 
     /// The one request of a dry run (`dry_run`) or of the write: PUT of
@@ -232,6 +267,35 @@ impl ChangeOp {
         };
         vec![self.kubectl(kubeconfig, &[verb, "--raw", &url, "-f", &body])]
     }
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of
+/// at most 63 alphanumerics, `-`, `_` and `.`, alphanumeric at both ends.
+fn label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+    }) && !name.is_empty()
+        && label_value(name)
+}
+
+/// A label value: at most 63 alphanumerics, `-`, `_` and `.`,
+/// alphanumeric at both ends (or empty).
+fn label_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && v.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
+        && v.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric())
 }
 
 /// The body of a dry run: for a delete, its DeleteOptions with `dryRun:
@@ -687,14 +751,24 @@ mod tests {
         let undo = op(json!({"verb": "rollout_undo", "to_revision": 1})).expect("op");
         assert_eq!(undo.read_steps("/k").len(), 1);
         assert!(undo.read_steps("/k")[0].stdout_file.is_none());
+        // Its revisions: the ReplicaSets the Deployment selects.
+        let live = json!({"spec": {"selector": {"matchLabels": {"app": "web", "example.com/tier": "front"}}}});
         assert_eq!(
-            argv(undo.revisions_steps("/k")),
+            argv(undo.revisions_steps("/k", &live).expect("steps")),
             [
                 "get",
                 "--raw",
-                "/apis/apps/v1/namespaces/demo-app/replicasets"
+                "/apis/apps/v1/namespaces/demo-app/replicasets?labelSelector=app%3Dweb%2Cexample.com%2Ftier%3Dfront"
             ]
         );
+        // A selector from a hostile cluster that is no label, or none.
+        for bad in [
+            json!({"spec": {"selector": {"matchLabels": {"app": "web&watch=true"}}}}),
+            json!({"spec": {"selector": {"matchLabels": {"a b": "x"}}}}),
+            json!({"spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}}),
+        ] {
+            assert!(undo.revisions_steps("/k", &bad).is_err(), "{bad}");
+        }
         assert_eq!(
             argv(o.write_steps("/k", false, true)),
             [

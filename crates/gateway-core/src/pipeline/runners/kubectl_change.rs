@@ -155,11 +155,14 @@ impl Pipeline {
         let r = kubectl_sandbox(self, call, decision, op.read_steps(&kubeconfig)).await?;
         let live = change::live_object(op, r.success(), &r.stdout.bytes, &r.stderr.text())
             .map_err(|e| Stop::refused(format!("{e}; nothing was applied")))?;
-        let replicasets = if op.verb == "rollout_undo" {
+        let replicasets = if let (true, Some(live)) = (op.verb == "rollout_undo", &live) {
+            let steps = op
+                .revisions_steps(&kubeconfig, live)
+                .map_err(|e| Stop::refused(format!("{e}; nothing was applied")))?;
             let call_rs = SandboxCall {
                 suffix: "revisions",
                 tool: Toolset::Kubectl,
-                steps: op.revisions_steps(&kubeconfig),
+                steps,
                 workdir: None,
                 files_in: vec![],
                 files_out: vec![],
@@ -170,6 +173,12 @@ impl Pipeline {
                 .await?;
             if !r.success() {
                 return Err(sandbox_failed("reading the revisions", &r));
+            }
+            if r.stdout.truncated {
+                return Err(Stop::refused(format!(
+                    "the ReplicaSets of {} are more than the sandbox's output cap (sandbox.rego output_bytes); nothing was applied",
+                    op.address()
+                )));
             }
             Some(
                 serde_json::from_slice::<Value>(&r.stdout.bytes)
