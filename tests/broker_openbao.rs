@@ -2584,7 +2584,8 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
                 "metadata": {"name": "admin"},
                 "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
         );
-        // Another team's Role in the same namespace.
+        // Another team's binding, and its Role, in the same namespace.
+        s.put("rolebindings", "demo-app", group_binding("team-binding", "secrets-reader", "team"));
         s.put(
             "roles",
             "demo-app",
@@ -2617,6 +2618,7 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
     ]);
     assert!(ok, "a credential role may be bound: {said}");
     // Nothing wider.
+    let mut refusals = BTreeMap::new();
     for (args, what) in [
         (
             vec![
@@ -2658,10 +2660,64 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
             vec!["-n", "kube-system", "create", "serviceaccount", "probe"],
             "a namespace it has no binding in",
         ),
+        // What RBAC's `bind` allows and the admission policy does not: a
+        // credential Role for everyone, or for another namespace's account.
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "everyone",
+                "--role=gateway-k8s-get-demo-app",
+                "--group=system:authenticated",
+            ],
+            "a credential Role bound to a group",
+        ),
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "elsewhere",
+                "--role=gateway-k8s-get-demo-app",
+                "--serviceaccount=kube-system:default",
+            ],
+            "a credential Role bound to another namespace's account",
+        ),
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "two",
+                "--role=gateway-k8s-get-demo-app",
+                "--serviceaccount=demo-app:probe",
+                "--serviceaccount=demo-app:default",
+            ],
+            "a credential Role bound to two accounts",
+        ),
+        (
+            vec!["-n", "demo-app", "delete", "rolebinding", "team-binding"],
+            "another team's RoleBinding deleted",
+        ),
     ] {
         let (ok, said) = run(&args);
         assert!(!ok && said.contains("forbidden"), "{what}: {said}");
+        refusals.insert(what, said);
     }
+    // The group binding was refused by the admission policy, in its words.
+    let said = &refusals["a credential Role bound to a group"];
+    assert!(
+        said.contains("ValidatingAdmissionPolicy 'gateway-credential-bindings'")
+            && said.contains("exactly one ServiceAccount of its own namespace"),
+        "{said}"
+    );
+    // The credential's own binding is the engine's to delete.
+    let (ok, said) = run(&["-n", "demo-app", "delete", "rolebinding", "probe-get"]);
+    assert!(ok, "{said}");
     assert!(
         w.kube.with(|s| !s.objects.contains_key(&(
             "roles".to_string(),
@@ -2715,10 +2771,11 @@ async fn the_drift_check_names_every_way_the_cluster_roles_differ_from_the_polic
         s.put(
             "rolebindings",
             "demo-app",
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "everyone", "namespace": "demo-app"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gateway-k8s-get-demo-app"},
-                "subjects": [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}]}),
+            group_binding(
+                "everyone",
+                "gateway-k8s-get-demo-app",
+                "system:authenticated",
+            ),
         );
     });
     let (code, said) = check();
@@ -2743,4 +2800,12 @@ async fn the_drift_check_names_every_way_the_cluster_roles_differ_from_the_polic
         drift[2].contains("Role demo-app/gateway-k8s-old-demo-app is labelled"),
         "{said}"
     );
+}
+
+/// A RoleBinding in demo-app of Role `role` to group `group`.
+fn group_binding(name: &str, role: &str, group: &str) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": "demo-app"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "Group", "name": group, "apiGroup": "rbac.authorization.k8s.io"}]})
 }

@@ -90,6 +90,12 @@ fn every_rendered_object_parses_into_its_kubernetes_type() {
                 "NetworkPolicy" => drop(strict::<NetworkPolicy>(&at, d)),
                 "RuntimeClass" => drop(strict::<RuntimeClass>(&at, d)),
                 "PodDisruptionBudget" => drop(strict::<PodDisruptionBudget>(&at, d)),
+                "ValidatingAdmissionPolicy" => drop(strict::<
+                    k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+                >(&at, d)),
+                "ValidatingAdmissionPolicyBinding" => drop(strict::<
+                    k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+                >(&at, d)),
                 "Deployment" | "StatefulSet" | "Job" => drop(pod_spec(&at, d)),
                 other => panic!("{at}: a kind this test does not check: {other}"),
             }
@@ -252,6 +258,14 @@ fn collection(d: &Value) -> String {
         "ClusterRoleBinding" => ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings"),
         "NetworkPolicy" => ("apis/networking.k8s.io/v1", "networkpolicies"),
         "RuntimeClass" => ("apis/node.k8s.io/v1", "runtimeclasses"),
+        "ValidatingAdmissionPolicy" => (
+            "apis/admissionregistration.k8s.io/v1",
+            "validatingadmissionpolicies",
+        ),
+        "ValidatingAdmissionPolicyBinding" => (
+            "apis/admissionregistration.k8s.io/v1",
+            "validatingadmissionpolicybindings",
+        ),
         "PodDisruptionBudget" => ("apis/policy/v1", "poddisruptionbudgets"),
         "Deployment" => ("apis/apps/v1", "deployments"),
         "StatefulSet" => ("apis/apps/v1", "statefulsets"),

@@ -259,16 +259,26 @@ pub async fn cluster_role_drift(
         let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
         let name = d["metadata"]["name"].as_str().unwrap_or_default();
         let kind = d["kind"].as_str().unwrap_or_default();
-        let got = if kind == "Role" {
-            Api::<Role>::namespaced(client.clone(), ns)
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let got = match kind {
+            "Role" => Api::<Role>::namespaced(client.clone(), ns)
                 .get_opt(name)
                 .await
-                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
-        } else {
-            Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default())),
+            "RoleBinding" => Api::<RoleBinding>::namespaced(client.clone(), ns)
                 .get_opt(name)
                 .await
-                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default()))
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default())),
+            "ValidatingAdmissionPolicy" => Api::<ValidatingAdmissionPolicy>::all(client.clone())
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default())),
+            _ => Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| serde_json::to_value(o).unwrap_or_default())),
         }
         .with_context(|| format!("reading {kind} {ns}/{name}"))?;
         if let Some(o) = got {

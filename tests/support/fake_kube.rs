@@ -1317,6 +1317,128 @@ impl State {
         }
     }
 
+    /// Validating admission policies (`admissionregistration.k8s.io/v1`,
+    /// "Validating Admission Policy" in the docs): each policy bound with
+    /// `Deny` whose resource rules take `operation` on `resource` and
+    /// whose match conditions hold runs its variables and validations,
+    /// in CEL (a real interpreter, cel-interpreter), over `request`,
+    /// `object` and `oldObject`. The first validation that is false, or
+    /// fails to run (`failurePolicy: Fail`), denies the request with the
+    /// server's message: 403 for `reason: Forbidden`, else 422.
+    pub fn admission(
+        &self,
+        user: &str,
+        operation: &str,
+        resource: &str,
+        ns: &str,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Option<Response<Body>> {
+        let name = object
+            .or(old)
+            .and_then(|o| o["metadata"]["name"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let request = json!({"operation": operation, "userInfo": {"username": user},
+            "name": name, "namespace": ns, "resource": {"resource": resource}});
+        let bindings: Vec<&Value> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "validatingadmissionpolicybindings")
+            .map(|(_, b)| b)
+            .filter(|b| any(&b["spec"]["validationActions"], "Deny"))
+            .collect();
+        for b in bindings {
+            let policy_name = b["spec"]["policyName"].as_str().unwrap_or_default();
+            let Some(policy) = self.objects.get(&(
+                "validatingadmissionpolicies".to_string(),
+                String::new(),
+                policy_name.to_string(),
+            )) else {
+                continue;
+            };
+            let spec = &policy["spec"];
+            let takes = spec["matchConstraints"]["resourceRules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| any(&r["resources"], resource) && any(&r["operations"], operation));
+            if !takes {
+                continue;
+            }
+            let deny = |message: String, reason: &str| {
+                let (code, reason) = if reason == "Forbidden" {
+                    (StatusCode::FORBIDDEN, "Forbidden")
+                } else {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "Invalid")
+                };
+                Some(status(
+                    code,
+                    reason,
+                    format!(
+                        "{} \"{name}\" is forbidden: ValidatingAdmissionPolicy '{policy_name}' with binding '{}' denied request: {message}",
+                        qualified(resource),
+                        b["metadata"]["name"].as_str().unwrap_or_default()
+                    ),
+                    json!({"name": name, "kind": resource}),
+                ))
+            };
+            let mut ctx = cel_interpreter::Context::default();
+            let null = Value::Null;
+            for (k, v) in [
+                ("request", &request),
+                ("object", object.unwrap_or(&null)),
+                ("oldObject", old.unwrap_or(&null)),
+            ] {
+                if ctx.add_variable(k, v.clone()).is_err() {
+                    return deny(format!("{k} is not CEL data"), "");
+                }
+            }
+            let eval = |ctx: &cel_interpreter::Context,
+                        expr: &str|
+             -> Result<cel_interpreter::Value, String> {
+                cel_interpreter::Program::compile(expr)
+                    .map_err(|e| format!("compilation failed: {e}"))?
+                    .execute(ctx)
+                    .map_err(|e| format!("expression '{expr}' resulted in error: {e}"))
+            };
+            let mut applies = true;
+            for c in spec["matchConditions"].as_array().into_iter().flatten() {
+                match eval(&ctx, c["expression"].as_str().unwrap_or("false")) {
+                    Ok(cel_interpreter::Value::Bool(true)) => {}
+                    Ok(_) => applies = false,
+                    Err(e) => return deny(e, ""),
+                }
+            }
+            if !applies {
+                continue;
+            }
+            let mut variables = std::collections::HashMap::new();
+            for v in spec["variables"].as_array().into_iter().flatten() {
+                match eval(&ctx, v["expression"].as_str().unwrap_or("null")) {
+                    Ok(val) => {
+                        variables.insert(v["name"].as_str().unwrap_or_default().to_string(), val);
+                    }
+                    Err(e) => return deny(e, ""),
+                }
+                ctx.add_variable_from_value("variables", variables.clone());
+            }
+            for v in spec["validations"].as_array().into_iter().flatten() {
+                let reason = v["reason"].as_str().unwrap_or_default();
+                let message = v["message"]
+                    .as_str()
+                    .unwrap_or("failed expression")
+                    .to_string();
+                match eval(&ctx, v["expression"].as_str().unwrap_or("false")) {
+                    Ok(cel_interpreter::Value::Bool(true)) => {}
+                    Ok(_) => return deny(message, reason),
+                    Err(e) => return deny(e, reason),
+                }
+            }
+        }
+        None
+    }
+
     /// The operator's `kubectl apply` of cluster assets: every RBAC object
     /// and ServiceAccount in `yaml` (documents separated by `---`).
     pub fn apply_yaml(&mut self, yaml: &str) {
@@ -1329,6 +1451,8 @@ impl State {
                 Some("ClusterRole") => "clusterroles",
                 Some("ClusterRoleBinding") => "clusterrolebindings",
                 Some("ServiceAccount") => "serviceaccounts",
+                Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies",
+                Some("ValidatingAdmissionPolicyBinding") => "validatingadmissionpolicybindings",
                 _ => continue,
             };
             let ns = doc["metadata"]["namespace"]
@@ -3328,6 +3452,9 @@ async fn route(
         ["apis", "rbac.authorization.k8s.io", "v1", rest @ ..] => {
             ("rbac.authorization.k8s.io", rest)
         }
+        ["apis", "admissionregistration.k8s.io", "v1", rest @ ..] => {
+            ("admissionregistration.k8s.io", rest)
+        }
         ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
         ["apis", "events.k8s.io", "v1", rest @ ..] => ("events.k8s.io", rest),
         // What a deployment's manifests hold (created by an admin's apply).
@@ -3381,7 +3508,13 @@ async fn route(
     // Cluster-scoped objects of a deployment's manifests (admin only).
     if matches!(who, Who::Admin)
         && method == "POST"
-        && let [resource @ ("clusterroles" | "clusterrolebindings" | "runtimeclasses")] = rest
+        && let [
+            resource @ ("clusterroles"
+            | "clusterrolebindings"
+            | "runtimeclasses"
+            | "validatingadmissionpolicies"
+            | "validatingadmissionpolicybindings"),
+        ] = rest
     {
         let r = match decode_body(ct, body, "") {
             Ok(obj) => match st.lock().expect("state").create(resource, "", obj) {
@@ -3398,10 +3531,18 @@ async fn route(
     // An admin's, or a service account's with the cluster-wide right.
     if method == "GET"
         && let [
-            resource @ ("roles" | "rolebindings" | "clusterroles" | "clusterrolebindings"),
+            resource @ ("roles"
+            | "rolebindings"
+            | "clusterroles"
+            | "clusterrolebindings"
+            | "validatingadmissionpolicies"
+            | "validatingadmissionpolicybindings"),
             rest_name @ ..,
         ] = rest
-        && group == "rbac.authorization.k8s.io"
+        && matches!(
+            group,
+            "rbac.authorization.k8s.io" | "admissionregistration.k8s.io"
+        )
         && rest_name.len() <= 1
     {
         let verb = if rest_name.is_empty() { "list" } else { "get" };
@@ -3426,7 +3567,15 @@ async fn route(
         }
         let labels = q.get("labelSelector").map(String::as_str);
         let r = match rest_name.first() {
-            Some(name) if matches!(*resource, "clusterroles" | "clusterrolebindings") => {
+            Some(name)
+                if matches!(
+                    *resource,
+                    "clusterroles"
+                        | "clusterrolebindings"
+                        | "validatingadmissionpolicies"
+                        | "validatingadmissionpolicybindings"
+                ) =>
+            {
                 match s
                     .objects
                     .get(&(resource.to_string(), String::new(), name.to_string()))
@@ -3446,6 +3595,8 @@ async fn route(
                     "roles" => "RoleList",
                     "rolebindings" => "RoleBindingList",
                     "clusterroles" => "ClusterRoleList",
+                    "validatingadmissionpolicies" => "ValidatingAdmissionPolicyList",
+                    "validatingadmissionpolicybindings" => "ValidatingAdmissionPolicyBindingList",
                     _ => "ClusterRoleBindingList",
                 };
                 let items: Vec<Value> = s
@@ -3456,7 +3607,7 @@ async fn route(
                     .collect();
                 respond(
                     StatusCode::OK,
-                    json!({"kind": kind, "apiVersion": "rbac.authorization.k8s.io/v1",
+                    json!({"kind": kind, "apiVersion": format!("{group}/v1"),
                            "metadata": {"resourceVersion": s.next_rv.to_string()}, "items": items}),
                 )
             }
@@ -3746,15 +3897,24 @@ async fn route(
                         } => s.escalation(sa_ns, sa, resource, &obj, ns),
                         _ => None,
                     };
-                    match refused {
-                        Some(message) => status(
+                    let mut obj = obj;
+                    if obj["metadata"]["namespace"].is_null() {
+                        obj["metadata"]["namespace"] = json!(ns);
+                    }
+                    let denied = match refused {
+                        Some(_) => None,
+                        None => s.admission(&user, "CREATE", resource, ns, Some(&obj), None),
+                    };
+                    match (refused, denied) {
+                        (_, Some(r)) => r,
+                        (Some(message), None) => status(
                             StatusCode::FORBIDDEN,
                             "Forbidden",
                             message,
                             json!({"group": "rbac.authorization.k8s.io", "kind": resource,
                                 "name": obj["metadata"]["name"]}),
                         ),
-                        None => match s.create(resource, ns, obj) {
+                        (None, None) => match s.create(resource, ns, obj) {
                             Ok(created) => respond(StatusCode::CREATED, created),
                             Err(r) => *r,
                         },
@@ -3947,10 +4107,18 @@ async fn route(
             }
             respond(StatusCode::OK, answer)
         }
-        ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => st
-            .lock()
-            .expect("state")
-            .delete(resource, ns, name.unwrap_or_default()),
+        ("delete", "serviceaccounts" | "roles" | "rolebindings", None) => {
+            let mut s = st.lock().expect("state");
+            let name = name.unwrap_or_default();
+            let old = s
+                .objects
+                .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+                .cloned();
+            match old.and_then(|o| s.admission(&user, "DELETE", resource, ns, None, Some(&o))) {
+                Some(r) => r,
+                None => s.delete(resource, ns, name),
+            }
+        }
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",

@@ -167,6 +167,53 @@ pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
             "rules": def.rules,
         }));
     }
+    // What RBAC cannot say: the engine's `bind` lets it give a credential
+    // Role to any subject. An admission policy holds every RoleBinding it
+    // writes or deletes to a credential's own shape.
+    let cel = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let allowed: Vec<String> = by_ns
+        .iter()
+        .map(|(ns, names)| {
+            let names: Vec<String> = names.iter().map(|n| cel(n)).collect();
+            format!(
+                "(variables.binding.metadata.namespace == {} && variables.binding.roleRef.name in [{}])",
+                cel(ns),
+                names.join(", ")
+            )
+        })
+        .collect();
+    let engine_user = format!("system:serviceaccount:{}:{}", engine.0, engine.1);
+    let policy_labels =
+        json!({"app.kubernetes.io/part-of": "gateway", CREDENTIAL_ROLE_LABEL: "false"});
+    let admission = [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": BINDINGS_POLICY, "labels": policy_labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["rolebindings"]}]},
+                "matchConditions": [{"name": "made-by-the-secrets-engine",
+                    "expression": format!("request.userInfo.username == {}", cel(&engine_user))}],
+                "variables": [{"name": "binding",
+                    "expression": "request.operation == 'DELETE' ? oldObject : object"}],
+                "validations": [
+                    {"expression": format!("variables.binding.roleRef.kind == 'Role' && ({})", allowed.join(" || ")),
+                     "message": "the secrets engine binds only the gateway's credential Roles, each in its own namespace",
+                     "reason": "Forbidden"},
+                    {"expression": "has(variables.binding.subjects) && size(variables.binding.subjects) == 1 && variables.binding.subjects[0].kind == 'ServiceAccount' && has(variables.binding.subjects[0].namespace) && variables.binding.subjects[0].namespace == variables.binding.metadata.namespace",
+                     "message": "a credential's RoleBinding holds exactly one ServiceAccount of its own namespace",
+                     "reason": "Forbidden"}
+                ]
+            }
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": BINDINGS_POLICY, "labels": policy_labels},
+            "spec": {"policyName": BINDINGS_POLICY, "validationActions": ["Deny"]}
+        }),
+    ];
     for (ns, names) in by_ns {
         docs.push(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -187,8 +234,12 @@ pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
             "subjects": subject,
         }));
     }
+    docs.extend(admission);
     docs
 }
+
+/// The ValidatingAdmissionPolicy (and its binding) [`cluster_roles`] makes.
+pub const BINDINGS_POLICY: &str = "gateway-credential-bindings";
 
 /// A rule as the API server keeps it, for comparing: every list sorted,
 /// an empty `resourceNames` (what a Role written without one reads back
@@ -256,25 +307,47 @@ pub fn role_drift(
     let rules = |o: &Value| normal_rules(&o["rules"]);
     for want in expected {
         let (kind, ns, name) = key(want);
+        // A cluster-scoped object has no namespace to name.
+        let at = if ns.is_empty() {
+            name.clone()
+        } else {
+            format!("{ns}/{name}")
+        };
         let Some(have) = live(&kind, &ns, &name) else {
-            drift.push(format!("{kind} {ns}/{name} is missing"));
+            drift.push(format!("{kind} {at} is missing"));
             continue;
         };
         if kind == "Role" && rules(want) != rules(&have) {
             drift.push(format!(
-                "{kind} {ns}/{name} has other rules: {} (the policy data says {})",
+                "{kind} {at} has other rules: {} (the policy data says {})",
                 json!(have["rules"]),
                 json!(want["rules"])
             ));
         }
-        if kind == "RoleBinding" {
-            for field in ["roleRef", "subjects"] {
-                if want[field] != have[field] {
-                    drift.push(format!(
-                        "{kind} {ns}/{name} has another {field}: {} (expected {})",
-                        have[field], want[field]
-                    ));
-                }
+        let fields: &[&str] = match kind.as_str() {
+            "RoleBinding" => &["roleRef", "subjects"],
+            // What the policy decides by (the server defaults the rest).
+            "ValidatingAdmissionPolicy" => &[
+                "/spec/matchConditions",
+                "/spec/variables",
+                "/spec/validations",
+            ],
+            "ValidatingAdmissionPolicyBinding" => &["/spec/policyName", "/spec/validationActions"],
+            _ => &[],
+        };
+        for field in fields {
+            let (w, h) = if field.starts_with('/') {
+                (want.pointer(field), have.pointer(field))
+            } else {
+                (want.get(*field), have.get(*field))
+            };
+            if w != h {
+                drift.push(format!(
+                    "{kind} {at} has another {}: {} (expected {})",
+                    field.trim_start_matches('/').replace('/', "."),
+                    h.cloned().unwrap_or(Value::Null),
+                    w.cloned().unwrap_or(Value::Null)
+                ));
             }
         }
     }
@@ -708,8 +781,31 @@ mod tests {
                 "Role r1",
                 "RoleBinding gateway-credential-issuer",
                 "Role gateway-credential-binder",
-                "RoleBinding gateway-credential-binder"
+                "RoleBinding gateway-credential-binder",
+                "ValidatingAdmissionPolicy gateway-credential-bindings",
+                "ValidatingAdmissionPolicyBinding gateway-credential-bindings"
             ]
+        );
+        let vap = &docs[4]["spec"];
+        assert_eq!(
+            vap["matchConditions"][0]["expression"],
+            "request.userInfo.username == 'system:serviceaccount:vault:openbao'"
+        );
+        assert_eq!(
+            vap["validations"][0]["expression"],
+            "variables.binding.roleRef.kind == 'Role' && ((variables.binding.metadata.namespace == 'demo-app' && variables.binding.roleRef.name in ['r1']))"
+        );
+        // A name cannot break out of its CEL string.
+        let mut odd = roles();
+        let r = odd.roles.remove("r1").expect("r1");
+        odd.roles.insert("x' || true || '".into(), r);
+        let odd_docs = cluster_roles(&odd, ("vault", "openbao"));
+        assert!(
+            odd_docs[4]["spec"]["validations"][0]["expression"]
+                .as_str()
+                .is_some_and(|e| e.contains(r"in ['x\' || true || \'']")),
+            "{}",
+            odd_docs[4]["spec"]["validations"][0]["expression"]
         );
         assert_eq!(
             docs[0]["rules"],
@@ -797,7 +893,7 @@ mod tests {
             docs.iter()
                 .find(|d| {
                     d["kind"] == kind
-                        && d["metadata"]["namespace"] == ns
+                        && d["metadata"]["namespace"].as_str().unwrap_or("") == ns
                         && d["metadata"]["name"] == name
                 })
                 .cloned()
