@@ -13,7 +13,7 @@ params := tools.params
 cfg := data.config.kubernetes
 
 # The verbs kubectl_read carries out, and those kubectl_change does.
-read_verbs := {"get", "describe", "logs", "events", "rollout_status", "rollout_history"}
+read_verbs := {"get", "describe", "logs", "events", "rollout_status", "rollout_history", "top"}
 
 change_verbs := {"scale", "rollout_restart", "set_image", "rollout_undo", "apply", "delete"}
 
@@ -35,11 +35,11 @@ deny contains msg if {
 }
 
 # The kind the call names, as config/scopes defines it ({} when it names
-# none: the events of a whole namespace; a log is always a pod's).
+# none: the events of a whole namespace; a log or a `top` is always a pod's).
 kind := k if {
 	k := data.config.scopes.kinds[params.kind]
 } else := data.config.scopes.kinds.pods if {
-	verb == "logs"
+	verb in {"logs", "top"}
 } else := manifest_kind if {
 	verb == "apply"
 } else := {}

@@ -65,7 +65,7 @@ test_a_kind_listed_by_a_tool_but_not_defined_is_refused if {
 test_a_verb_kubectl_read_lacks_is_refused if {
 	entry := object.union(data.config.tools.k8s_get, {"kubernetes": {"verb": "exec"}})
 	r := kubernetes.deny with data.config.tools as catalog_with("k8s_exec", entry) with input as call("k8s_exec", {"kind": "pods"})
-	r == {`the catalog gives tool "k8s_exec" the kubernetes verb "exec", which no Kubernetes runner has (they have: apply, delete, describe, events, get, logs, rollout_history, rollout_restart, rollout_status, rollout_undo, scale, set_image)`}
+	r == {`the catalog gives tool "k8s_exec" the kubernetes verb "exec", which no Kubernetes runner has (they have: apply, delete, describe, events, get, logs, rollout_history, rollout_restart, rollout_status, rollout_undo, scale, set_image, top)`}
 	o := kubernetes.operation with data.config.tools as catalog_with("k8s_exec", entry) with input as call("k8s_exec", {"kind": "pods"})
 	o == null
 }

@@ -1525,6 +1525,7 @@ async fn the_setup_script_is_idempotent_and_writes_what_the_policies_derive() {
             "gateway-k8s-rollout-demo-app",
             "gateway-k8s-scale-demo-app",
             "gateway-k8s-set-image-demo-app",
+            "gateway-k8s-top-demo-app",
             "gateway-k8s-undo-demo-app",
             "gateway-pod-reader-demo-app",
             "gateway-tf-apply-demo-app",
@@ -2752,7 +2753,7 @@ async fn the_drift_check_names_every_way_the_cluster_roles_differ_from_the_polic
     };
     let (code, said) = check();
     assert_eq!(code, Some(0), "{said}");
-    assert!(said.contains("match the policy data (14 roles"), "{said}");
+    assert!(said.contains("match the policy data (15 roles"), "{said}");
     w.kube.with(|s| {
         s.update("roles", "demo-app", "gateway-k8s-get-demo-app", |r| {
             r["rules"][0]["verbs"] = json!(["get", "list", "delete"]);

@@ -1163,6 +1163,14 @@ fn every_kubernetes_tool_works_through_the_daemon_from_the_python_sdk() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let w = rt.block_on(world());
     crash_looping(&w);
+    w.kube.with(|s| {
+        s.metrics_api = true;
+        s.put(
+            "podmetrics",
+            "demo-app",
+            fake_kube::pod_metrics("demo-app", "web-5c4b-x7k2p", &[("app", 5, 20)]),
+        );
+    });
     let d = daemon_on(&w);
     let mut reviewed = Vec::new();
     let (status, said) = run_agent(&d, "tour", |id, shown| {
@@ -1184,6 +1192,7 @@ fn every_kubernetes_tool_works_through_the_daemon_from_the_python_sdk() {
             "k8s_events",
             "k8s_rollout_status",
             "k8s_rollout_history",
+            "k8s_top",
             "k8s_scale",
             "k8s_rollout_restart",
             "k8s_set_image",
@@ -1228,4 +1237,73 @@ fn every_kubernetes_tool_works_through_the_daemon_from_the_python_sdk() {
         .filter(|e| e["event"] == "approval.spent")
         .count();
     assert_eq!(spent, 3);
+}
+
+/// k8s_top: kubectl top's per-container usage from the metrics API, with
+/// a token that may read PodMetrics and pods and nothing else; on a
+/// cluster without a metrics API the call ends saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_reads_the_metrics_api_and_says_when_a_cluster_has_none() {
+    let (w, p) = setup().await;
+    // No metrics-server: kubectl says so, and the call ends not ok.
+    let r = call(&p, "k8s_top", json!({"namespace": "demo-app"})).await;
+    match &r.outcome {
+        Outcome::Completed {
+            ok: false, summary, ..
+        } => {
+            assert!(summary.contains("Metrics API not available"), "{summary}")
+        }
+        other => panic!("{other:?}"),
+    }
+    w.kube.with(|s| {
+        s.metrics_api = true;
+        s.put(
+            "podmetrics",
+            "demo-app",
+            fake_kube::pod_metrics("demo-app", "web-5c4b-x7k2p", &[("app", 250, 480)]),
+        );
+    });
+    let r = call(&p, "k8s_top", json!({"namespace": "demo-app"})).await;
+    let text = completed(&r).1["text"].as_str().expect("text").to_string();
+    assert!(
+        text.contains("web-5c4b-x7k2p") && text.contains("250m") && text.contains("480Mi"),
+        "{text}"
+    );
+    let r = call(
+        &p,
+        "k8s_top",
+        json!({"namespace": "demo-app", "name": "web-5c4b-x7k2p"}),
+    )
+    .await;
+    assert!(
+        completed(&r).1["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("480Mi"))
+    );
+    // What its token may do: the metrics API's pods and the pods.
+    let rules: Vec<Value> = w.kube.with(|s| {
+        s.created
+            .iter()
+            .filter(|(r, b)| r == "rolebindings" && b["subjects"][0]["name"] != "openbao")
+            .filter_map(|(_, b)| {
+                let name = b["roleRef"]["name"].as_str()?.to_string();
+                s.objects
+                    .get(&("roles".to_string(), "demo-app".to_string(), name))
+                    .map(|r| r["rules"].clone())
+            })
+            .collect()
+    });
+    assert_eq!(
+        rules[0],
+        json!([{"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
+               {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}])
+    );
+    let refused: Vec<String> = w.kube.with(|s| {
+        s.seen
+            .iter()
+            .filter(|r| r.status == 403 || r.status == 401)
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect()
+    });
+    assert!(refused.is_empty(), "{refused:#?}");
 }

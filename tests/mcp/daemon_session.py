@@ -30,7 +30,7 @@ MODULE = "terraform/offline-demo"
 # The default catalog's tools, sorted (policies/config/tools/data.yaml).
 DEFAULT_TOOLS = ["k8s_apply", "k8s_delete", "k8s_describe", "k8s_events", "k8s_get", "k8s_get_pod_status",
                  "k8s_logs", "k8s_rollout_history", "k8s_rollout_restart", "k8s_rollout_status",
-                 "k8s_rollout_undo", "k8s_scale", "k8s_set_image", "terraform_apply", "terraform_plan"]
+                 "k8s_rollout_undo", "k8s_scale", "k8s_set_image", "k8s_top", "terraform_apply", "terraform_plan"]
 
 
 def check(cond, what):

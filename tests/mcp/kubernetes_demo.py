@@ -188,6 +188,7 @@ async def tour(s):
     await low("k8s_events", {"namespace": NS})
     await low("k8s_rollout_status", web)
     await low("k8s_rollout_history", web)
+    await low("k8s_top", {"namespace": NS})
     # Medium, no signal: planned by the dry run and applied at once.
     await low("k8s_scale", {**web, "replicas": 2})
     await low("k8s_rollout_restart", web)

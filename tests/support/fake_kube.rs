@@ -102,6 +102,10 @@ pub struct State {
     pub deleted: Vec<(String, String, String)>,
     /// Hold `GET pods` this long before answering.
     pub pods_delay: Duration,
+    /// Whether the cluster runs a metrics API (metrics-server): `/apis`
+    /// lists `metrics.k8s.io/v1beta1` and its PodMetrics are served from
+    /// the objects of resource `podmetrics` (see [`pod_metrics`]).
+    pub metrics_api: bool,
     /// When set, the "job controller" cannot create pods: admission says this.
     pub reject_pods: Option<String>,
     /// Namespaces where the fake's Pod Security admission rejects
@@ -3092,6 +3096,17 @@ fn job_controller(s: &mut State, ns: &str, job: &Value) {
 /// What `generateName` appends: five characters of apimachinery's
 /// `utilrand` alphabet (no vowels, no look-alike digits), as a Job's pod
 /// is named `<job>-<5 chars>` by the job controller.
+/// A pod's PodMetrics (`metrics.k8s.io/v1beta1`) as metrics-server
+/// reports it: each container's CPU (millicores) and memory (MiB) now.
+pub fn pod_metrics(ns: &str, pod: &str, containers: &[(&str, u32, u32)]) -> Value {
+    json!({"apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
+        "metadata": {"name": pod, "namespace": ns, "labels": {"app": "web"}},
+        "timestamp": "2026-12-07T00:10:00Z", "window": "15s",
+        "containers": containers.iter().map(|(c, cpu, mem)| json!({"name": c,
+            "usage": {"cpu": format!("{}n", u64::from(*cpu) * 1_000_000), "memory": format!("{}Ki", u64::from(*mem) * 1024)}}))
+            .collect::<Vec<_>>()})
+}
+
 pub fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut r = [0u8; 5];
@@ -3372,10 +3387,31 @@ async fn route(
         );
     }
     // Discovery is open to every authenticated user (system:discovery).
+    let metrics_api = st.lock().expect("state").metrics_api;
     if method == "GET"
-        && let Some(d) = discovery(path)
+        && let Some(mut d) = discovery(path)
     {
+        // metrics-server registers its group through an APIService.
+        if path == "/apis"
+            && metrics_api
+            && let Some(groups) = d["groups"].as_array_mut()
+        {
+            let gv = "metrics.k8s.io/v1beta1";
+            groups.push(json!({"name": "metrics.k8s.io", "versions": [{"groupVersion": gv, "version": "v1beta1"}],
+                "preferredVersion": {"groupVersion": gv, "version": "v1beta1"}}));
+        }
         return (respond(StatusCode::OK, d), user);
+    }
+    if method == "GET" && metrics_api && path == "/apis/metrics.k8s.io/v1beta1" {
+        return (
+            respond(
+                StatusCode::OK,
+                json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "metrics.k8s.io/v1beta1", "resources": [
+                    {"name": "nodes", "singularName": "", "namespaced": false, "kind": "NodeMetrics", "verbs": ["get", "list"]},
+                    {"name": "pods", "singularName": "", "namespaced": true, "kind": "PodMetrics", "verbs": ["get", "list"]}]}),
+            ),
+            user,
+        );
     }
     // TokenReview (what Vault's Kubernetes auth asks about a JWT). The
     // reviewer needs `create tokenreviews` at the cluster scope, as on a
@@ -3455,6 +3491,7 @@ async fn route(
         ["apis", "admissionregistration.k8s.io", "v1", rest @ ..] => {
             ("admissionregistration.k8s.io", rest)
         }
+        ["apis", "metrics.k8s.io", "v1beta1", rest @ ..] if metrics_api => ("metrics.k8s.io", rest),
         ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
         ["apis", "events.k8s.io", "v1", rest @ ..] => ("events.k8s.io", rest),
         // What a deployment's manifests hold (created by an admin's apply).
@@ -3757,6 +3794,41 @@ async fn route(
     }
     // The stored kinds the Kubernetes tools read: get, list and watch
     // (with label and field selectors) as for the workload kinds.
+    // The metrics API's PodMetrics (read-only, as metrics-server serves
+    // them: `podmetrics.metrics.k8s.io "NAME" not found` for a pod it has
+    // no sample of yet).
+    if group == "metrics.k8s.io" {
+        let s = st.lock().expect("state");
+        let r = match (verb, resource, name) {
+            ("list", "pods", None) => respond(
+                StatusCode::OK,
+                json!({"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1", "metadata": {},
+                       "items": s.select("podmetrics", ns, labels, None)}),
+            ),
+            ("get", "pods", Some(n)) => {
+                match s
+                    .objects
+                    .get(&("podmetrics".to_string(), ns.to_string(), n.to_string()))
+                {
+                    Some(o) => respond(StatusCode::OK, o.clone()),
+                    None => api_error(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        format!("podmetrics.metrics.k8s.io \"{n}\" not found"),
+                        "pods",
+                        Some(n),
+                    ),
+                }
+            }
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("the metrics API serves get and list, not {verb}"),
+                json!({}),
+            ),
+        };
+        return (r, user);
+    }
     let read_kind = matches!(
         resource,
         "deployments"

@@ -588,6 +588,7 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
                 "k8s_rollout_undo",
                 "k8s_scale",
                 "k8s_set_image",
+                "k8s_top",
                 "terraform_apply",
                 "terraform_plan"
             ]

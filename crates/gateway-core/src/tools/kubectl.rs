@@ -57,6 +57,7 @@ pub const VERBS: &[&str] = &[
     "events",
     "rollout_status",
     "rollout_history",
+    "top",
 ];
 
 /// The most any read may return, whatever the policy says (the sandbox's
@@ -137,7 +138,7 @@ impl ReadOp {
         if needs_kind && self.resource.is_empty() {
             return Err(format!("{} needs a kind", self.verb));
         }
-        let needs_name = !matches!(self.verb.as_str(), "get" | "events");
+        let needs_name = !matches!(self.verb.as_str(), "get" | "events" | "top");
         if needs_name && self.name.is_empty() {
             return Err(format!("{} needs an object's name", self.verb));
         }
@@ -267,6 +268,14 @@ impl ReadOp {
                 }
             }
             "rollout_status" => push(&["rollout", "status", &object, "--watch=false"]),
+            // Per container: which one of a pod uses the memory.
+            "top" => {
+                push(&["top", "pod"]);
+                if !self.name.is_empty() {
+                    push(&[&self.name]);
+                }
+                push(&["--containers"]);
+            }
             _ => push(&["rollout", "history", &object]),
         }
         vec![Step {
