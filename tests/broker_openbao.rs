@@ -143,6 +143,10 @@ async fn issue_and_revoke_a_pod_reader_creates_and_deletes_exactly_the_derived_o
     });
     assert_eq!(sa["metadata"]["namespace"], "demo-app");
     assert_eq!(sa["metadata"]["name"], json!(service_account));
+    // Named by the role's name_template, as the admission policies ask:
+    // the ServiceAccount and its binding alike.
+    assert!(service_account.starts_with("gw-cred-"), "{service_account}");
+    assert_eq!(binding["metadata"]["name"], json!(service_account));
     // Bound to the Role provisioned for it (gateway vault cluster-roles),
     // which holds exactly the rules of config/vault_roles/data.yaml.
     assert_eq!(role["metadata"]["name"], "gateway-pod-reader-demo-app");
@@ -2606,18 +2610,26 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
         )
     };
     // What a credential needs.
-    let (ok, said) = run(&["-n", "demo-app", "create", "serviceaccount", "probe"]);
+    let (ok, said) = run(&[
+        "-n",
+        "demo-app",
+        "create",
+        "serviceaccount",
+        "gw-cred-probe",
+    ]);
     assert!(ok, "{said}");
     let (ok, said) = run(&[
         "-n",
         "demo-app",
         "create",
         "rolebinding",
-        "probe-get",
+        "gw-cred-probe",
         "--role=gateway-k8s-get-demo-app",
-        "--serviceaccount=demo-app:probe",
+        "--serviceaccount=demo-app:gw-cred-probe",
     ]);
     assert!(ok, "a credential role may be bound: {said}");
+    let (ok, said) = run(&["-n", "demo-app", "create", "token", "gw-cred-probe"]);
+    assert!(ok, "its own account's token: {said}");
     // Nothing wider.
     let mut refusals = BTreeMap::new();
     for (args, what) in [
@@ -2641,7 +2653,7 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
                 "rolebinding",
                 "probe-admin",
                 "--clusterrole=admin",
-                "--serviceaccount=demo-app:probe",
+                "--serviceaccount=demo-app:gw-cred-probe",
             ],
             "a ClusterRole",
         ),
@@ -2653,7 +2665,7 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
                 "rolebinding",
                 "probe-secrets",
                 "--role=secrets-reader",
-                "--serviceaccount=demo-app:probe",
+                "--serviceaccount=demo-app:gw-cred-probe",
             ],
             "a Role that is not a credential role",
         ),
@@ -2695,7 +2707,7 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
                 "rolebinding",
                 "two",
                 "--role=gateway-k8s-get-demo-app",
-                "--serviceaccount=demo-app:probe",
+                "--serviceaccount=demo-app:gw-cred-probe",
                 "--serviceaccount=demo-app:default",
             ],
             "a credential Role bound to two accounts",
@@ -2703,6 +2715,28 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
         (
             vec!["-n", "demo-app", "delete", "rolebinding", "team-binding"],
             "another team's RoleBinding deleted",
+        ),
+        // An application's account is not a credential's: no binding of a
+        // credential Role to it, no token for it, no account of another name.
+        (
+            vec![
+                "-n",
+                "demo-app",
+                "create",
+                "rolebinding",
+                "default",
+                "--role=gateway-k8s-get-demo-app",
+                "--serviceaccount=demo-app:default",
+            ],
+            "a credential Role bound to an application's account",
+        ),
+        (
+            vec!["-n", "demo-app", "create", "token", "default"],
+            "a token for an application's account",
+        ),
+        (
+            vec!["-n", "demo-app", "create", "serviceaccount", "probe"],
+            "an account not named as a credential's",
         ),
     ] {
         let (ok, said) = run(&args);
@@ -2713,11 +2747,18 @@ async fn the_engine_may_bind_the_provisioned_roles_and_nothing_wider() {
     let said = &refusals["a credential Role bound to a group"];
     assert!(
         said.contains("ValidatingAdmissionPolicy 'gateway-credential-bindings'")
-            && said.contains("exactly one ServiceAccount of its own namespace"),
+            && said.contains("holds exactly that one ServiceAccount"),
         "{said}"
     );
+    // And an application's account, by the accounts policy.
+    let said = &refusals["a token for an application's account"];
+    assert!(
+        said.contains("ValidatingAdmissionPolicy 'gateway-credential-accounts'"),
+        "{said}"
+    );
+
     // The credential's own binding is the engine's to delete.
-    let (ok, said) = run(&["-n", "demo-app", "delete", "rolebinding", "probe-get"]);
+    let (ok, said) = run(&["-n", "demo-app", "delete", "rolebinding", "gw-cred-probe"]);
     assert!(ok, "{said}");
     assert!(
         w.kube.with(|s| !s.objects.contains_key(&(

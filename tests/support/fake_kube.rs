@@ -1338,9 +1338,24 @@ impl State {
         object: Option<&Value>,
         old: Option<&Value>,
     ) -> Option<Response<Body>> {
-        let name = object
-            .or(old)
-            .and_then(|o| o["metadata"]["name"].as_str())
+        self.admission_of(user, operation, resource, ns, None, object, old)
+    }
+
+    /// [`State::admission`] of a request whose name is not its object's
+    /// (a subresource's: `serviceaccounts/NAME/token` names the account).
+    #[allow(clippy::too_many_arguments)]
+    pub fn admission_of(
+        &self,
+        user: &str,
+        operation: &str,
+        resource: &str,
+        ns: &str,
+        request_name: Option<&str>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Option<Response<Body>> {
+        let name = request_name
+            .or_else(|| object.or(old).and_then(|o| o["metadata"]["name"].as_str()))
             .unwrap_or_default()
             .to_string();
         let request = json!({"operation": operation, "userInfo": {"username": user},
@@ -3909,6 +3924,17 @@ async fn route(
                 }
             };
             let mut s = st.lock().expect("state");
+            if let Some(r) = s.admission_of(
+                &user,
+                "CREATE",
+                "serviceaccounts/token",
+                ns,
+                Some(name),
+                Some(&tr),
+                None,
+            ) {
+                return (r, user);
+            }
             let key = (
                 "serviceaccounts".to_string(),
                 ns.to_string(),

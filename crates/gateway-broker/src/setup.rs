@@ -131,6 +131,9 @@ pub fn role_body(name: &str, def: &RoleDef) -> Value {
         // of these three: the other two are cleared by name.
         "generated_role_rules": "",
         "service_account_name": "",
+        // Its ServiceAccount and RoleBinding are named so that the
+        // admission policies tell them from an application's.
+        "name_template": NAME_TEMPLATE,
         "token_default_ttl": def.default_ttl,
         "token_max_ttl": def.max_ttl,
         "extra_labels": {"app.kubernetes.io/part-of": "gateway"},
@@ -193,17 +196,20 @@ pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
                 "failurePolicy": "Fail",
                 "matchConstraints": {"resourceRules": [{
                     "apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["rolebindings"]}]},
+                    "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["rolebindings"],
+                    "scope": "*"}]},
                 "matchConditions": [{"name": "made-by-the-secrets-engine",
                     "expression": format!("request.userInfo.username == {}", cel(&engine_user))}],
                 "variables": [{"name": "binding",
                     "expression": "request.operation == 'DELETE' ? oldObject : object"}],
                 "validations": [
-                    {"expression": format!("variables.binding.roleRef.kind == 'Role' && ({})", allowed.join(" || ")),
+                    // A revocation deletes what an earlier policy allowed:
+                    // only a creation is held to today's list.
+                    {"expression": format!("request.operation == 'DELETE' || (variables.binding.roleRef.kind == 'Role' && ({}))", allowed.join(" || ")),
                      "message": "the secrets engine binds only the gateway's credential Roles, each in its own namespace",
                      "reason": "Forbidden"},
-                    {"expression": "has(variables.binding.subjects) && size(variables.binding.subjects) == 1 && variables.binding.subjects[0].kind == 'ServiceAccount' && has(variables.binding.subjects[0].namespace) && variables.binding.subjects[0].namespace == variables.binding.metadata.namespace",
-                     "message": "a credential's RoleBinding holds exactly one ServiceAccount of its own namespace",
+                    {"expression": format!("variables.binding.metadata.name.startsWith({prefix}) && has(variables.binding.subjects) && size(variables.binding.subjects) == 1 && variables.binding.subjects[0].kind == 'ServiceAccount' && variables.binding.subjects[0].name == variables.binding.metadata.name && has(variables.binding.subjects[0].namespace) && variables.binding.subjects[0].namespace == variables.binding.metadata.namespace", prefix = cel(CREDENTIAL_NAME_PREFIX)),
+                     "message": format!("a credential's RoleBinding is named as its own ServiceAccount ({CREDENTIAL_NAME_PREFIX}…) and holds exactly that one ServiceAccount, of its own namespace"),
                      "reason": "Forbidden"}
                 ]
             }
@@ -212,6 +218,31 @@ pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": {"name": BINDINGS_POLICY, "labels": policy_labels},
             "spec": {"policyName": BINDINGS_POLICY, "validationActions": ["Deny"]}
+        }),
+        // Its ServiceAccounts and their tokens: only the credentials' own
+        // (named by the role's name_template), never an application's.
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": ACCOUNTS_POLICY, "labels": policy_labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": ["serviceaccounts", "serviceaccounts/token"], "scope": "*"}]},
+                "matchConditions": [{"name": "made-by-the-secrets-engine",
+                    "expression": format!("request.userInfo.username == {}", cel(&engine_user))}],
+                "validations": [
+                    {"expression": format!("request.name.startsWith({})", cel(CREDENTIAL_NAME_PREFIX)),
+                     "message": format!("the secrets engine makes, deletes and asks tokens for its credentials' own ServiceAccounts ({CREDENTIAL_NAME_PREFIX}…) only"),
+                     "reason": "Forbidden"}
+                ]
+            }
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": ACCOUNTS_POLICY, "labels": policy_labels},
+            "spec": {"policyName": ACCOUNTS_POLICY, "validationActions": ["Deny"]}
         }),
     ];
     for (ns, names) in by_ns {
@@ -238,8 +269,19 @@ pub fn cluster_roles(roles: &VaultRoles, engine: (&str, &str)) -> Vec<Value> {
     docs
 }
 
-/// The ValidatingAdmissionPolicy (and its binding) [`cluster_roles`] makes.
+/// The ValidatingAdmissionPolicies (and their bindings) [`cluster_roles`]
+/// makes: the engine's RoleBindings, and its ServiceAccounts and tokens.
 pub const BINDINGS_POLICY: &str = "gateway-credential-bindings";
+pub const ACCOUNTS_POLICY: &str = "gateway-credential-accounts";
+
+/// What every object the engine makes for a credential is named by
+/// (ServiceAccount, RoleBinding and token alike): the admission policies
+/// hold it to these and no other.
+pub const CREDENTIAL_NAME_PREFIX: &str = "gw-cred-";
+
+/// The engine's name template for them: the prefix, the time, and random
+/// letters and digits (what the engine's own default template uses too).
+pub const NAME_TEMPLATE: &str = "gw-cred-{{unix_time}}-{{random 16 | lowercase}}";
 
 /// A rule as the API server keeps it, for comparing: every list sorted,
 /// an empty `resourceNames` (what a Role written without one reads back
@@ -328,6 +370,8 @@ pub fn role_drift(
             "RoleBinding" => &["roleRef", "subjects"],
             // What the policy decides by (the server defaults the rest).
             "ValidatingAdmissionPolicy" => &[
+                "/spec/failurePolicy",
+                "/spec/matchConstraints/resourceRules",
                 "/spec/matchConditions",
                 "/spec/variables",
                 "/spec/validations",
@@ -668,8 +712,10 @@ pub fn binding_drift(
         let labelled = !b["metadata"]["labels"][CREDENTIAL_ROLE_LABEL].is_null();
         let subjects = b["subjects"].as_array().cloned().unwrap_or_default();
         let a_credentials_own = to_credential
+            && name.starts_with(CREDENTIAL_NAME_PREFIX)
             && subjects.len() == 1
             && subjects[0]["kind"] == "ServiceAccount"
+            && subjects[0]["name"] == name.as_str()
             && subjects[0]["namespace"].as_str().unwrap_or(ns.as_str()) == ns;
         if labelled {
             drift.push(format!(
@@ -783,7 +829,9 @@ mod tests {
                 "Role gateway-credential-binder",
                 "RoleBinding gateway-credential-binder",
                 "ValidatingAdmissionPolicy gateway-credential-bindings",
-                "ValidatingAdmissionPolicyBinding gateway-credential-bindings"
+                "ValidatingAdmissionPolicyBinding gateway-credential-bindings",
+                "ValidatingAdmissionPolicy gateway-credential-accounts",
+                "ValidatingAdmissionPolicyBinding gateway-credential-accounts"
             ]
         );
         let vap = &docs[4]["spec"];
@@ -793,7 +841,7 @@ mod tests {
         );
         assert_eq!(
             vap["validations"][0]["expression"],
-            "variables.binding.roleRef.kind == 'Role' && ((variables.binding.metadata.namespace == 'demo-app' && variables.binding.roleRef.name in ['r1']))"
+            "request.operation == 'DELETE' || (variables.binding.roleRef.kind == 'Role' && ((variables.binding.metadata.namespace == 'demo-app' && variables.binding.roleRef.name in ['r1'])))"
         );
         // A name cannot break out of its CEL string.
         let mut odd = roles();
@@ -830,12 +878,12 @@ mod tests {
                    "roleRef": {"kind": kind, "name": role}, "subjects": subjects})
         };
         let sa =
-            |ns: &str| json!([{"kind": "ServiceAccount", "name": "v-token-x", "namespace": ns}]);
+            |ns: &str| json!([{"kind": "ServiceAccount", "name": "gw-cred-x", "namespace": ns}]);
         // The engine's own bindings and a credential's: nothing to say.
         let mut ok = vec![
             docs[1].clone(),
             docs[3].clone(),
-            binding("v-token-x", "Role", "r1", sa("demo-app")),
+            binding("gw-cred-x", "Role", "r1", sa("demo-app")),
         ];
         ok.push(binding(
             "app",
