@@ -3807,8 +3807,6 @@ async fn route(
             );
         }
     }
-    // The stored kinds the Kubernetes tools read: get, list and watch
-    // (with label and field selectors) as for the workload kinds.
     // The metrics API's PodMetrics (read-only, as metrics-server serves
     // them: `podmetrics.metrics.k8s.io "NAME" not found` for a pod it has
     // no sample of yet).
@@ -3844,6 +3842,8 @@ async fn route(
         };
         return (r, user);
     }
+    // The stored kinds the Kubernetes tools read: get, list and watch
+    // (with label and field selectors) as for the workload kinds.
     let read_kind = matches!(
         resource,
         "deployments"
