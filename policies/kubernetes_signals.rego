@@ -33,6 +33,21 @@ k8s_signal(kind, actions, message) := {
 	"message": message,
 }
 
+# --- More changes than a person is shown --------------------------------------
+
+# The approval page shows an object's changed fields with their values up
+# to a cap, then only names the rest (`changes` is that list, made by the
+# same code that renders the page, its last entry "(and N more changed
+# attributes: …)"). A change past the cap is a signal, so that padding a
+# manifest cannot push a risky field out of sight unannounced.
+found contains k8s_signal("large_change", ["update"], msg) if {
+	k8s_live
+	k8s_planned
+	some c in k8s.changes
+	startswith(c.path, "(and ")
+	msg := sprintf("changes more fields of %s than the approval page shows with their values (it shows %d and names the rest): read the whole manifest (its params) before approving", [k8s_address, count(k8s.changes) - 1])
+}
+
 # --- Deleting what holds data -------------------------------------------------
 
 found contains k8s_signal("delete_data", ["delete"], msg) if {

@@ -306,3 +306,23 @@ test_a_secret_handed_to_pods_is_a_signal_each_way if {
 	# Already so before: not a signal of this change.
 	k8s_signals("apply", deployment(1, vol), deployment(1, vol)) == []
 }
+
+# Padding a manifest with changes cannot push a risky field out of the
+# approver's sight unannounced: a change whose list of changed fields was
+# cut for the page (its last entry names the rest) is a signal.
+k8s_signals_with(verb, live, planned, changes) := s if {
+	s := data.gateway.signals.signals with input as {"tool": "k8s_apply", "params": {}, "kubernetes": {"verb": verb, "live": live, "planned": planned, "changes": changes}}
+}
+
+test_more_changes_than_a_person_is_shown_is_a_signal if {
+	live := deployment(1, app("web@sha256:aa"))
+	shown := [{"path": sprintf("metadata.annotations.pad-%d", [i]), "before": null, "after": "x"} | some i in numbers.range(1, 64)]
+	cut := array.concat(shown, [{"path": "(and 6 more changed attributes: metadata.annotations.pad-65, …)", "before": null, "after": null}])
+	[s] := k8s_signals_with("apply", live, live, cut)
+	s.kind == "large_change"
+	s.message == "changes more fields of Deployment demo-app/web than the approval page shows with their values (it shows 64 and names the rest): read the whole manifest (its params) before approving"
+	# All of them shown: no signal; nor for a creation, whose params are
+	# the whole object.
+	k8s_signals_with("apply", live, live, shown) == []
+	not "large_change" in kinds_of(k8s_signals_with("apply", null, live, cut))
+}

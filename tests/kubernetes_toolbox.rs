@@ -1307,3 +1307,64 @@ async fn top_reads_the_metrics_api_and_says_when_a_cluster_has_none() {
     });
     assert!(refused.is_empty(), "{refused:#?}");
 }
+
+/// A manifest padded with changes (70 annotations) to push a risky field
+/// past what the approval page shows with values: the plan says so in a
+/// signal, and the page names every field it does not show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_padded_past_what_the_page_shows_is_a_signal() {
+    let (w, p, gate) = setup_with_approver().await;
+    let mut manifest = w.kube.with(|s| {
+        s.objects[&(
+            "deployments".to_string(),
+            "demo-app".to_string(),
+            "web".to_string(),
+        )]
+            .clone()
+    });
+    if let Some(m) = manifest.as_object_mut() {
+        m.remove("status");
+    }
+    for k in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "managedFields",
+        "generation",
+    ] {
+        manifest["metadata"].as_object_mut().map(|m| m.remove(k));
+    }
+    for i in 0..70 {
+        manifest["metadata"]["annotations"][format!("a{i:02}.example.com/pad")] = json!("x");
+    }
+    // The risky field, sorted after every annotation.
+    manifest["spec"]["template"]["spec"]["containers"][0]["image"] =
+        json!("registry.example/web:1.4.3");
+    let r = call(
+        &p,
+        "k8s_apply",
+        json!({"namespace": "demo-app", "manifest": manifest}),
+    )
+    .await;
+    let (id, signals, _) = pending(&r);
+    let kinds: Vec<&str> = signals
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"large_change"), "{signals}");
+    let shown = common::gateway(&w.home)
+        .arg("--policies")
+        .arg(gate.policies.path())
+        .args(["approvals", "show", &id])
+        .output()
+        .expect("show");
+    let shown = common::stdout(&shown);
+    assert!(
+        shown.contains("approval page shows with their values")
+            && shown.contains("more changed attributes")
+            && shown.contains("spec.template.spec.containers[0].image"),
+        "{shown}"
+    );
+}
