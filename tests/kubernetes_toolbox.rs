@@ -667,33 +667,11 @@ async fn an_approved_change_fails_closed_when_the_object_changed_after_its_plan(
 async fn the_fix_is_applied_exactly_as_approved() {
     let (w, p, gate) = setup_with_approver().await;
     // The agent proposes the one-line fix: the env var's name.
-    let mut fixed = w.kube.with(|s| {
-        s.objects[&(
-            "deployments".to_string(),
-            "demo-app".to_string(),
-            "web".to_string(),
-        )]
-            .clone()
-    });
-    let fixed = {
-        let m = fixed.as_object_mut().expect("object");
-        m.remove("status");
-        let meta = m["metadata"].as_object_mut().expect("meta");
-        for k in [
-            "uid",
-            "resourceVersion",
-            "creationTimestamp",
-            "managedFields",
-            "generation",
-            "namespace",
-        ] {
-            meta.remove(k);
-        }
-        meta.remove("annotations");
-        fixed["spec"]["template"]["spec"]["containers"][0]["env"][0]["name"] =
-            json!("DATABASE_URL");
-        fixed
-    };
+    let mut fixed = web_manifest(&w);
+    fixed["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("annotations"));
+    fixed["spec"]["template"]["spec"]["containers"][0]["env"][0]["name"] = json!("DATABASE_URL");
     let params = json!({"namespace": "demo-app", "manifest": fixed});
     let r = call(&p, "k8s_apply", params.clone()).await;
     let (id, signals, changes) = pending(&r);
@@ -1314,26 +1292,7 @@ async fn top_reads_the_metrics_api_and_says_when_a_cluster_has_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_padded_past_what_the_page_shows_is_a_signal() {
     let (w, p, gate) = setup_with_approver().await;
-    let mut manifest = w.kube.with(|s| {
-        s.objects[&(
-            "deployments".to_string(),
-            "demo-app".to_string(),
-            "web".to_string(),
-        )]
-            .clone()
-    });
-    if let Some(m) = manifest.as_object_mut() {
-        m.remove("status");
-    }
-    for k in [
-        "uid",
-        "resourceVersion",
-        "creationTimestamp",
-        "managedFields",
-        "generation",
-    ] {
-        manifest["metadata"].as_object_mut().map(|m| m.remove(k));
-    }
+    let mut manifest = web_manifest(&w);
     for i in 0..70 {
         manifest["metadata"]["annotations"][format!("a{i:02}.example.com/pad")] = json!("x");
     }
@@ -1367,4 +1326,33 @@ async fn a_change_padded_past_what_the_page_shows_is_a_signal() {
             && shown.contains("spec.template.spec.containers[0].image"),
         "{shown}"
     );
+}
+
+/// demo-app/web as an agent writes its manifest from a read: without its
+/// status and the fields the server owns.
+fn web_manifest(w: &World) -> Value {
+    let mut m = w.kube.with(|s| {
+        s.objects[&(
+            "deployments".to_string(),
+            "demo-app".to_string(),
+            "web".to_string(),
+        )]
+            .clone()
+    });
+    if let Some(o) = m.as_object_mut() {
+        o.remove("status");
+    }
+    if let Some(meta) = m["metadata"].as_object_mut() {
+        for k in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+            "namespace",
+        ] {
+            meta.remove(k);
+        }
+    }
+    m
 }
