@@ -435,22 +435,40 @@ pub fn desired(
             c["image"] = json!(op.image);
         }
         "rollout_undo" => {
-            let template = revision_template(op, live, replicasets)?;
+            let (template, annotations) = revision_template(op, live, replicasets)?;
             o["spec"]["template"] = template;
+            // As kubectl rollout undo: the revision's own annotations (its
+            // change-cause) come back with its template, merged over the
+            // Deployment's; the controller's bookkeeping ones do not.
+            for (k, v) in annotations {
+                o["metadata"]["annotations"][k] = v;
+            }
         }
         other => return Err(format!("no change verb {other:?}")),
     }
     Ok(o)
 }
 
+/// The annotations `kubectl rollout undo` does not copy from a revision:
+/// the deployment controller's and kubectl's own bookkeeping.
+const UNDO_SKIPS: &[&str] = &[
+    "kubectl.kubernetes.io/last-applied-configuration",
+    REVISION,
+    "deployment.kubernetes.io/revision-history",
+    "deployment.kubernetes.io/desired-replicas",
+    "deployment.kubernetes.io/max-replicas",
+    "deprecated.deployment.rollback.to",
+];
+
 /// The pod template of revision `op.to_revision` of Deployment `live`:
 /// from the ReplicaSet it owns with that revision, without the
-/// pod-template-hash label (as `kubectl rollout undo` does).
+/// pod-template-hash label (as `kubectl rollout undo` does), and that
+/// ReplicaSet's annotations but the ones kubectl skips.
 fn revision_template(
     op: &ChangeOp,
     live: &Value,
     replicasets: Option<&Value>,
-) -> Result<Value, String> {
+) -> Result<(Value, serde_json::Map<String, Value>), String> {
     let want = format!("{}", op.to_revision as u64);
     let uid = &live["metadata"]["uid"];
     let current = live["metadata"]["annotations"][REVISION].as_str();
@@ -484,7 +502,14 @@ fn revision_template(
     if !t.is_object() {
         return Err(format!("revision {want} has no pod template"));
     }
-    Ok(t)
+    let annotations = rs["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| !UNDO_SKIPS.contains(&k.as_str()) && v.is_string())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok((t, annotations))
 }
 
 /// The dry run's answer: the object the API server says the write would
@@ -705,7 +730,9 @@ mod tests {
         let l = live();
         let rs = |name: &str, rev: &str, owner: &str, image: &str| {
             json!({"metadata": {"name": name,
-            "annotations": {REVISION: rev}, "ownerReferences": [{"uid": owner, "controller": true}]},
+            "annotations": {REVISION: rev, "kubernetes.io/change-cause": format!("deploy {image}"),
+                "deployment.kubernetes.io/desired-replicas": "3"},
+            "ownerReferences": [{"uid": owner, "controller": true}]},
             "spec": {"template": {"metadata": {"labels": {"app": "web", "pod-template-hash": "abc"}},
                 "spec": {"containers": [{"name": "app", "image": image}]}}}})
         };
@@ -719,6 +746,16 @@ mod tests {
         assert_eq!(
             d["spec"]["template"]["metadata"]["labels"],
             json!({"app": "web"})
+        );
+        // The revision's change-cause comes back; the controller's
+        // bookkeeping and the current revision number stay the live ones.
+        let a = &d["metadata"]["annotations"];
+        assert_eq!(a["kubernetes.io/change-cause"], "deploy web:1", "{a}");
+        assert_eq!(a[REVISION], l["metadata"]["annotations"][REVISION], "{a}");
+        assert!(
+            a.get("deployment.kubernetes.io/desired-replicas")
+                == l["metadata"]["annotations"].get("deployment.kubernetes.io/desired-replicas"),
+            "{a}"
         );
         let at = op(json!({"verb": "rollout_undo", "to_revision": 2})).expect("op");
         assert!(
