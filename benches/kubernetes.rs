@@ -131,21 +131,7 @@ fn bench(c: &mut Criterion) {
     eprintln!("timing model (s): {t:?}");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    let kube = rt.block_on(fake_kube::FakeKube::start());
-    let bao = openbao::OpenBao::start();
-    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
-    let settings = bao.set_up_gateway(
-        &rt,
-        kube.url(),
-        kube.ca_pem.clone(),
-        kube.openbao_jwt.clone(),
-        1,
-    );
+    let (rt, kube, _bao, settings) = cluster(1);
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
     let dir = tempfile::tempdir().expect("dir");
@@ -349,6 +335,34 @@ fn bench(c: &mut Criterion) {
     );
 }
 
+/// A runtime, the fake API server with the cluster assets applied, and a
+/// real OpenBao set up for it with `lanes` lanes: the gateway's settings.
+fn cluster(
+    lanes: usize,
+) -> (
+    tokio::runtime::Runtime,
+    fake_kube::FakeKube,
+    openbao::OpenBao,
+    gateway::broker::vault::VaultSettings,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let kube = rt.block_on(fake_kube::FakeKube::start());
+    let bao = openbao::OpenBao::start();
+    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
+    let settings = bao.set_up_gateway(
+        &rt,
+        kube.url(),
+        kube.ca_pem.clone(),
+        kube.openbao_jwt.clone(),
+        lanes,
+    );
+    (rt, kube, bao, settings)
+}
+
 /// A Deployment of two containers with probes, resources, env and
 /// mounts: 200-odd lines as `kubectl get -o json` prints it.
 fn big_deployment(image: &str) -> Value {
@@ -379,23 +393,9 @@ fn big_deployment(image: &str) -> Value {
 fn change_plan(c: &mut Criterion) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    let kube = rt.block_on(fake_kube::FakeKube::start());
-    let bao = openbao::OpenBao::start();
-    // Lanes as `vault setup` makes them by default: a plan mints two
-    // credentials, and one lane's client-side rate limit would be the bench.
-    kube.with(|s| s.apply_cluster_assets(&openbao::cluster_roles_yaml()));
-    let settings = bao.set_up_gateway(
-        &rt,
-        kube.url(),
-        kube.ca_pem.clone(),
-        kube.openbao_jwt.clone(),
-        16,
-    );
+    // 16 lanes (`vault setup --lanes 16`): a plan mints two credentials,
+    // and one lane's client-side rate limit would be the bench.
+    let (rt, kube, _bao, settings) = cluster(16);
     let home = tempfile::tempdir().expect("home");
     let workspace = tempfile::tempdir().expect("workspace");
     let broker = Arc::new(

@@ -131,22 +131,26 @@ impl Drop for OpenBao {
     }
 }
 
-/// What `gateway vault cluster-roles` prints for the default policies: the
-/// credential roles' Roles an operator applies to the cluster.
-pub fn cluster_roles_yaml() -> String {
+/// The default policies' `config/vault_roles`.
+pub fn default_roles() -> gateway::broker::setup::VaultRoles {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let set = gateway::policy::PolicySet::load(
         &[repo.join("policies")],
         &gateway::policy::set::LoadOptions::default(),
     )
     .expect("policies");
-    let roles: gateway::broker::setup::VaultRoles = serde_json::from_value(
+    serde_json::from_value(
         set.data("data.config.vault_roles")
             .expect("data")
             .expect("roles"),
     )
-    .expect("shape");
-    gateway::broker::setup::cluster_roles(&roles, ("vault", "openbao"))
+    .expect("shape")
+}
+
+/// What `gateway vault cluster-roles` prints for the default policies: the
+/// credential roles' Roles an operator applies to the cluster.
+pub fn cluster_roles_yaml() -> String {
+    gateway::broker::setup::cluster_roles(&default_roles(), ("vault", "openbao"))
         .iter()
         .map(|d| format!("---\n{}", serde_saphyr::to_string(d).expect("yaml")))
         .collect()
@@ -166,18 +170,7 @@ impl OpenBao {
         lanes: usize,
     ) -> gateway::broker::vault::VaultSettings {
         use gateway::broker::vault::{Secret, VaultAuth, VaultSettings};
-        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let set = gateway::policy::PolicySet::load(
-            &[repo.join("policies")],
-            &gateway::policy::set::LoadOptions::default(),
-        )
-        .expect("policies");
-        let roles: gateway::broker::setup::VaultRoles = serde_json::from_value(
-            set.data("data.config.vault_roles")
-                .expect("data")
-                .expect("roles"),
-        )
-        .expect("shape");
+        let roles = default_roles();
         let admin = VaultSettings {
             address: self.addr.clone(),
             namespace: None,
