@@ -423,17 +423,20 @@ async fn a_log_read_that_fails_transiently_is_retried_and_a_final_refusal_is_rep
     c.kube.with(|s| {
         s.log_failures.extend([
             (
+                "gw-req-logs".to_string(),
                 500,
                 "InternalError".to_string(),
                 "Get \"https://node:10250/containerLogs\": dial tcp: connection refused"
                     .to_string(),
             ),
             (
+                "gw-req-logs".to_string(),
                 503,
                 "ServiceUnavailable".to_string(),
                 "the server is currently unable to handle the request".to_string(),
             ),
             (
+                "gw-req-logs".to_string(),
                 429,
                 "TooManyRequests".to_string(),
                 "too many requests".to_string(),
@@ -460,11 +463,13 @@ async fn a_log_read_that_fails_transiently_is_retried_and_a_final_refusal_is_rep
     c.kube.with(|s| {
         s.log_failures.extend([
             (
+                "gw-req-nolog".to_string(),
                 403,
                 "Forbidden".to_string(),
                 "pods \"x\" is forbidden: cannot get resource \"pods/log\"".to_string(),
             ),
             (
+                "gw-req-nolog".to_string(),
                 500,
                 "InternalError".to_string(),
                 "never reached".to_string(),

@@ -121,9 +121,12 @@ pub struct State {
     /// with no time recorded counts as written now.
     pub log_times: BTreeMap<String, Vec<f64>>,
     /// Failures `GET pods/{name}/log` answers with, one per request, before
-    /// it serves the log: (HTTP status, reason, message), as the API server
-    /// does when it cannot reach the kubelet (500) or sheds load (429/503).
-    pub log_failures: std::collections::VecDeque<(u16, String, String)>,
+    /// it serves the log: (pod name prefix, HTTP status, reason, message),
+    /// as the API server does when it cannot reach the kubelet (500) or
+    /// sheds load (429/503). Only a pod whose name starts with the prefix
+    /// takes the front failure, so a log read of another pod (a follow
+    /// still open from an earlier call) cannot consume it.
+    pub log_failures: std::collections::VecDeque<(String, u16, String, String)>,
     /// The query of every `GET pods/{name}/log`, in order.
     pub log_queries: Vec<BTreeMap<String, String>>,
     /// Deletions with their propagation policy: (resource, name, policy).
@@ -2254,7 +2257,13 @@ async fn workload_route(
                     json!({}),
                 );
             }
-            if let Some((code, reason, message)) = s.log_failures.pop_front() {
+            if let Some((_, code, reason, message)) = s
+                .log_failures
+                .front()
+                .filter(|(prefix, ..)| pod.starts_with(prefix.as_str()))
+                .cloned()
+            {
+                s.log_failures.pop_front();
                 let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 return status(code, &reason, message, json!({"name": pod, "kind": "pods"}));
             }
