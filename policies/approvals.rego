@@ -224,7 +224,7 @@ sso_client_may_approve(id) if {
 # What an approver's scope is matched against.
 call_facts(tool, params, sigs) := {
 	"tool": tool,
-	"tier": object.get(data.config.tools, [tool, "tier"], "unknown"),
+	"tier": object.get(data.gateway.tools.catalog, [tool, "tier"], "unknown"),
 	"module": object.get(params, "working_dir", ""),
 	"namespace": object.get(params, "namespace", object.get(data.config.scopes.modules, [object.get(params, "working_dir", ""), "namespace"], "")),
 	"signal_kinds": {s.kind | some s in sigs},

@@ -10,13 +10,14 @@
 #   approvals.rego  when a person must approve, how many, for how long
 #   sandbox.rego    sandbox limits and egress
 #   kubernetes.rego the operation a Kubernetes tool's runner carries out
+#   upstreams.rego  the tools of upstream MCP servers, as locked
 # Tables live in config/*.yaml.
 package gateway
 
 
 # Deny by default: the call is allowed only when no rule found a reason to
 # refuse it.
-deny_reasons := (data.gateway.tools.deny | data.gateway.scope.deny) | data.gateway.kubernetes.deny
+deny_reasons := ((data.gateway.tools.deny | data.gateway.scope.deny) | data.gateway.kubernetes.deny) | data.gateway.upstreams.deny
 
 decision := {
 	"allow": count(deny_reasons) == 0,
@@ -29,8 +30,14 @@ decision := {
 	"sandbox": data.gateway.sandbox.limits,
 	"signals": data.gateway.signals.signals,
 	"approval": data.gateway.approvals.requirement,
-	"operation": data.gateway.kubernetes.operation,
+	"operation": operation,
 }
+
+# What the tool's runner carries out: an upstream MCP server's call, or a
+# Kubernetes tool's operation (null for the others).
+operation := data.gateway.upstreams.operation if data.gateway.upstreams.requested
+
+else := data.gateway.kubernetes.operation
 
 # tools/list: the tools this principal may see, by name.
 tool_list := data.gateway.tools.visible

@@ -5,7 +5,9 @@
 # acceptable, its risk tier and its MCP annotations.
 package gateway.tools
 
-catalog := data.config.tools
+# The operator's catalog, and the tools of the upstream MCP servers the
+# operator locked (upstreams.rego): a name in config/tools wins.
+catalog := object.union(data.gateway.upstreams.catalog, data.config.tools)
 
 # The catalog entry of the requested tool (undefined for an unknown tool).
 tool := catalog[input.tool]
@@ -57,6 +59,7 @@ visible[name] := {
 	"task": object.get(entry, "task", false),
 	"annotations": entry.annotations,
 	"params": {p: shown_param(spec) | some p, spec in entry.params},
+	"input_schema": object.get(entry, "input_schema", null),
 } if {
 	some name, entry in catalog
 	principal_allowed(entry)
@@ -132,6 +135,7 @@ violations contains {"param": name, "problem": "missing", "message": sprintf("mi
 
 violations contains {"param": short(name), "problem": "unknown", "message": sprintf("unknown param %s for tool %s", [quoted(name), quoted(input.tool)])} if {
 	usable
+	not usable.input_schema
 	some name, _ in params
 	not usable.params[name]
 }
@@ -209,6 +213,14 @@ violations contains {"param": name, "problem": "too_long", "message": sprintf("p
 	some name, value in params
 	is_string(value)
 	longer_than(value, usable.params[name].max_length)
+}
+
+# A tool with a locked input schema (an upstream MCP server's): the gateway
+# checks the arguments against it (a JSON Schema validator) before asking,
+# and hands what is wrong as input.schema_violations.
+violations contains {"param": v.param, "problem": "schema", "message": v.message} if {
+	usable.input_schema
+	some v in object.get(input, "schema_violations", [])
 }
 
 deny contains v.message if some v in violations

@@ -47,6 +47,79 @@ pub struct Step {
     /// instead of the sandbox's stdout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout_file: Option<String>,
+    /// The command is an MCP server on stdio: the runner speaks MCP to it
+    /// ([`crate::mcp`]) and prints the [`McpReport`] as its stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpExchange>,
+}
+
+/// What the runner asks an upstream MCP server (a [`Step`]'s `mcp`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpExchange {
+    /// Bytes the server may write in all, every message together; over
+    /// it the server is stopped and the report says `too_large`.
+    pub max_bytes: u64,
+    /// Time for the whole exchange, in milliseconds.
+    pub timeout_ms: u64,
+    /// The call to make; `None`: only list the tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<McpCall>,
+}
+
+/// A `tools/call`, made only when the tool's live definition equals
+/// `definition` (the one the operator locked).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+    pub definition: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_token: Option<serde_json::Value>,
+}
+
+/// What came of an [`McpExchange`]: one line of JSON on the runner's
+/// stdout, read by the gateway as hostile input.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct McpReport {
+    pub max_bytes: u64,
+    pub timeout_ms: u64,
+    /// The server's `protocolVersion` and `serverInfo`.
+    #[serde(default)]
+    pub server: Option<serde_json::Value>,
+    /// Every tool it lists (a list-only exchange).
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// The `tools/call` result, as the server sent it.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
+    /// Why nothing was called (the tool is gone or not as locked).
+    #[serde(default)]
+    pub refused: Option<String>,
+    /// The tool's live definition, when it is not the locked one.
+    #[serde(default)]
+    pub live_definition: Option<serde_json::Value>,
+    /// What stopped the exchange: too_large, timeout, closed, rpc_error,
+    /// protocol.
+    #[serde(default)]
+    pub error_kind: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Requests of the server's (sampling, elicitation, roots…) refused.
+    #[serde(default)]
+    pub requests_refused: u64,
+    #[serde(default)]
+    pub refused_methods: Vec<String>,
+    #[serde(default)]
+    pub notifications: u64,
+    /// The last `notifications/progress` params.
+    #[serde(default)]
+    pub progress: Option<serde_json::Value>,
+    /// The server sent `notifications/tools/list_changed`.
+    #[serde(default)]
+    pub list_changed: bool,
+    /// Lines that were not JSON-RPC messages, or answers to nothing asked.
+    #[serde(default)]
+    pub garbage_lines: u64,
 }
 
 /// The sandbox's command: the step runner over the steps file.

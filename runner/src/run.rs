@@ -425,6 +425,44 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
             c
         };
         cmd.stdin(Stdio::null());
+        if let Some(ex) = &step.mcp {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            unblock_sigterm(&mut cmd);
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let report = match cmd.spawn() {
+                Ok(mut child) => {
+                    STEP_GROUP.store(
+                        i32::try_from(child.id()).unwrap_or(0),
+                        std::sync::atomic::Ordering::SeqCst,
+                    );
+                    let pump = child.stderr.take().map(|e| out.pump(2, e));
+                    let report = crate::mcp::exchange(&mut child, ex);
+                    // What the server started is stopped with it.
+                    let group = STEP_GROUP.swap(0, std::sync::atomic::Ordering::SeqCst);
+                    if group > 0 {
+                        // SAFETY: a signal to the step's own process group.
+                        unsafe {
+                            libc::kill(-group, libc::SIGKILL);
+                        }
+                    }
+                    if let Some(p) = pump {
+                        let _ = p.join();
+                    }
+                    report
+                }
+                Err(e) => protocol::McpReport {
+                    error_kind: Some("closed".into()),
+                    error: Some(format!("cannot start {program}: {e}")),
+                    ..protocol::McpReport::default()
+                },
+            };
+            let mut line = serde_json::to_vec(&report).unwrap_or_default();
+            line.push(b'\n');
+            out.line(1, &line);
+            continue;
+        }
         if out.framed {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
@@ -667,6 +705,7 @@ mod tests {
         let steps = serde_json::to_vec(&vec![Step {
             argv: vec!["/usr/bin/touch".into(), mark.display().to_string()],
             stdout_file: None,
+            mcp: None,
         }])
         .expect("steps");
         let mut input = payload(
@@ -702,6 +741,7 @@ mod tests {
         let steps = serde_json::to_vec(&vec![Step {
             argv: vec!["/usr/bin/touch".into(), mark.display().to_string()],
             stdout_file: None,
+            mcp: None,
         }])
         .expect("steps");
         let whole = payload(vec![("steps.json", steps.clone())], Some(b"t"));

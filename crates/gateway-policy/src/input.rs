@@ -132,6 +132,11 @@ pub struct DecisionInput {
     /// input): `{verb, live, planned, changes}`, the live object and what
     /// the API server's dry run said it would become.
     pub kubernetes: Option<serde_json::Value>,
+    /// For a tool with a pinned input schema (an upstream MCP server's):
+    /// what is wrong with `params` (without approval_id) for that schema,
+    /// as `[{param, message}]` (`schema_violations` in the input; empty:
+    /// nothing). The policy reports them as violations.
+    pub schema_violations: Option<serde_json::Value>,
 }
 
 impl DecisionInput {
@@ -147,6 +152,7 @@ impl DecisionInput {
             approval: None,
             plan_config_files: None,
             kubernetes: None,
+            schema_violations: None,
         }
     }
 
@@ -202,6 +208,9 @@ impl DecisionInput {
         if let Some(files) = &self.plan_config_files {
             m.insert("plan_config_files".into(), files.clone());
         }
+        if let Some(v) = &self.schema_violations {
+            m.insert("schema_violations".into(), v.clone());
+        }
         serde_json::Value::Object(m)
     }
 
@@ -255,6 +264,9 @@ impl DecisionInput {
         }
         if let Some(approval) = &self.approval {
             obj.insert(s("approval"), regorus::Value::from(approval.clone()));
+        }
+        if let Some(v) = &self.schema_violations {
+            obj.insert(s("schema_violations"), regorus::Value::from(v.clone()));
         }
         if let Some(files) = &self.plan_config_files {
             obj.insert(s("plan_config_files"), regorus::Value::from(files.clone()));

@@ -53,8 +53,18 @@ pub struct PolicySet {
     pub signed: Option<super::bundle::Verified>,
     /// Tool lists made lately, by principal (see [`PolicySet::tool_list`]).
     tool_lists: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<ToolList>)>>,
-    /// The catalog's tool names (`data.config.tools`), read once.
+    /// The catalog's tool names (`data.config.tools`, and the locked tools
+    /// of the declared upstreams), read once.
     tool_names: std::sync::OnceLock<std::collections::BTreeSet<String>>,
+    /// The locked input schemas of the upstreams' tools, compiled once.
+    pinned: std::sync::OnceLock<std::collections::BTreeMap<String, Pinned>>,
+}
+
+/// A locked input schema, compiled (or why it could not be).
+#[derive(Debug)]
+enum Pinned {
+    Schema(Box<jsonschema::Validator>),
+    Unusable(String),
 }
 
 /// The tools a principal is shown, by name.
@@ -194,6 +204,7 @@ impl PolicySet {
             signed: sources.signed.clone(),
             tool_lists: Default::default(),
             tool_names: Default::default(),
+            pinned: Default::default(),
         })
     }
 
@@ -264,15 +275,85 @@ impl PolicySet {
             .map_err(|e| PolicyError::Eval(format!("{path} is not JSON: {e}")))
     }
 
-    /// Whether the catalog (`data.config.tools`) names `tool`: what a
-    /// metric may label a call with (an agent chooses the name it sends).
+    /// Whether the catalog (`data.config.tools`) or an upstream's lock
+    /// names `tool`: what a metric may label a call with (an agent chooses
+    /// the name it sends).
     pub fn knows_tool(&self, tool: &str) -> bool {
         self.tool_names
-            .get_or_init(|| match self.data("data.config.tools") {
-                Ok(Some(serde_json::Value::Object(m))) => m.keys().cloned().collect(),
-                _ => Default::default(),
+            .get_or_init(|| {
+                let mut names: std::collections::BTreeSet<String> =
+                    match self.data("data.config.tools") {
+                        Ok(Some(serde_json::Value::Object(m))) => m.keys().cloned().collect(),
+                        _ => Default::default(),
+                    };
+                names.extend(self.pinned().keys().cloned());
+                names
             })
             .contains(tool)
+    }
+
+    /// The locked tools of the declared upstreams (`u.tool`), each with its
+    /// input schema compiled.
+    fn pinned(&self) -> &std::collections::BTreeMap<String, Pinned> {
+        self.pinned.get_or_init(|| {
+            let mut out = std::collections::BTreeMap::new();
+            let declared = match self.data("data.config.upstreams") {
+                Ok(Some(serde_json::Value::Object(m))) => m,
+                _ => return out,
+            };
+            let lock = self
+                .data("data.config.upstream_lock")
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            for u in declared.keys() {
+                for (t, entry) in lock[u]["tools"].as_object().into_iter().flatten() {
+                    let schema = entry["definition"]
+                        .get("inputSchema")
+                        .cloned()
+                        .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+                    let pinned = match jsonschema::options().build(&schema) {
+                        Ok(v) => Pinned::Schema(Box::new(v)),
+                        Err(e) => Pinned::Unusable(e.to_string()),
+                    };
+                    out.insert(format!("{u}.{t}"), pinned);
+                }
+            }
+            out
+        })
+    }
+
+    /// For a tool with a locked input schema (an upstream's): what is
+    /// wrong with `params` (approval_id aside, the gateway's own) for it,
+    /// as `[{param, message}]` for the input's `schema_violations`. `None`
+    /// for any other tool.
+    pub fn schema_violations(
+        &self,
+        tool: &str,
+        params: &serde_json::Value,
+    ) -> Option<serde_json::Value> {
+        let pinned = self.pinned().get(tool)?;
+        let mut arguments = params.clone();
+        if let Some(m) = arguments.as_object_mut() {
+            m.remove("approval_id");
+        }
+        let found: Vec<serde_json::Value> = match pinned {
+            Pinned::Unusable(e) => vec![serde_json::json!({"param": "",
+                "message": format!("the locked input schema cannot be used: {e}")})],
+            Pinned::Schema(v) => v
+                .iter_errors(&arguments)
+                .take(16)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    let message: String = e.to_string().chars().take(200).collect();
+                    serde_json::json!({
+                        "param": at.trim_start_matches('/'),
+                        "message": format!("{}: {message}", if at.is_empty() { "arguments" } else { at.as_str() }),
+                    })
+                })
+                .collect(),
+        };
+        Some(serde_json::Value::Array(found))
     }
 
     /// `data.gateway.tool_list` for a principal: the tools it may see, by

@@ -71,11 +71,14 @@ impl SandboxError {
 
 pub use gateway_base::secret::SecretFile;
 
-/// A host path made visible read-only inside the sandbox at the same path.
+/// A host path made visible inside the sandbox, read-only unless
+/// `writable` (an upstream MCP server's declared directories: the
+/// operator's choice, on the local backend only).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Bind {
     pub host: PathBuf,
     pub inside: PathBuf,
+    pub writable: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -392,7 +392,7 @@ impl LocalSandbox {
                 SandboxError::Invalid(format!("bind source {}: {e}", b.host.display()))
             })?;
             make_mount_point(&rootfs, &inside, meta.is_dir())?;
-            mounts.push(bind(&b.host, &inside, false)?);
+            mounts.push(bind(&b.host, &inside, b.writable)?);
         }
 
         if let Some(work) = &req.workdir {

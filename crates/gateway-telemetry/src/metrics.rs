@@ -69,6 +69,12 @@ struct SinkLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    /// The upstream's name in the operator's config/upstreams.
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpRefusalLabels {
     /// Which limit: `request_timeout`, `connections_per_identity`,
     /// `requests_per_identity`, `sessions_per_identity`, `sessions`.
@@ -109,6 +115,7 @@ pub struct Metrics {
     export_up: Family<SinkLabels, Gauge>,
     calls_running: Gauge,
     http_refused: Family<HttpRefusalLabels, Counter>,
+    upstream_changes: Family<UpstreamLabels, Counter>,
     http_sessions: Gauge,
     http_connections: Gauge,
 }
@@ -261,6 +268,12 @@ impl Metrics {
             "HTTP requests refused at a limit of the remote transport (408 or 429), by limit and hashed identity",
             http_refused.clone(),
         );
+        let upstream_changes = Family::<UpstreamLabels, Counter>::default();
+        registry.register(
+            "gateway_upstream_tool_changes",
+            "Times an upstream MCP server's tool was found not as locked (changed, gone or new), or the server said its tool list changed",
+            upstream_changes.clone(),
+        );
         let http_sessions = Gauge::default();
         registry.register(
             "gateway_http_sessions",
@@ -312,6 +325,7 @@ impl Metrics {
             export_up,
             calls_running,
             http_refused,
+            upstream_changes,
             http_sessions,
             http_connections,
         }
@@ -327,6 +341,15 @@ impl Metrics {
         };
         self.http_refused
             .get_or_create(&HttpRefusalLabels { limit, identity })
+            .inc();
+    }
+
+    /// An upstream's tool found not as locked.
+    pub fn upstream_tool_changed(&self, upstream: &str) {
+        self.upstream_changes
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.chars().take(64).collect(),
+            })
             .inc();
     }
 

@@ -37,6 +37,9 @@ pub const NAMES: &[&str] = &[
     "sandbox.output_refused",
     "sandbox.failed",
     "plan.saved",
+    "upstream.called",
+    "upstream.arguments_refused",
+    "upstream.tool_changed",
     "state.saved",
     "state.refused",
     "tool.result",
@@ -234,6 +237,43 @@ pub enum Event {
         sha256: String,
         json_sha256: String,
         shown_by: String,
+    },
+    /// An upstream MCP server's tool was called in its sandbox (or not,
+    /// when `error` says why): digests of what was sent and returned.
+    #[serde(rename = "upstream.called")]
+    UpstreamCalled {
+        upstream: String,
+        tool: String,
+        definition_sha256: String,
+        arguments_sha256: String,
+        #[serde(skip_serializing_if = "no")]
+        result_bytes: Option<u64>,
+        #[serde(skip_serializing_if = "no")]
+        result_sha256: Option<String>,
+        #[serde(skip_serializing_if = "no")]
+        error: Option<String>,
+        requests_refused: u64,
+        notifications: u64,
+    },
+    /// A call's arguments do not match the upstream tool's locked input
+    /// schema; nothing was run.
+    #[serde(rename = "upstream.arguments_refused")]
+    UpstreamArgumentsRefused {
+        upstream: String,
+        tool: String,
+        definition_sha256: String,
+        errors: Vec<String>,
+    },
+    /// An upstream's tool is not as locked (changed or gone), or the
+    /// server said its list changed: hidden and refused until locked again.
+    #[serde(rename = "upstream.tool_changed")]
+    UpstreamToolChanged {
+        upstream: String,
+        tool: String,
+        locked_sha256: String,
+        #[serde(skip_serializing_if = "no")]
+        live_sha256: Option<String>,
+        list_changed: bool,
     },
     /// A state file an apply left was written back to the module.
     #[serde(rename = "state.saved")]

@@ -390,10 +390,17 @@ impl Drop for CallSecrets<'_> {
 
 /// Which tool binaries a sandbox gets (their binds, environment and
 /// config files).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Toolset {
     Terraform,
     Kubectl,
+    /// An upstream MCP server: the runner, plus the paths the operator
+    /// declared for it (checked: [`tools::upstream::binds`]) and its
+    /// environment. Only where the sandbox binds host paths (local).
+    Upstream {
+        binds: Vec<gateway_sandbox::Bind>,
+        env: Vec<(String, String)>,
+    },
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -677,6 +684,13 @@ impl Pipeline {
         let span = gateway_telemetry::CallSpan::begin(request_id, &tool_label, call.trace.as_ref());
         let mut input = DecisionInput::new(call.tool, call.params, call.principal);
         input.request_id = request_id.to_string();
+        // A tool with a locked input schema (an upstream's): the policy
+        // sees the arguments with what is wrong with them for it.
+        input.schema_violations = self
+            .policy
+            .current()
+            .ok()
+            .and_then(|set| set.schema_violations(&input.tool, &input.params));
         let workspace_owner = match (&call.workspace, input.principal.uid) {
             (Some(_), Some(uid)) if uid != 0 => Some(uid),
             _ => None,
@@ -1067,9 +1081,25 @@ impl Pipeline {
         }
         let limits = limits::from_decision(&decision.sandbox).map_err(Stop::refused)?;
         let network = self.network(decision).map_err(Stop::refused)?;
+        let terraform = call.tool == Toolset::Terraform;
         let (binds, mut env) = match call.tool {
             Toolset::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Toolset::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
+            Toolset::Upstream { binds, env } => {
+                if !self.sandbox.uses_host_tools() {
+                    return Err(Stop::refused(format!(
+                        "upstream MCP servers run on the local sandbox backend only (this gateway's is {}); nothing was run",
+                        self.sandbox.backend()
+                    )));
+                }
+                (
+                    self.tools.runner_binds().map(|mut b| {
+                        b.extend(binds);
+                        b
+                    }),
+                    env,
+                )
+            }
         };
         // The kubernetes backend's image carries the tools; the local
         // backend binds this host's.
@@ -1083,7 +1113,7 @@ impl Pipeline {
             path: tools::STEPS_FILE.into(),
             contents: serde_json::to_vec(&call.steps).unwrap_or_default(),
         });
-        if call.tool == Toolset::Terraform {
+        if terraform {
             let mirror = self
                 .sandbox
                 .terraform_provider_mirror()

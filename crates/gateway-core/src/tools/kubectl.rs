@@ -281,6 +281,7 @@ impl ReadOp {
         vec![Step {
             argv,
             stdout_file: None,
+            mcp: None,
         }]
     }
 }

@@ -184,6 +184,7 @@ impl ChangeOp {
         Step {
             argv,
             stdout_file: None,
+            mcp: None,
         }
     }
 

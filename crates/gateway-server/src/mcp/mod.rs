@@ -358,10 +358,14 @@ fn tool_of(name: &str, t: &Value) -> Tool {
         .destructive(a["destructiveHint"].as_bool().unwrap_or(true))
         .idempotent(a["idempotentHint"].as_bool().unwrap_or(false))
         .open_world(a["openWorldHint"].as_bool().unwrap_or(true));
+    let schema = match t.get("input_schema") {
+        Some(Value::Object(pinned)) => schema::pinned_input_schema(pinned, &t["params"]),
+        _ => input_schema(&t["params"]),
+    };
     let mut tool = Tool::new(
         name.to_string(),
         t["description"].as_str().unwrap_or("").trim().to_string(),
-        input_schema(&t["params"]),
+        schema,
     )
     .with_annotations(annotations)
     .with_raw_output_schema(Arc::new(output_schema(t["runner"].as_str())));

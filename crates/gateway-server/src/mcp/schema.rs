@@ -108,6 +108,25 @@ pub fn output_schema(runner: Option<&str>) -> Map<String, Value> {
     }
 }
 
+/// The input schema of an upstream MCP server's tool: the one the
+/// operator locked, with the gateway's own params (approval_id) added as
+/// optional properties.
+pub fn pinned_input_schema(pinned: &Map<String, Value>, params: &Value) -> Map<String, Value> {
+    let mut schema = pinned.clone();
+    let ours = input_schema(params);
+    if let Some(Value::Object(props)) = ours.get("properties") {
+        let entry = schema
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(theirs) = entry.as_object_mut() {
+            for (k, v) in props {
+                theirs.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    schema
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

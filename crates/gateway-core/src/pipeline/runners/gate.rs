@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::terraform::{bound_params, requester_facts};
-use crate::pipeline::{Call, Outcome, Pipeline, Stop};
+use super::terraform::{bound_params, refused_approval, requester_facts};
+use crate::pipeline::{Call, Outcome, Pipeline, Step, Stop};
 use gateway_audit::approvals::NewApproval;
 use gateway_audit::audit::Event;
 use gateway_policy::Decision;
@@ -95,5 +95,112 @@ impl Pipeline {
             "approvers": identities.iter().filter_map(|i| i["name"].as_str()).collect::<Vec<_>>(),
             "identities": identities,
         })
+    }
+
+    /// A call presented with `approval`, bound to `digest`: decided again
+    /// with the approval (`input.approval`), the approval spent (tool,
+    /// params without approval_id, digest and requester checked by the
+    /// store, once), then `run`; its outcome is kept with the approval.
+    /// Refusals are audited.
+    pub(super) async fn spend_and_run(
+        &self,
+        call: &mut Call,
+        approval: &gateway_audit::approvals::Approval,
+        digest: &str,
+        run: impl AsyncFnOnce(&Call, &Decision) -> Result<Outcome, Stop>,
+    ) -> Result<Outcome, Stop> {
+        let rid = call.request_id().to_string();
+        let approval_id = approval.id.as_str();
+        call.input.approval = Some(self.approval_input(approval));
+        let decision = self.decide(&call.input, Step::Approval)?;
+        if decision.approval.required
+            && !decision.approval.satisfied
+            && approval.state.as_str() == "approved"
+        {
+            let reason = format!(
+                "approval {approval_id} does not meet the policy's requirement now ({} approver(s) needed, status {}); nothing was applied",
+                decision.approval.approvers,
+                approval.state.as_str()
+            );
+            self.audit
+                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
+            return Err(Stop::refused(reason));
+        }
+        let bound = bound_params(&call.input.params);
+        let (spent, applying) = call.commitment.commit(Some(approval_id), || {
+            let r =
+                self.approvals()
+                    .spend(approval_id, &call.input.tool, &bound, Some(digest), &rid);
+            let spent = matches!(r, Ok(Ok(_)));
+            let applying = spent.then(|| self.applying(&rid, Some(approval_id)));
+            ((r, applying), spent)
+        })?;
+        let spent = spent?;
+        if let Err(refusal) = spent {
+            self.audit.record(
+                &rid,
+                refused_approval(approval_id, None, Some(json!(refusal))),
+            )?;
+            return Err(Stop::refused(refusal.to_string()));
+        }
+        let _applying = applying;
+        // How long the call waited for its people: from the request to
+        // the last verdict that granted it.
+        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+        if let (Some(from), Some(to)) = (
+            at(&approval.created_at),
+            approval.verdicts.iter().filter_map(|v| at(&v.at)).max(),
+        ) && let Ok(waited) = (to - from).to_std()
+        {
+            gateway_telemetry::observe(gateway_telemetry::Stage::ApprovalWait, waited);
+        }
+        // From here every end, a failure of the audit included, leaves an
+        // outcome with the approval.
+        let result = match self.audit.record(
+            &rid,
+            Event::ApprovalSpent {
+                approval_id: approval_id.into(),
+                plan_sha256: digest.to_string(),
+            },
+        ) {
+            Ok(_) => run(call, &decision).await,
+            Err(e) => Err(Stop::from(e)),
+        };
+        // Kept with the approval, for whoever asks after the client left.
+        let kept = match &result {
+            Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
+            Err(Stop::Refused(r)) => json!({"status": "refused", "reason": r.reason}),
+            Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
+            Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
+        };
+        if let Err(e) = self.approvals().record_outcome(approval_id, &rid, &kept) {
+            tracing::error!(approval_id, request_id = %rid, "the call's outcome could not be kept with its approval: {e}");
+        }
+        result
+    }
+
+    /// The approval `approval_id`, when it was requested by this call's
+    /// principal (a refusal, audited, otherwise).
+    pub(super) fn requesters_approval(
+        &self,
+        call: &Call,
+        approval_id: &str,
+    ) -> Result<gateway_audit::approvals::Approval, Stop> {
+        let approval = self
+            .approvals()
+            .get(approval_id)?
+            .ok_or_else(|| Stop::refused(format!("no approval with id {approval_id}")))?;
+        if approval.requested_by != call.input.principal.id() {
+            let reason = format!(
+                "approval {approval_id} was requested by {}; only that user's calls can use it",
+                approval.requested_by
+            );
+            self.audit.record(
+                call.request_id(),
+                refused_approval(approval_id, Some(&reason), None),
+            )?;
+            return Err(Stop::refused(reason));
+        }
+        Ok(approval)
     }
 }

@@ -22,12 +22,11 @@
 use serde_json::{Value, json};
 
 use super::kubectl::{credential_namespace, kubectl_sandbox};
-use super::terraform::{bound_params, refused_approval};
+use super::terraform::refused_approval;
 use super::{RunnerFuture, ToolRunner};
 use crate::pipeline::{Call, Outcome, Pipeline, SandboxCall, Step, Stop, Toolset, tail};
 use crate::tools;
 use crate::tools::kubectl_change::{self as change, ChangeOp};
-use gateway_audit::audit::Event;
 use gateway_base::canonical::sha256_hex;
 use gateway_policy::Decision;
 use gateway_sandbox::FileIn;
@@ -271,19 +270,7 @@ impl Pipeline {
         approval_id: &str,
     ) -> Result<Outcome, Stop> {
         let rid = call.request_id().to_string();
-        let approval = self
-            .approvals()
-            .get(approval_id)?
-            .ok_or_else(|| Stop::refused(format!("no approval with id {approval_id}")))?;
-        if approval.requested_by != call.input.principal.id() {
-            let reason = format!(
-                "approval {approval_id} was requested by {}; only that user's calls can use it",
-                approval.requested_by
-            );
-            self.audit
-                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
-            return Err(Stop::refused(reason));
-        }
+        let approval = self.requesters_approval(call, approval_id)?;
         let Ok(file) = self.plans.plan_file(&approval.request_id) else {
             let reason = format!(
                 "the plan approval {approval_id} is bound to is missing; plan and ask again"
@@ -298,59 +285,10 @@ impl Pipeline {
         {
             call.input.kubernetes = Some(plan);
         }
-        call.input.approval = Some(self.approval_input(&approval));
-        let decision = self.decide(&call.input, Step::Approval)?;
-        if decision.approval.required
-            && !decision.approval.satisfied
-            && approval.state.as_str() == "approved"
-        {
-            let reason = format!(
-                "approval {approval_id} does not meet the policy's requirement now ({} approver(s) needed, status {}); nothing was applied",
-                decision.approval.approvers,
-                approval.state.as_str()
-            );
-            self.audit
-                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
-            return Err(Stop::refused(reason));
-        }
-        let bound = bound_params(&call.input.params);
-        let (spent, applying) = call.commitment.commit(Some(approval_id), || {
-            let r =
-                self.approvals()
-                    .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid);
-            let spent = matches!(r, Ok(Ok(_)));
-            let applying = spent.then(|| self.applying(&rid, Some(approval_id)));
-            ((r, applying), spent)
-        })?;
-        let spent = spent?;
-        if let Err(refusal) = spent {
-            self.audit.record(
-                &rid,
-                refused_approval(approval_id, None, Some(json!(refusal))),
-            )?;
-            return Err(Stop::refused(refusal.to_string()));
-        }
-        let _applying = applying;
-        let result = match self.audit.record(
-            &rid,
-            Event::ApprovalSpent {
-                approval_id: approval_id.into(),
-                plan_sha256: digest.clone(),
-            },
-        ) {
-            Ok(_) => self.k8s_write(call, &decision, op, &file).await,
-            Err(e) => Err(Stop::from(e)),
-        };
-        let kept = match &result {
-            Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
-            Err(Stop::Refused(r)) => json!({"status": "refused", "reason": r.reason}),
-            Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
-            Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
-        };
-        if let Err(e) = self.approvals().record_outcome(approval_id, &rid, &kept) {
-            tracing::error!(approval_id, request_id = %rid, "the change's outcome could not be kept with its approval: {e}");
-        }
-        result
+        self.spend_and_run(call, &approval, &digest, async |call, decision| {
+            self.k8s_write(call, decision, op, &file).await
+        })
+        .await
     }
 
     /// The write: exactly the plan's object, with the live object's

@@ -7,6 +7,7 @@ mod gate;
 mod kubectl;
 mod kubectl_change;
 mod terraform;
+mod upstream;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -83,6 +84,7 @@ pub static RUNNERS: &[&dyn ToolRunner] = &[
     &kubectl_change::Change,
     &terraform::Plan,
     &terraform::Apply,
+    &upstream::Upstream,
 ];
 
 /// The runner the decision names; a tool without one (or one this gateway

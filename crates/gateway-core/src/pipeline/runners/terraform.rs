@@ -474,22 +474,10 @@ impl Pipeline {
         approval_id: &str,
     ) -> Result<Outcome, Stop> {
         let rid = call.request_id().to_string();
-        let approval = self
-            .approvals()
-            .get(approval_id)?
-            .ok_or_else(|| Stop::refused(format!("no approval with id {approval_id}")))?;
         // An approval is bound to the user who asked for it, as it is to
         // the tool, params and plan: another user cannot spend it (nor
         // apply someone else's plan in their own workspace).
-        if approval.requested_by != call.input.principal.id() {
-            let reason = format!(
-                "approval {approval_id} was requested by {}; only that user's calls can use it",
-                approval.requested_by
-            );
-            self.audit
-                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
-            return Err(Stop::refused(reason));
-        }
+        let approval = self.requesters_approval(call, approval_id)?;
         let bin = match self.plans.plan_file(&approval.request_id) {
             Ok(b) => b,
             Err(stop) => {
@@ -515,84 +503,18 @@ impl Pipeline {
         {
             call.input.plan = Some(plan);
         }
-        // Who approved, proven again now (signatures against today's
-        // allowed signers); the policy counts only these.
-        call.input.approval = Some(self.approval_input(&approval));
-        let decision = self.decide(&call.input, Step::Approval)?;
-        // The policy of now decides whether a granted approval is enough
-        // (more approvers may be needed than when it was asked for). One
-        // that is not granted (pending, denied, expired, spent) is refused
-        // below by the store, with its own reason.
-        if decision.approval.required
-            && !decision.approval.satisfied
-            && approval.state.as_str() == "approved"
-        {
-            let reason = format!(
-                "approval {approval_id} does not meet the policy's requirement now ({} approver(s) needed, status {}); nothing was applied",
-                decision.approval.approvers,
-                approval.state.as_str()
-            );
-            self.audit
-                .record(&rid, refused_approval(approval_id, Some(&reason), None))?;
-            return Err(Stop::refused(reason));
-        }
-        let bound = bound_params(&call.input.params);
-        // The point of no return: spent only if the client is still there,
-        // and from then on the apply runs to its end whatever it does.
-        let (spent, applying) = call.commitment.commit(Some(approval_id), || {
-            let r =
-                self.approvals()
-                    .spend(approval_id, &call.input.tool, &bound, Some(&digest), &rid);
-            let spent = matches!(r, Ok(Ok(_)));
-            // Registered under the same lock: a repeated call sees it running.
-            let applying = spent.then(|| self.applying(&rid, Some(approval_id)));
-            ((r, applying), spent)
-        })?;
-        let spent = spent?;
-        if let Err(refusal) = spent {
-            self.audit.record(
-                &rid,
-                refused_approval(approval_id, None, Some(json!(refusal))),
-            )?;
-            return Err(Stop::refused(refusal.to_string()));
-        }
-        let _applying = applying;
-        // How long the call waited for its people: from the request to
-        // the last verdict that granted it.
-        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
-        if let (Some(from), Some(to)) = (
-            at(&approval.created_at),
-            approval.verdicts.iter().filter_map(|v| at(&v.at)).max(),
-        ) && let Ok(waited) = (to - from).to_std()
-        {
-            gateway_telemetry::observe(gateway_telemetry::Stage::ApprovalWait, waited);
-        }
-        // From here every end, a failure of the audit included, leaves an
-        // outcome with the approval.
-        let result = match self.audit.record(
-            &rid,
-            Event::ApprovalSpent {
-                approval_id: approval_id.into(),
-                plan_sha256: digest.clone(),
-            },
-        ) {
-            Ok(_) => {
-                self.apply_saved(&call.progress, &decision, &rid, bin, &digest, module)
-                    .await
-            }
-            Err(e) => Err(Stop::from(e)),
-        };
-        // Kept with the approval, for whoever asks after the client left.
-        let kept = match &result {
-            Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
-            Err(Stop::Refused(r)) => json!({"status": "refused", "reason": r.reason}),
-            Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
-            Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
-        };
-        if let Err(e) = self.approvals().record_outcome(approval_id, &rid, &kept) {
-            tracing::error!(approval_id, request_id = %rid, "the apply's outcome could not be kept with its approval: {e}");
-        }
-        result
+        self.spend_and_run(call, &approval, &digest, async |call, decision| {
+            self.apply_saved(
+                &call.progress,
+                decision,
+                call.request_id(),
+                bin,
+                &digest,
+                module,
+            )
+            .await
+        })
+        .await
     }
 
     /// A call with an approval that the same user's same call already

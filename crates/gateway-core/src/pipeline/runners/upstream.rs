@@ -1,0 +1,224 @@
+//! `mcp_upstream`: a tool of an upstream MCP server the operator declared
+//! (config/upstreams) and locked (config/upstream_lock), decided by the
+//! policy like any tool (upstreams.rego makes it a catalog entry).
+//!
+//! The arguments (the params without `approval_id`) are checked against
+//! the locked input schema first; a call the policy lets run without a
+//! person runs now, one that needs a person's approval gets a pending
+//! approval bound to the upstream, the tool, its definition's digest and
+//! the exact arguments ([`upstream::call_digest`]), spent once by the
+//! same call with `approval_id`. The server runs in a throwaway sandbox
+//! per call (its declared paths, no network), where the step runner
+//! speaks MCP to it and calls the tool only if its live definition is
+//! still the locked one; what comes back is hostile input, capped.
+
+use serde_json::{Value, json};
+
+use super::{RunnerFuture, ToolRunner};
+use crate::pipeline::{Call, Outcome, Pipeline, SandboxCall, Stop, Toolset, Violation};
+use crate::tools::upstream::{self, UpstreamOp};
+use gateway_audit::audit::Event;
+use gateway_policy::Decision;
+
+pub struct Upstream;
+
+impl ToolRunner for Upstream {
+    fn name(&self) -> &'static str {
+        "mcp_upstream"
+    }
+
+    fn result_schema(&self) -> Value {
+        json!({"type": "object", "required": ["upstream", "tool", "definition_sha256"],
+        "properties": {
+            "upstream": {"type": "string"},
+            "tool": {"type": "string", "description": "the tool's name on the upstream"},
+            "definition_sha256": {"type": "string", "description": "the digest of the locked definition the call was made against"},
+            "isError": {"type": "boolean", "description": "the upstream said its call failed"},
+            "content": {"type": "array", "description": "the upstream's content blocks, as it sent them"},
+            "structuredContent": {"description": "the upstream's structured result (checked against its locked output schema)"},
+            "result_bytes": {"type": "integer"},
+            "result_sha256": {"type": "string"},
+            "refused": {"type": "string", "description": "why the tool was not called (gone, or not as locked)"},
+            "live_definition_sha256": {"type": "string"},
+            "error": {"type": "object", "description": "what ended the call: too_large, timeout, closed, rpc_error, protocol, output_schema"},
+            "requests_refused": {"type": "integer", "description": "requests of the server's (sampling, elicitation, roots) refused"},
+            "notifications": {"type": "integer"}
+        }})
+    }
+
+    fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
+        Box::pin(async move {
+            let op = UpstreamOp::from_decision(first.operation.as_ref())
+                .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
+            let mut arguments = call.input.params.clone();
+            let approval_id = arguments
+                .as_object_mut()
+                .and_then(|m| m.remove("approval_id"))
+                .and_then(|v| v.as_str().map(str::to_string));
+            let schema = op
+                .definition
+                .get("inputSchema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            let errors = upstream::argument_errors(&schema, &arguments);
+            if !errors.is_empty() {
+                let violations: Vec<Violation> = errors
+                    .iter()
+                    .map(|(at, msg)| Violation {
+                        param: at.trim_start_matches('/').to_string(),
+                        problem: "schema".into(),
+                        message: format!("{}: {msg}", if at.is_empty() { "arguments" } else { at }),
+                    })
+                    .collect();
+                p.audit.record(
+                    call.request_id(),
+                    Event::UpstreamArgumentsRefused {
+                        upstream: op.upstream.clone(),
+                        tool: op.tool.clone(),
+                        definition_sha256: op.definition_sha256.clone(),
+                        errors: violations.iter().map(|v| v.message.clone()).collect(),
+                    },
+                )?;
+                return Err(Stop::Denied {
+                    reasons: vec![format!(
+                        "the arguments do not match {}.{}'s locked input schema",
+                        op.upstream, op.tool
+                    )],
+                    violations,
+                });
+            }
+            let binds = upstream::binds(&op.upstream, &op.server, &p.home)
+                .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
+            let digest = upstream::call_digest(&op, &arguments);
+            if let Some(id) = &approval_id
+                && let Some(outcome) = p.spent_outcome(call, &first, id).await?
+            {
+                return Ok(outcome);
+            }
+            let needs_person = first.approval.required && !first.approval.satisfied;
+            match approval_id {
+                None if needs_person => {
+                    let shown = json!([{
+                        "address": format!("{}.{}", op.upstream, op.tool),
+                        "actions": ["call"],
+                        "reason": null,
+                        "paths": null,
+                        "upstream": op.upstream,
+                        "tool": op.tool,
+                        "definition_sha256": op.definition_sha256,
+                        "arguments": arguments,
+                    }]);
+                    p.request_approval(call, &first, &digest, shown.clone(), shown)
+                }
+                None => {
+                    let rid = call.request_id().to_string();
+                    call.commitment.commit(None, || ((), true))?;
+                    let _applying = p.applying(&rid, None);
+                    p.upstream_call(call, &first, &op, binds, &arguments).await
+                }
+                Some(id) => {
+                    let approval = p.requesters_approval(call, &id)?;
+                    p.spend_and_run(call, &approval, &digest, async |call, decision| {
+                        p.upstream_call(call, decision, &op, binds, &arguments)
+                            .await
+                    })
+                    .await
+                }
+            }
+        })
+    }
+}
+
+impl Pipeline {
+    /// The call itself: the server in its sandbox, the report read.
+    async fn upstream_call(
+        &self,
+        call: &Call,
+        decision: &Decision,
+        op: &UpstreamOp,
+        mut binds: Vec<gateway_sandbox::Bind>,
+        arguments: &Value,
+    ) -> Result<Outcome, Stop> {
+        binds.sort_by(|a, b| a.inside.cmp(&b.inside));
+        call.progress.say(format!(
+            "calling {}.{} in its sandbox",
+            op.upstream, op.tool
+        ));
+        let r = self
+            .run_sandbox(
+                &call.progress,
+                call.request_id(),
+                decision,
+                SandboxCall {
+                    suffix: "",
+                    tool: Toolset::Upstream {
+                        binds,
+                        env: op.server.env(),
+                    },
+                    steps: vec![op.call_step(arguments)],
+                    workdir: None,
+                    files_in: vec![],
+                    files_out: vec![],
+                    with_credential: true,
+                },
+            )
+            .await?;
+        if r.stdout.truncated {
+            return Err(Stop::refused(format!(
+                "upstream {}'s report is more than the sandbox's output cap (sandbox.rego output_bytes); raise it above the upstream's max_result_bytes",
+                op.upstream
+            )));
+        }
+        let report = match upstream::read_report(&r.stdout.bytes) {
+            Ok(report) => report,
+            Err(e) => {
+                return Err(Stop::refused(format!(
+                    "{e} ({:?}): {}",
+                    r.ended,
+                    gateway_base::text::escaped(&crate::pipeline::tail(&r.stderr.text(), 5), false)
+                )));
+            }
+        };
+        if report.refused.is_some() || report.list_changed {
+            self.audit.record(
+                call.request_id(),
+                Event::UpstreamToolChanged {
+                    upstream: op.upstream.clone(),
+                    tool: op.tool.clone(),
+                    locked_sha256: op.definition_sha256.clone(),
+                    live_sha256: report
+                        .live_definition
+                        .as_ref()
+                        .map(upstream::definition_digest),
+                    list_changed: report.list_changed,
+                },
+            )?;
+            gateway_telemetry::metrics::metrics().upstream_tool_changed(&op.upstream);
+        }
+        let (ok, summary, result) = upstream::outcome(op, &report);
+        self.audit.record(
+            call.request_id(),
+            Event::UpstreamCalled {
+                upstream: op.upstream.clone(),
+                tool: op.tool.clone(),
+                definition_sha256: op.definition_sha256.clone(),
+                arguments_sha256: gateway_base::canonical::sha256_hex(
+                    gateway_base::canonical::canonical_json(arguments).as_bytes(),
+                ),
+                result_bytes: result["result_bytes"].as_u64(),
+                result_sha256: result["result_sha256"].as_str().map(str::to_string),
+                error: result["error"]["kind"]
+                    .as_str()
+                    .map(str::to_string)
+                    .or_else(|| report.refused.as_ref().map(|_| "refused".to_string())),
+                requests_refused: report.requests_refused,
+                notifications: report.notifications,
+            },
+        )?;
+        Ok(Outcome::Completed {
+            ok,
+            summary,
+            result,
+        })
+    }
+}

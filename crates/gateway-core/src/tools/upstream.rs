@@ -1,0 +1,563 @@
+//! Upstream MCP servers: what the `mcp_upstream` runner needs besides the
+//! pipeline. The operation the policy decided (`operation` of an upstream
+//! tool's decision, from upstreams.rego), the host paths it may show the
+//! server (never the gateway's own), the arguments checked against the
+//! locked input schema, the tool definitions' digests the lock pins, and
+//! the runner's report read as hostile input.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use gateway_base::canonical::{canonical_json, sha256_hex};
+use gateway_runner::protocol::{McpCall, McpExchange, McpReport, Step};
+use gateway_sandbox::Bind;
+
+/// The most text of a result put in the text block the agent reads.
+pub const SUMMARY_CHARS: usize = 64 * 1024;
+
+/// An upstream as the operator declared it (config/upstreams): how its
+/// server is started and what it may see.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Server {
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    #[serde(default)]
+    pub writable: Vec<String>,
+    #[serde(default = "default_max_result_bytes")]
+    pub max_result_bytes: u64,
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: u64,
+}
+
+fn default_max_result_bytes() -> u64 {
+    1 << 20
+}
+
+fn default_timeout_seconds() -> u64 {
+    60
+}
+
+/// What the policy decided a call of an upstream's tool does.
+#[derive(Debug, Clone, Deserialize)]
+pub struct UpstreamOp {
+    pub upstream: String,
+    pub tool: String,
+    #[serde(flatten)]
+    pub server: Server,
+    pub definition: Value,
+    pub definition_sha256: String,
+}
+
+impl Server {
+    /// The server's environment.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !self.env.contains_key("HOME") {
+            env.push(("HOME".into(), "/tmp".into()));
+        }
+        env
+    }
+
+    /// Whether the command starts with an absolute path.
+    pub fn check(&self, name: &str) -> Result<(), String> {
+        match self.command.first() {
+            Some(p) if Path::new(p).is_absolute() => Ok(()),
+            _ => Err(format!(
+                "upstream {name:?}'s command must start with an absolute path"
+            )),
+        }
+    }
+
+    /// A step that only lists the server's tools.
+    pub fn list_step(&self) -> Step {
+        Step {
+            argv: self.command.clone(),
+            stdout_file: None,
+            mcp: Some(McpExchange {
+                max_bytes: self.max_result_bytes.max(4 << 20),
+                timeout_ms: self.timeout_seconds.saturating_mul(1000),
+                call: None,
+            }),
+        }
+    }
+}
+
+impl UpstreamOp {
+    pub fn from_decision(operation: Option<&Value>) -> Result<UpstreamOp, String> {
+        let op = operation.ok_or("the policy gave no operation for this upstream tool")?;
+        let op: UpstreamOp = serde_json::from_value(op.clone())
+            .map_err(|e| format!("the policy's upstream operation does not read: {e}"))?;
+        op.server.check(&op.upstream)?;
+        if op.definition["name"].as_str() != Some(op.tool.as_str()) {
+            return Err(format!(
+                "the locked definition of {}.{} names another tool",
+                op.upstream, op.tool
+            ));
+        }
+        if definition_digest(&op.definition) != op.definition_sha256 {
+            return Err(format!(
+                "the lock's digest of {}.{} is not its definition's (the lock file was edited by hand?): lock it again",
+                op.upstream, op.tool
+            ));
+        }
+        Ok(op)
+    }
+
+    /// The step the runner carries out: the server started, spoken to,
+    /// and the tool called only if its live definition is the locked one.
+    pub fn call_step(&self, arguments: &Value) -> Step {
+        Step {
+            argv: self.server.command.clone(),
+            stdout_file: None,
+            mcp: Some(McpExchange {
+                max_bytes: self.server.max_result_bytes,
+                timeout_ms: self.server.timeout_seconds.saturating_mul(1000),
+                call: Some(McpCall {
+                    name: self.tool.clone(),
+                    arguments: arguments.clone(),
+                    definition: self.definition.clone(),
+                    progress_token: None,
+                }),
+            }),
+        }
+    }
+}
+
+/// A tool definition's digest: SHA-256 of its canonical JSON (keys
+/// sorted), over everything the server said of it (name, title,
+/// description, schemas, annotations, _meta).
+pub fn definition_digest(definition: &Value) -> String {
+    sha256_hex(canonical_json(definition).as_bytes())
+}
+
+/// The digest an approval of an upstream call is bound to: the upstream,
+/// the tool, its definition's digest and the exact arguments.
+pub fn call_digest(op: &UpstreamOp, arguments: &Value) -> String {
+    sha256_hex(
+        canonical_json(&json!({
+            "upstream": op.upstream,
+            "tool": op.tool,
+            "definition_sha256": op.definition_sha256,
+            "arguments": arguments,
+        }))
+        .as_bytes(),
+    )
+}
+
+/// Paths no upstream may be shown, whatever the policy says: the whole
+/// host, the system's own trees, and the gateway's home (its state,
+/// keys, audit, sockets), from above or inside.
+fn forbidden(path: &Path, gateway_home: &Path) -> Option<String> {
+    const SYSTEM: &[&str] = &["/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot"];
+    if path == Path::new("/") {
+        return Some("the whole host".into());
+    }
+    for s in SYSTEM {
+        let s = Path::new(s);
+        if path.starts_with(s) || s.starts_with(path) {
+            return Some(format!("{} (the system's own)", s.display()));
+        }
+    }
+    if path.starts_with(gateway_home) || gateway_home.starts_with(path) {
+        return Some(format!("the gateway's home {}", gateway_home.display()));
+    }
+    None
+}
+
+/// The declared paths as binds at their own paths: each resolved
+/// (links followed, so that a link cannot lead into the gateway's home)
+/// and checked against [`forbidden`].
+pub fn binds(name: &str, server: &Server, gateway_home: &Path) -> Result<Vec<Bind>, String> {
+    let home = std::fs::canonicalize(gateway_home).unwrap_or_else(|_| gateway_home.to_path_buf());
+    let mut binds = Vec::new();
+    for (list, writable) in [(&server.read_only, false), (&server.writable, true)] {
+        for p in list.iter() {
+            let declared = PathBuf::from(p);
+            if !declared.is_absolute()
+                || declared
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(format!(
+                    "upstream {name:?}: path {p:?} must be absolute, without '..'"
+                ));
+            }
+            let real = std::fs::canonicalize(&declared)
+                .map_err(|e| format!("upstream {name:?}: path {p:?}: {e}"))?;
+            for candidate in [&declared, &real] {
+                if let Some(why) = forbidden(candidate, &home) {
+                    return Err(format!(
+                        "upstream {name:?}: path {p:?} would show the server {why}; refused"
+                    ));
+                }
+            }
+            binds.push(Bind {
+                host: real,
+                inside: declared,
+                writable,
+            });
+        }
+    }
+    Ok(binds)
+}
+
+/// What is wrong with `arguments` for the locked `input_schema` (empty:
+/// nothing). A schema that cannot be compiled refuses every call.
+pub fn argument_errors(input_schema: &Value, arguments: &Value) -> Vec<(String, String)> {
+    let validator = match jsonschema::options().build(input_schema) {
+        Ok(v) => v,
+        Err(e) => {
+            return vec![(
+                String::new(),
+                format!("the locked input schema cannot be used: {e}"),
+            )];
+        }
+    };
+    validator
+        .iter_errors(arguments)
+        .take(16)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            let msg: String = e.to_string().chars().take(200).collect();
+            (at, msg)
+        })
+        .collect()
+}
+
+/// The report of the runner read from the sandbox's stdout (hostile: it
+/// is the server's sandbox).
+pub fn read_report(stdout: &[u8]) -> Result<McpReport, String> {
+    let line = stdout
+        .split(|b| *b == b'\n')
+        .find(|l| !l.trim_ascii().is_empty())
+        .ok_or("the upstream's sandbox wrote no report")?;
+    serde_json::from_slice(line).map_err(|e| format!("the upstream's report does not read: {e}"))
+}
+
+/// What an ended exchange comes to: `(ok, summary, result)`. The content
+/// is the server's; its text goes to the agent capped, structured content
+/// only when it matches the locked output schema.
+pub fn outcome(op: &UpstreamOp, report: &McpReport) -> (bool, String, Value) {
+    let mut result = json!({
+        "upstream": op.upstream,
+        "tool": op.tool,
+        "definition_sha256": op.definition_sha256,
+        "requests_refused": report.requests_refused,
+        "notifications": report.notifications,
+    });
+    if let Some(why) = &report.refused {
+        result["refused"] = json!(why);
+        if let Some(live) = &report.live_definition {
+            result["live_definition_sha256"] = json!(definition_digest(live));
+        }
+        return (false, why.clone(), result);
+    }
+    if let Some(kind) = &report.error_kind {
+        let why = report.error.clone().unwrap_or_else(|| kind.clone());
+        let why = gateway_base::text::escaped(&why, false);
+        result["error"] = json!({"kind": kind, "message": why});
+        return (false, format!("upstream {}: {why}", op.upstream), result);
+    }
+    let Some(r) = &report.result else {
+        result["error"] = json!({"kind": "protocol", "message": "the server answered nothing"});
+        return (
+            false,
+            format!("upstream {} answered nothing", op.upstream),
+            result,
+        );
+    };
+    let bytes = serde_json::to_vec(r).unwrap_or_default();
+    result["result_bytes"] = json!(bytes.len());
+    result["result_sha256"] = json!(sha256_hex(&bytes));
+    let is_error = r["isError"].as_bool().unwrap_or(false);
+    let content: Vec<Value> = r["content"]
+        .as_array()
+        .map(|c| c.iter().filter(|b| b.is_object()).cloned().collect())
+        .unwrap_or_default();
+    let mut text = String::new();
+    for block in &content {
+        if let Some(t) = block["text"].as_str().filter(|_| block["type"] == "text") {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        }
+    }
+    let mut summary: String = text.chars().take(SUMMARY_CHARS).collect();
+    if summary.len() < text.len() {
+        summary.push_str("\n[… cut: the whole text is in the structured result]");
+    }
+    result["isError"] = json!(is_error);
+    result["content"] = Value::Array(content);
+    if let Some(structured) = r.get("structuredContent").filter(|v| !v.is_null()) {
+        match op.definition.get("outputSchema") {
+            Some(schema) => {
+                let errors = argument_errors(schema, structured);
+                if !errors.is_empty() {
+                    result["content"] = json!([]);
+                    result["error"] = json!({"kind": "output_schema",
+                        "message": format!("the structured result does not match the locked output schema: {}", errors[0].1)});
+                    return (
+                        false,
+                        format!(
+                            "upstream {}'s result does not match the locked output schema; it was withheld",
+                            op.upstream
+                        ),
+                        result,
+                    );
+                }
+                result["structuredContent"] = structured.clone();
+            }
+            None => result["structuredContent"] = structured.clone(),
+        }
+    }
+    if summary.is_empty() {
+        summary = format!("{}.{} returned no text", op.upstream, op.tool);
+    }
+    (!is_error, summary, result)
+}
+
+/// A tool name the gateway can offer under a prefix: MCP's characters,
+/// no dot (the prefix's separator), at most 64.
+pub fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Why a tool the server lists cannot be offered (`None`: it can).
+pub fn unusable(definition: &Value) -> Option<String> {
+    let Some(name) = definition["name"].as_str() else {
+        return Some("it has no name".into());
+    };
+    if !valid_tool_name(name) {
+        return Some(format!(
+            "its name {:?} is not [A-Za-z0-9_-]{{1,64}}",
+            name.chars().take(80).collect::<String>()
+        ));
+    }
+    if definition["inputSchema"]["properties"]
+        .get("approval_id")
+        .is_some()
+    {
+        return Some(
+            "it has an argument named approval_id, which the gateway's own approval flow uses"
+                .into(),
+        );
+    }
+    if let Err(e) = jsonschema::options().build(&definition["inputSchema"]) {
+        return Some(format!("its input schema cannot be used: {e}"));
+    }
+    None
+}
+
+/// The tools the server of upstream `name` lists, read in a throwaway
+/// sandbox (no network, its declared paths), with the server's
+/// `serverInfo`.
+pub async fn list(
+    sandbox: &dyn gateway_sandbox::Sandbox,
+    tools: &super::ToolPaths,
+    gateway_home: &Path,
+    name: &str,
+    server: &Server,
+) -> Result<McpReport, String> {
+    server.check(name)?;
+    let mut binds = tools.runner_binds().map_err(|e| e.to_string())?;
+    binds.extend(self::binds(name, server, gateway_home)?);
+    binds.sort_by(|a, b| a.inside.cmp(&b.inside));
+    let steps = vec![server.list_step()];
+    let limits = gateway_sandbox::Limits {
+        output_bytes: 8 << 20,
+        ..gateway_sandbox::Limits::default()
+    };
+    let req = gateway_sandbox::SandboxRequest {
+        name: format!(
+            "upstream-list-{}",
+            uuid::Uuid::new_v4()
+                .simple()
+                .to_string()
+                .get(..12)
+                .unwrap_or("x")
+        ),
+        argv: super::runner_argv(),
+        env: server.env(),
+        binds,
+        workdir: None,
+        files_in: vec![gateway_sandbox::FileIn {
+            path: super::STEPS_FILE.into(),
+            contents: serde_json::to_vec(&steps).unwrap_or_default(),
+        }],
+        credential: None,
+        limits,
+        deadline: std::time::Duration::from_secs(server.timeout_seconds.saturating_add(30)),
+        network: gateway_sandbox::Network::None,
+        files_out: vec![],
+    };
+    let r = sandbox.run(req).await.map_err(|e| e.to_string())?;
+    let report = read_report(&r.stdout.bytes).map_err(|e| {
+        format!(
+            "{e} ({:?}): {}",
+            r.ended,
+            gateway_base::text::escaped(&r.stderr.text(), false)
+                .chars()
+                .rev()
+                .take(2000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<String>()
+        )
+    })?;
+    if let Some(kind) = &report.error_kind {
+        return Err(format!(
+            "upstream {name:?}: {} ({kind})",
+            report.error.clone().unwrap_or_default()
+        ));
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op() -> UpstreamOp {
+        let definition = json!({"name": "write_note", "description": "d",
+            "inputSchema": {"type": "object", "properties": {"text": {"type": "string", "maxLength": 5}},
+                            "required": ["text"], "additionalProperties": false}});
+        UpstreamOp {
+            upstream: "notes".into(),
+            tool: "write_note".into(),
+            server: Server {
+                command: vec!["/usr/bin/true".into()],
+                env: Default::default(),
+                read_only: vec![],
+                writable: vec![],
+                max_result_bytes: 1000,
+                timeout_seconds: 5,
+            },
+            definition_sha256: definition_digest(&definition),
+            definition,
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_locked_schema() {
+        let o = op();
+        let schema = &o.definition["inputSchema"];
+        assert!(argument_errors(schema, &json!({"text": "hi"})).is_empty());
+        for bad in [
+            json!({}),
+            json!({"text": 5}),
+            json!({"text": "toolong"}),
+            json!({"text": "a", "extra": 1}),
+            json!([]),
+        ] {
+            assert!(!argument_errors(schema, &bad).is_empty(), "{bad}");
+        }
+        // A schema pointing elsewhere is not fetched: the call is refused.
+        let remote = json!({"$ref": "https://attacker.example/schema.json"});
+        assert!(!argument_errors(&remote, &json!({})).is_empty());
+    }
+
+    #[test]
+    fn the_digest_binds_definition_and_arguments_and_ignores_key_order() {
+        let o = op();
+        let a = call_digest(&o, &json!({"text": "a", "n": 1}));
+        assert_eq!(a, call_digest(&o, &json!({"n": 1, "text": "a"})));
+        assert_ne!(a, call_digest(&o, &json!({"text": "b", "n": 1})));
+        let mut other = o.clone();
+        other.definition_sha256 = "0".repeat(64);
+        assert_ne!(a, call_digest(&other, &json!({"text": "a", "n": 1})));
+    }
+
+    #[test]
+    fn a_hand_edited_lock_is_refused() {
+        let o = op();
+        let mut v = serde_json::to_value(json!({
+            "upstream": o.upstream, "tool": o.tool, "command": o.server.command,
+            "definition": o.definition, "definition_sha256": o.definition_sha256,
+            "max_result_bytes": 10, "timeout_seconds": 1}))
+        .unwrap_or_default();
+        assert!(UpstreamOp::from_decision(Some(&v)).is_ok());
+        v["definition"]["description"] = json!("now it says something else");
+        let e = UpstreamOp::from_decision(Some(&v))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("edited by hand"), "{e}");
+        v["command"] = json!(["node"]);
+        assert!(UpstreamOp::from_decision(Some(&v)).is_err());
+    }
+
+    #[test]
+    fn the_gateways_home_and_the_system_are_never_shown() {
+        let home = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let inside = home.path().join("audit");
+        std::fs::create_dir_all(&inside).unwrap_or_else(|e| panic!("{e}"));
+        let elsewhere = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let link = elsewhere.path().join("innocent");
+        std::os::unix::fs::symlink(&inside, &link).unwrap_or_else(|e| panic!("{e}"));
+        let mut o = op();
+        for (p, ok) in [
+            ("/".to_string(), false),
+            ("/etc".to_string(), false),
+            ("/run".to_string(), false),
+            (home.path().display().to_string(), false),
+            (inside.display().to_string(), false),
+            (link.display().to_string(), false),
+            (format!("{}/../x", elsewhere.path().display()), false),
+            ("relative".to_string(), false),
+            (elsewhere.path().display().to_string(), true),
+        ] {
+            o.server.read_only = vec![p.clone()];
+            assert_eq!(binds("t", &o.server, home.path()).is_ok(), ok, "{p}");
+        }
+        // A parent of the home would show it too.
+        if let Some(parent) = home.path().parent() {
+            o.server.writable = vec![parent.display().to_string()];
+            o.server.read_only = vec![];
+            assert!(binds("t", &o.server, home.path()).is_err());
+        }
+    }
+
+    #[test]
+    fn a_result_is_capped_text_and_a_structured_result_must_match_its_schema() {
+        let mut o = op();
+        let report = McpReport {
+            result: Some(
+                json!({"content": [{"type": "text", "text": "x".repeat(SUMMARY_CHARS + 10)}],
+                                "structuredContent": {"n": "not a number"}}),
+            ),
+            ..McpReport::default()
+        };
+        let (ok, summary, result) = outcome(&o, &report);
+        assert!(ok);
+        assert!(summary.len() < SUMMARY_CHARS + 100 && summary.contains("cut"));
+        assert_eq!(result["structuredContent"]["n"], "not a number");
+        o.definition["outputSchema"] =
+            json!({"type": "object", "properties": {"n": {"type": "number"}}});
+        let (ok, _, result) = outcome(&o, &report);
+        assert!(!ok);
+        assert_eq!(result["error"]["kind"], "output_schema");
+        assert_eq!(result["content"], json!([]));
+        let refused = McpReport {
+            refused: Some("changed".into()),
+            live_definition: Some(json!({"name": "write_note"})),
+            ..McpReport::default()
+        };
+        let (ok, _, result) = outcome(&o, &refused);
+        assert!(!ok);
+        assert!(result["live_definition_sha256"].is_string());
+    }
+}

@@ -1,0 +1,161 @@
+# Upstream MCP servers: other MCP servers the operator puts behind the
+# gateway (config/upstreams/data.yaml). Their tools appear to the agent
+# under the upstream's name as a prefix (`fs.read_text_file`), and only
+# those the operator has locked (config/upstream_lock/data.json, written
+# by `gateway upstream lock`): each one's definition (name, description,
+# schemas, annotations) is pinned by its digest. A tool the server changed
+# since, or added, is hidden and refused until it is locked again.
+#
+# Each locked tool becomes a catalog entry of tools.rego (runner
+# mcp_upstream), so every rule of the catalog, the scopes, approvals and
+# sandbox holds for it as for a built-in tool. Its tier comes from the
+# upstream's `tiers` patterns (the first that matches the tool's name),
+# else its `default_tier`; the server's own annotations are hostile input
+# and may only raise it (destructiveHint: true makes it high,
+# readOnlyHint: false at least medium), never lower it.
+package gateway.upstreams
+
+declared := object.get(data.config, "upstreams", {})
+
+locks := object.get(data.config, "upstream_lock", {})
+
+# What the gateway last read of each upstream's tools (their digests), when
+# it has read them: input.upstreams[name].tools[tool] = sha256.
+live := object.get(input, "upstreams", {})
+
+# Every locked tool of a declared upstream, by its name for the agent.
+tools[name] := {
+	"upstream": u,
+	"tool": t,
+	"definition": entry.definition,
+	"sha256": entry.sha256,
+} if {
+	some u, _ in declared
+	some t, entry in object.get(object.get(locks, u, {}), "tools", {})
+	name := sprintf("%s.%s", [u, t])
+}
+
+rank := {"low": 0, "medium": 1, "high": 2}
+
+tier_of_rank := ["low", "medium", "high"]
+
+# The tier the operator's patterns give a tool of upstream u.
+pattern_tier(u, t) := matches[0] if {
+	matches := [r.tier | some r in object.get(declared[u], "tiers", []); glob.match(r.match, [], t)]
+	count(matches) > 0
+} else := object.get(declared[u], "default_tier", "high")
+
+# The server's annotations, as a tier they ask for (they only raise).
+annotation_rank(def) := 2 if object.get(def, ["annotations", "destructiveHint"], null) == true
+
+else := 1 if object.get(def, ["annotations", "readOnlyHint"], null) == false
+
+else := 0
+
+tier(u, t, def) := tier_of_rank[max({rank[pattern_tier(u, t)], annotation_rank(def)})]
+
+# Whether what the gateway read of the upstream says the tool is not as
+# locked (changed, or gone). Unknown (not read yet): not stale here; the
+# call's own sandbox compares the definition before it calls.
+stale(name) if {
+	entry := tools[name]
+	reading := live[entry.upstream]
+	object.get(reading, ["tools", entry.tool], "") != entry.sha256
+}
+
+# The catalog entries (tools.rego adds them to config/tools).
+catalog[name] := object.union(
+	{
+		"title": object.get(entry.definition, "title", object.get(entry.definition, ["annotations", "title"], name)),
+		"description": object.get(entry.definition, "description", ""),
+		"runner": "mcp_upstream",
+		"tier": tr,
+		"scope": "upstream",
+		"upstream": entry.upstream,
+		"params": {"approval_id": {
+			"max_length": 64,
+			"description": "The id of the approval a person gave for exactly this call (only for a call that needed one).",
+		}},
+		"input_schema": object.get(entry.definition, "inputSchema", {"type": "object"}),
+		"annotations": {
+			"readOnlyHint": tr == "low",
+			"destructiveHint": tr == "high",
+			"idempotentHint": false,
+			"openWorldHint": true,
+		},
+	},
+	clients(entry.upstream),
+) if {
+	some name, entry in tools
+	not stale(name)
+	tr := tier(entry.upstream, entry.tool, entry.definition)
+}
+
+clients(u) := {"clients": declared[u].clients} if declared[u].clients
+
+else := {}
+
+# The requested tool, when it is an upstream's (undefined otherwise).
+requested := tools[input.tool]
+
+deny contains msg if {
+	requested
+	stale(input.tool)
+	msg := sprintf("tool %s of upstream %q is not the one locked (the server changed or removed it): hidden and refused until an operator locks it again (gateway upstream diff, gateway upstream lock)", [data.gateway.tools.quoted(input.tool), requested.upstream])
+}
+
+# What the mcp_upstream runner does: the upstream's command in a sandbox,
+# the paths it may see, and the exact definition the call is made against.
+default operation := null
+
+operation := {
+	"upstream": requested.upstream,
+	"tool": requested.tool,
+	"command": up.command,
+	"env": object.get(up, "env", {}),
+	"read_only": object.get(up, "read_only", []),
+	"writable": object.get(up, "writable", []),
+	"definition": requested.definition,
+	"definition_sha256": requested.sha256,
+	"max_result_bytes": object.get(up, "max_result_bytes", 1048576),
+	"timeout_seconds": object.get(up, "timeout_seconds", 60),
+} if {
+	requested
+	up := declared[requested.upstream]
+}
+
+# Arguments that name files (an upstream's `path_arguments`) must each lie
+# under one of its `allowed_paths`, with no `..` part: the server's own
+# checks are not what the gateway relies on (and its sandbox shows it only
+# its declared paths besides).
+deny contains msg if {
+	requested
+	count(object.get(input, "schema_violations", [])) == 0
+	up := declared[requested.upstream]
+	some arg in object.get(up, "path_arguments", [])
+	some value in path_values(object.get(data.gateway.tools.params, arg, []))
+	not path_allowed(value, object.get(up, "allowed_paths", []))
+	msg := sprintf("%s %s is not a path upstream %q may be asked about (under %s, without ..)", [arg, data.gateway.tools.quoted(sprintf("%v", [value])), requested.upstream, concat(", ", object.get(up, "allowed_paths", []))])
+}
+
+path_values(v) := [v] if is_string(v)
+
+else := v if is_array(v)
+
+else := [v]
+
+path_allowed(v, roots) if {
+	is_string(v)
+	not dotted(v)
+	some r in roots
+	under(v, r)
+}
+
+dotted(v) if {
+	some part in split(v, "/")
+	part in {"..", "."}
+}
+
+under(v, r) if v == r
+
+under(v, r) if startswith(v, concat("", [trim_suffix(r, "/"), "/"]))

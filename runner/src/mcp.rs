@@ -1,0 +1,298 @@
+//! An MCP client over a stdio server's pipes, inside the sandbox: the
+//! step of an upstream MCP server's call ([`protocol::McpExchange`]).
+//!
+//! The server is started as the step's command and spoken to with
+//! newline-delimited JSON-RPC (the MCP stdio transport): `initialize`,
+//! `notifications/initialized`, `tools/list` (every page), then, for a
+//! call, `tools/call`, but only when the tool's live definition is exactly
+//! the one pinned by the operator's lock. The server is hostile: what it
+//! writes is capped in bytes ([`protocol::McpExchange::max_bytes`], all
+//! messages together) and in time; a request it makes of the client
+//! (sampling, elicitation, roots) is refused, `ping` answered; its
+//! notifications are counted (progress kept). The report
+//! ([`protocol::McpReport`]) is one line of JSON on stdout; the gateway
+//! reads it as hostile input too.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::protocol::{McpExchange, McpReport};
+
+/// The MCP revision the client speaks.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Pages of `tools/list` read at most.
+const MAX_PAGES: usize = 32;
+/// Server requests whose method the report names (the count is whole).
+const NAMED_REQUESTS: usize = 16;
+
+/// What the reader thread hands over.
+enum Read1 {
+    Message(Value),
+    /// A line that is not a JSON object.
+    Garbage,
+    /// Over the byte cap: the server is stopped.
+    TooLarge,
+    Closed,
+}
+
+/// Reads the server's stdout, one message per line, at most `cap` bytes in
+/// all (a line is never held whole beyond what is left of the cap).
+fn reader(stdout: impl Read + Send + 'static, cap: u64) -> Receiver<Read1> {
+    let (tx, rx) = sync_channel(64);
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut left = cap;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let got = (&mut r)
+                .take(left.saturating_add(1))
+                .read_until(b'\n', &mut line);
+            let n = match got {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(Read1::Closed);
+                    return;
+                }
+                Ok(n) => n as u64,
+            };
+            if n > left {
+                let _ = tx.send(Read1::TooLarge);
+                return;
+            }
+            left -= n;
+            let text = line.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            let msg = match serde_json::from_slice::<Value>(text) {
+                Ok(v) if v.is_object() => Read1::Message(v),
+                _ => Read1::Garbage,
+            };
+            if tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// One exchange's state: the server's pipes and what the report says.
+struct Session {
+    stdin: ChildStdin,
+    from: Receiver<Read1>,
+    deadline: Instant,
+    next_id: u64,
+    report: McpReport,
+}
+
+/// Why a request got no answer.
+enum Failed {
+    /// Written into the report as `error_kind`/`error`.
+    Stop(&'static str, String),
+}
+
+impl Session {
+    fn send(&mut self, msg: &Value) -> Result<(), Failed> {
+        let mut line = serde_json::to_vec(msg).unwrap_or_default();
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| Failed::Stop("closed", format!("the server's stdin closed: {e}")))
+    }
+
+    /// Send `method` and wait for its answer, dealing with what comes
+    /// before it.
+    fn request(&mut self, method: &str, params: Value) -> Result<Value, Failed> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            let msg = match self.from.recv_timeout(left) {
+                Ok(Read1::Message(m)) => m,
+                Ok(Read1::Garbage) => {
+                    self.report.garbage_lines += 1;
+                    continue;
+                }
+                Ok(Read1::TooLarge) => {
+                    return Err(Failed::Stop(
+                        "too_large",
+                        format!(
+                            "the server wrote more than {} bytes; it was stopped",
+                            self.report.max_bytes
+                        ),
+                    ));
+                }
+                Ok(Read1::Closed) | Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Failed::Stop(
+                        "closed",
+                        format!("the server ended before it answered {method}"),
+                    ));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Failed::Stop(
+                        "timeout",
+                        format!(
+                            "the server did not answer {method} within the call's {} ms; it was stopped",
+                            self.report.timeout_ms
+                        ),
+                    ));
+                }
+            };
+            let has_method = msg
+                .get("method")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            match (has_method, msg.get("id")) {
+                // A request of the server's.
+                (Some(m), Some(rid)) => {
+                    let rid = rid.clone();
+                    if m == "ping" {
+                        self.send(&json!({"jsonrpc": "2.0", "id": rid, "result": {}}))?;
+                        continue;
+                    }
+                    self.report.requests_refused += 1;
+                    if self.report.refused_methods.len() < NAMED_REQUESTS {
+                        self.report
+                            .refused_methods
+                            .push(m.chars().take(64).collect());
+                    }
+                    self.send(&json!({"jsonrpc": "2.0", "id": rid, "error": {
+                        "code": -32601,
+                        "message": "refused by the gateway: this client offers no sampling, elicitation or roots"}}))?;
+                }
+                // A notification.
+                (Some(m), None) => {
+                    self.report.notifications += 1;
+                    match m.as_str() {
+                        "notifications/progress" => {
+                            self.report.progress = msg.get("params").cloned();
+                        }
+                        "notifications/tools/list_changed" => self.report.list_changed = true,
+                        _ => {}
+                    }
+                }
+                // An answer: ours, or one to nothing we asked.
+                (None, Some(rid)) if rid.as_u64() == Some(id) => {
+                    if let Some(e) = msg.get("error") {
+                        return Err(Failed::Stop(
+                            "rpc_error",
+                            format!("{method}: {}", short(&e["message"])),
+                        ));
+                    }
+                    return Ok(msg.get("result").cloned().unwrap_or(Value::Null));
+                }
+                _ => self.report.garbage_lines += 1,
+            }
+        }
+    }
+
+    /// `tools/list`, every page.
+    fn list_tools(&mut self) -> Result<Vec<Value>, Failed> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<Value> = None;
+        for _ in 0..MAX_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page = self.request("tools/list", params)?;
+            tools.extend(page["tools"].as_array().cloned().unwrap_or_default());
+            match page.get("nextCursor") {
+                Some(c) if c.is_string() => cursor = Some(c.clone()),
+                _ => return Ok(tools),
+            }
+        }
+        Err(Failed::Stop(
+            "protocol",
+            format!("tools/list has more than {MAX_PAGES} pages"),
+        ))
+    }
+}
+
+/// A server's error message, short and as text.
+fn short(v: &Value) -> String {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    s.chars().take(500).collect()
+}
+
+/// Run the exchange with a started server (`stdin`/`stdout` piped) and
+/// return the report; the server is killed before returning.
+pub fn exchange(child: &mut Child, ex: &McpExchange) -> McpReport {
+    let mut report = McpReport {
+        max_bytes: ex.max_bytes,
+        timeout_ms: ex.timeout_ms,
+        ..McpReport::default()
+    };
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        report.error_kind = Some("closed".into());
+        report.error = Some("the server's pipes are missing".into());
+        return report;
+    };
+    let mut s = Session {
+        stdin,
+        from: reader(stdout, ex.max_bytes),
+        deadline: Instant::now() + Duration::from_millis(ex.timeout_ms),
+        next_id: 0,
+        report,
+    };
+    let run = |s: &mut Session| -> Result<(), Failed> {
+        let init = s.request(
+            "initialize",
+            json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                   "clientInfo": {"name": "gateway", "version": env!("CARGO_PKG_VERSION")}}),
+        )?;
+        s.report.server = Some(json!({
+            "protocolVersion": init.get("protocolVersion").cloned().unwrap_or(Value::Null),
+            "serverInfo": init.get("serverInfo").cloned().unwrap_or(Value::Null),
+        }));
+        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        let tools = s.list_tools()?;
+        let Some(call) = &ex.call else {
+            s.report.tools = Some(tools);
+            return Ok(());
+        };
+        let live = tools
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(call.name.as_str()))
+            .cloned();
+        match live {
+            None => {
+                s.report.refused = Some(format!(
+                    "the server no longer offers tool {:?}; nothing was called",
+                    call.name
+                ));
+            }
+            Some(live) if live != call.definition => {
+                s.report.live_definition = Some(live);
+                s.report.refused = Some(format!(
+                    "tool {:?}'s definition is not the one locked (it changed on the server); nothing was called",
+                    call.name
+                ));
+            }
+            Some(_) => {
+                let mut params = json!({"name": call.name, "arguments": call.arguments});
+                if let Some(token) = &call.progress_token {
+                    params["_meta"] = json!({"progressToken": token});
+                }
+                s.report.result = Some(s.request("tools/call", params)?);
+            }
+        }
+        Ok(())
+    };
+    if let Err(Failed::Stop(kind, why)) = run(&mut s) {
+        s.report.error_kind = Some(kind.into());
+        s.report.error = Some(why);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    s.report
+}
