@@ -69,6 +69,7 @@ impl Hostile {
                     script.into(),
                 ],
                 stdout_file: None,
+                mcp: None,
             },
         ));
     }
@@ -81,6 +82,7 @@ impl Hostile {
             Step {
                 argv,
                 stdout_file: None,
+                mcp: None,
             },
         ));
     }
@@ -121,6 +123,7 @@ impl Sandbox for Hostile {
                 req.binds.push(Bind {
                     host: "/bin/busybox".into(),
                     inside: "/bin/busybox".into(),
+                    writable: false,
                 });
             }
         }
@@ -1042,6 +1045,7 @@ fn init_with_mirror(mirror: &Path, work: &Path) -> (bool, String) {
             "-no-color".into(),
         ],
         stdout_file: None,
+        mcp: None,
     }];
     let r = run_terraform(work, steps, Some(mirror));
     (

@@ -70,6 +70,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
     let mut steps = vec![tools::Step {
         argv: vec!["/bin/busybox".into(), "uname".into(), "-r".into()],
         stdout_file: None,
+        mcp: None,
     }];
     steps.extend(tools::terraform_plan_steps(&plan_file));
     steps.extend(tools::terraform_show_steps(&plan_file, &plan_json, false));
@@ -77,6 +78,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
     binds_probe.push(gateway::sandbox::Bind {
         host: "/bin/busybox".into(),
         inside: "/bin/busybox".into(),
+        writable: false,
     });
     let outside_before = snapshot(&common::repo().join("terraform/offline-demo"));
     let req = SandboxRequest {

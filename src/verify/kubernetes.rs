@@ -298,6 +298,7 @@ pub async fn warm_pool_check(sb: &KubernetesSandbox) -> Check {
             "kernel".into(),
         ],
         stdout_file: None,
+        mcp: None,
     }];
     let request = |n: u8| -> Result<SandboxRequest, String> {
         Ok(SandboxRequest {

@@ -33,6 +33,7 @@ fn probe(name: &str, script: &str) -> SandboxRequest {
         binds: vec![Bind {
             host: PROBE.into(),
             inside: PROBE.into(),
+            writable: false,
         }],
         workdir: None,
         files_in: vec![],

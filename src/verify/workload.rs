@@ -234,6 +234,7 @@ pub async fn kubectl(
             "--output=json".into(),
         ],
         stdout_file: None,
+        mcp: None,
     }];
     let req = SandboxRequest {
         name: format!("verify-kubectl-{}", std::process::id()),
