@@ -21,6 +21,7 @@ fn request(name: String) -> SandboxRequest {
         binds: vec![Bind {
             host: "/bin/busybox".into(),
             inside: "/bin/busybox".into(),
+            writable: false,
         }],
         workdir: None,
         files_in: vec![],

@@ -19,6 +19,9 @@
 #                        in the approval page tests (tests/browser/package-lock.json)
 #   tests/inspector/node_modules  the MCP Inspector, whose CLI the HTTP tests
 #                        drive the gateway with (tests/inspector/package-lock.json)
+#   tests/upstreams/node_modules  real MCP servers (the filesystem and
+#                        "everything" servers) the upstream tests put behind
+#                        the gateway (tests/upstreams/package-lock.json)
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
 set -euo pipefail
@@ -171,8 +174,17 @@ install_inspector() {
     || { say "the MCP Inspector does not run under $(node --version)"; exit 1; }
 }
 
+install_upstreams() {
+  local dir="$root/tests/upstreams"
+  npm_ci "$dir" "the upstream MCP servers"
+  [ -f "$dir/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ] \
+    || { say "the MCP filesystem server is missing after npm ci"; exit 1; }
+  # The servers run as the sandbox's user: what they need must be readable.
+  chmod -R a+rX "$dir/node_modules"
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa otlp oidc inspector browser)
+[ ${#want[@]} -gt 0 ] || want=(terraform kubectl mcp openbao opa otlp oidc inspector browser upstreams)
 for t in "${want[@]}"; do
   case "$t" in
     terraform) install_terraform ;;
@@ -184,6 +196,7 @@ for t in "${want[@]}"; do
     oidc) install_oidc ;;
     inspector) install_inspector ;;
     browser) install_browser ;;
+    upstreams) install_upstreams ;;
     *) say "unknown tool: $t"; exit 2 ;;
   esac
 done

@@ -325,6 +325,7 @@ pub async fn platforms(runsc: Option<&Path>, configured: &str, probe: bool) -> F
             binds: vec![crate::sandbox::Bind {
                 host: crate::verify::PROBE.into(),
                 inside: crate::verify::PROBE.into(),
+                writable: false,
             }],
             workdir: None,
             files_in: vec![],

@@ -1724,6 +1724,7 @@ async fn real_kernel_probe(
                 b.push(Bind {
                     host: common::runner_bin(),
                     inside: gateway::protocol::RUNNER.into(),
+                    writable: false,
                 });
                 b
             },

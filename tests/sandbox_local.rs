@@ -33,6 +33,7 @@ fn request(name: &str, script: &str) -> SandboxRequest {
         binds: vec![Bind {
             host: BUSYBOX.into(),
             inside: BUSYBOX.into(),
+            writable: false,
         }],
         workdir: None,
         files_in: vec![],

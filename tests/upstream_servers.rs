@@ -8,6 +8,8 @@
 //! upstreams).
 
 mod common;
+#[path = "support/daemon.rs"]
+mod daemon;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,6 +80,11 @@ fn world() -> World {
     - {{match: "read_*", tier: low}}
     - {{match: "list_*", tier: low}}
   default_tier: high
+everything:
+  command: [/usr/bin/node, {modules}/@modelcontextprotocol/server-everything/dist/index.js]
+  read_only: [/usr, /lib, /lib64, {modules}]
+  env: {{GREETING: declared}}
+  default_tier: low
 hostile:
   command: [/usr/bin/python3, {repo}/tests/upstreams/hostile_server.py]
   env: {{HOSTILE_DESCRIPTION_FILE: {desc}/description.txt}}
@@ -464,4 +471,143 @@ fn a_tool_changed_after_its_lock_is_refused_until_locked_again() {
     let (ok, summary, _) = completed(&r);
     assert!(ok, "{summary}");
     audit_verifies(&w);
+}
+
+#[test]
+fn the_everything_server_gives_structured_results_progress_and_only_its_declared_environment() {
+    let w = world();
+    let r = call(&w, "everything.echo", json!({"message": "round trip"}));
+    let (ok, summary, _) = completed(&r);
+    assert!(ok && summary.contains("round trip"), "{summary}");
+    // Structured content, checked against the locked output schema.
+    let r = call(
+        &w,
+        "everything.get-structured-content",
+        json!({"location": "New York"}),
+    );
+    let (ok, summary, result) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(
+        result["structuredContent"]["temperature"].is_number(),
+        "{result}"
+    );
+    // Progress notifications of a long operation: counted, the call ends.
+    let r = call(
+        &w,
+        "everything.trigger-long-running-operation",
+        json!({"duration": 2, "steps": 4}),
+    );
+    let (ok, summary, result) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(
+        result["notifications"].as_u64().unwrap_or(0) >= 4,
+        "{result}"
+    );
+    // Its environment: what the operator declared, nothing of the
+    // gateway's (this test process runs under cargo, with CARGO_* set).
+    let r = call(&w, "everything.get-env", json!({}));
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(summary.contains("GREETING"), "{summary}");
+    for leaked in [
+        "CARGO",
+        "RUST",
+        "VAULT",
+        "GATEWAY_HOME",
+        "SUDO",
+        "PATH\":\"/root",
+    ] {
+        assert!(
+            !summary.contains(leaked),
+            "{leaked} leaked into the upstream: {summary}"
+        );
+    }
+    audit_verifies(&w);
+}
+
+/// The upstreams through the real daemon, from the MCP Python SDK as an
+/// unprivileged OS user (tests/mcp/upstream_agent.py), with a second OS
+/// user in the approvers' group approving the write with `gateway approve`.
+#[test]
+fn upstreams_work_through_the_daemon_from_the_python_sdk() {
+    use std::io::{BufRead, Write};
+    let w = world();
+    daemon::os_user(daemon::AGENT);
+    daemon::os_user(daemon::APPROVER);
+    let d = daemon::Daemon::start(&w.policies, "");
+    let workspace = daemon::owned_dir(daemon::AGENT);
+    let agent_home = daemon::owned_dir(daemon::AGENT);
+    let gateway = PathBuf::from(env!("CARGO_BIN_EXE_gateway"));
+    let python = common::repo().join(".tools/venv-user/bin/python");
+    assert!(
+        python.is_file(),
+        "the users' MCP client is installed by scripts/install-tools.sh mcp"
+    );
+    let mut agent = daemon::as_user(daemon::AGENT, agent_home.path(), &[], &python)
+        .arg(common::repo().join("tests/mcp/upstream_agent.py"))
+        .arg(&gateway)
+        .arg(&d.socket)
+        .arg(workspace.path())
+        .arg(&w.data)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the agent");
+    let mut to_agent = agent.stdin.take().expect("stdin");
+    let from_agent = std::io::BufReader::new(agent.stdout.take().expect("stdout"));
+    let mut said = String::new();
+    for line in from_agent.lines().map_while(Result::ok) {
+        println!("{line}");
+        said.push_str(&line);
+        said.push('\n');
+        let Some(id) = line.strip_prefix("NEED-APPROVAL ") else {
+            continue;
+        };
+        let approver_home = daemon::owned_dir(daemon::APPROVER);
+        for args in [
+            vec!["approvals", "show", id],
+            vec!["approve", id, "--reason", "checked the path and text"],
+        ] {
+            let out = daemon::as_user(
+                daemon::APPROVER,
+                approver_home.path(),
+                &[("GATEWAY_SOCKET", &d.socket)],
+                &gateway,
+            )
+            .args(&args)
+            .output()
+            .expect("gateway");
+            let text = common::stdout(&out) + &common::stderr(&out);
+            assert!(out.status.success(), "gateway {args:?}: {text}");
+            if args[0] == "approvals" {
+                assert!(
+                    text.contains("from-agent.txt"),
+                    "the approver sees the arguments: {text}"
+                );
+            }
+        }
+        writeln!(to_agent).expect("answer the agent");
+    }
+    let status = agent.wait().expect("agent");
+    assert!(status.success(), "the agent failed: {said}\n{}", d.log());
+    assert!(said.contains("UPSTREAM AGENT DONE"), "{said}");
+    let tools_line = said
+        .lines()
+        .find(|l| l.starts_with("TOOLS "))
+        .unwrap_or_default();
+    for t in [
+        "fs.read_text_file",
+        "fs.write_file",
+        "hostile.echo",
+        "everything.echo",
+    ] {
+        assert!(
+            tools_line.split_whitespace().any(|x| x == t),
+            "{t} not listed: {tools_line}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(w.data.join("from-agent.txt")).unwrap_or_default(),
+        "written through the gateway"
+    );
 }

@@ -13,6 +13,7 @@ mod login;
 pub mod out;
 mod policy;
 mod serve;
+mod upstream;
 mod vault;
 mod verify;
 
@@ -84,6 +85,9 @@ pub enum Command {
     /// The credential broker: set up Vault/OpenBao, check it, recover leases.
     #[command(subcommand)]
     Vault(vault::VaultCommand),
+    /// Upstream MCP servers behind the gateway: list them, lock their tools, show what changed.
+    #[command(subcommand)]
+    Upstream(upstream::UpstreamCommand),
     /// Prove the sandbox isolation claims (kernel, egress, endpoints, files, limits).
     Verify(verify::VerifyArgs),
     /// The forces-replacement scenario end to end (local gVisor sandbox, real Terraform).
@@ -226,6 +230,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo => return demo::run(&cli),
         Command::Verify(a) => return verify::run(&cli, a),
         Command::Vault(c) => return vault::run(&cli, c),
+        Command::Upstream(c) => return upstream::run(&cli, c),
         // Run above, before any configuration is read.
         Command::Serve(_)
         | Command::Client(_)

@@ -125,7 +125,9 @@ impl UpstreamOp {
                     name: self.tool.clone(),
                     arguments: arguments.clone(),
                     definition: self.definition.clone(),
-                    progress_token: None,
+                    // So that a server reports its progress (counted; the
+                    // last one is kept in the report).
+                    progress_token: Some(json!("gateway")),
                 }),
             }),
         }

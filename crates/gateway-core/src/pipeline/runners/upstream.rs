@@ -108,7 +108,15 @@ impl ToolRunner for Upstream {
                         "definition_sha256": op.definition_sha256,
                         "arguments": arguments,
                     }]);
-                    p.request_approval(call, &first, &digest, shown.clone(), shown)
+                    // The agent is told what the approval is for in
+                    // the shape every tool's pending approval has.
+                    let changes = json!([{
+                        "address": format!("{}.{}", op.upstream, op.tool),
+                        "actions": ["call"],
+                        "reason": null,
+                        "paths": null,
+                    }]);
+                    p.request_approval(call, &first, &digest, shown, changes)
                 }
                 None => {
                     let rid = call.request_id().to_string();
