@@ -10,7 +10,21 @@ cfg := data.config.sandbox
 
 overrides := object.get(cfg.tools, object.get(input, "tool", ""), {})
 
-merged := object.union(cfg.base, overrides)
+# An upstream MCP server's call: a deadline past its own timeout (so that
+# the runner's clear "timeout" comes first) and room in the output for
+# everything it may write, twice over (the report re-encodes it). A
+# per-tool override still wins.
+default upstream_limits := {}
+
+upstream_limits := {
+	"deadline_seconds": op.timeout_seconds + 30,
+	"output_bytes": max([cfg.base.output_bytes, (2 * op.max_result_bytes) + 65536]),
+} if {
+	op := data.gateway.upstreams.operation
+	op != null
+}
+
+merged := object.union(object.union(cfg.base, upstream_limits), overrides)
 
 limits := {
 	"cpu": merged.cpu,

@@ -11,8 +11,9 @@
 # sandbox holds for it as for a built-in tool. Its tier comes from the
 # upstream's `tiers` patterns (the first that matches the tool's name),
 # else its `default_tier`; the server's own annotations are hostile input
-# and may only raise it (destructiveHint: true makes it high,
-# readOnlyHint: false at least medium), never lower it.
+# and may only raise it, never lower it: destructiveHint: true makes it
+# high, and a tool that does not say readOnlyHint: true is at least medium
+# (MCP's default for a tool that says nothing is "not read-only").
 package gateway.upstreams
 
 declared := object.get(data.config, "upstreams", {})
@@ -28,6 +29,7 @@ tools[name] := {
 	"upstream": u,
 	"tool": t,
 	"definition": entry.definition,
+	"definition_json": entry.definition_json,
 	"sha256": entry.sha256,
 } if {
 	some u, _ in declared
@@ -48,9 +50,9 @@ pattern_tier(u, t) := matches[0] if {
 # The server's annotations, as a tier they ask for (they only raise).
 annotation_rank(def) := 2 if object.get(def, ["annotations", "destructiveHint"], null) == true
 
-else := 1 if object.get(def, ["annotations", "readOnlyHint"], null) == false
+else := 0 if object.get(def, ["annotations", "readOnlyHint"], null) == true
 
-else := 0
+else := 1
 
 tier(u, t, def) := tier_of_rank[max({rank[pattern_tier(u, t)], annotation_rank(def)})]
 
@@ -59,8 +61,8 @@ tier(u, t, def) := tier_of_rank[max({rank[pattern_tier(u, t)], annotation_rank(d
 # call's own sandbox compares the definition before it calls.
 stale(name) if {
 	entry := tools[name]
-	reading := live[entry.upstream]
-	object.get(reading, ["tools", entry.tool], "") != entry.sha256
+	listed := live[entry.upstream].tools
+	object.get(listed, entry.tool, "") != entry.sha256
 }
 
 # The catalog entries (tools.rego adds them to config/tools).
@@ -104,6 +106,16 @@ deny contains msg if {
 	msg := sprintf("tool %s of upstream %q is not the one locked (the server changed or removed it): hidden and refused until an operator locks it again (gateway upstream diff, gateway upstream lock)", [data.gateway.tools.quoted(input.tool), requested.upstream])
 }
 
+# The lock keeps each definition twice: as the server sent it
+# (definition_json, exact: what the call is compared with and its digest
+# is over) and readable (definition). A lock whose two disagree was edited
+# by hand: refused.
+deny contains msg if {
+	requested
+	json.unmarshal(requested.definition_json) != requested.definition
+	msg := sprintf("the lock's two copies of %s's definition differ (config/upstream_lock edited by hand?): lock it again", [data.gateway.tools.quoted(input.tool)])
+}
+
 # What the mcp_upstream runner does: the upstream's command in a sandbox,
 # the paths it may see, and the exact definition the call is made against.
 default operation := null
@@ -115,7 +127,7 @@ operation := {
 	"env": object.get(up, "env", {}),
 	"read_only": object.get(up, "read_only", []),
 	"writable": object.get(up, "writable", []),
-	"definition": requested.definition,
+	"definition_json": requested.definition_json,
 	"definition_sha256": requested.sha256,
 	"max_result_bytes": object.get(up, "max_result_bytes", 1048576),
 	"timeout_seconds": object.get(up, "timeout_seconds", 60),
@@ -132,10 +144,48 @@ deny contains msg if {
 	requested
 	count(object.get(input, "schema_violations", [])) == 0
 	up := declared[requested.upstream]
-	some arg in object.get(up, "path_arguments", [])
-	some value in path_values(object.get(data.gateway.tools.params, arg, []))
-	not path_allowed(value, object.get(up, "allowed_paths", []))
-	msg := sprintf("%s %s is not a path upstream %q may be asked about (under %s, without ..)", [arg, data.gateway.tools.quoted(sprintf("%v", [value])), requested.upstream, concat(", ", object.get(up, "allowed_paths", []))])
+	some arg in path_arguments(up)
+	bad := [v | some v in path_values(object.get(data.gateway.tools.params, arg, [])); not path_allowed(v, allowed_paths(up))]
+	count(bad) > 0
+	msg := sprintf("%s %s%s is not a path upstream %q may be asked about (under %s, without ..)", [arg, data.gateway.tools.quoted(sprintf("%v", [bad[0]])), more(bad), requested.upstream, concat(", ", allowed_paths(up))])
+}
+
+more(bad) := "" if count(bad) == 1
+
+else := sprintf(" (and %d more)", [count(bad) - 1])
+
+# The declaration's path settings: a list of strings each, or the call is
+# refused (a misspelt or mis-shaped setting must not turn the rule off).
+path_arguments(up) := object.get(up, "path_arguments", [])
+
+allowed_paths(up) := object.get(up, "allowed_paths", [])
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	some key in ["path_arguments", "allowed_paths"]
+	not strings(object.get(up, key, []))
+	msg := sprintf("upstream %q: %s in config/upstreams must be a list of strings; every call is refused until it is", [requested.upstream, key])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	some key, _ in up
+	not key in declaration_keys
+	msg := sprintf("upstream %q: config/upstreams has an unknown setting %q (a misspelling?); every call is refused until it is fixed", [requested.upstream, key])
+}
+
+declaration_keys := {
+	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
+	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
+}
+
+strings(v) if {
+	is_array(v)
+	every x in v {
+		is_string(x)
+	}
 }
 
 path_values(v) := [v] if is_string(v)

@@ -21,18 +21,21 @@ declared := {
 	},
 }
 
+# A lock entry as `gateway upstream lock` writes it.
+entry(sha, d) := {"sha256": sha, "definition": d, "definition_json": json.marshal(d)}
+
 def(name, extra) := object.union({"name": name, "description": sprintf("does %s", [name]), "inputSchema": {"type": "object"}}, extra)
 
 lock := {
 	"fs": {"tools": {
-		"read_text_file": {"sha256": "aaa", "definition": def("read_text_file", {"annotations": {"readOnlyHint": true}})},
-		"read_sneaky": {"sha256": "bbb", "definition": def("read_sneaky", {"annotations": {"destructiveHint": true}})},
-		"list_directory": {"sha256": "ccc", "definition": def("list_directory", {"annotations": {"readOnlyHint": false}})},
-		"write_file": {"sha256": "ddd", "definition": def("write_file", {"title": "Write a file", "annotations": {"readOnlyHint": true, "destructiveHint": false}})},
+		"read_text_file": entry("aaa", def("read_text_file", {"annotations": {"readOnlyHint": true}})),
+		"read_sneaky": entry("bbb", def("read_sneaky", {"annotations": {"destructiveHint": true}})),
+		"list_directory": entry("ccc", def("list_directory", {"annotations": {"readOnlyHint": false}})),
+		"write_file": entry("ddd", def("write_file", {"title": "Write a file", "annotations": {"readOnlyHint": true, "destructiveHint": false}})),
 	}},
-	"team": {"tools": {"lookup": {"sha256": "eee", "definition": {"name": "lookup", "annotations": {"title": "Look up"}}}}},
+	"team": {"tools": {"lookup": entry("eee", {"name": "lookup", "annotations": {"title": "Look up"}})}},
 	# Locked once, no longer declared: offers nothing.
-	"gone": {"tools": {"x": {"sha256": "fff", "definition": def("x", {})}}},
+	"gone": {"tools": {"x": entry("fff", def("x", {}))}},
 }
 
 call(tool, params) := {"tool": tool, "params": params, "principal": {"client": "c", "os_user": "u", "groups": []}}
@@ -64,6 +67,7 @@ test_a_locked_read_runs_on_the_upstream_runner_at_its_patterns_tier if {
 	d.operation.upstream == "fs"
 	d.operation.tool == "read_text_file"
 	d.operation.definition_sha256 == "aaa"
+	json.unmarshal(d.operation.definition_json).name == "read_text_file"
 	d.operation.command == ["/usr/bin/node", "/opt/fs/index.js", "/srv/data"]
 	d.operation.writable == ["/srv/data"]
 	d.operation.max_result_bytes == 1048576
@@ -145,4 +149,56 @@ test_an_upstream_tool_takes_an_approval_id_and_any_argument_its_schema_allows if
 	d := decide("fs.write_file", {"path": "/srv/data/b", "content": "x", "approval_id": "apr-1"})
 	d.allow
 	d.violations == []
+}
+
+test_a_list_of_paths_is_one_message_with_a_count if {
+	d := decide("fs.read_text_file", {"paths": ["/etc/a", "/etc/b", "/srv/data/ok", "/etc/c"]})
+	count(d.deny_reasons) == 1
+	some r in d.deny_reasons
+	contains(r, "\"/etc/a\" (and 2 more)")
+}
+
+test_a_tool_that_does_not_say_it_only_reads_is_at_least_medium if {
+	# read_* would make it low; without readOnlyHint: true it is medium.
+	d := gateway.decision with input as call("fs.read_plain", {"path": "/srv/data/a"})
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as {"fs": {"tools": {"read_plain": entry("x", def("read_plain", {}))}}}
+	d.tier == "medium"
+}
+
+test_a_misshapen_or_misspelt_declaration_refuses_every_call if {
+	bad := object.union(declared, {"fs": object.union(declared.fs, {"path_arguments": {"path": true}})})
+	d := gateway.decision with input as call("fs.read_text_file", {"path": "/srv/data/a"})
+		with data.config.upstreams as bad
+		with data.config.upstream_lock as lock
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "path_arguments in config/upstreams must be a list of strings")
+	typo := object.union(declared, {"fs": object.union(declared.fs, {"path_argument": ["path"]})})
+	t := gateway.decision with input as call("fs.read_text_file", {"path": "/etc/passwd"})
+		with data.config.upstreams as typo
+		with data.config.upstream_lock as lock
+	some m in t.deny_reasons
+	contains(m, "unknown setting \"path_argument\"")
+}
+
+test_a_lock_whose_two_copies_differ_is_refused if {
+	e := lock.fs.tools.read_text_file
+	changed := object.union(e, {"definition": object.union(e.definition, {"description": "something else"})})
+	edited := object.union(lock, {"fs": {"tools": object.union(lock.fs.tools, {"read_text_file": changed})}})
+	d := gateway.decision with input as call("fs.read_text_file", {"path": "/srv/data/a"})
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as edited
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "two copies")
+}
+
+test_an_upstream_calls_sandbox_outlasts_its_timeout_and_holds_its_answer if {
+	d := decide("fs.read_text_file", {"path": "/srv/data/a"})
+	d.sandbox.deadline_seconds == 90
+	d.sandbox.output_bytes == (2 * 1048576) + 65536
+	# Not an upstream's tool: the table's limits.
+	k := decide("k8s_get_pod_status", {"namespace": "demo-app"})
+	k.sandbox.deadline_seconds == 120
 }

@@ -137,7 +137,7 @@ fn lock(policies: &Path, home: &Path, names: &[&str]) -> String {
     let out = common::gateway(home)
         .arg("--policies")
         .arg(policies)
-        .args(["upstream", "lock"])
+        .args(["upstream", "lock", "--all"])
         .args(names)
         .output()
         .expect("gateway upstream lock");
@@ -228,6 +228,14 @@ fn the_filesystem_server_reads_in_its_sandbox_and_a_write_waits_for_a_person() {
     assert_eq!(
         result["structuredContent"]["content"],
         "hello from the data dir\n"
+    );
+    // The audit keeps the result's digest, never the file's text.
+    let ended = events_of(&w, &r.request_id, "tool.result");
+    assert_eq!(ended.len(), 1);
+    assert!(
+        !ended[0].to_string().contains("hello from the data dir"),
+        "{}",
+        ended[0]
     );
     let called = events_of(&w, &r.request_id, "upstream.called");
     assert_eq!(called.len(), 1);
@@ -326,12 +334,10 @@ fn the_hostile_server_cannot_lower_a_tier_flood_hang_or_overflow_the_gateway() {
     // Annotated destructive: raised above its read_* pattern's low.
     let set = w.pipeline.policy.current().expect("policy");
     let list = set
-        .tool_list(&Principal::os_user(
-            "test".into(),
-            "alice".into(),
-            1000,
-            vec![],
-        ))
+        .tool_list(
+            &Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+            &json!({}),
+        )
         .expect("tool list");
     assert_eq!(list["hostile.read_sneaky"]["tier"], "high");
     // Claims read-only; the default tier (high) stands.
@@ -358,6 +364,18 @@ fn the_hostile_server_cannot_lower_a_tier_flood_hang_or_overflow_the_gateway() {
     let (ok, summary, result) = completed(&r);
     assert!(ok, "{summary}");
     assert_eq!(result["notifications"], 2000);
+    // Pings without end, the answers never read: the runner does not block
+    // on the server's full stdin; the call ends well before its deadline.
+    let deaf = std::time::Instant::now();
+    let r = call(&w, "hostile.attack", json!({"kind": "deaf"}));
+    let (ok, summary, result) = completed(&r);
+    assert!(!ok);
+    assert_eq!(result["error"]["kind"], "closed", "{summary}");
+    assert!(
+        deaf.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        deaf.elapsed()
+    );
     // Notifications without end: the byte cap ends them.
     let r = call(&w, "hostile.attack", json!({"kind": "overflow"}));
     let (ok, _, result) = completed(&r);
@@ -464,9 +482,56 @@ fn a_tool_changed_after_its_lock_is_refused_until_locked_again() {
         "{diff}"
     );
     assert!(diff.contains("id_rsa"), "{diff}");
-    // Locked again (a person read the diff), the policy reloaded: it works.
-    lock(&w.policies, &w.home, &["hostile"]);
+    // The gateway's own reading of the server hides the tool from the
+    // list and refuses it before any sandbox starts.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(w.pipeline.read_upstreams());
+    let listed = |w: &World| {
+        w.pipeline
+            .policy
+            .current()
+            .expect("policy")
+            .tool_list(
+                &Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+                &w.pipeline.upstream_readings.snapshot(),
+            )
+            .expect("tool list")
+    };
+    assert!(listed(&w).get("hostile.echo").is_none());
+    assert!(listed(&w).get("hostile.write_note").is_some());
+    let r = call(&w, "hostile.echo", json!({"text": "hi"}));
+    let Outcome::Denied { reasons, .. } = &r.outcome else {
+        panic!("{:?}", r.outcome);
+    };
+    assert!(
+        reasons.iter().any(|m| m.contains("not the one locked")),
+        "{reasons:?}"
+    );
+    assert!(events_of(&w, &r.request_id, "sandbox.started").is_empty());
+    // A lock that does not accept the change leaves it out (exit 1).
+    let out = common::gateway(&w.home)
+        .arg("--policies")
+        .arg(&w.policies)
+        .args(["upstream", "lock", "hostile"])
+        .output()
+        .expect("lock");
+    assert_eq!(out.status.code(), Some(1), "{}", common::stdout(&out));
+    assert!(
+        common::stdout(&out).contains("not locked (new or changed, not accepted): hostile.echo")
+    );
     w.pipeline.policy.reload();
+    assert!(listed(&w).get("hostile.echo").is_none());
+    // Accepted by name once a person read the diff, the policy reloaded:
+    // listed and called again.
+    let out = common::gateway(&w.home)
+        .arg("--policies")
+        .arg(&w.policies)
+        .args(["upstream", "lock", "hostile", "--accept", "hostile.echo"])
+        .output()
+        .expect("lock");
+    assert!(out.status.success(), "{}", common::stdout(&out));
+    w.pipeline.policy.reload();
+    assert!(listed(&w).get("hostile.echo").is_some());
     let r = call(&w, "hostile.echo", json!({"text": "again"}));
     let (ok, summary, _) = completed(&r);
     assert!(ok, "{summary}");

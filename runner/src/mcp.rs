@@ -14,6 +14,7 @@
 //! reads it as hostile input too.
 
 use std::io::{BufRead, BufReader, Read, Write};
+
 use std::process::{Child, ChildStdin};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
 use std::time::{Duration, Instant};
@@ -80,9 +81,23 @@ fn reader(stdout: impl Read + Send + 'static, cap: u64) -> Receiver<Read1> {
     rx
 }
 
+/// Writes to the server's stdin on a thread of its own: a server that
+/// never reads its stdin cannot hold the exchange past its deadline.
+fn writer(mut stdin: ChildStdin) -> std::sync::mpsc::SyncSender<Vec<u8>> {
+    let (tx, rx) = sync_channel::<Vec<u8>>(64);
+    std::thread::spawn(move || {
+        for line in rx {
+            if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
 /// One exchange's state: the server's pipes and what the report says.
 struct Session {
-    stdin: ChildStdin,
+    stdin: std::sync::mpsc::SyncSender<Vec<u8>>,
     from: Receiver<Read1>,
     deadline: Instant,
     next_id: u64,
@@ -99,10 +114,13 @@ impl Session {
     fn send(&mut self, msg: &Value) -> Result<(), Failed> {
         let mut line = serde_json::to_vec(msg).unwrap_or_default();
         line.push(b'\n');
-        self.stdin
-            .write_all(&line)
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| Failed::Stop("closed", format!("the server's stdin closed: {e}")))
+        // A full queue: the server has stopped reading what it is sent.
+        self.stdin.try_send(line).map_err(|e| {
+            Failed::Stop(
+                "closed",
+                format!("the server does not take what it is sent: {e}"),
+            )
+        })
     }
 
     /// Send `method` and wait for its answer, dealing with what comes
@@ -238,7 +256,7 @@ pub fn exchange(child: &mut Child, ex: &McpExchange) -> McpReport {
         return report;
     };
     let mut s = Session {
-        stdin,
+        stdin: writer(stdin),
         from: reader(stdout, ex.max_bytes),
         deadline: Instant::now() + Duration::from_millis(ex.timeout_ms),
         next_id: 0,

@@ -431,6 +431,13 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
+            // The server runs as the runner's user: it must not be able to
+            // reach into the runner (ptrace, /proc/1/fd/1) to write a
+            // report of its own.
+            // SAFETY: prctl with constant arguments, on this process.
+            unsafe {
+                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            }
             let report = match cmd.spawn() {
                 Ok(mut child) => {
                     STEP_GROUP.store(
@@ -447,8 +454,18 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                             libc::kill(-group, libc::SIGKILL);
                         }
                     }
+                    // Something the server started outside its group may
+                    // hold its stderr open: not waited for past 2 s.
                     if let Some(p) = pump {
-                        let _ = p.join();
+                        let waited = std::time::Instant::now();
+                        while !p.is_finished()
+                            && waited.elapsed() < std::time::Duration::from_secs(2)
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        if p.is_finished() {
+                            let _ = p.join();
+                        }
                     }
                     report
                 }

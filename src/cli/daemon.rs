@@ -713,6 +713,18 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
             );
             tokio::spawn(exporter.run(stop.child_token()));
         }
+        // The upstream MCP servers' tools, read at start and now and then
+        // (each compared with the lock; a changed one is hidden).
+        {
+            let pipeline = Arc::clone(&pipeline);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = pipeline.watch_upstreams() => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
         let signals = stop.clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};

@@ -478,7 +478,12 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     if a.tool_list {
         let principal = Principal::new(a.client.clone(), &crate::identity::Caller::this_process());
         let set = PolicySet::load(std::slice::from_ref(&cli.policies), &LoadOptions::default())?;
-        let list = set.tool_list(&principal)?;
+        // What --input says the gateway read of the upstreams, if anything.
+        let upstreams = base
+            .get("upstreams")
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({}));
+        let list = set.tool_list(&principal, &upstreams)?;
         super::out::print_safe(&format!("{}\n", serde_json::to_string_pretty(&list)?));
         return Ok(ExitCode::SUCCESS);
     }
@@ -574,8 +579,16 @@ fn eval(cli: &Cli, a: &EvalArgs) -> anyhow::Result<ExitCode> {
     };
     // A policy set that does not load still yields a decision: a deny with
     // the load error, exactly what the server would do.
+    if let Some(u) = base.get("upstreams") {
+        input.upstreams = Some(u.clone());
+    }
     let evaluation = match PolicySet::load(std::slice::from_ref(&cli.policies), &opts) {
-        Ok(set) => set.decide(&input),
+        Ok(set) => {
+            // An upstream's tool: its arguments checked against the locked
+            // input schema, as the server checks them.
+            input.schema_violations = set.schema_violations(&input.tool, &input.params);
+            set.decide(&input)
+        }
         Err(e) => {
             let msg = format!("no usable policy set: {e}");
             crate::policy::Evaluation {

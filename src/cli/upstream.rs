@@ -24,10 +24,13 @@ pub const LOCK_FILE: &str = "config/upstream_lock/data.json";
 pub enum UpstreamCommand {
     /// The declared upstreams and their locked tools, with each tool's tier.
     List(ListArgs),
-    /// Start each upstream (or those named), read its tools and pin them in the lock file.
+    /// Start each upstream (or those named), read its tools and pin the ones you accept in the lock file.
     ///
-    /// Example: gateway upstream lock fs
-    Lock(SelectArgs),
+    /// A tool new or changed since the last lock is pinned only when accepted by name (--accept
+    /// fs.write_file) or all at once (--all); read `gateway upstream diff` first.
+    ///
+    /// Example: gateway upstream lock fs --all
+    Lock(LockArgs),
     /// What changed on each upstream since its tools were locked; exit 1 on any difference.
     ///
     /// Example: gateway upstream diff
@@ -55,6 +58,23 @@ pub struct SelectArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct LockArgs {
+    #[command(flatten)]
+    select: SelectArgs,
+    /// Accept this new or changed tool (UPSTREAM.TOOL); repeatable.
+    #[arg(long, value_name = "UPSTREAM.TOOL")]
+    accept: Vec<String>,
+    /// Accept every new or changed tool of the selected upstreams.
+    #[arg(long)]
+    all: bool,
+}
+
+/// The most tools one upstream may have locked, and the largest definition
+/// (each one is in every decision's catalog).
+const MAX_TOOLS: usize = 256;
+const MAX_DEFINITION_BYTES: usize = 64 << 10;
+
+#[derive(Debug, clap::Args)]
 pub struct TestArgs {
     /// The upstream's name.
     name: String,
@@ -69,27 +89,64 @@ pub fn run(cli: &Cli, cmd: &UpstreamCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         UpstreamCommand::List(a) => list(&set, &declared, &lock, a.json),
         UpstreamCommand::Lock(a) => {
-            let names = selected(&declared, &a.names)?;
+            let names = selected(&declared, &a.select.names)?;
             let live = read_live(cli, &declared, &names)?;
             let mut new_lock = lock.clone();
             // Upstreams no longer declared leave the lock.
             new_lock.retain(|k, _| declared.contains_key(k));
             let mut skipped = Vec::new();
+            let mut waiting = Vec::new();
             for (name, report) in &live {
-                let mut tools = BTreeMap::new();
-                for def in report.tools.iter().flatten() {
-                    match upstream::unusable(def) {
-                        Some(why) => {
-                            skipped.push(format!("{name}: tool {} not locked: {why}", def["name"]))
-                        }
-                        None => {
-                            let t = def["name"].as_str().unwrap_or_default().to_string();
-                            tools.insert(
-                                t,
-                                json!({"sha256": upstream::definition_digest(def), "definition": def}),
-                            );
-                        }
+                let before = lock
+                    .get(name)
+                    .and_then(|l| l["tools"].as_object().cloned())
+                    .unwrap_or_default();
+                let mut tools = serde_json::Map::new();
+                let mut seen = std::collections::BTreeSet::new();
+                let listed = report.tools.clone().unwrap_or_default();
+                if listed.len() > MAX_TOOLS {
+                    bail!(
+                        "upstream {name:?} lists {} tools, more than the {MAX_TOOLS} one upstream may have locked",
+                        listed.len()
+                    );
+                }
+                for def in &listed {
+                    let t = def["name"].as_str().unwrap_or_default().to_string();
+                    if !seen.insert(t.clone()) {
+                        bail!(
+                            "upstream {name:?} lists tool {} twice: refused (which one would a call get?)",
+                            shown(&t)
+                        );
                     }
+                    if let Some(why) = upstream::unusable(def) {
+                        skipped.push(format!("{name}.{}: not locked: {why}", shown(&t)));
+                        continue;
+                    }
+                    let text = serde_json::to_string(def)?;
+                    if text.len() > MAX_DEFINITION_BYTES {
+                        skipped.push(format!(
+                            "{name}.{t}: not locked: its definition is {} bytes, more than {MAX_DEFINITION_BYTES}",
+                            text.len()
+                        ));
+                        continue;
+                    }
+                    let digest = upstream::definition_digest(def);
+                    let same =
+                        before.get(&t).and_then(|l| l["sha256"].as_str()) == Some(digest.as_str());
+                    let accepted = same || a.all || a.accept.contains(&format!("{name}.{t}"));
+                    if !accepted {
+                        waiting.push(format!("{name}.{t}"));
+                        // What was locked before stays locked (and refused
+                        // at the call while it differs).
+                        if let Some(old) = before.get(&t) {
+                            tools.insert(t, old.clone());
+                        }
+                        continue;
+                    }
+                    tools.insert(
+                        t,
+                        json!({"sha256": digest, "definition_json": text, "definition": def}),
+                    );
                 }
                 new_lock.insert(
                     name.clone(),
@@ -102,11 +159,11 @@ pub fn run(cli: &Cli, cmd: &UpstreamCommand) -> anyhow::Result<ExitCode> {
             }
             let changes = differences(&lock, &live);
             write_lock(&lock_path, &new_lock)?;
-            if a.json {
+            if a.select.json {
                 print_safe(&format!(
                     "{}\n",
                     serde_json::to_string_pretty(
-                        &json!({"lock": lock_path, "changes": changes, "skipped": skipped})
+                        &json!({"lock": lock_path, "changes": changes, "skipped": skipped, "not_accepted": waiting})
                     )?
                 ));
             } else {
@@ -117,13 +174,22 @@ pub fn run(cli: &Cli, cmd: &UpstreamCommand) -> anyhow::Result<ExitCode> {
                     print_safe(&format!("skipped {s}\n"));
                 }
                 print_safe(&format!(
-                    "locked {} upstream(s) in {} ({} change(s)); the daemon offers them once it reloads its policies\n",
-                    live.len(),
+                    "wrote {} for {} upstream(s); the daemon offers what it pins once it reloads its policies\n",
                     lock_path.display(),
-                    changes.len()
+                    live.len(),
                 ));
+                if !waiting.is_empty() {
+                    print_safe(&format!(
+                        "not locked (new or changed, not accepted): {}\n  read `gateway upstream diff`, then accept them by name (--accept UPSTREAM.TOOL) or all (--all)\n",
+                        waiting.join(", ")
+                    ));
+                }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if waiting.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         UpstreamCommand::Diff(a) => {
             let names = selected(&declared, &a.names)?;
@@ -259,7 +325,13 @@ fn read_live(
     let mut out = BTreeMap::new();
     for n in names {
         let report = rt
-            .block_on(upstream::list(&sb, &tools, &home, n, &declared[n]))
+            .block_on(upstream::list(
+                &sb,
+                &tools,
+                (&home, std::slice::from_ref(&cli.policies)),
+                n,
+                &declared[n],
+            ))
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the tools of upstream {n:?}"))?;
         out.insert(n.clone(), report);
@@ -321,11 +393,11 @@ fn differences(
 fn change_line(c: &Value) -> String {
     let tool = format!(
         "{}.{}",
-        c["upstream"].as_str().unwrap_or(""),
-        c["tool"].as_str().unwrap_or("")
+        shown(c["upstream"].as_str().unwrap_or("")),
+        shown(c["tool"].as_str().unwrap_or(""))
     );
     match c["change"].as_str() {
-        Some("new") => format!("+ {tool}: new (not offered until locked)"),
+        Some("new") => format!("+ {tool}: new (offered once locked)"),
         Some("gone") => format!("- {tool}: no longer listed by the server"),
         _ => {
             let mut s = format!(
@@ -335,6 +407,7 @@ fn change_line(c: &Value) -> String {
                     .into_iter()
                     .flatten()
                     .filter_map(Value::as_str)
+                    .map(shown)
                     .collect::<Vec<_>>()
                     .join(", ")
             );
@@ -355,9 +428,15 @@ fn change_line(c: &Value) -> String {
     }
 }
 
+/// A name the server chose, as one escaped line of at most 80 characters.
+fn shown(name: &str) -> String {
+    let t = crate::text::escaped(name, true);
+    t.chars().take(80).collect()
+}
+
 /// A value as one escaped line, at most 300 characters.
 fn short(v: &Value) -> String {
-    let t = crate::text::escaped(&v.to_string(), false);
+    let t = crate::text::escaped(&v.to_string(), true);
     let cut: String = t.chars().take(300).collect();
     if cut.len() < t.len() {
         format!("{cut}…")

@@ -137,6 +137,9 @@ pub struct DecisionInput {
     /// as `[{param, message}]` (`schema_violations` in the input; empty:
     /// nothing). The policy reports them as violations.
     pub schema_violations: Option<serde_json::Value>,
+    /// What the gateway last read of the called upstream's tools
+    /// (`upstreams` in the input: `{name: {tools: {tool: sha256}}}`).
+    pub upstreams: Option<serde_json::Value>,
 }
 
 impl DecisionInput {
@@ -153,6 +156,7 @@ impl DecisionInput {
             plan_config_files: None,
             kubernetes: None,
             schema_violations: None,
+            upstreams: None,
         }
     }
 
@@ -211,6 +215,9 @@ impl DecisionInput {
         if let Some(v) = &self.schema_violations {
             m.insert("schema_violations".into(), v.clone());
         }
+        if let Some(v) = &self.upstreams {
+            m.insert("upstreams".into(), v.clone());
+        }
         serde_json::Value::Object(m)
     }
 
@@ -267,6 +274,9 @@ impl DecisionInput {
         }
         if let Some(v) = &self.schema_violations {
             obj.insert(s("schema_violations"), regorus::Value::from(v.clone()));
+        }
+        if let Some(v) = &self.upstreams {
+            obj.insert(s("upstreams"), regorus::Value::from(v.clone()));
         }
         if let Some(files) = &self.plan_config_files {
             obj.insert(s("plan_config_files"), regorus::Value::from(files.clone()));

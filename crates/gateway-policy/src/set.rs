@@ -308,7 +308,13 @@ impl PolicySet {
                 .unwrap_or_default();
             for u in declared.keys() {
                 for (t, entry) in lock[u]["tools"].as_object().into_iter().flatten() {
-                    let schema = entry["definition"]
+                    // The exact text the server sent (the policy
+                    // engine's copy has `1.0` as `1`).
+                    let definition: serde_json::Value = entry["definition_json"]
+                        .as_str()
+                        .and_then(|t| serde_json::from_str(t).ok())
+                        .unwrap_or_default();
+                    let schema = definition
                         .get("inputSchema")
                         .cloned()
                         .unwrap_or_else(|| serde_json::json!({"type": "object"}));
@@ -359,8 +365,14 @@ impl PolicySet {
     /// `data.gateway.tool_list` for a principal: the tools it may see, by
     /// name, as the policy describes them (title, description, tier,
     /// annotations, params).
-    pub fn tool_list(&self, principal: &super::Principal) -> Result<ToolList, PolicyError> {
-        let input = serde_json::json!({"principal": principal});
+    /// `upstreams`: what the gateway last read of the upstream MCP
+    /// servers' tools (`input.upstreams`; `{}` when none).
+    pub fn tool_list(
+        &self,
+        principal: &super::Principal,
+        upstreams: &serde_json::Value,
+    ) -> Result<ToolList, PolicyError> {
+        let input = serde_json::json!({"principal": principal, "upstreams": upstreams});
         // A session lists its tools and then calls them, each call
         // checking the list again: one evaluation serves them all for
         // [`TOOL_LIST_REUSE`] (this set's own: a reload starts afresh).
@@ -650,7 +662,10 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
         let set = PolicySet::load(&[repo.join("policies")], &LoadOptions::default())
             .expect("defaults load");
         let tools = set
-            .tool_list(&Principal::os_user("c".into(), "u".into(), 1000, vec![]))
+            .tool_list(
+                &Principal::os_user("c".into(), "u".into(), 1000, vec![]),
+                &serde_json::json!({}),
+            )
             .expect("tool list");
         let names: Vec<&str> = tools.keys().map(String::as_str).collect();
         assert_eq!(
@@ -681,7 +696,10 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
         )
         .expect("loads");
         let err = other
-            .tool_list(&Principal::os_user("c".into(), "u".into(), 1000, vec![]))
+            .tool_list(
+                &Principal::os_user("c".into(), "u".into(), 1000, vec![]),
+                &serde_json::json!({}),
+            )
             .expect_err("not an object");
         assert!(err.to_string().contains("must be an object"), "{err}");
     }
@@ -696,8 +714,12 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
         let alice = Principal::os_user("c".into(), "alice".into(), 1000, vec![]);
         let bob = Principal::os_user("c".into(), "bob".into(), 1001, vec![]);
         for _ in 0..2 {
-            let a = set.tool_list(&alice).expect("alice's list");
-            let b = set.tool_list(&bob).expect("bob's list");
+            let a = set
+                .tool_list(&alice, &serde_json::json!({}))
+                .expect("alice's list");
+            let b = set
+                .tool_list(&bob, &serde_json::json!({}))
+                .expect("bob's list");
             assert_eq!(a.keys().collect::<Vec<_>>(), ["mine"]);
             assert_eq!(b.keys().collect::<Vec<_>>(), ["theirs"]);
         }
@@ -706,7 +728,7 @@ verdict := {"admit": input.params_bytes < 100, "reasons": [], "event_bytes": 655
             .tool_lists
             .lock()
             .expect("lock")
-            .get(&serde_json::json!({"principal": alice}).to_string())
+            .get(&serde_json::json!({"principal": alice, "upstreams": {}}).to_string())
             .map(|(at, _)| *at)
             .expect("alice's list is kept");
         assert!(kept.elapsed() < TOOL_LIST_REUSE);

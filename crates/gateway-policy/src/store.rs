@@ -95,6 +95,14 @@ impl PolicyStore {
         PolicyStore::open_from(Origin::Dirs(roots), opts)
     }
 
+    /// The policy dirs this store reads (none for a bundle).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        match &self.origin {
+            Origin::Dirs(d) => d.clone(),
+            Origin::Bundle(_) => Vec::new(),
+        }
+    }
+
     /// Load the policy set from a signed bundle (the same: a failure leaves
     /// the store broken, denying every call).
     pub fn open_bundle(source: BundleSource, opts: LoadOptions) -> PolicyStore {

@@ -21,6 +21,7 @@ pub mod limits;
 pub mod notify;
 pub mod plans;
 pub mod runners;
+pub mod upstreams;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -170,6 +171,9 @@ pub struct Pipeline {
     /// Where the approval page is (`https://host:port/approvals/`), when
     /// the gateway serves one: results and notifiers link an approval there.
     pub approval_page: Option<String>,
+    /// What the gateway last read of each upstream MCP server's tools
+    /// (`input.upstreams`), kept by [`Pipeline::watch_upstreams`].
+    pub upstream_readings: Arc<upstreams::UpstreamReadings>,
     /// Every call's own task: a call runs on it, not on its caller's
     /// future, so that one past its point of no return outlives its client.
     running: tokio_util::task::TaskTracker,
@@ -570,6 +574,7 @@ impl Pipeline {
             approval_changes: Arc::default(),
             approval_poll: APPROVAL_POLL,
             approval_page: None,
+            upstream_readings: Default::default(),
             running: tokio_util::task::TaskTracker::new(),
             applying: Mutex::new(BTreeMap::new()),
             interrupted: Mutex::new(std::collections::BTreeSet::new()),
@@ -691,6 +696,16 @@ impl Pipeline {
             .current()
             .ok()
             .and_then(|set| set.schema_violations(&input.tool, &input.params));
+        // What the gateway read of the upstream's tools, for an upstream's
+        // tool (the policy refuses one that is not as locked).
+        if input.schema_violations.is_some()
+            && let Some((upstream, _)) = input.tool.split_once('.')
+        {
+            let readings = self.upstream_readings.snapshot();
+            if let Some(r) = readings.get(upstream) {
+                input.upstreams = Some(serde_json::json!({ upstream: r }));
+            }
+        }
         let workspace_owner = match (&call.workspace, input.principal.uid) {
             (Some(_), Some(uid)) if uid != 0 => Some(uid),
             _ => None,

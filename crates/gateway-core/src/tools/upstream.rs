@@ -43,14 +43,26 @@ fn default_timeout_seconds() -> u64 {
 }
 
 /// What the policy decided a call of an upstream's tool does.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct UpstreamOp {
     pub upstream: String,
     pub tool: String,
-    #[serde(flatten)]
     pub server: Server,
+    /// The locked definition, read from the lock's exact text (the
+    /// policy engine would turn a `1.0` in it into `1`).
     pub definition: Value,
     pub definition_sha256: String,
+}
+
+/// The operation as the policy hands it over.
+#[derive(Deserialize)]
+struct OpWire {
+    upstream: String,
+    tool: String,
+    #[serde(flatten)]
+    server: Server,
+    definition_json: String,
+    definition_sha256: String,
 }
 
 impl Server {
@@ -94,8 +106,21 @@ impl Server {
 impl UpstreamOp {
     pub fn from_decision(operation: Option<&Value>) -> Result<UpstreamOp, String> {
         let op = operation.ok_or("the policy gave no operation for this upstream tool")?;
-        let op: UpstreamOp = serde_json::from_value(op.clone())
+        let wire: OpWire = serde_json::from_value(op.clone())
             .map_err(|e| format!("the policy's upstream operation does not read: {e}"))?;
+        let definition: Value = serde_json::from_str(&wire.definition_json).map_err(|e| {
+            format!(
+                "the lock's definition of {}.{} does not read: {e}",
+                wire.upstream, wire.tool
+            )
+        })?;
+        let op = UpstreamOp {
+            upstream: wire.upstream,
+            tool: wire.tool,
+            server: wire.server,
+            definition,
+            definition_sha256: wire.definition_sha256,
+        };
         op.server.check(&op.upstream)?;
         if op.definition["name"].as_str() != Some(op.tool.as_str()) {
             return Err(format!(
@@ -158,10 +183,20 @@ pub fn call_digest(op: &UpstreamOp, arguments: &Value) -> String {
 /// Paths no upstream may be shown, whatever the policy says: the whole
 /// host, the system's own trees, and the gateway's home (its state,
 /// keys, audit, sockets), from above or inside.
-fn forbidden(path: &Path, gateway_home: &Path) -> Option<String> {
+fn forbidden(path: &Path, gateway_home: &Path, policies: &[PathBuf]) -> Option<String> {
     const SYSTEM: &[&str] = &["/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot"];
+    // Shared trees: a dir under them may be declared, never all of one.
+    const WHOLE: &[&str] = &["/tmp", "/var/tmp", "/var", "/home", "/root", "/srv", "/opt"];
     if path == Path::new("/") {
         return Some("the whole host".into());
+    }
+    if WHOLE.iter().any(|w| path == Path::new(w)) {
+        return Some(format!("all of {}", path.display()));
+    }
+    for p in policies {
+        if path.starts_with(p) || p.starts_with(path) {
+            return Some(format!("the gateway's policies {}", p.display()));
+        }
     }
     for s in SYSTEM {
         let s = Path::new(s);
@@ -178,8 +213,15 @@ fn forbidden(path: &Path, gateway_home: &Path) -> Option<String> {
 /// The declared paths as binds at their own paths: each resolved
 /// (links followed, so that a link cannot lead into the gateway's home)
 /// and checked against [`forbidden`].
-pub fn binds(name: &str, server: &Server, gateway_home: &Path) -> Result<Vec<Bind>, String> {
-    let home = std::fs::canonicalize(gateway_home).unwrap_or_else(|_| gateway_home.to_path_buf());
+pub fn binds(
+    name: &str,
+    server: &Server,
+    gateway_home: &Path,
+    policies: &[PathBuf],
+) -> Result<Vec<Bind>, String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let home = real(gateway_home);
+    let policies: Vec<PathBuf> = policies.iter().map(|p| real(p)).collect();
     let mut binds = Vec::new();
     for (list, writable) in [(&server.read_only, false), (&server.writable, true)] {
         for p in list.iter() {
@@ -196,7 +238,7 @@ pub fn binds(name: &str, server: &Server, gateway_home: &Path) -> Result<Vec<Bin
             let real = std::fs::canonicalize(&declared)
                 .map_err(|e| format!("upstream {name:?}: path {p:?}: {e}"))?;
             for candidate in [&declared, &real] {
-                if let Some(why) = forbidden(candidate, &home) {
+                if let Some(why) = forbidden(candidate, &home, &policies) {
                     return Err(format!(
                         "upstream {name:?}: path {p:?} would show the server {why}; refused"
                     ));
@@ -238,10 +280,16 @@ pub fn argument_errors(input_schema: &Value, arguments: &Value) -> Vec<(String, 
 /// The report of the runner read from the sandbox's stdout (hostile: it
 /// is the server's sandbox).
 pub fn read_report(stdout: &[u8]) -> Result<McpReport, String> {
-    let line = stdout
+    let mut lines = stdout
         .split(|b| *b == b'\n')
-        .find(|l| !l.trim_ascii().is_empty())
+        .filter(|l| !l.trim_ascii().is_empty());
+    let line = lines
+        .next()
         .ok_or("the upstream's sandbox wrote no report")?;
+    // The runner writes one line; more is someone else's writing.
+    if lines.next().is_some() {
+        return Err("the upstream's sandbox wrote more than the runner's one report line".into());
+    }
     serde_json::from_slice(line).map_err(|e| format!("the upstream's report does not read: {e}"))
 }
 
@@ -328,6 +376,32 @@ pub fn outcome(op: &UpstreamOp, report: &McpReport) -> (bool, String, Value) {
     (!is_error, summary, result)
 }
 
+/// What the audit keeps of a call's result: its shape and digests, never
+/// the server's content or text.
+pub fn audited(result: &Value) -> Value {
+    let mut kept = serde_json::Map::new();
+    for k in [
+        "upstream",
+        "tool",
+        "definition_sha256",
+        "isError",
+        "result_bytes",
+        "result_sha256",
+        "refused",
+        "live_definition_sha256",
+        "requests_refused",
+        "notifications",
+    ] {
+        if let Some(v) = result.get(k) {
+            kept.insert(k.into(), v.clone());
+        }
+    }
+    if let Some(kind) = result["error"].get("kind") {
+        kept.insert("error".into(), json!({"kind": kind}));
+    }
+    Value::Object(kept)
+}
+
 /// A tool name the gateway can offer under a prefix: MCP's characters,
 /// no dot (the prefix's separator), at most 64.
 pub fn valid_tool_name(name: &str) -> bool {
@@ -370,13 +444,13 @@ pub fn unusable(definition: &Value) -> Option<String> {
 pub async fn list(
     sandbox: &dyn gateway_sandbox::Sandbox,
     tools: &super::ToolPaths,
-    gateway_home: &Path,
+    (gateway_home, policies): (&Path, &[PathBuf]),
     name: &str,
     server: &Server,
 ) -> Result<McpReport, String> {
     server.check(name)?;
     let mut binds = tools.runner_binds().map_err(|e| e.to_string())?;
-    binds.extend(self::binds(name, server, gateway_home)?);
+    binds.extend(self::binds(name, server, gateway_home, policies)?);
     binds.sort_by(|a, b| a.inside.cmp(&b.inside));
     let steps = vec![server.list_step()];
     let limits = gateway_sandbox::Limits {
@@ -489,17 +563,32 @@ mod tests {
         let o = op();
         let mut v = serde_json::to_value(json!({
             "upstream": o.upstream, "tool": o.tool, "command": o.server.command,
-            "definition": o.definition, "definition_sha256": o.definition_sha256,
+            "definition_json": o.definition.to_string(), "definition_sha256": o.definition_sha256,
             "max_result_bytes": 10, "timeout_seconds": 1}))
         .unwrap_or_default();
         assert!(UpstreamOp::from_decision(Some(&v)).is_ok());
-        v["definition"]["description"] = json!("now it says something else");
+        let mut edited = o.definition.clone();
+        edited["description"] = json!("now it says something else");
+        v["definition_json"] = json!(edited.to_string());
         let e = UpstreamOp::from_decision(Some(&v))
             .err()
             .unwrap_or_default();
         assert!(e.contains("edited by hand"), "{e}");
         v["command"] = json!(["node"]);
         assert!(UpstreamOp::from_decision(Some(&v)).is_err());
+    }
+
+    #[test]
+    fn a_definition_with_whole_floats_keeps_its_digest_through_the_lock_text() {
+        let def: Value =
+            serde_json::from_str(r#"{"name": "t", "inputSchema": {"type": "object", "properties": {"n": {"type": "number", "default": 1.0, "minimum": 0.0}}}}"#)
+                .unwrap_or_default();
+        let text = serde_json::to_string(&def).unwrap_or_default();
+        assert!(text.contains("1.0"), "{text}");
+        let op = json!({"upstream": "u", "tool": "t", "command": ["/bin/x"],
+            "definition_json": text, "definition_sha256": definition_digest(&def)});
+        let o = UpstreamOp::from_decision(Some(&op)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.definition, def);
     }
 
     #[test]
@@ -523,14 +612,30 @@ mod tests {
             (elsewhere.path().display().to_string(), true),
         ] {
             o.server.read_only = vec![p.clone()];
-            assert_eq!(binds("t", &o.server, home.path()).is_ok(), ok, "{p}");
+            assert_eq!(binds("t", &o.server, home.path(), &[]).is_ok(), ok, "{p}");
         }
         // A parent of the home would show it too.
         if let Some(parent) = home.path().parent() {
             o.server.writable = vec![parent.display().to_string()];
             o.server.read_only = vec![];
-            assert!(binds("t", &o.server, home.path()).is_err());
+            assert!(binds("t", &o.server, home.path(), &[]).is_err());
         }
+        // The policies, and all of a shared tree.
+        o.server.writable = vec![];
+        for p in ["/tmp", "/opt", "/home"] {
+            o.server.read_only = vec![p.to_string()];
+            assert!(binds("t", &o.server, home.path(), &[]).is_err(), "{p}");
+        }
+        o.server.read_only = vec![elsewhere.path().display().to_string()];
+        assert!(
+            binds(
+                "t",
+                &o.server,
+                home.path(),
+                &[elsewhere.path().join("policies")]
+            )
+            .is_err()
+        );
     }
 
     #[test]

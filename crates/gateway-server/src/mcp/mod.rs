@@ -248,11 +248,15 @@ impl GatewayServer {
         let pipeline = Arc::clone(&self.pipeline);
         let ended = self.ended.clone();
         let mut swaps = self.pipeline.policy.swaps();
+        let mut readings = self.pipeline.upstream_readings.subscribe();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = ended.cancelled() => break,
                     r = swaps.changed() => if r.is_err() { break },
+                    // An upstream's tools read anew: a tool may have been
+                    // hidden (or shown again).
+                    r = readings.changed() => if r.is_err() { break },
                 }
                 let Some(before) = shown.lock().ok().and_then(|s| s.clone()) else {
                     continue;
@@ -300,7 +304,7 @@ fn catalog(pipeline: &Pipeline, principal: &Principal) -> Result<Catalog, McpErr
         .policy
         .current()
         .map_err(|e| McpError::internal_error(format!("no usable policy set: {e}"), None))?;
-    set.tool_list(principal)
+    set.tool_list(principal, &pipeline.upstream_readings.snapshot())
         .map_err(|e| McpError::internal_error(e.to_string(), None))
 }
 

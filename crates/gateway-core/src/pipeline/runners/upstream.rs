@@ -50,6 +50,33 @@ impl ToolRunner for Upstream {
         Box::pin(async move {
             let op = UpstreamOp::from_decision(first.operation.as_ref())
                 .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
+            // Before anyone is asked to approve a call that cannot run.
+            if !p.sandbox.uses_host_tools() {
+                return Err(Stop::refused(format!(
+                    "upstream MCP servers run on the local sandbox backend only (this gateway's is {}); nothing was run",
+                    p.sandbox.backend()
+                )));
+            }
+            let outcome = self.call_upstream(p, call, &first, op).await;
+            // The audit keeps what the call came to, never the server's
+            // content (a file read through it may be a secret).
+            if let Ok(Outcome::Completed { result, .. }) = &outcome {
+                call.audit_result = Some(upstream::audited(result));
+            }
+            outcome
+        })
+    }
+}
+
+impl Upstream {
+    async fn call_upstream(
+        &self,
+        p: &Pipeline,
+        call: &mut Call,
+        first: &Decision,
+        op: UpstreamOp,
+    ) -> Result<Outcome, Stop> {
+        {
             let mut arguments = call.input.params.clone();
             let approval_id = arguments
                 .as_object_mut()
@@ -87,11 +114,11 @@ impl ToolRunner for Upstream {
                     violations,
                 });
             }
-            let binds = upstream::binds(&op.upstream, &op.server, &p.home)
+            let binds = upstream::binds(&op.upstream, &op.server, &p.home, &p.policy.dirs())
                 .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
             let digest = upstream::call_digest(&op, &arguments);
             if let Some(id) = &approval_id
-                && let Some(outcome) = p.spent_outcome(call, &first, id).await?
+                && let Some(outcome) = p.spent_outcome(call, first, id).await?
             {
                 return Ok(outcome);
             }
@@ -116,13 +143,13 @@ impl ToolRunner for Upstream {
                         "reason": null,
                         "paths": null,
                     }]);
-                    p.request_approval(call, &first, &digest, shown, changes)
+                    p.request_approval(call, first, &digest, shown, changes)
                 }
                 None => {
                     let rid = call.request_id().to_string();
                     call.commitment.commit(None, || ((), true))?;
                     let _applying = p.applying(&rid, None);
-                    p.upstream_call(call, &first, &op, binds, &arguments).await
+                    p.upstream_call(call, first, &op, binds, &arguments).await
                 }
                 Some(id) => {
                     let approval = p.requesters_approval(call, &id)?;
@@ -133,7 +160,7 @@ impl ToolRunner for Upstream {
                     .await
                 }
             }
-        })
+        }
     }
 }
 
@@ -187,6 +214,10 @@ impl Pipeline {
                 )));
             }
         };
+        if report.list_changed {
+            // The server says its list changed: read it again now.
+            self.upstream_readings.read_now();
+        }
         if report.refused.is_some() || report.list_changed {
             self.audit.record(
                 call.request_id(),

@@ -1,0 +1,218 @@
+//! What the gateway last read of each upstream MCP server's tools, and the
+//! watch that reads them: at the daemon's start, then every
+//! `check_seconds` of the upstream's (300 unless set), each upstream is
+//! started as a call would start it and its tools compared with the lock.
+//! The readings go to the policy as `input.upstreams` (tools/list hides a
+//! tool that is not as locked, a call of it is refused before any sandbox
+//! starts), a difference is audited (`upstream.tool_changed`) and counted
+//! once per digest seen, and sessions are told their tool list changed.
+//! A server that changes its tools without saying so is caught at the next
+//! reading; one that says so (`notifications/tools/list_changed` during a
+//! call) gets a reading at once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Pipeline;
+use crate::tools::upstream::{self, Server};
+use gateway_audit::audit::Event;
+
+/// How often an upstream is read when it does not say.
+pub const DEFAULT_CHECK_SECONDS: u64 = 300;
+
+/// The readings: `{name: {"tools": {tool: sha256}, "read_at": …}}`, or
+/// `{name: {"error": …}}` when the server could not be read (then its
+/// tools are judged by each call's own comparison).
+pub struct UpstreamReadings {
+    tx: tokio::sync::watch::Sender<Value>,
+    /// Asked for a reading now (a server said its list changed).
+    now: tokio::sync::Notify,
+}
+
+impl Default for UpstreamReadings {
+    fn default() -> Self {
+        UpstreamReadings {
+            tx: tokio::sync::watch::Sender::new(json!({})),
+            now: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl UpstreamReadings {
+    /// The readings as the policy sees them (`input.upstreams`).
+    pub fn snapshot(&self) -> Value {
+        self.tx.borrow().clone()
+    }
+
+    /// Changes of the readings (what sessions shown a tool list watch).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Value> {
+        self.tx.subscribe()
+    }
+
+    /// Read every upstream again soon.
+    pub fn read_now(&self) {
+        self.now.notify_one();
+    }
+
+    fn set(&self, name: &str, reading: Value) {
+        self.tx.send_if_modified(|all| {
+            let changed = all.get(name) != Some(&reading);
+            if changed && let Some(m) = all.as_object_mut() {
+                m.insert(name.to_string(), reading);
+            }
+            changed
+        });
+    }
+
+    fn keep_only(&self, names: &[String]) {
+        self.tx.send_if_modified(|all| {
+            let Some(m) = all.as_object_mut() else {
+                return false;
+            };
+            let before = m.len();
+            m.retain(|k, _| names.contains(k));
+            before != m.len()
+        });
+    }
+}
+
+impl Pipeline {
+    /// Read every declared upstream once, now.
+    pub async fn read_upstreams(&self) {
+        let mut reported = std::collections::BTreeSet::new();
+        for (name, (server, _)) in self.declared_upstreams() {
+            self.read_upstream(&name, &server, &mut reported).await;
+        }
+    }
+
+    /// Read the declared upstreams now and then, for as long as the
+    /// pipeline lives (the daemon runs this on its runtime).
+    pub async fn watch_upstreams(self: Arc<Self>) {
+        // name -> when it was last read.
+        let mut last: BTreeMap<String, std::time::Instant> = BTreeMap::new();
+        // (upstream, tool, live digest) already reported.
+        let mut reported = std::collections::BTreeSet::new();
+        loop {
+            let declared = self.declared_upstreams();
+            let names: Vec<String> = declared.keys().cloned().collect();
+            self.upstream_readings.keep_only(&names);
+            last.retain(|k, _| names.contains(k));
+            let mut next = Duration::from_secs(DEFAULT_CHECK_SECONDS);
+            for (name, (server, every)) in &declared {
+                let due = last.get(name).is_none_or(|at| at.elapsed() >= *every);
+                if due {
+                    last.insert(name.clone(), std::time::Instant::now());
+                    self.read_upstream(name, server, &mut reported).await;
+                }
+                let left = last
+                    .get(name)
+                    .map(|at| every.saturating_sub(at.elapsed()))
+                    .unwrap_or_default();
+                next = next.min(left.max(Duration::from_secs(1)));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(next) => {}
+                _ = self.upstream_readings.now.notified() => last.clear(),
+            }
+        }
+    }
+
+    /// The declared upstreams with how often each is read.
+    fn declared_upstreams(&self) -> BTreeMap<String, (Server, Duration)> {
+        let Ok(set) = self.policy.current() else {
+            return BTreeMap::new();
+        };
+        let declared = set
+            .data("data.config.upstreams")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let mut out = BTreeMap::new();
+        for (name, decl) in declared.as_object().into_iter().flatten() {
+            if let Ok(server) = serde_json::from_value::<Server>(decl.clone()) {
+                let every = decl["check_seconds"]
+                    .as_u64()
+                    .unwrap_or(DEFAULT_CHECK_SECONDS)
+                    .max(10);
+                out.insert(name.clone(), (server, Duration::from_secs(every)));
+            }
+        }
+        out
+    }
+
+    /// One reading of upstream `name`: its tools' digests, compared with
+    /// the lock.
+    async fn read_upstream(
+        &self,
+        name: &str,
+        server: &Server,
+        reported: &mut std::collections::BTreeSet<(String, String, String)>,
+    ) {
+        if !self.sandbox.uses_host_tools() {
+            return;
+        }
+        let report = upstream::list(
+            self.sandbox.as_ref(),
+            &self.tools,
+            (&self.home, &self.policy.dirs()),
+            name,
+            server,
+        )
+        .await;
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(upstream = name, "could not read the upstream's tools: {e}");
+                self.upstream_readings.set(
+                    name,
+                    json!({"error": e.chars().take(500).collect::<String>()}),
+                );
+                return;
+            }
+        };
+        let lock = self
+            .policy
+            .current()
+            .ok()
+            .and_then(|set| set.data("data.config.upstream_lock").ok().flatten())
+            .unwrap_or_default();
+        let locked = lock[name]["tools"].as_object().cloned().unwrap_or_default();
+        let mut tools = serde_json::Map::new();
+        for def in report.tools.iter().flatten() {
+            let Some(t) = def["name"].as_str() else {
+                continue;
+            };
+            let digest = upstream::definition_digest(def);
+            let was = locked.get(t).and_then(|l| l["sha256"].as_str());
+            if reported.len() > 4096 {
+                reported.clear();
+            }
+            if was != Some(digest.as_str())
+                && reported.insert((name.to_string(), t.to_string(), digest.clone()))
+            {
+                let _ = self.audit.record(
+                    "",
+                    Event::UpstreamToolChanged {
+                        upstream: name.to_string(),
+                        tool: t.chars().take(128).collect(),
+                        locked_sha256: was.unwrap_or("").to_string(),
+                        live_sha256: Some(digest.clone()),
+                        list_changed: false,
+                    },
+                );
+                gateway_telemetry::metrics().upstream_tool_changed(name);
+            }
+            tools.insert(t.to_string(), Value::String(digest));
+        }
+        self.upstream_readings.set(
+            name,
+            json!({
+                "tools": tools,
+                "read_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            }),
+        );
+    }
+}
