@@ -43,7 +43,7 @@ tier_of_rank := ["low", "medium", "high"]
 
 # The tier the operator's patterns give a tool of upstream u.
 pattern_tier(u, t) := matches[0] if {
-	matches := [r.tier | some r in object.get(declared[u], "tiers", []); glob.match(r.match, [], t)]
+	matches := [r.tier | some r in object.get(declared[u], "tiers", []); is_string(r.match); glob.match(r.match, [], t)]
 	count(matches) > 0
 } else := object.get(declared[u], "default_tier", "high")
 
@@ -166,6 +166,32 @@ deny contains msg if {
 	some key in ["path_arguments", "allowed_paths"]
 	not strings(object.get(up, key, []))
 	msg := sprintf("upstream %q: %s in config/upstreams must be a list of strings; every call is refused until it is", [requested.upstream, key])
+}
+
+# Each tier pattern must be {match: a glob, tier: low|medium|high}: one
+# that is not would be skipped, and its tools fall to the default tier.
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	not tier_patterns(object.get(up, "tiers", []))
+	msg := sprintf("upstream %q: tiers in config/upstreams must be a list of {match: GLOB, tier: low|medium|high}; every call is refused until it is", [requested.upstream])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	not object.get(up, "default_tier", "high") in object.keys(rank)
+	msg := sprintf("upstream %q: default_tier in config/upstreams must be low, medium or high; every call is refused until it is", [requested.upstream])
+}
+
+tier_patterns(v) if {
+	is_array(v)
+	every r in v {
+		is_object(r)
+		is_string(r.match)
+		r.tier in object.keys(rank)
+		count(object.keys(r)) == 2
+	}
 }
 
 deny contains msg if {

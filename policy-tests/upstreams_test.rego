@@ -202,3 +202,24 @@ test_an_upstream_calls_sandbox_outlasts_its_timeout_and_holds_its_answer if {
 	k := decide("k8s_get_pod_status", {"namespace": "demo-app"})
 	k.sandbox.deadline_seconds == 120
 }
+
+test_a_misshapen_tier_pattern_refuses_every_call if {
+	every tiers in [
+		[{"match": "read_*", "teir": "low"}],
+		[{"match": ["read_*"], "tier": "low"}],
+		{"read_*": "low"},
+		[{"match": "read_*", "tier": "none"}],
+	] {
+		bad := object.union(declared, {"fs": object.union(declared.fs, {"tiers": tiers})})
+		d := gateway.decision with input as call("fs.read_text_file", {"path": "/srv/data/a"})
+			with data.config.upstreams as bad
+			with data.config.upstream_lock as lock
+		not d.allow
+	}
+	bad := object.union(declared, {"fs": object.union(declared.fs, {"default_tier": "lowest"})})
+	d := gateway.decision with input as call("fs.read_text_file", {"path": "/srv/data/a"})
+		with data.config.upstreams as bad
+		with data.config.upstream_lock as lock
+	some r in d.deny_reasons
+	contains(r, "default_tier")
+}

@@ -65,8 +65,18 @@ fn world() -> World {
     let keys = tempfile::tempdir().expect("keys");
     let bob = common::ssh_key(keys.path(), "bob");
     let policies = common::policies_with_signers(&[("bob", &bob)], &[]);
-    let data = sandbox_dir(true);
-    std::fs::write(data.path().join("a.txt"), "hello from the data dir\n").expect("write");
+    // The served dir belongs to the sandbox's user; the dir above it is
+    // root's, so no one else can swap it for a link.
+    let data_base = sandbox_dir(false);
+    let data = data_base.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    nix::unistd::chown(
+        &data,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown");
+    std::fs::write(data.join("a.txt"), "hello from the data dir\n").expect("write");
     let desc = sandbox_dir(false);
     let repo = common::repo();
     let decl = format!(
@@ -97,7 +107,7 @@ hostile:
     - {{match: "attack", tier: low}}
 "#,
         modules = modules.display(),
-        data = data.path().display(),
+        data = data.display(),
         desc = desc.path().display(),
         repo = repo.display(),
     );
@@ -124,11 +134,11 @@ hostile:
     World {
         home: home.path().to_path_buf(),
         policies: policies.path().to_path_buf(),
-        data: data.path().to_path_buf(),
+        data,
         description: desc.path().join("description.txt"),
         bob,
         pipeline: Arc::new(pipeline),
-        _dirs: vec![keys, policies, data, desc, home, workspace],
+        _dirs: vec![keys, policies, data_base, desc, home, workspace],
     }
 }
 
@@ -478,8 +488,29 @@ fn a_tool_changed_after_its_lock_is_refused_until_locked_again() {
     assert_eq!(out.status.code(), Some(1));
     let diff = common::stdout(&out);
     assert!(
-        diff.contains("~ hostile.echo: changed (description)"),
+        diff.contains("~ hostile.echo: changed to sha256 "),
         "{diff}"
+    );
+    assert!(diff.contains("(description)"), "{diff}");
+    let shown = diff
+        .split("changed to sha256 ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    // A digest other than the one the server shows now is refused.
+    let out = common::gateway(&w.home)
+        .arg("--policies")
+        .arg(&w.policies)
+        .args(["upstream", "lock", "hostile", "--accept"])
+        .arg(format!("hostile.echo={}", "0".repeat(64)))
+        .output()
+        .expect("lock");
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("not 000"),
+        "{}",
+        common::stderr(&out)
     );
     assert!(diff.contains("id_rsa"), "{diff}");
     // The gateway's own reading of the server hides the tool from the
@@ -526,7 +557,8 @@ fn a_tool_changed_after_its_lock_is_refused_until_locked_again() {
     let out = common::gateway(&w.home)
         .arg("--policies")
         .arg(&w.policies)
-        .args(["upstream", "lock", "hostile", "--accept", "hostile.echo"])
+        .args(["upstream", "lock", "hostile", "--accept"])
+        .arg(format!("hostile.echo={shown}"))
         .output()
         .expect("lock");
     assert!(out.status.success(), "{}", common::stdout(&out));

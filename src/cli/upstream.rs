@@ -61,8 +61,8 @@ pub struct SelectArgs {
 pub struct LockArgs {
     #[command(flatten)]
     select: SelectArgs,
-    /// Accept this new or changed tool (UPSTREAM.TOOL); repeatable.
-    #[arg(long, value_name = "UPSTREAM.TOOL")]
+    /// Accept this new or changed tool (UPSTREAM.TOOL, or UPSTREAM.TOOL=SHA256 as `diff` shows it, to lock only that definition); repeatable.
+    #[arg(long, value_name = "UPSTREAM.TOOL[=SHA256]")]
     accept: Vec<String>,
     /// Accept every new or changed tool of the selected upstreams.
     #[arg(long)]
@@ -133,7 +133,24 @@ pub fn run(cli: &Cli, cmd: &UpstreamCommand) -> anyhow::Result<ExitCode> {
                     let digest = upstream::definition_digest(def);
                     let same =
                         before.get(&t).and_then(|l| l["sha256"].as_str()) == Some(digest.as_str());
-                    let accepted = same || a.all || a.accept.contains(&format!("{name}.{t}"));
+                    let full = format!("{name}.{t}");
+                    // Accepted with the digest `diff` showed: only that
+                    // definition (a server that shows the lock something
+                    // else than it showed diff is refused).
+                    if let Some(wanted) = a
+                        .accept
+                        .iter()
+                        .find_map(|x| x.strip_prefix(&format!("{full}=")))
+                        && wanted != digest
+                    {
+                        bail!(
+                            "{full}: the server now shows the definition {digest}, not {wanted} that you accepted; run `gateway upstream diff` again"
+                        );
+                    }
+                    let accepted = same
+                        || a.all
+                        || a.accept.contains(&full)
+                        || a.accept.contains(&format!("{full}={digest}"));
                     if !accepted {
                         waiting.push(format!("{name}.{t}"));
                         // What was locked before stays locked (and refused
@@ -397,11 +414,15 @@ fn change_line(c: &Value) -> String {
         shown(c["tool"].as_str().unwrap_or(""))
     );
     match c["change"].as_str() {
-        Some("new") => format!("+ {tool}: new (offered once locked)"),
+        Some("new") => format!(
+            "+ {tool}: new (offered once locked), sha256 {}",
+            c["sha256"].as_str().unwrap_or("")
+        ),
         Some("gone") => format!("- {tool}: no longer listed by the server"),
         _ => {
             let mut s = format!(
-                "~ {tool}: changed ({})",
+                "~ {tool}: changed to sha256 {} ({})",
+                c["sha256"].as_str().unwrap_or(""),
                 c["fields"]
                     .as_array()
                     .into_iter()

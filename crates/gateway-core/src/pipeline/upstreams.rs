@@ -23,9 +23,9 @@ use gateway_audit::audit::Event;
 /// How often an upstream is read when it does not say.
 pub const DEFAULT_CHECK_SECONDS: u64 = 300;
 
-/// The readings: `{name: {"tools": {tool: sha256}, "read_at": …}}`, or
-/// `{name: {"error": …}}` when the server could not be read (then its
-/// tools are judged by each call's own comparison).
+/// The readings: `{name: {"tools": {tool: sha256}}}`, the digests of the
+/// locked tools the server lists now (a locked tool it no longer lists is
+/// absent). A reading that fails leaves the last good one.
 pub struct UpstreamReadings {
     tx: tokio::sync::watch::Sender<Value>,
     /// Asked for a reading now (a server said its list changed).
@@ -115,7 +115,12 @@ impl Pipeline {
             }
             tokio::select! {
                 _ = tokio::time::sleep(next) => {}
-                _ = self.upstream_readings.now.notified() => last.clear(),
+                // A server said its list changed: read again what was not
+                // read in the last 10 s (a server that says so at every
+                // call does not get a sandbox per call).
+                _ = self.upstream_readings.now.notified() => {
+                    last.retain(|_, at| at.elapsed() < Duration::from_secs(10));
+                }
             }
         }
     }
@@ -165,10 +170,12 @@ impl Pipeline {
         let report = match report {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(upstream = name, "could not read the upstream's tools: {e}");
-                self.upstream_readings.set(
-                    name,
-                    json!({"error": e.chars().take(500).collect::<String>()}),
+                // The last good reading stands (a server cannot show a
+                // hidden tool again by failing a reading).
+                tracing::warn!(
+                    upstream = name,
+                    "could not read the upstream's tools: {}",
+                    gateway_base::text::escaped(&e.chars().take(500).collect::<String>(), true)
                 );
                 return;
             }
@@ -180,15 +187,27 @@ impl Pipeline {
             .and_then(|set| set.data("data.config.upstream_lock").ok().flatten())
             .unwrap_or_default();
         let locked = lock[name]["tools"].as_object().cloned().unwrap_or_default();
+        // Only the locked tools' digests go to the policy (what it compares);
+        // a tool the server added is not offered anyway.
         let mut tools = serde_json::Map::new();
+        let mut new_reported = 0;
+        if reported.len() > 4096 {
+            reported.clear();
+        }
         for def in report.tools.iter().flatten() {
             let Some(t) = def["name"].as_str() else {
                 continue;
             };
             let digest = upstream::definition_digest(def);
             let was = locked.get(t).and_then(|l| l["sha256"].as_str());
-            if reported.len() > 4096 {
-                reported.clear();
+            if was.is_some() {
+                tools.insert(t.to_string(), Value::String(digest.clone()));
+            } else {
+                // At most 16 new tools a reading are audited by name.
+                if new_reported >= 16 {
+                    continue;
+                }
+                new_reported += 1;
             }
             if was != Some(digest.as_str())
                 && reported.insert((name.to_string(), t.to_string(), digest.clone()))
@@ -205,14 +224,25 @@ impl Pipeline {
                 );
                 gateway_telemetry::metrics().upstream_tool_changed(name);
             }
-            tools.insert(t.to_string(), Value::String(digest));
         }
-        self.upstream_readings.set(
-            name,
-            json!({
-                "tools": tools,
-                "read_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            }),
-        );
+        // A locked tool the server no longer lists: audited once.
+        for (t, l) in &locked {
+            if !tools.contains_key(t)
+                && reported.insert((name.to_string(), t.clone(), String::new()))
+            {
+                let _ = self.audit.record(
+                    "",
+                    Event::UpstreamToolChanged {
+                        upstream: name.to_string(),
+                        tool: t.clone(),
+                        locked_sha256: l["sha256"].as_str().unwrap_or("").to_string(),
+                        live_sha256: None,
+                        list_changed: false,
+                    },
+                );
+                gateway_telemetry::metrics().upstream_tool_changed(name);
+            }
+        }
+        self.upstream_readings.set(name, json!({ "tools": tools }));
     }
 }

@@ -210,6 +210,41 @@ fn forbidden(path: &Path, gateway_home: &Path, policies: &[PathBuf]) -> Option<S
     None
 }
 
+/// Why someone other than root could replace `path` (resolved) by a link
+/// after it was checked: a dir above it that is not root's, or that others
+/// may write (unless sticky, and then the entry under it must be root's).
+fn swappable(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut child_owner_must_be_root = false;
+    let mut ancestors: Vec<&Path> = path.ancestors().collect();
+    ancestors.reverse();
+    for (i, dir) in ancestors.iter().enumerate() {
+        let is_target = i + 1 == ancestors.len();
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            return Some(format!("{} cannot be read", dir.display()));
+        };
+        if child_owner_must_be_root && meta.uid() != 0 {
+            return Some(format!(
+                "{} is not root's, in a dir where anyone may create entries",
+                dir.display()
+            ));
+        }
+        if is_target {
+            break;
+        }
+        if meta.uid() != 0 {
+            return Some(format!("{} belongs to uid {}", dir.display(), meta.uid()));
+        }
+        let others_write = meta.mode() & 0o022 != 0;
+        let sticky = meta.mode() & 0o1000 != 0;
+        if others_write && !sticky {
+            return Some(format!("others may write {}", dir.display()));
+        }
+        child_owner_must_be_root = others_write && sticky;
+    }
+    None
+}
+
 /// The declared paths as binds at their own paths: each resolved
 /// (links followed, so that a link cannot lead into the gateway's home)
 /// and checked against [`forbidden`].
@@ -243,6 +278,11 @@ pub fn binds(
                         "upstream {name:?}: path {p:?} would show the server {why}; refused"
                     ));
                 }
+            }
+            if let Some(why) = swappable(&real) {
+                return Err(format!(
+                    "upstream {name:?}: path {p:?} could be swapped for a link between its check and its mount ({why}); declare a path whose parent dirs only root can change"
+                ));
             }
             binds.push(Bind {
                 host: real,
@@ -589,6 +629,39 @@ mod tests {
             "definition_json": text, "definition_sha256": definition_digest(&def)});
         let o = UpstreamOp::from_decision(Some(&op)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.definition, def);
+    }
+
+    #[test]
+    fn a_path_under_a_dir_someone_else_may_change_is_refused() {
+        // As root (the daemon, and the tests): a dir of uid 65534's above
+        // the declared path lets that user swap it for a link.
+        let base = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let theirs = base.path().join("theirs");
+        let declared = theirs.join("data");
+        std::fs::create_dir_all(&declared).unwrap_or_else(|e| panic!("{e}"));
+        let mut o = op();
+        o.server.read_only = vec![declared.display().to_string()];
+        assert!(binds("t", &o.server, Path::new("/nonexistent-home"), &[]).is_ok());
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = binds("t", &o.server, Path::new("/nonexistent-home"), &[])
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+        // Writable by others, not sticky.
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(0)), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(binds("t", &o.server, Path::new("/nonexistent-home"), &[]).is_err());
+        // Sticky (as /tmp): the entry under it must be root's.
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(binds("t", &o.server, Path::new("/nonexistent-home"), &[]).is_ok());
+        nix::unistd::chown(&declared, Some(nix::unistd::Uid::from_raw(65534)), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(binds("t", &o.server, Path::new("/nonexistent-home"), &[]).is_err());
     }
 
     #[test]

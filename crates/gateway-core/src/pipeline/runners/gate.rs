@@ -97,16 +97,23 @@ impl Pipeline {
         })
     }
 
+    /// `keep` for a runner whose outcome is kept whole with its approval.
+    pub(super) fn whole(outcome: &Outcome) -> Value {
+        serde_json::to_value(outcome).unwrap_or(Value::Null)
+    }
+
     /// A call presented with `approval`, bound to `digest`: decided again
     /// with the approval (`input.approval`), the approval spent (tool,
     /// params without approval_id, digest and requester checked by the
-    /// store, once), then `run`; its outcome is kept with the approval.
+    /// store, once), then `run`; its outcome is kept with the approval as
+    /// `keep` makes it (the same call presented again is answered with it).
     /// Refusals are audited.
     pub(super) async fn spend_and_run(
         &self,
         call: &mut Call,
         approval: &gateway_audit::approvals::Approval,
         digest: &str,
+        keep: fn(&Outcome) -> Value,
         run: impl AsyncFnOnce(&Call, &Decision) -> Result<Outcome, Stop>,
     ) -> Result<Outcome, Stop> {
         let rid = call.request_id().to_string();
@@ -168,7 +175,7 @@ impl Pipeline {
         };
         // Kept with the approval, for whoever asks after the client left.
         let kept = match &result {
-            Ok(outcome) => serde_json::to_value(outcome).unwrap_or(Value::Null),
+            Ok(outcome) => keep(outcome),
             Err(Stop::Refused(r)) => json!({"status": "refused", "reason": r.reason}),
             Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
             Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),

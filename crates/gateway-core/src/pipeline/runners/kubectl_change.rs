@@ -285,9 +285,13 @@ impl Pipeline {
         {
             call.input.kubernetes = Some(plan);
         }
-        self.spend_and_run(call, &approval, &digest, async |call, decision| {
-            self.k8s_write(call, decision, op, &file).await
-        })
+        self.spend_and_run(
+            call,
+            &approval,
+            &digest,
+            Pipeline::whole,
+            async |call, decision| self.k8s_write(call, decision, op, &file).await,
+        )
         .await
     }
 

@@ -503,17 +503,23 @@ impl Pipeline {
         {
             call.input.plan = Some(plan);
         }
-        self.spend_and_run(call, &approval, &digest, async |call, decision| {
-            self.apply_saved(
-                &call.progress,
-                decision,
-                call.request_id(),
-                bin,
-                &digest,
-                module,
-            )
-            .await
-        })
+        self.spend_and_run(
+            call,
+            &approval,
+            &digest,
+            Pipeline::whole,
+            async |call, decision| {
+                self.apply_saved(
+                    &call.progress,
+                    decision,
+                    call.request_id(),
+                    bin,
+                    &digest,
+                    module,
+                )
+                .await
+            },
+        )
         .await
     }
 

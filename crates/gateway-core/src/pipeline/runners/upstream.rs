@@ -153,7 +153,18 @@ impl Upstream {
                 }
                 Some(id) => {
                     let approval = p.requesters_approval(call, &id)?;
-                    p.spend_and_run(call, &approval, &digest, async |call, decision| {
+                    // Kept with the approval without the server's content.
+                    let keep = |o: &Outcome| match o {
+                        Outcome::Completed {
+                            ok,
+                            summary: _,
+                            result,
+                        } => json!({"status": "completed", "ok": ok,
+                            "summary": "the upstream's answer (kept as its digest only)",
+                            "result": upstream::audited(result)}),
+                        other => serde_json::to_value(other).unwrap_or(Value::Null),
+                    };
+                    p.spend_and_run(call, &approval, &digest, keep, async |call, decision| {
                         p.upstream_call(call, decision, &op, binds, &arguments)
                             .await
                     })
@@ -194,7 +205,9 @@ impl Pipeline {
                     workdir: None,
                     files_in: vec![],
                     files_out: vec![],
-                    with_credential: true,
+                    // An upstream gets no credential or egress (yet),
+                    // whatever a catalog entry of the same name says.
+                    with_credential: false,
                 },
             )
             .await?;
@@ -207,10 +220,17 @@ impl Pipeline {
         let report = match upstream::read_report(&r.stdout.bytes) {
             Ok(report) => report,
             Err(e) => {
+                // The server's stderr is its own text (it may hold what it
+                // read): in the daemon's log, not in the result or audit.
+                tracing::warn!(
+                    request_id = call.request_id(),
+                    upstream = %op.upstream,
+                    "no report from the upstream's sandbox: {}",
+                    gateway_base::text::escaped(&crate::pipeline::tail(&r.stderr.text(), 5), true)
+                );
                 return Err(Stop::refused(format!(
-                    "{e} ({:?}): {}",
-                    r.ended,
-                    gateway_base::text::escaped(&crate::pipeline::tail(&r.stderr.text(), 5), false)
+                    "{e} ({:?}); the server's own output is in the gateway's log",
+                    r.ended
                 )));
             }
         };
