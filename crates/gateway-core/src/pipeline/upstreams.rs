@@ -24,8 +24,9 @@ use gateway_audit::audit::Event;
 pub const DEFAULT_CHECK_SECONDS: u64 = 300;
 
 /// The readings: `{name: {"tools": {tool: sha256}}}`, the digests of the
-/// locked tools the server lists now (a locked tool it no longer lists is
-/// absent). A reading that fails leaves the last good one.
+/// tools the server lists now (every locked one, at most 256 in all; a
+/// locked tool it no longer lists is absent). A reading that fails leaves
+/// the last good one.
 pub struct UpstreamReadings {
     tx: tokio::sync::watch::Sender<Value>,
     /// Asked for a reading now (a server said its list changed).
@@ -187,8 +188,7 @@ impl Pipeline {
             .and_then(|set| set.data("data.config.upstream_lock").ok().flatten())
             .unwrap_or_default();
         let locked = lock[name]["tools"].as_object().cloned().unwrap_or_default();
-        // Only the locked tools' digests go to the policy (what it compares);
-        // a tool the server added is not offered anyway.
+        // The digests go to the policy (what it compares with the lock).
         let mut tools = serde_json::Map::new();
         let mut new_reported = 0;
         if reported.len() > 4096 {
@@ -200,9 +200,12 @@ impl Pipeline {
             };
             let digest = upstream::definition_digest(def);
             let was = locked.get(t).and_then(|l| l["sha256"].as_str());
-            if was.is_some() {
+            // The locked tools, and up to 256 in all: a tool accepted
+            // after this reading is offered at once, not at the next one.
+            if was.is_some() || tools.len() < 256 {
                 tools.insert(t.to_string(), Value::String(digest.clone()));
-            } else {
+            }
+            if was.is_none() {
                 // At most 16 new tools a reading are audited by name.
                 if new_reported >= 16 {
                     continue;

@@ -19,7 +19,7 @@ pub const SUMMARY_CHARS: usize = 64 * 1024;
 
 /// An upstream as the operator declared it (config/upstreams): how its
 /// server is started and what it may see.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct Server {
     pub command: Vec<String>,
     #[serde(default)]
@@ -175,6 +175,9 @@ pub fn call_digest(op: &UpstreamOp, arguments: &Value) -> String {
             "tool": op.tool,
             "definition_sha256": op.definition_sha256,
             "arguments": arguments,
+            // How the server runs and what it may see and change: an
+            // approval is not spent after the operator re-declares it.
+            "server": op.server,
         }))
         .as_bytes(),
     )
@@ -591,6 +594,9 @@ mod tests {
     fn the_digest_binds_definition_and_arguments_and_ignores_key_order() {
         let o = op();
         let a = call_digest(&o, &json!({"text": "a", "n": 1}));
+        let mut redeclared = o.clone();
+        redeclared.server.writable = vec!["/srv/elsewhere".into()];
+        assert_ne!(a, call_digest(&redeclared, &json!({"text": "a", "n": 1})));
         assert_eq!(a, call_digest(&o, &json!({"n": 1, "text": "a"})));
         assert_ne!(a, call_digest(&o, &json!({"text": "b", "n": 1})));
         let mut other = o.clone();
