@@ -314,3 +314,143 @@ pub fn exchange(child: &mut Child, ex: &McpExchange) -> McpReport {
     let _ = child.wait();
     s.report
 }
+
+/// The call's credential as `KEY = value` lines (the credential file a
+/// sandbox gets at [`crate::protocol::CREDENTIAL_PATH`]); `None` when
+/// there is no such file (a listing, which gets no credential).
+pub fn credential_fields(
+    path: &std::path::Path,
+) -> Result<Option<std::collections::BTreeMap<String, String>>, String> {
+    let text = match std::fs::read(path) {
+        Ok(b) => String::from_utf8(b).map_err(|_| "the credential file is not text".to_string())?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read the credential file: {e}")),
+    };
+    let mut fields = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or("the credential file is not KEY = value lines")?;
+        fields.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(Some(fields))
+}
+
+/// `template` with each `{{KEY}}` replaced by the credential's field
+/// (`{{KEY:url}}`: percent-encoded for a URL), or by nothing when there
+/// is no credential. A key the credential does not have is an error (a
+/// server started with half its connection string would only fail
+/// later, less clearly). The error names the key, never a value.
+pub fn fill(
+    template: &str,
+    fields: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("an unclosed {{{{ in {template:?}"))?;
+        let spec = after[..end].trim();
+        let (key, url) = match spec.strip_suffix(":url") {
+            Some(k) => (k, true),
+            None => (spec, false),
+        };
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!("{{{{{spec}}}}} is not a credential field"));
+        }
+        if let Some(fields) = fields {
+            let value = fields
+                .get(key)
+                .ok_or_else(|| format!("the call's credential has no field {key:?}"))?;
+            if url {
+                for b in value.bytes() {
+                    if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                        out.push(char::from(b));
+                    } else {
+                        out.push_str(&format!("%{b:02X}"));
+                    }
+                }
+            } else {
+                out.push_str(value);
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The server's arguments and environment with the credential filled in
+/// (see [`fill`]).
+#[allow(clippy::type_complexity)]
+pub fn filled(
+    argv: &[String],
+    use_: &crate::protocol::CredentialFill,
+    fields: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<(Vec<String>, Vec<(String, String)>), String> {
+    let args = argv
+        .iter()
+        .map(|a| fill(a, fields))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = use_
+        .env
+        .iter()
+        .map(|(k, v)| fill(v, fields).map(|v| (k.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((args, env))
+}
+
+#[cfg(test)]
+mod fill_tests {
+    use super::*;
+
+    #[test]
+    fn the_credential_is_filled_in_and_a_listing_gets_empty_fields() {
+        let fields: std::collections::BTreeMap<String, String> = [
+            ("username".to_string(), "v-app-read-1".to_string()),
+            ("password".to_string(), "p@ss/w:rd".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            fill(
+                "postgresql://{{username}}:{{ password:url }}@db:5432/app",
+                Some(&fields)
+            )
+            .expect("filled"),
+            "postgresql://v-app-read-1:p%40ss%2Fw%3Ard@db:5432/app"
+        );
+        assert_eq!(
+            fill("postgresql://{{username}}:{{password}}@db/app", None).expect("empty"),
+            "postgresql://:@db/app"
+        );
+        assert_eq!(
+            fill("no placeholder", Some(&fields)).expect("same"),
+            "no placeholder"
+        );
+        let missing = fill("{{token}}", Some(&fields)).expect_err("no such field");
+        assert!(
+            missing.contains("token") && !missing.contains("p@ss"),
+            "{missing}"
+        );
+        assert!(fill("{{user name}}", Some(&fields)).is_err());
+        assert!(fill("{{username", Some(&fields)).is_err());
+    }
+
+    #[test]
+    fn the_credential_file_reads_as_key_value_lines() {
+        let dir = std::env::temp_dir().join(format!("gw-fill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("credential");
+        assert_eq!(credential_fields(&f).expect("absent"), None);
+        std::fs::write(&f, "username = u1\npassword = a=b\n").expect("write");
+        let got = credential_fields(&f).expect("read").expect("some");
+        assert_eq!(got["username"], "u1");
+        assert_eq!(got["password"], "a=b");
+        std::fs::write(&f, "just a token").expect("write");
+        assert!(credential_fields(&f).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

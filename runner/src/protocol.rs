@@ -64,6 +64,22 @@ pub struct McpExchange {
     /// The call to make; `None`: only list the tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<McpCall>,
+    /// Where the server takes the call's credential from: `{{KEY}}` in
+    /// its arguments and in these variables' templates is filled in by
+    /// the runner from the credential file ([`CREDENTIAL_PATH`], `KEY =
+    /// value` lines; `{{KEY:url}}` percent-encodes the value). Without a
+    /// credential file (a listing) every `{{KEY}}` is left empty. `None`:
+    /// nothing is filled in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialFill>,
+}
+
+/// The templates a server's credential is filled into ([`McpExchange`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialFill {
+    /// Environment variables of the server: name to template.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// A `tools/call`, made only when the tool's live definition equals

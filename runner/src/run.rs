@@ -426,6 +426,30 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
         };
         cmd.stdin(Stdio::null());
         if let Some(ex) = &step.mcp {
+            // The credential goes into the server's arguments and
+            // environment here, inside the sandbox: the steps and the
+            // sandbox's spec hold only the templates.
+            if let Some(use_) = &ex.credential {
+                let done = crate::mcp::credential_fields(Path::new(protocol::CREDENTIAL_PATH))
+                    .and_then(|f| crate::mcp::filled(&step.argv[1..], use_, f.as_ref()));
+                match done {
+                    Ok((args, env)) => {
+                        cmd = Command::new(program);
+                        cmd.args(args).envs(env).stdin(Stdio::null());
+                    }
+                    Err(e) => {
+                        let report = protocol::McpReport {
+                            error_kind: Some("credential".into()),
+                            error: Some(format!("the server's credential: {e}")),
+                            ..protocol::McpReport::default()
+                        };
+                        let mut line = serde_json::to_vec(&report).unwrap_or_default();
+                        line.push(b'\n');
+                        out.line(1, &line);
+                        continue;
+                    }
+                }
+            }
             std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
             unblock_sigterm(&mut cmd);
             cmd.stdin(Stdio::piped())
