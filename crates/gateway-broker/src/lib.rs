@@ -74,6 +74,9 @@ pub enum CredentialMeta {
     },
     /// AWS keys (the file is a shared credentials file).
     AwsKeys { access_key_id: String },
+    /// A database user (the file is `username = …` and `password = …`
+    /// lines; the user's name is not secret, its password is).
+    DatabaseUser { username: String },
     /// Anything else (test doubles).
     Opaque,
 }

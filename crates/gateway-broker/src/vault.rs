@@ -1192,13 +1192,19 @@ impl VaultBroker {
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect();
         let what = format!("issuing {path}");
-        let raw = self
-            .call(
+        // The database secrets engine mints a user on a read of its
+        // creds path (no parameters: the role says everything); the
+        // Kubernetes engine on a write with the request's parameters.
+        let (method, body) = if scope.credential_type == "database" {
+            (rustify::enums::RequestMethod::GET, None)
+        } else {
+            (
                 rustify::enums::RequestMethod::POST,
-                &path,
                 Some(Value::Object(body)),
-                &what,
             )
+        };
+        let raw = self
+            .call(method, &path, body, &what)
             .await
             .map_err(|e| match e {
                 BrokerError::Refused(m) if mount != scope.mount.trim_matches('/') => {
@@ -1351,6 +1357,31 @@ fn credential_from(
             },
         ));
     }
+    if let (Some(user), Some(password)) = (
+        data.get("username").and_then(Value::as_str),
+        data.get("password").and_then(Value::as_str),
+    ) {
+        // `KEY = value` lines, as the step runner reads them (and as the
+        // output redaction cuts each value out on its own).
+        if [user, password]
+            .iter()
+            .any(|v| v.contains(['\n', '\r']) || v.trim() != *v || v.is_empty())
+        {
+            return Err("the database secrets engine answered with a username or password that cannot be handed over (empty, spaces at its ends, or a line break)".into());
+        }
+        let mut file = Zeroizing::new(String::new());
+        file.push_str("username = ");
+        file.push_str(user);
+        file.push_str("\npassword = ");
+        file.push_str(password);
+        file.push('\n');
+        return Ok((
+            SecretFile::new(file.as_bytes().to_vec()),
+            CredentialMeta::DatabaseUser {
+                username: user.to_string(),
+            },
+        ));
+    }
     let keys: BTreeMap<_, _> = data.keys().map(|k| (k.as_str(), ())).collect();
     Err(format!(
         "the secrets engine answered with fields the gateway does not know how to hand to a sandbox ({:?})",
@@ -1438,6 +1469,21 @@ mod tests {
         assert!(text.contains("aws_secret_access_key = s3cr3t"));
         assert!(text.contains("aws_session_token = tok"));
         assert!(matches!(meta, CredentialMeta::AwsKeys { .. }));
+        let db =
+            serde_json::json!({"username": "v-token-app-read-x1", "password": "A1a-secretsecret"});
+        let (file, meta) = credential_from(db.as_object().expect("obj")).expect("db");
+        assert_eq!(
+            file.expose(),
+            b"username = v-token-app-read-x1\npassword = A1a-secretsecret\n"
+        );
+        assert_eq!(
+            meta,
+            CredentialMeta::DatabaseUser {
+                username: "v-token-app-read-x1".into()
+            }
+        );
+        let broken = serde_json::json!({"username": "u", "password": "a\nusername = root"});
+        assert!(credential_from(broken.as_object().expect("obj")).is_err());
         let odd = serde_json::json!({"password": "x"});
         assert!(credential_from(odd.as_object().expect("obj")).is_err());
     }
