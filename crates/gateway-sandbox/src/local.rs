@@ -445,11 +445,13 @@ impl LocalSandbox {
         };
         let rlimits = vec![
             // Address space, not memory: Go programs (Terraform, kubectl)
-            // reserve far more than they use. The memory limit proper is the
-            // sandbox cgroup's below.
+            // reserve far more than they use, and V8 (Node.js, an upstream
+            // MCP server's runtime) reserves 10 GiB for each WebAssembly
+            // memory (Node's own HTTP parser is one). The memory limit
+            // proper is the sandbox cgroup's below.
             rlimit(
                 PosixRlimitType::RlimitAs,
-                l.memory_bytes.saturating_mul(8).max(8 << 30),
+                l.memory_bytes.saturating_mul(8).max(32 << 30),
             )
             .map_err(spec_err)?,
             rlimit(PosixRlimitType::RlimitNproc, l.max_processes).map_err(spec_err)?,
