@@ -96,10 +96,17 @@ credential := {
 	},
 }
 
+# An upstream MCP server's call: the credential and endpoints its
+# declaration names (upstreams.rego). Its tools have no `credential` kind
+# of their own, so the rules above never derive one for them.
+credential := data.gateway.upstreams.credential if data.gateway.upstreams.requested
+
 # Network endpoints the credential is for (none without a credential).
 default egress := []
 
 egress := cfg.credential_kinds[kind].egress if credential != null
+
+egress := data.gateway.upstreams.egress if data.gateway.upstreams.requested
 
 # A target that is allowed but has no role for this tool's credential kind
 # (and does not say it needs none) has no scope: refuse.
@@ -115,11 +122,13 @@ deny contains msg if {
 
 # config/vault_roles/data.yaml is what `gateway vault setup` creates. A derived
 # role missing from it, or defined for another mount or namespace, would fail
-# at Vault (or worse, mint a broader credential): refuse it here.
-vault_role := data.config.vault_roles.roles[credential.role] if credential != null
+# at Vault (or worse, mint a broader credential): refuse it here. (A
+# database user's role is the operator's, made on the database secrets
+# engine with the statements that say what the user may do.)
+vault_role := data.config.vault_roles.roles[credential.role] if credential.type == "kubernetes"
 
 deny contains msg if {
-	credential != null
+	credential.type == "kubernetes"
 	not vault_role
 	msg := sprintf("credential role %q is not defined by the Vault setup (config/vault_roles/data.yaml)", [credential.role])
 }

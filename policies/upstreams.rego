@@ -131,9 +131,129 @@ operation := {
 	"definition_sha256": requested.sha256,
 	"max_result_bytes": object.get(up, "max_result_bytes", 1048576),
 	"timeout_seconds": object.get(up, "timeout_seconds", 60),
+	"egress": egress,
+	"credential": credential_use,
 } if {
 	requested
 	up := declared[requested.upstream]
+}
+
+# --- Network and credentials ------------------------------------------------
+
+# The endpoints ([endpoints] of gateway.toml, by name) the server may reach:
+# those its declaration names and those of the credential minted for the
+# call. Nothing else, and no network at all when none is named.
+egress := sort({e |
+	some e in list_of(object.get(declared[requested.upstream], "egress", []))
+} | {e |
+	some e in list_of(object.get(data.config.scopes.credential_kinds[credential_kind], "egress", []))
+})
+
+list_of(v) := v if is_array(v)
+
+else := []
+
+# The credential kind (config/scopes credential_kinds) a call of this tool
+# gets, by its tier: `credential: {tiers: {low: KIND, medium: KIND, high:
+# KIND}}`. A read can get a read-only database user and a write another.
+credential_kind := k if {
+	requested
+	c := declared[requested.upstream].credential
+	k := c.tiers[tier(requested.upstream, requested.tool, requested.definition)]
+	is_string(k)
+}
+
+# What is minted for the call: a user of OpenBao's (Vault's) database
+# secrets engine from the kind's mount and role, revoked when the call ends.
+default credential := null
+
+credential := {
+	"kind": credential_kind,
+	"type": kind.type,
+	"mount": kind.mount,
+	"role": kind.role,
+	"params": {},
+} if {
+	kind := data.config.scopes.credential_kinds[credential_kind]
+	kind.type in credential_types
+}
+
+# The credential types an upstream can be handed: a database user
+# (`{{username}}`, `{{password}}`).
+credential_types := {"database"}
+
+# How the runner hands the credential to the server (null: it gets none):
+# `{{username}}` and `{{password}}` in its command and in
+# `credential.env` are filled in inside the sandbox, from the credential's
+# file; the secret is never in the decision, the steps or the audit.
+default credential_use := null
+
+credential_use := {"env": object.get(declared[requested.upstream].credential, "env", {})} if credential != null
+
+deny contains msg if {
+	requested
+	c := declared[requested.upstream].credential
+	tr := tier(requested.upstream, requested.tool, requested.definition)
+	not is_string(object.get(object.get(c, "tiers", {}), tr, null))
+	msg := sprintf("upstream %q: its credential names no kind for tier %s (credential.tiers in config/upstreams); refused rather than run without one", [requested.upstream, tr])
+}
+
+deny contains msg if {
+	credential_kind
+	not object.get(object.get(data.config.scopes.credential_kinds, credential_kind, {}), "type", null) in credential_types
+	msg := sprintf("upstream %q: credential kind %q must be a credential_kinds entry of config/scopes of type %s", [requested.upstream, credential_kind, concat(" or ", sort(credential_types))])
+}
+
+deny contains msg if {
+	credential_kind
+	data.config.scopes.credential_kinds[credential_kind].type in credential_types
+	some field in ["mount", "role"]
+	not is_string(object.get(data.config.scopes.credential_kinds[credential_kind], field, null))
+	msg := sprintf("credential kind %q (config/scopes) needs a %s for upstream %q", [credential_kind, field, requested.upstream])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	some key, value in {"egress": object.get(up, "egress", []), "credential.env": object.get(object.get(up, "credential", {}), "env", {})}
+	not well_formed(key, value)
+	msg := sprintf("upstream %q: %s in config/upstreams must be %s; every call is refused until it is", [requested.upstream, key, {"egress": "a list of endpoint names", "credential.env": "a map of names to strings"}[key]])
+}
+
+deny contains msg if {
+	requested
+	c := declared[requested.upstream].credential
+	not credential_declaration(c)
+	msg := sprintf("upstream %q: credential in config/upstreams must be {tiers: {TIER: KIND}, env: {NAME: TEMPLATE}}; every call is refused until it is", [requested.upstream])
+}
+
+credential_declaration(c) if {
+	is_object(c)
+	every key, _ in c {
+		key in {"tiers", "env"}
+	}
+	is_object(object.get(c, "tiers", {}))
+}
+
+well_formed("egress", v) if strings(v)
+
+well_formed("credential.env", v) if {
+	is_object(v)
+	every x in v {
+		is_string(x)
+	}
+}
+
+# `{{…}}` in the command or env of an upstream that gets no credential
+# would reach the server as it is written.
+deny contains msg if {
+	requested
+	credential == null
+	up := declared[requested.upstream]
+	some text in array.concat(up.command, [v | some v in object.get(up, "env", {})])
+	is_string(text)
+	contains(text, "{{")
+	msg := sprintf("upstream %q: its command or env has a {{…}} placeholder and the call gets no credential to fill it with", [requested.upstream])
 }
 
 # Arguments that name files (an upstream's `path_arguments`) must each lie
@@ -205,6 +325,7 @@ deny contains msg if {
 declaration_keys := {
 	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
 	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
+	"egress", "credential",
 }
 
 strings(v) if {

@@ -223,3 +223,89 @@ test_a_misshapen_tier_pattern_refuses_every_call if {
 	some r in d.deny_reasons
 	contains(r, "default_tier")
 }
+
+# --- Network and per-call credentials ---------------------------------------
+
+db_declared := object.union(declared, {
+	"pg": {
+		"command": ["/usr/bin/node", "/opt/pg/index.js", "postgresql://{{username}}:{{password}}@postgres:5432/app"],
+		"egress": ["metrics"],
+		"credential": {"tiers": {"low": "pg_read", "medium": "pg_read", "high": "pg_write"}, "env": {"PGUSER": "{{username}}"}},
+		"tiers": [{"match": "query", "tier": "low"}],
+	},
+	"net": {"command": ["/opt/net"], "egress": ["api"], "default_tier": "low"},
+})
+
+db_lock := object.union(lock, {
+	"pg": {"tools": {
+		"query": entry("p1", def("query", {"annotations": {"readOnlyHint": true}})),
+		"execute": entry("p2", def("execute", {})),
+	}},
+	"net": {"tools": {"fetch": entry("n1", def("fetch", {"annotations": {"readOnlyHint": true}}))}},
+})
+
+db_kinds := {
+	"pg_read": {"type": "database", "mount": "database", "role": "app-read", "egress": ["postgres"]},
+	"pg_write": {"type": "database", "mount": "database", "role": "app-write", "egress": ["postgres"]},
+	"pod_reader": {"type": "kubernetes", "mount": "kubernetes", "ttl": "10m", "egress": ["kube-apiserver"]},
+}
+
+decide_db(tool, decl, kinds) := d if {
+	d := gateway.decision with input as call(tool, {})
+		with data.config.upstreams as decl
+		with data.config.upstream_lock as db_lock
+		with data.config.scopes.credential_kinds as kinds
+}
+
+test_a_read_gets_the_read_role_and_a_write_the_write_role if {
+	r := decide_db("pg.query", db_declared, db_kinds)
+	r.allow
+	r.credential == {"kind": "pg_read", "type": "database", "mount": "database", "role": "app-read", "params": {}}
+	r.sandbox.egress == ["metrics", "postgres"]
+	r.operation.egress == ["metrics", "postgres"]
+	r.operation.credential == {"env": {"PGUSER": "{{username}}"}}
+	# Unannotated: at least medium, with the pattern; here no pattern: high.
+	w := decide_db("pg.execute", db_declared, db_kinds)
+	w.tier == "high"
+	w.credential.role == "app-write"
+	w.approval.required
+}
+
+test_an_upstream_without_a_credential_reaches_only_its_declared_endpoints if {
+	d := decide_db("net.fetch", db_declared, db_kinds)
+	d.allow
+	d.credential == null
+	d.sandbox.egress == ["api"]
+	d.operation.credential == null
+	# Declares none: no network at all.
+	decide("fs.read_text_file", {"path": "/srv/data/a"}).sandbox.egress == []
+}
+
+refused_db(tool, decl, kinds, fragment) if {
+	d := decide_db(tool, decl, kinds)
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, fragment)
+}
+
+# (object.union merges objects deeply: the keys set are removed first.)
+with_pg(x) := object.union(object.remove(db_declared, ["pg"]), {"pg": object.union(object.remove(db_declared.pg, [k | some k, _ in x]), x)})
+
+test_a_credential_declared_wrong_refuses_every_call if {
+	# A tier with no kind: refused, never run without one.
+	refused_db("pg.execute", with_pg({"credential": {"tiers": {"low": "pg_read"}}}), db_kinds, "names no kind for tier high")
+	# A kind that is not in config/scopes, or not a database one.
+	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "nope"}}}), db_kinds, "must be a credential_kinds entry")
+	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "pod_reader"}}}), db_kinds, "must be a credential_kinds entry")
+	# A kind without a role.
+	refused_db("pg.query", db_declared, object.union(object.remove(db_kinds, ["pg_read"]), {"pg_read": {"type": "database", "mount": "database"}}), "needs a role")
+	# Misspelt or misshapen settings.
+	refused_db("pg.query", with_pg({"credential": {"tier": {"low": "pg_read"}}}), db_kinds, "credential in config/upstreams must be")
+	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "pg_read"}, "env": {"A": 1}}}), db_kinds, "credential.env in config/upstreams")
+	refused_db("pg.query", with_pg({"egress": "postgres"}), db_kinds, "egress in config/upstreams")
+}
+
+test_a_placeholder_without_a_credential_is_refused if {
+	decl := object.union(db_declared, {"net": {"command": ["/opt/net"], "env": {"TOKEN": "{{password}}"}, "default_tier": "low"}})
+	refused_db("net.fetch", decl, db_kinds, "has a {{…}} placeholder")
+}

@@ -19,8 +19,8 @@
 #                        in the approval page tests (tests/browser/package-lock.json)
 #   tests/inspector/node_modules  the MCP Inspector, whose CLI the HTTP tests
 #                        drive the gateway with (tests/inspector/package-lock.json)
-#   tests/upstreams/node_modules  real MCP servers (the filesystem and
-#                        "everything" servers) the upstream tests put behind
+#   tests/upstreams/node_modules  real MCP servers (the filesystem,
+#                        "everything" and PostgreSQL servers) the upstream tests put behind
 #                        the gateway (tests/upstreams/package-lock.json)
 # Idempotent: a tool already installed at the pinned version is left alone.
 # Usage: scripts/install-tools.sh [terraform ...]   (default: everything)
@@ -177,8 +177,10 @@ install_inspector() {
 install_upstreams() {
   local dir="$root/tests/upstreams"
   npm_ci "$dir" "the upstream MCP servers"
-  [ -f "$dir/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ] \
-    || { say "the MCP filesystem server is missing after npm ci"; exit 1; }
+  for server in server-filesystem server-everything server-postgres; do
+    [ -f "$dir/node_modules/@modelcontextprotocol/$server/dist/index.js" ] \
+      || { say "the MCP server $server is missing after npm ci"; exit 1; }
+  done
   # The servers run as the sandbox's user: what they need must be readable.
   chmod -R a+rX "$dir/node_modules"
 }

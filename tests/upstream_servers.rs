@@ -10,6 +10,10 @@
 mod common;
 #[path = "support/daemon.rs"]
 mod daemon;
+#[path = "support/openbao.rs"]
+mod openbao;
+#[path = "support/postgres.rs"]
+mod pg;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,10 +65,20 @@ fn sandbox_dir(writable: bool) -> tempfile::TempDir {
 }
 
 fn world() -> World {
+    world_with("", &[], |_| {})
+}
+
+/// [`world`] with more upstreams declared (`extra`, YAML), `edits` to the
+/// policies' files, and `setup` of the pipeline (a broker, endpoints).
+fn world_with(
+    extra: &str,
+    edits: &[(&str, &str, &str)],
+    setup: impl FnOnce(&mut Pipeline),
+) -> World {
     let modules = node_modules();
     let keys = tempfile::tempdir().expect("keys");
     let bob = common::ssh_key(keys.path(), "bob");
-    let policies = common::policies_with_signers(&[("bob", &bob)], &[]);
+    let policies = common::policies_with_signers(&[("bob", &bob)], edits);
     // The served dir belongs to the sandbox's user; the dir above it is
     // root's, so no one else can swap it for a link.
     let data_base = sandbox_dir(false);
@@ -105,7 +119,7 @@ hostile:
     - {{match: "read_*", tier: low}}
     - {{match: "echo", tier: low}}
     - {{match: "attack", tier: low}}
-"#,
+{extra}"#,
         modules = modules.display(),
         data = data.display(),
         desc = desc.path().display(),
@@ -123,7 +137,7 @@ hostile:
     let mut tools = ToolPaths::discover(&repo);
     tools.runner = common::runner_bin();
     let workspace = tempfile::tempdir().expect("workspace");
-    let pipeline = Pipeline::new(
+    let mut pipeline = Pipeline::new(
         store,
         home.path().to_path_buf(),
         workspace.path().to_path_buf(),
@@ -131,6 +145,7 @@ hostile:
         tools,
     )
     .expect("pipeline");
+    setup(&mut pipeline);
     World {
         home: home.path().to_path_buf(),
         policies: policies.path().to_path_buf(),
@@ -717,4 +732,186 @@ fn upstreams_work_through_the_daemon_from_the_python_sdk() {
         std::fs::read_to_string(w.data.join("from-agent.txt")).unwrap_or_default(),
         "written through the gateway"
     );
+}
+
+/// An upstream that needs a database: `@modelcontextprotocol/server-postgres`
+/// gets a PostgreSQL user minted for the call by OpenBao's database secrets
+/// engine (a real dev server) and dropped when the call ends, reaches only
+/// the declared endpoint, and a read gets the read-only role — which is
+/// what stops the server's own read-only transaction being escaped with
+/// `COMMIT; …` (the server's known weakness). A hostile server given one
+/// endpoint reaches that one only.
+#[test]
+fn a_database_upstream_gets_a_user_minted_for_the_call_and_reaches_only_its_endpoint() {
+    let db = pg::Postgres::start_for_sandboxes();
+    let mut admin =
+        postgres::Client::connect(&db.conninfo("postgres"), postgres::NoTls).expect("connect");
+    admin
+        .batch_execute("CREATE DATABASE app;")
+        .expect("create db");
+    let mut app = postgres::Client::connect(&db.conninfo("app"), postgres::NoTls).expect("app");
+    app.batch_execute(
+        "CREATE TABLE items (name text); INSERT INTO items VALUES ('apple'), ('pear'), ('plum');",
+    )
+    .expect("table");
+    let bao = openbao::OpenBao::start();
+    bao.ok(&["secrets", "enable", "database"]);
+    bao.ok(&[
+        "write",
+        "database/config/app",
+        "plugin_name=postgresql-database-plugin",
+        &format!(
+            "connection_url=postgresql://postgres@127.0.0.1:{}/app?sslmode=disable",
+            db.port
+        ),
+        "allowed_roles=app-read",
+        "verify_connection=true",
+    ]);
+    bao.ok(&[
+        "write",
+        "database/roles/app-read",
+        "db_name=app",
+        "creation_statements=CREATE ROLE \"{{name}}\" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{{name}}\";",
+        "default_ttl=5m",
+        "max_ttl=10m",
+    ]);
+    let modules = node_modules();
+    let repo = common::repo();
+    let other = std::net::TcpListener::bind("0.0.0.0:0").expect("listen");
+    let other_port = other.local_addr().expect("addr").port();
+    let extra = format!(
+        r#"pg:
+  command: [/usr/bin/node, {modules}/@modelcontextprotocol/server-postgres/dist/index.js, "postgresql://{{{{username}}}}:{{{{password:url}}}}@postgres:{port}/app"]
+  read_only: [/usr, /lib, /lib64, {modules}]
+  credential:
+    tiers: {{medium: pg_read}}
+  tiers:
+    - {{match: query, tier: low}}
+  timeout_seconds: 20
+reach:
+  command: [/usr/bin/python3, {repo}/tests/upstreams/hostile_server.py]
+  read_only: [/usr, /lib, /lib64, {repo}/tests/upstreams/hostile_server.py]
+  egress: [postgres]
+  default_tier: low
+"#,
+        modules = modules.display(),
+        repo = repo.display(),
+        port = db.port,
+    );
+    let (addr, token) = (bao.addr.clone(), bao.root_token.clone());
+    let home = tempfile::tempdir().expect("broker home");
+    let broker_home = home.path().to_path_buf();
+    let port = db.port;
+    let w = world_with(
+        &extra,
+        &[(
+            "config/scopes/data.yaml",
+            "credential_kinds:\n",
+            "credential_kinds:\n  pg_read: {type: database, mount: database, role: app-read, egress: [postgres]}\n",
+        )],
+        move |p| {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let broker = gateway::broker::vault::VaultBroker::new(
+                gateway::broker::vault::VaultSettings {
+                    address: addr,
+                    namespace: None,
+                    ca_cert: None,
+                    auth: gateway::broker::vault::VaultAuth::Token(
+                        gateway::broker::vault::Secret::from(token.as_str()),
+                    ),
+                    timeout: std::time::Duration::from_secs(5),
+                },
+                &broker_home,
+            )
+            .expect("broker");
+            p.broker = Some(Arc::new(broker));
+            p.endpoints.insert("postgres".into(), port);
+        },
+    );
+    let users = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'v-%'",
+            &[],
+        )
+        .expect("roles")
+        .get(0)
+    };
+
+    // A read: a user minted for it, the rows back, the user gone after.
+    let r = call(
+        &w,
+        "pg.query",
+        json!({"sql": "SELECT name FROM items ORDER BY name"}),
+    );
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(
+        summary.contains("apple") && summary.contains("plum"),
+        "{summary}"
+    );
+    let issued = events_of(&w, &r.request_id, "credential.issued");
+    assert_eq!(issued.len(), 1, "one credential for the call");
+    assert_eq!(issued[0]["data"]["mount"], "database");
+    assert_eq!(issued[0]["data"]["role"], "app-read");
+    let lease = issued[0]["data"]["lease_id"]
+        .as_str()
+        .expect("lease")
+        .to_string();
+    assert_eq!(events_of(&w, &r.request_id, "credential.revoked").len(), 1);
+    let lookup = bao.bao(&["lease", "lookup", &lease]);
+    assert!(!lookup.status.success(), "the lease {lease} is still alive");
+    assert_eq!(users(&mut admin), 0, "the minted user outlived its call");
+    let started = events_of(&w, &r.request_id, "sandbox.started");
+    assert_eq!(started[0]["data"]["egress"], json!(["postgres"]));
+
+    // The user's name is cut from what the server returns (it is part of
+    // the live credential), and nothing of the credential is in the audit.
+    let r = call(&w, "pg.query", json!({"sql": "SELECT current_user AS who"}));
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(
+        summary.contains("<redacted>") && !summary.contains("v-"),
+        "{summary}"
+    );
+    let audit = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert!(
+        !audit.contains("password ="),
+        "the credential file reached the audit"
+    );
+
+    // The server's read-only transaction, escaped (its known weakness):
+    // the user minted for a read may only SELECT, so nothing is deleted.
+    let r = call(&w, "pg.query", json!({"sql": "COMMIT; DELETE FROM items"}));
+    let (_, summary, _) = completed(&r);
+    assert!(summary.contains("permission denied"), "{summary}");
+    let left: i64 = app
+        .query_one("SELECT count(*) FROM items", &[])
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 3, "a read's credential deleted rows");
+    assert_eq!(users(&mut admin), 0);
+
+    // The declared endpoint is reachable; any other port of the host is not.
+    let r = call(
+        &w,
+        "reach.attack",
+        json!({"kind": "escape", "targets": [
+            format!("postgres:{port}"),
+            format!("postgres:{other_port}"),
+            format!("postgres:{}", bao.addr.rsplit(':').next().unwrap_or("8200")),
+            format!("10.0.2.2:{other_port}"),
+            format!("1.1.1.1:443"),
+        ]}),
+    );
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    let lines: Vec<&str> = summary.lines().collect();
+    assert_eq!(lines.len(), 5, "{summary}");
+    assert!(lines[0].ends_with(": connected"), "{summary}");
+    for line in &lines[1..] {
+        assert!(!line.contains("connected"), "the server reached {line}");
+    }
+    drop(other);
+    audit_verifies(&w);
+    drop(home);
 }

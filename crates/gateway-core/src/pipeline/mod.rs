@@ -1097,6 +1097,7 @@ impl Pipeline {
         let limits = limits::from_decision(&decision.sandbox).map_err(Stop::refused)?;
         let network = self.network(decision).map_err(Stop::refused)?;
         let terraform = call.tool == Toolset::Terraform;
+        let upstream = matches!(call.tool, Toolset::Upstream { .. });
         let (binds, mut env) = match call.tool {
             Toolset::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Toolset::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
@@ -1153,9 +1154,14 @@ impl Pipeline {
                 env.push(("KUBECONFIG".into(), tools::kubeconfig_inside()));
                 env.push(("KUBE_CONFIG_PATH".into(), tools::kubeconfig_inside()));
             }
+            // A database user (OpenBao's database secrets engine): the
+            // credential file's `username = …` and `password = …` lines,
+            // which the step runner fills into an upstream server's
+            // templates. Only an upstream's sandbox takes one.
+            Some((_, "database")) if upstream => {}
             Some((_, other)) => {
                 return Err(Stop::refused(format!(
-                    "the decision's credential is of type {other:?}, which this gateway cannot hand to a sandbox (it knows: kubernetes); nothing was run"
+                    "the decision's credential is of type {other:?}, which this gateway cannot hand to this sandbox (it knows: kubernetes, and database for an upstream MCP server); nothing was run"
                 )));
             }
         }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use gateway_base::canonical::{canonical_json, sha256_hex};
-use gateway_runner::protocol::{McpCall, McpExchange, McpReport, Step};
+use gateway_runner::protocol::{CredentialFill, McpCall, McpExchange, McpReport, Step};
 use gateway_sandbox::Bind;
 
 /// The most text of a result put in the text block the agent reads.
@@ -32,6 +32,14 @@ pub struct Server {
     pub max_result_bytes: u64,
     #[serde(default = "default_timeout_seconds")]
     pub timeout_seconds: u64,
+    /// The endpoints (by name, `[endpoints]`) a call's sandbox may reach.
+    /// A listing (lock, diff, the daemon's readings) reaches none.
+    #[serde(default)]
+    pub egress: Vec<String>,
+    /// How the server is handed the credential minted for a call (its
+    /// `{{username}}`, `{{password}}` templates), when it gets one.
+    #[serde(default)]
+    pub credential: Option<CredentialFill>,
 }
 
 fn default_max_result_bytes() -> u64 {
@@ -98,6 +106,7 @@ impl Server {
                 max_bytes: self.max_result_bytes.max(4 << 20),
                 timeout_ms: self.timeout_seconds.saturating_mul(1000),
                 call: None,
+                credential: self.credential.clone(),
             }),
         }
     }
@@ -154,6 +163,7 @@ impl UpstreamOp {
                     // last one is kept in the report).
                     progress_token: Some(json!("gateway")),
                 }),
+                credential: self.server.credential.clone(),
             }),
         }
     }
@@ -565,6 +575,8 @@ mod tests {
                 writable: vec![],
                 max_result_bytes: 1000,
                 timeout_seconds: 5,
+                egress: vec![],
+                credential: None,
             },
             definition_sha256: definition_digest(&definition),
             definition,

@@ -205,9 +205,9 @@ impl Pipeline {
                     workdir: None,
                     files_in: vec![],
                     files_out: vec![],
-                    // An upstream gets no credential or egress (yet),
-                    // whatever a catalog entry of the same name says.
-                    with_credential: false,
+                    // The credential and endpoints upstreams.rego derived
+                    // from its declaration (none unless it names them).
+                    with_credential: true,
                 },
             )
             .await?;
