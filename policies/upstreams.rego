@@ -123,7 +123,10 @@ default operation := null
 operation := {
 	"upstream": requested.upstream,
 	"tool": requested.tool,
-	"command": up.command,
+	"command": object.get(up, "command", []),
+	"url": object.get(up, "url", null),
+	"ca_file": object.get(up, "ca_file", null),
+	"bearer_token_file": object.get(up, "bearer_token_file", null),
 	"env": object.get(up, "env", {}),
 	"read_only": object.get(up, "read_only", []),
 	"writable": object.get(up, "writable", []),
@@ -250,7 +253,7 @@ deny contains msg if {
 	requested
 	credential == null
 	up := declared[requested.upstream]
-	some text in array.concat(up.command, [v | some v in object.get(up, "env", {})])
+	some text in array.concat(list_of(object.get(up, "command", [])), [v | some v in object.get(up, "env", {})])
 	is_string(text)
 	contains(text, "{{")
 	msg := sprintf("upstream %q: its command or env has a {{…}} placeholder and the call gets no credential to fill it with", [requested.upstream])
@@ -322,10 +325,42 @@ deny contains msg if {
 	msg := sprintf("upstream %q: config/upstreams has an unknown setting %q (a misspelling?); every call is refused until it is fixed", [requested.upstream, key])
 }
 
+# A remote server (`url`: MCP's streamable HTTP) is one the gateway does
+# not run: it has no command, paths, egress or minted credential; what the
+# gateway presents to it is the token in `bearer_token_file`.
+remote(up) if "url" in object.keys(up)
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	not remote(up)
+	not strings(object.get(up, "command", null))
+	msg := sprintf("upstream %q: config/upstreams needs a command (a list of strings) or a url; every call is refused until it has one", [requested.upstream])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	remote(up)
+	some key in ["command", "read_only", "writable", "egress", "credential", "env"]
+	key in object.keys(up)
+	msg := sprintf("upstream %q is remote (url): %s is for a server the gateway runs; every call is refused until it is removed", [requested.upstream, key])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	remote(up)
+	some key in ["url", "ca_file", "bearer_token_file"]
+	key in object.keys(up)
+	not is_string(up[key])
+	msg := sprintf("upstream %q: %s in config/upstreams must be a string; every call is refused until it is", [requested.upstream, key])
+}
+
 declaration_keys := {
 	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
 	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
-	"egress", "credential",
+	"egress", "credential", "url", "ca_file", "bearer_token_file",
 }
 
 strings(v) if {

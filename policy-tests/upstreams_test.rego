@@ -309,3 +309,47 @@ test_a_placeholder_without_a_credential_is_refused if {
 	decl := object.union(db_declared, {"net": {"command": ["/opt/net"], "env": {"TOKEN": "{{password}}"}, "default_tier": "low"}})
 	refused_db("net.fetch", decl, db_kinds, "has a {{…}} placeholder")
 }
+
+# --- Remote servers ---------------------------------------------------------
+
+remote_declared := object.union(declared, {"api": {
+	"url": "https://mcp.example.com/mcp",
+	"bearer_token_file": "/etc/gateway/api.token",
+	"default_tier": "low",
+}})
+
+remote_lock := object.union(lock, {"api": {"tools": {"lookup": entry("r1", def("lookup", {"annotations": {"readOnlyHint": true}}))}}})
+
+decide_remote(decl) := d if {
+	d := gateway.decision with input as call("api.lookup", {})
+		with data.config.upstreams as decl
+		with data.config.upstream_lock as remote_lock
+}
+
+test_a_remote_servers_call_is_decided_like_any_other if {
+	d := decide_remote(remote_declared)
+	d.allow
+	d.operation.url == "https://mcp.example.com/mcp"
+	d.operation.bearer_token_file == "/etc/gateway/api.token"
+	d.operation.command == []
+	d.credential == null
+	d.sandbox.egress == []
+}
+
+test_a_remote_server_declared_with_what_only_a_run_server_has_is_refused if {
+	every key, value in {"command": ["/bin/x"], "read_only": ["/usr"], "egress": ["postgres"], "credential": {"tiers": {}}, "env": {"A": "b"}} {
+		d := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {key: value})}))
+		not d.allow
+		some r in d.deny_reasons
+		contains(r, sprintf("is remote (url): %s is for a server the gateway runs", [key]))
+	}
+	d := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {"ca_file": 7})}))
+	not d.allow
+}
+
+test_a_declaration_without_command_or_url_is_refused if {
+	d := decide_remote(object.union(declared, {"api": {"default_tier": "low"}}))
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "needs a command (a list of strings) or a url")
+}

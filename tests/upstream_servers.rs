@@ -915,3 +915,154 @@ reach:
     audit_verifies(&w);
     drop(home);
 }
+
+/// A process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `cmd` (a server listening on `port` of 127.0.0.1) and wait until
+/// it accepts connections.
+fn serving(mut cmd: std::process::Command, port: u16) -> Killed {
+    let child = Killed(
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the server"),
+    );
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the server on port {port} did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Remote upstreams (MCP's streamable HTTP), spoken to by the gateway
+/// itself: the real "everything" server in its streamableHttp mode, and a
+/// hostile one of our own (tests/upstreams/remote_server.py) that echoes
+/// the token the gateway presents to it, answers 20 MB, hangs, and
+/// redirects.
+#[test]
+fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
+    let modules = node_modules();
+    let (everything_port, hostile_port) = (free_port(), free_port());
+    let mut everything = std::process::Command::new("/usr/bin/node");
+    everything
+        .arg(modules.join("@modelcontextprotocol/server-everything/dist/index.js"))
+        .arg("streamableHttp")
+        .env("PORT", everything_port.to_string());
+    let _everything = serving(everything, everything_port);
+    // Where its redirect points: nothing may connect here.
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    elsewhere.set_nonblocking(true).expect("nonblocking");
+    let elsewhere_port = elsewhere.local_addr().expect("addr").port();
+    let mut hostile = std::process::Command::new("/usr/bin/python3");
+    hostile
+        .arg(common::repo().join("tests/upstreams/remote_server.py"))
+        .arg(hostile_port.to_string())
+        .env(
+            "REDIRECT_TO",
+            format!("http://127.0.0.1:{elsewhere_port}/mcp"),
+        )
+        .stderr(std::process::Stdio::null());
+    let _hostile = serving(hostile, hostile_port);
+    let secrets = tempfile::tempdir().expect("dir");
+    let token = "remote-token-7f3a9c2e51b84d06";
+    let token_file = secrets.path().join("remote.token");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&token_file)
+            .expect("token file");
+        writeln!(f, "{token}").expect("write");
+    }
+    let extra = format!(
+        r#"far:
+  url: http://127.0.0.1:{everything_port}/mcp
+  default_tier: low
+remote:
+  url: http://127.0.0.1:{hostile_port}/mcp
+  bearer_token_file: {token_file}
+  max_result_bytes: 1048576
+  timeout_seconds: 5
+  default_tier: low
+"#,
+        token_file = token_file.display(),
+    );
+    let w = world_with(&extra, &[], |_| {});
+    let list = w
+        .pipeline
+        .policy
+        .current()
+        .expect("policy")
+        .tool_list(
+            &Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+            &w.pipeline.upstream_readings.snapshot(),
+        )
+        .expect("tool list");
+    assert!(list.get("far.echo").is_some(), "{list:?}");
+    assert!(list.get("remote.whoami").is_some(), "{list:?}");
+
+    // The real server, over HTTP: the call and its answer.
+    let r = call(&w, "far.echo", json!({"message": "over streamable http"}));
+    let (ok, summary, result) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(summary.contains("over streamable http"), "{summary}");
+    assert!(result["result_sha256"].is_string(), "{result}");
+    assert_eq!(events_of(&w, &r.request_id, "upstream.called").len(), 1);
+    assert!(events_of(&w, &r.request_id, "sandbox.started").is_empty());
+
+    // The token the gateway presents reaches the server, and is cut from
+    // what the server returns.
+    let r = call(&w, "remote.whoami", json!({}));
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    assert!(
+        summary.contains("authorization: Bearer <redacted>"),
+        "{summary}"
+    );
+    let audit = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
+    assert!(!summary.contains(token) && !audit.contains(token));
+
+    // 20 MB: refused at the cap, the call ends.
+    let started = std::time::Instant::now();
+    let r = call(&w, "remote.attack", json!({"kind": "huge"}));
+    let (ok, summary, result) = completed(&r);
+    assert!(!ok, "{summary}");
+    assert_eq!(result["error"]["kind"], "too_large", "{result}");
+    // Never answers: the call ends at the upstream's timeout.
+    let r = call(&w, "remote.attack", json!({"kind": "hang"}));
+    let (ok, _, result) = completed(&r);
+    assert!(!ok);
+    assert_eq!(result["error"]["kind"], "timeout", "{result}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // A redirect is not followed.
+    let r = call(&w, "remote.attack", json!({"kind": "redirect"}));
+    let (ok, summary, _) = completed(&r);
+    assert!(!ok, "{summary}");
+    assert!(
+        elsewhere.accept().is_err(),
+        "the gateway followed the server's redirect"
+    );
+    audit_verifies(&w);
+}

@@ -157,7 +157,7 @@ impl Pipeline {
         server: &Server,
         reported: &mut std::collections::BTreeSet<(String, String, String)>,
     ) {
-        if !self.sandbox.uses_host_tools() {
+        if !server.remote() && !self.sandbox.uses_host_tools() {
             return;
         }
         let report = upstream::list(

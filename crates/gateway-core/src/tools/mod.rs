@@ -12,6 +12,7 @@ pub mod kubectl;
 pub mod kubectl_change;
 pub mod module;
 pub mod upstream;
+pub mod upstream_remote;
 
 use std::path::{Path, PathBuf};
 

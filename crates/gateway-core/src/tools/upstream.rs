@@ -21,7 +21,23 @@ pub const SUMMARY_CHARS: usize = 64 * 1024;
 /// server is started and what it may see.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct Server {
+    /// A stdio server: its argv, run in a sandbox per call. Empty for a
+    /// remote server.
+    #[serde(default)]
     pub command: Vec<String>,
+    /// A remote server (streamable HTTP): its URL, spoken to by the
+    /// gateway itself ([`super::upstream_remote`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// PEM CA certificates a remote server's TLS is checked against,
+    /// besides the system's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// A root-owned file (closed to others) holding the bearer token the
+    /// gateway presents to a remote server: the operator's, never the
+    /// agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
     #[serde(default)]
@@ -87,10 +103,32 @@ impl Server {
         env
     }
 
-    /// Whether the command starts with an absolute path.
+    /// Whether it is a remote server (a URL, not a command).
+    pub fn remote(&self) -> bool {
+        self.url.is_some()
+    }
+
+    /// A command that starts with an absolute path, or a URL the gateway
+    /// may reach; not both.
     pub fn check(&self, name: &str) -> Result<(), String> {
-        match self.command.first() {
-            Some(p) if Path::new(p).is_absolute() => Ok(()),
+        match (&self.url, self.command.first()) {
+            (Some(_), Some(_)) => Err(format!(
+                "upstream {name:?} has both a command and a url: it is one or the other"
+            )),
+            (Some(url), None) => {
+                if !self.read_only.is_empty()
+                    || !self.writable.is_empty()
+                    || !self.egress.is_empty()
+                    || self.credential.is_some()
+                {
+                    return Err(format!(
+                        "upstream {name:?} is remote: read_only, writable, egress and credential are for a server the gateway runs"
+                    ));
+                }
+                super::upstream_remote::check_url(url)
+                    .map_err(|e| format!("upstream {name:?}: {e}"))
+            }
+            (None, Some(p)) if Path::new(p).is_absolute() => Ok(()),
             _ => Err(format!(
                 "upstream {name:?}'s command must start with an absolute path"
             )),
@@ -502,6 +540,18 @@ pub async fn list(
     server: &Server,
 ) -> Result<McpReport, String> {
     server.check(name)?;
+    if server.remote() {
+        let step = server.list_step();
+        let ex = step.mcp.as_ref().ok_or("no exchange")?;
+        let report = super::upstream_remote::exchange_redacted(server, ex).await?;
+        return match &report.error_kind {
+            Some(kind) => Err(format!(
+                "upstream {name:?}: {} ({kind})",
+                report.error.clone().unwrap_or_default()
+            )),
+            None => Ok(report),
+        };
+    }
     let mut binds = tools.runner_binds().map_err(|e| e.to_string())?;
     binds.extend(self::binds(name, server, gateway_home, policies)?);
     binds.sort_by(|a, b| a.inside.cmp(&b.inside));
@@ -573,6 +623,9 @@ mod tests {
                 env: Default::default(),
                 read_only: vec![],
                 writable: vec![],
+                url: None,
+                ca_file: None,
+                bearer_token_file: None,
                 max_result_bytes: 1000,
                 timeout_seconds: 5,
                 egress: vec![],

@@ -51,7 +51,7 @@ impl ToolRunner for Upstream {
             let op = UpstreamOp::from_decision(first.operation.as_ref())
                 .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
             // Before anyone is asked to approve a call that cannot run.
-            if !p.sandbox.uses_host_tools() {
+            if !op.server.remote() && !p.sandbox.uses_host_tools() {
                 return Err(Stop::refused(format!(
                     "upstream MCP servers run on the local sandbox backend only (this gateway's is {}); nothing was run",
                     p.sandbox.backend()
@@ -186,6 +186,54 @@ impl Pipeline {
         arguments: &Value,
     ) -> Result<Outcome, Stop> {
         binds.sort_by(|a, b| a.inside.cmp(&b.inside));
+        let report = if op.server.remote() {
+            self.remote_upstream_call(call, decision, op, arguments)
+                .await?
+        } else {
+            self.sandboxed_upstream_call(call, decision, op, binds, arguments)
+                .await?
+        };
+        self.upstream_reported(call, op, arguments, report)
+    }
+
+    /// A remote server's call: made by the gateway over streamable HTTP
+    /// (no sandbox: the server runs elsewhere), with its declared token.
+    async fn remote_upstream_call(
+        &self,
+        call: &Call,
+        decision: &Decision,
+        op: &UpstreamOp,
+        arguments: &Value,
+    ) -> Result<gateway_runner::protocol::McpReport, Stop> {
+        if decision.credential.is_some() || !decision.sandbox.egress.is_empty() {
+            return Err(Stop::refused(format!(
+                "upstream {} is remote: the decision's credential or egress is for a server the gateway runs; nothing was called",
+                op.upstream
+            )));
+        }
+        call.progress
+            .say(format!("calling {}.{} at its URL", op.upstream, op.tool));
+        let step = op.call_step(arguments);
+        let ex = step
+            .mcp
+            .as_ref()
+            .ok_or_else(|| Stop::refused("no MCP exchange for the call"))?;
+        crate::tools::upstream_remote::exchange_redacted(&op.server, ex)
+            .await
+            .map_err(|e| {
+                Stop::refused(format!("upstream {}: {e}; nothing was called", op.upstream))
+            })
+    }
+
+    /// A stdio server's call: the server in its sandbox, the report read.
+    async fn sandboxed_upstream_call(
+        &self,
+        call: &Call,
+        decision: &Decision,
+        op: &UpstreamOp,
+        binds: Vec<gateway_sandbox::Bind>,
+        arguments: &Value,
+    ) -> Result<gateway_runner::protocol::McpReport, Stop> {
         call.progress.say(format!(
             "calling {}.{} in its sandbox",
             op.upstream, op.tool
@@ -217,8 +265,8 @@ impl Pipeline {
                 op.upstream
             )));
         }
-        let report = match upstream::read_report(&r.stdout.bytes) {
-            Ok(report) => report,
+        match upstream::read_report(&r.stdout.bytes) {
+            Ok(report) => Ok(report),
             Err(e) => {
                 // The server's stderr is its own text (it may hold what it
                 // read): in the daemon's log, not in the result or audit.
@@ -228,12 +276,22 @@ impl Pipeline {
                     "no report from the upstream's sandbox: {}",
                     gateway_base::text::escaped(&crate::pipeline::tail(&r.stderr.text(), 5), true)
                 );
-                return Err(Stop::refused(format!(
+                Err(Stop::refused(format!(
                     "{e} ({:?}); the server's own output is in the gateway's log",
                     r.ended
-                )));
+                )))
             }
-        };
+        }
+    }
+
+    /// What the server's report comes to: the audit and the outcome.
+    fn upstream_reported(
+        &self,
+        call: &Call,
+        op: &UpstreamOp,
+        arguments: &Value,
+        report: gateway_runner::protocol::McpReport,
+    ) -> Result<Outcome, Stop> {
         if report.list_changed {
             // The server says its list changed: read it again now.
             self.upstream_readings.read_now();

@@ -1,0 +1,424 @@
+//! A remote upstream MCP server (MCP's streamable HTTP transport), spoken
+//! to by the gateway itself with rmcp's client: the other transport of an
+//! upstream besides the stdio server a sandbox runs
+//! ([`super::upstream::list`], the `mcp_upstream` runner). It gives the same
+//! [`McpReport`] the step runner gives for a stdio server, so that the
+//! lock, the readings, the call's checks and its audit are one.
+//!
+//! What the server sends is hostile input, as from a stdio server: each
+//! answer is capped at the upstream's `max_result_bytes` (rmcp's client
+//! refuses a larger JSON body or SSE event before parsing it), the tool
+//! list at as many pages and bytes, the whole exchange at
+//! `timeout_seconds`; its requests (sampling, elicitation, roots) are
+//! refused and counted, its notifications counted; the tool is called only
+//! when its live definition is the locked one. TLS is verified (the
+//! system's roots, or the declared `ca_file`'s); plain HTTP only to a
+//! loopback address. No redirect is followed. The credential the gateway
+//! presents (`bearer_token_file`, root's) is the operator's for that server,
+//! never the agent's token, and is cut from anything the server returns.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+// Sampling and roots are deprecated in MCP (SEP-2577); a server may still
+// ask for them, and is refused.
+#[allow(deprecated)]
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, ErrorData, Implementation, ListRootsResult,
+    PaginatedRequestParams, ProgressNotificationParam,
+};
+use rmcp::service::{NotificationContext, RequestContext, RoleClient};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::Value;
+use zeroize::Zeroizing;
+
+use gateway_runner::protocol::{McpExchange, McpReport};
+
+use super::upstream::Server;
+
+/// Pages of `tools/list` read at most (as the step runner does).
+const MAX_PAGES: usize = 64;
+
+/// What the server did besides answering, counted by the client's handler.
+#[derive(Default)]
+struct Seen {
+    requests_refused: u64,
+    refused_methods: Vec<String>,
+    notifications: u64,
+    progress: Option<Value>,
+    list_changed: bool,
+}
+
+/// The client's side of the session: refuses every request of the
+/// server's, counts its notifications.
+#[derive(Clone)]
+struct Watcher(Arc<Mutex<Seen>>);
+
+impl Watcher {
+    fn refuse(&self, method: &str) {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.requests_refused += 1;
+        if s.refused_methods.len() < 16 {
+            s.refused_methods.push(method.to_string());
+        }
+    }
+    fn notified(&self, f: impl FnOnce(&mut Seen)) {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.notifications += 1;
+        f(&mut s);
+    }
+}
+
+fn refused<T>(method: &str) -> Result<T, ErrorData> {
+    Err(ErrorData::new(
+        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+        format!("{method} is not offered to upstream servers by this gateway"),
+        None,
+    ))
+}
+
+#[allow(deprecated)]
+impl ClientHandler for Watcher {
+    fn get_info(&self) -> ClientConfig {
+        let mut info = ClientConfig::default();
+        info.client_info = Implementation::new("gateway", env!("CARGO_PKG_VERSION"));
+        info
+    }
+
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.refuse("sampling/createMessage");
+        refused("sampling/createMessage")
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.refuse("roots/list");
+        refused("roots/list")
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        self.refuse("elicitation/create");
+        refused("elicitation/create")
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.notified(|s| s.progress = serde_json::to_value(&params).ok());
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.notified(|s| s.list_changed = true);
+    }
+
+    async fn on_logging_message(
+        &self,
+        _params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.notified(|_| {});
+    }
+}
+
+/// Why the declared URL cannot be used, if it cannot: `https://`, or
+/// `http://` to a loopback address only.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("url {url:?}: {e}"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(format!(
+            "url {url:?} carries a user or password: give the server's credential in bearer_token_file"
+        ));
+    }
+    match parsed.scheme() {
+        "https" => Ok(()),
+        "http" => {
+            let host = parsed.host_str().unwrap_or_default();
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let loopback = host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|a| a.is_loopback());
+            if loopback {
+                Ok(())
+            } else {
+                Err(format!(
+                    "url {url:?}: a remote upstream is reached over https (plain http only on this host's loopback)"
+                ))
+            }
+        }
+        other => Err(format!("url {url:?}: scheme {other:?} is not https")),
+    }
+}
+
+/// The HTTP client: TLS verified against the system's roots and the
+/// declared CA, no redirect, no proxy from the environment.
+fn http_client(server: &Server) -> Result<reqwest::Client, String> {
+    // The process's provider (ring, as the daemon installs it at start);
+    // a no-op when one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut b = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .connect_timeout(Duration::from_secs(10));
+    if let Some(ca) = &server.ca_file {
+        let pem = std::fs::read(ca).map_err(|e| format!("ca_file {ca}: {e}"))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("ca_file {ca}: {e}"))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| format!("the HTTP client: {e}"))
+}
+
+/// The exchange `ex` (a listing, or a call made only when the tool's live
+/// definition is the locked one) with the remote server `server`.
+/// `token` is what the gateway presents to it, if anything.
+pub async fn exchange(server: &Server, ex: &McpExchange, token: Option<&str>) -> McpReport {
+    let mut report = McpReport {
+        max_bytes: ex.max_bytes,
+        timeout_ms: ex.timeout_ms,
+        ..McpReport::default()
+    };
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let outcome = tokio::time::timeout(
+        Duration::from_millis(ex.timeout_ms),
+        talk(server, ex, token, Watcher(Arc::clone(&seen)), &mut report),
+    )
+    .await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err((kind, why))) => {
+            report.error_kind = Some(kind.into());
+            report.error = Some(why);
+        }
+        Err(_) => {
+            report.error_kind = Some("timeout".into());
+            report.error = Some(format!(
+                "the server did not finish within {} ms",
+                ex.timeout_ms
+            ));
+        }
+    }
+    let s = seen.lock().unwrap_or_else(|p| p.into_inner());
+    report.requests_refused = s.requests_refused;
+    report.refused_methods = s.refused_methods.clone();
+    report.notifications = s.notifications;
+    report.progress = s.progress.clone();
+    report.list_changed = s.list_changed;
+    report
+}
+
+type Failed = (&'static str, String);
+
+fn service_error(what: &str, e: rmcp::service::ServiceError) -> Failed {
+    use rmcp::service::ServiceError as E;
+    match e {
+        E::McpError(err) => (
+            "rpc_error",
+            format!(
+                "{what}: {}",
+                err.message.chars().take(500).collect::<String>()
+            ),
+        ),
+        other => {
+            let text = other.to_string();
+            let kind = if text.contains("exceeded the maximum size") || text.contains("too large") {
+                "too_large"
+            } else {
+                "closed"
+            };
+            (
+                kind,
+                format!("{what}: {}", text.chars().take(500).collect::<String>()),
+            )
+        }
+    }
+}
+
+async fn talk(
+    server: &Server,
+    ex: &McpExchange,
+    token: Option<&str>,
+    watcher: Watcher,
+    report: &mut McpReport,
+) -> Result<(), Failed> {
+    let url = server.url.as_deref().unwrap_or_default();
+    check_url(url).map_err(|e| ("protocol", e))?;
+    let client = http_client(server).map_err(|e| ("closed", e))?;
+    let cap = usize::try_from(ex.max_bytes).unwrap_or(usize::MAX);
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+    config.max_json_response_size = cap;
+    config.max_sse_event_size = cap;
+    if let Some(t) = token {
+        config = config.auth_header(t.to_string());
+    }
+    let transport = StreamableHttpClientTransport::with_client(client, config);
+    let session = watcher
+        .serve(transport)
+        .await
+        .map_err(|e| ("closed", format!("initialize: {e}")))?;
+    let result = async {
+        if let Some(info) = session.peer_info() {
+            report.server = Some(serde_json::json!({
+                "protocolVersion": info.protocol_version,
+                "serverInfo": info.server_info,
+            }));
+        }
+        // Every page, capped in pages and bytes.
+        let mut tools: Vec<Value> = Vec::new();
+        let mut bytes = 0usize;
+        let mut cursor = None;
+        for page in 0.. {
+            if page == MAX_PAGES {
+                return Err((
+                    "protocol",
+                    format!("tools/list has more than {MAX_PAGES} pages"),
+                ));
+            }
+            let params = cursor.take().map(|c| {
+                let mut p = PaginatedRequestParams::default();
+                p.cursor = Some(c);
+                p
+            });
+            let listed = session
+                .list_tools(params)
+                .await
+                .map_err(|e| service_error("tools/list", e))?;
+            for t in &listed.tools {
+                let v = serde_json::to_value(t).unwrap_or(Value::Null);
+                bytes = bytes.saturating_add(v.to_string().len());
+                tools.push(v);
+            }
+            if bytes > cap {
+                return Err((
+                    "too_large",
+                    format!("the tool list is more than {cap} bytes"),
+                ));
+            }
+            match listed.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        let Some(call) = &ex.call else {
+            report.tools = Some(tools);
+            return Ok(());
+        };
+        let live = tools
+            .into_iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some(call.name.as_str()));
+        match live {
+            None => {
+                report.refused = Some(format!(
+                    "the server no longer offers tool {:?}; nothing was called",
+                    call.name
+                ));
+            }
+            Some(live) if live != call.definition => {
+                report.live_definition = Some(live);
+                report.refused = Some(format!(
+                    "tool {:?}'s definition is not the one locked (it changed on the server); nothing was called",
+                    call.name
+                ));
+            }
+            Some(_) => {
+                let mut params = CallToolRequestParams::new(call.name.clone());
+                if let Value::Object(args) = &call.arguments {
+                    params = params.with_arguments(args.clone());
+                }
+                let result = session
+                    .call_tool(params)
+                    .await
+                    .map_err(|e| service_error("tools/call", e))?;
+                let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                if value.to_string().len() > cap {
+                    return Err(("too_large", format!("the result is more than {cap} bytes")));
+                }
+                report.result = Some(value);
+            }
+        }
+        Ok(())
+    }
+    .await;
+    // The session ends with the exchange (rmcp deletes it on the server).
+    let _ = session.cancel().await;
+    result
+}
+
+/// [`exchange`] with the token from `server`'s `bearer_token_file`, cut
+/// (also encoded) from everything the report holds: a server that echoes
+/// it gives the agent nothing.
+pub async fn exchange_redacted(server: &Server, ex: &McpExchange) -> Result<McpReport, String> {
+    let token = token(server)?;
+    let report = exchange(server, ex, token.as_ref().map(|t| t.as_str())).await;
+    let Some(t) = token else {
+        return Ok(report);
+    };
+    let mut c = gateway_sandbox::Captured {
+        bytes: serde_json::to_vec(&report).unwrap_or_default(),
+        truncated: false,
+    };
+    c.redact_all(&[gateway_base::secret::SecretFile::new(t.as_bytes().to_vec())]);
+    serde_json::from_slice(&c.bytes).map_err(|e| format!("the server's answer, its token cut: {e}"))
+}
+
+/// The bearer token the gateway presents to `server`, read from its
+/// root-owned `bearer_token_file` (closed to others, no link followed).
+pub fn token(server: &Server) -> Result<Option<Zeroizing<String>>, String> {
+    let Some(path) = &server.bearer_token_file else {
+        return Ok(None);
+    };
+    let text = crate::config::store::read_secret_file(
+        std::path::Path::new(path),
+        &crate::config::store::SecretVolumes::default(),
+    )
+    .map_err(|e| format!("bearer_token_file {path}: {e}"))?;
+    let t = text.trim();
+    // Printable, without quotes or backslashes: so that it is found, and
+    // cut, wherever the server puts it in a JSON answer.
+    if t.len() < 8
+        || !t
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        return Err(format!(
+            "bearer_token_file {path}: must hold one token of at least 8 printable characters, without quotes or backslashes"
+        ));
+    }
+    Ok(Some(Zeroizing::new(t.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_https_or_loopback_http_is_reached() {
+        assert!(check_url("https://mcp.example.com/mcp").is_ok());
+        assert!(check_url("http://127.0.0.1:8080/mcp").is_ok());
+        assert!(check_url("http://[::1]:8080/mcp").is_ok());
+        assert!(check_url("http://localhost/mcp").is_ok());
+        assert!(check_url("http://mcp.example.com/mcp").is_err());
+        assert!(check_url("http://10.0.0.1/mcp").is_err());
+        assert!(check_url("ftp://127.0.0.1/x").is_err());
+        assert!(check_url("https://user:pw@mcp.example.com/mcp").is_err());
+        assert!(check_url("not a url").is_err());
+    }
+}
