@@ -127,6 +127,16 @@ deny contains msg if {
 # engine with the statements that say what the user may do.)
 vault_role := data.config.vault_roles.roles[credential.role] if credential.type == "kubernetes"
 
+# A built-in tool's credential is a Kubernetes token: any other type (a
+# database user is an upstream's; a misspelt type) is refused here rather
+# than left to the gateway.
+deny contains msg if {
+	credential != null
+	not data.gateway.upstreams.requested
+	credential.type != "kubernetes"
+	msg := sprintf("credential kind %q is of type %q: a built-in tool's credential must be of type kubernetes", [credential.kind, credential.type])
+}
+
 deny contains msg if {
 	credential.type == "kubernetes"
 	not vault_role

@@ -162,7 +162,7 @@ else := []
 credential_kind := k if {
 	requested
 	c := declared[requested.upstream].credential
-	k := c.tiers[tier(requested.upstream, requested.tool, requested.definition)]
+	k := c.tiers[data.gateway.tools.tier]
 	is_string(k)
 }
 
@@ -175,7 +175,9 @@ credential := {
 	"type": kind.type,
 	"mount": kind.mount,
 	"role": kind.role,
-	"params": {},
+	# Not sent (the engine's role says how long); the gateway refuses and
+	# revokes a lease longer than this.
+	"params": {"ttl": kind.ttl},
 } if {
 	kind := data.config.scopes.credential_kinds[credential_kind]
 	kind.type in credential_types
@@ -196,7 +198,7 @@ credential_use := {"env": object.get(declared[requested.upstream].credential, "e
 deny contains msg if {
 	requested
 	c := declared[requested.upstream].credential
-	tr := tier(requested.upstream, requested.tool, requested.definition)
+	tr := data.gateway.tools.tier
 	not is_string(object.get(object.get(c, "tiers", {}), tr, null))
 	msg := sprintf("upstream %q: its credential names no kind for tier %s (credential.tiers in config/upstreams); refused rather than run without one", [requested.upstream, tr])
 }
@@ -210,7 +212,7 @@ deny contains msg if {
 deny contains msg if {
 	credential_kind
 	data.config.scopes.credential_kinds[credential_kind].type in credential_types
-	some field in ["mount", "role"]
+	some field in ["mount", "role", "ttl"]
 	not is_string(object.get(data.config.scopes.credential_kinds[credential_kind], field, null))
 	msg := sprintf("credential kind %q (config/scopes) needs a %s for upstream %q", [credential_kind, field, requested.upstream])
 }

@@ -245,8 +245,8 @@ db_lock := object.union(lock, {
 })
 
 db_kinds := {
-	"pg_read": {"type": "database", "mount": "database", "role": "app-read", "egress": ["postgres"]},
-	"pg_write": {"type": "database", "mount": "database", "role": "app-write", "egress": ["postgres"]},
+	"pg_read": {"type": "database", "mount": "database", "role": "app-read", "ttl": "5m", "egress": ["postgres"]},
+	"pg_write": {"type": "database", "mount": "database", "role": "app-write", "ttl": "5m", "egress": ["postgres"]},
 	"pod_reader": {"type": "kubernetes", "mount": "kubernetes", "ttl": "10m", "egress": ["kube-apiserver"]},
 }
 
@@ -260,7 +260,7 @@ decide_db(tool, decl, kinds) := d if {
 test_a_read_gets_the_read_role_and_a_write_the_write_role if {
 	r := decide_db("pg.query", db_declared, db_kinds)
 	r.allow
-	r.credential == {"kind": "pg_read", "type": "database", "mount": "database", "role": "app-read", "params": {}}
+	r.credential == {"kind": "pg_read", "type": "database", "mount": "database", "role": "app-read", "params": {"ttl": "5m"}}
 	r.sandbox.egress == ["metrics", "postgres"]
 	r.operation.egress == ["metrics", "postgres"]
 	r.operation.credential == {"env": {"PGUSER": "{{username}}"}}
@@ -298,7 +298,8 @@ test_a_credential_declared_wrong_refuses_every_call if {
 	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "nope"}}}), db_kinds, "must be a credential_kinds entry")
 	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "pod_reader"}}}), db_kinds, "must be a credential_kinds entry")
 	# A kind without a role.
-	refused_db("pg.query", db_declared, object.union(object.remove(db_kinds, ["pg_read"]), {"pg_read": {"type": "database", "mount": "database"}}), "needs a role")
+	refused_db("pg.query", db_declared, object.union(object.remove(db_kinds, ["pg_read"]), {"pg_read": {"type": "database", "mount": "database", "ttl": "5m"}}), "needs a role")
+	refused_db("pg.query", db_declared, object.union(object.remove(db_kinds, ["pg_read"]), {"pg_read": {"type": "database", "mount": "database", "role": "r"}}), "needs a ttl")
 	# Misspelt or misshapen settings.
 	refused_db("pg.query", with_pg({"credential": {"tier": {"low": "pg_read"}}}), db_kinds, "credential in config/upstreams must be")
 	refused_db("pg.query", with_pg({"credential": {"tiers": {"low": "pg_read"}, "env": {"A": 1}}}), db_kinds, "credential.env in config/upstreams")
@@ -352,4 +353,22 @@ test_a_declaration_without_command_or_url_is_refused if {
 	not d.allow
 	some r in d.deny_reasons
 	contains(r, "needs a command (a list of strings) or a url")
+}
+
+test_the_credential_follows_the_calls_tier_where_config_tools_sets_it if {
+	d := gateway.decision with input as call("pg.execute", {})
+		with data.config.upstreams as db_declared
+		with data.config.upstream_lock as db_lock
+		with data.config.scopes.credential_kinds as db_kinds
+		with data.config.tools["pg.execute"] as {"tier": "medium"}
+	d.tier == "medium"
+	d.credential.role == "app-read"
+}
+
+test_a_built_in_tool_never_gets_a_credential_of_another_type if {
+	d := gateway.decision with input as call("k8s_get_pod_status", {"namespace": "demo-app"})
+		with data.config.scopes.credential_kinds.pod_reader.type as "database"
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "must be of type kubernetes")
 }

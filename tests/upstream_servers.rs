@@ -743,12 +743,17 @@ fn upstreams_work_through_the_daemon_from_the_python_sdk() {
 /// endpoint reaches that one only.
 #[test]
 fn a_database_upstream_gets_a_user_minted_for_the_call_and_reaches_only_its_endpoint() {
-    let db = pg::Postgres::start_for_sandboxes();
+    // Only the minted users, only to the app's database, with a password.
+    let db =
+        pg::Postgres::start_for_sandboxes("host app +gateway_minted 10.201.0.0/16 scram-sha-256");
     let mut admin =
         postgres::Client::connect(&db.conninfo("postgres"), postgres::NoTls).expect("connect");
     admin
-        .batch_execute("CREATE DATABASE app;")
+        .batch_execute("CREATE DATABASE app")
         .expect("create db");
+    admin
+        .batch_execute("CREATE ROLE gateway_minted NOLOGIN")
+        .expect("create role");
     let mut app = postgres::Client::connect(&db.conninfo("app"), postgres::NoTls).expect("app");
     app.batch_execute(
         "CREATE TABLE items (name text); INSERT INTO items VALUES ('apple'), ('pear'), ('plum');",
@@ -771,7 +776,11 @@ fn a_database_upstream_gets_a_user_minted_for_the_call_and_reaches_only_its_endp
         "write",
         "database/roles/app-read",
         "db_name=app",
-        "creation_statements=CREATE ROLE \"{{name}}\" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{{name}}\";",
+        "creation_statements=CREATE ROLE \"{{name}}\" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}' CONNECTION LIMIT 2 IN ROLE gateway_minted; GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{{name}}\"; ALTER ROLE \"{{name}}\" SET statement_timeout = '60s';",
+        // What the user made or runs goes with it (the engine's default
+        // only revokes and drops, which fails on a user that owns a large
+        // object, and leaves its sessions running).
+        "revocation_statements=SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{{name}}'; REASSIGN OWNED BY \"{{name}}\" TO postgres; DROP OWNED BY \"{{name}}\"; DROP ROLE IF EXISTS \"{{name}}\";",
         "default_ttl=5m",
         "max_ttl=10m",
     ]);
@@ -784,10 +793,10 @@ fn a_database_upstream_gets_a_user_minted_for_the_call_and_reaches_only_its_endp
   command: [/usr/bin/node, {modules}/@modelcontextprotocol/server-postgres/dist/index.js, "postgresql://{{{{username}}}}:{{{{password:url}}}}@postgres:{port}/app"]
   read_only: [/usr, /lib, /lib64, {modules}]
   credential:
-    tiers: {{medium: pg_read}}
+    tiers: {{low: pg_read, medium: pg_read}}
   tiers:
     - {{match: query, tier: low}}
-  timeout_seconds: 20
+  timeout_seconds: 10
 reach:
   command: [/usr/bin/python3, {repo}/tests/upstreams/hostile_server.py]
   read_only: [/usr, /lib, /lib64, {repo}/tests/upstreams/hostile_server.py]
@@ -807,7 +816,7 @@ reach:
         &[(
             "config/scopes/data.yaml",
             "credential_kinds:\n",
-            "credential_kinds:\n  pg_read: {type: database, mount: database, role: app-read, egress: [postgres]}\n",
+            "credential_kinds:\n  pg_read: {type: database, mount: database, role: app-read, ttl: 5m, egress: [postgres]}\n",
         )],
         move |p| {
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -889,6 +898,30 @@ reach:
         .expect("count")
         .get(0);
     assert_eq!(left, 3, "a read's credential deleted rows");
+    assert_eq!(users(&mut admin), 0);
+
+    // What a read's user can still do, escaped: make a large object (any
+    // role may), change its own password, sleep in the database past its
+    // call. The revocation takes all of it with the user.
+    let r = call(
+        &w,
+        "pg.query",
+        json!({"sql": "COMMIT; SELECT lo_create(0); ALTER ROLE CURRENT_USER PASSWORD 'chosen-by-the-agent'"}),
+    );
+    let _ = completed(&r);
+    assert_eq!(events_of(&w, &r.request_id, "credential.revoked").len(), 1);
+    assert_eq!(users(&mut admin), 0, "the user outlived its call");
+    let r = call(&w, "pg.query", json!({"sql": "SELECT pg_sleep(600)"}));
+    let (ok, _, result) = completed(&r);
+    assert!(!ok && result["error"]["kind"] == "timeout", "{result}");
+    let sessions: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename LIKE 'v-%'",
+            &[],
+        )
+        .expect("sessions")
+        .get(0);
+    assert_eq!(sessions, 0, "a minted user's query outlived its call");
     assert_eq!(users(&mut admin), 0);
 
     // The declared endpoint is reachable; any other port of the host is not.

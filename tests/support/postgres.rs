@@ -55,15 +55,16 @@ impl Postgres {
 
     /// A server a sandbox with the endpoint can reach: it listens on every
     /// IPv4 address (on its private port), trusts loopback (the test and
-    /// OpenBao connect as `postgres` there) and asks for a password
-    /// (SCRAM) from the sandboxes' networks (10.201.0.0/16).
-    pub fn start_for_sandboxes() -> Postgres {
+    /// OpenBao connect as `postgres` there) and takes from the sandboxes'
+    /// networks (10.201.0.0/16) only what `hba` (pg_hba.conf lines) lets in.
+    pub fn start_for_sandboxes(hba: &str) -> Postgres {
         let mut pg = Postgres::start();
         pg.kill();
-        let hba = pg.data().join("pg_hba.conf");
-        let mut text = std::fs::read_to_string(&hba).expect("pg_hba.conf");
-        text.push_str("host all all 10.201.0.0/16 scram-sha-256\n");
-        std::fs::write(&hba, text).expect("pg_hba.conf");
+        let path = pg.data().join("pg_hba.conf");
+        let mut text = std::fs::read_to_string(&path).expect("pg_hba.conf");
+        text.push_str(hba);
+        text.push('\n');
+        std::fs::write(&path, text).expect("pg_hba.conf");
         pg.settings = vec!["listen_addresses=0.0.0.0".into()];
         pg.run();
         pg

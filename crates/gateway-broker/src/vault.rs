@@ -1225,12 +1225,31 @@ impl VaultBroker {
             )));
         }
         let ttl = Duration::from_secs(resp.lease_duration);
+        // A database user's lease is as long as the engine's role says; the
+        // policy's ttl is the most the gateway takes (a role with no
+        // default_ttl would give the system's default, a month).
+        let too_long = match scope.params.get("ttl") {
+            Some(t) if scope.credential_type == "database" => match ttl_seconds(t) {
+                Some(most) if resp.lease_duration <= most => None,
+                Some(most) => Some(format!(
+                    "the lease is {} s, longer than the policy's ttl {t} ({most} s): set the role's default_ttl",
+                    resp.lease_duration
+                )),
+                None => Some(format!(
+                    "the policy's ttl {t:?} is not a duration (like 5m)"
+                )),
+            },
+            _ => None,
+        };
         // Record before anything uses it: a crash from here on is recovered.
         let recorded = self
             .ledger
             .issued(&resp.lease_id, request_id, &mount, &scope.role, ttl)
             .map_err(|e| tracing::error!("lease ledger: {e}"));
-        let credential = credential_from(&data);
+        let credential = match too_long {
+            Some(why) => Err(why),
+            None => credential_from(&data),
+        };
         // The answer's copy of the secret is wiped as soon as the file holds it.
         data.values_mut().for_each(wipe);
         if recorded.is_err() || credential.is_err() {
@@ -1313,6 +1332,22 @@ fn wipe(v: &mut Value) {
 /// The file a sandbox gets from a secret's data, by the secrets engine's
 /// answer: a Kubernetes service account token (the file kubectl's
 /// `tokenFile` reads), or AWS keys (a shared credentials file).
+/// Seconds of a ttl as the policy writes it: `90`, `90s`, `5m`, `1h`.
+fn ttl_seconds(t: &str) -> Option<u64> {
+    let (n, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let n: u64 = n.parse().ok()?;
+    let unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
 fn credential_from(
     data: &serde_json::Map<String, Value>,
 ) -> Result<(SecretFile, CredentialMeta), String> {
@@ -1363,11 +1398,15 @@ fn credential_from(
     ) {
         // `KEY = value` lines, as the step runner reads them (and as the
         // output redaction cuts each value out on its own).
-        if [user, password]
-            .iter()
-            .any(|v| v.contains(['\n', '\r']) || v.trim() != *v || v.is_empty())
-        {
-            return Err("the database secrets engine answered with a username or password that cannot be handed over (empty, spaces at its ends, or a line break)".into());
+        // Printable, no quote or backslash (so that it is found, and cut,
+        // wherever a server puts it in a JSON answer), and a password long
+        // enough to be cut at all.
+        let plain = |v: &str| {
+            v.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+        };
+        if !plain(user) || !plain(password) || user.is_empty() || password.len() < 16 {
+            return Err("the database secrets engine answered with a username or password the gateway does not hand over (each must be printable ASCII without spaces, quotes or backslashes, the password at least 16 characters: see the engine's password_policy)".into());
         }
         let mut file = Zeroizing::new(String::new());
         file.push_str("username = ");
@@ -1482,8 +1521,24 @@ mod tests {
                 username: "v-token-app-read-x1".into()
             }
         );
-        let broken = serde_json::json!({"username": "u", "password": "a\nusername = root"});
-        assert!(credential_from(broken.as_object().expect("obj")).is_err());
+        for (user, password) in [
+            ("u", "a\nusername = root-and-more"),
+            ("u", "short-password"),
+            ("u", "with \"quote\" inside it!"),
+            ("u", "tab\there-is-long-enough"),
+            ("", "A1a-secretsecret"),
+        ] {
+            let broken = serde_json::json!({"username": user, "password": password});
+            assert!(
+                credential_from(broken.as_object().expect("obj")).is_err(),
+                "{password:?}"
+            );
+        }
+        assert_eq!(ttl_seconds("5m"), Some(300));
+        assert_eq!(ttl_seconds("90"), Some(90));
+        assert_eq!(ttl_seconds("2h"), Some(7200));
+        assert_eq!(ttl_seconds("5d"), None);
+        assert_eq!(ttl_seconds("m"), None);
         let odd = serde_json::json!({"password": "x"});
         assert!(credential_from(odd.as_object().expect("obj")).is_err());
     }

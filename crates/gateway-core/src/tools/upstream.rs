@@ -76,6 +76,9 @@ pub struct UpstreamOp {
     /// policy engine would turn a `1.0` in it into `1`).
     pub definition: Value,
     pub definition_sha256: String,
+    /// The credential the decision mints for the call (its kind, mount,
+    /// role), bound into an approval with the rest.
+    pub credential: Option<Value>,
 }
 
 /// The operation as the policy hands it over.
@@ -167,6 +170,7 @@ impl UpstreamOp {
             server: wire.server,
             definition,
             definition_sha256: wire.definition_sha256,
+            credential: None,
         };
         op.server.check(&op.upstream)?;
         if op.definition["name"].as_str() != Some(op.tool.as_str()) {
@@ -226,6 +230,8 @@ pub fn call_digest(op: &UpstreamOp, arguments: &Value) -> String {
             // How the server runs and what it may see and change: an
             // approval is not spent after the operator re-declares it.
             "server": op.server,
+            // Nor after the role minted for it changed.
+            "credential": op.credential,
         }))
         .as_bytes(),
     )
@@ -633,6 +639,7 @@ mod tests {
             },
             definition_sha256: definition_digest(&definition),
             definition,
+            credential: None,
         }
     }
 
@@ -662,6 +669,9 @@ mod tests {
         let mut redeclared = o.clone();
         redeclared.server.writable = vec!["/srv/elsewhere".into()];
         assert_ne!(a, call_digest(&redeclared, &json!({"text": "a", "n": 1})));
+        let mut other_role = o.clone();
+        other_role.credential = Some(json!({"kind": "pg_write", "role": "app-write"}));
+        assert_ne!(a, call_digest(&other_role, &json!({"text": "a", "n": 1})));
         assert_eq!(a, call_digest(&o, &json!({"n": 1, "text": "a"})));
         assert_ne!(a, call_digest(&o, &json!({"text": "b", "n": 1})));
         let mut other = o.clone();

@@ -48,8 +48,9 @@ impl ToolRunner for Upstream {
 
     fn run<'a>(&'a self, p: &'a Pipeline, call: &'a mut Call, first: Decision) -> RunnerFuture<'a> {
         Box::pin(async move {
-            let op = UpstreamOp::from_decision(first.operation.as_ref())
+            let mut op = UpstreamOp::from_decision(first.operation.as_ref())
                 .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
+            op.credential = first.credential.as_ref().map(|c| json!(c));
             // Before anyone is asked to approve a call that cannot run.
             if !op.server.remote() && !p.sandbox.uses_host_tools() {
                 return Err(Stop::refused(format!(
@@ -134,6 +135,7 @@ impl Upstream {
                         "tool": op.tool,
                         "definition_sha256": op.definition_sha256,
                         "arguments": arguments,
+                        "credential": op.credential,
                     }]);
                     // The agent is told what the approval is for in
                     // the shape every tool's pending approval has.
