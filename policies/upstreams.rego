@@ -127,6 +127,7 @@ operation := {
 	"url": object.get(up, "url", null),
 	"ca_file": object.get(up, "ca_file", null),
 	"bearer_token_file": object.get(up, "bearer_token_file", null),
+	"oauth": object.get(up, "oauth", null),
 	"env": object.get(up, "env", {}),
 	"read_only": object.get(up, "read_only", []),
 	"writable": object.get(up, "writable", []),
@@ -359,10 +360,39 @@ deny contains msg if {
 	msg := sprintf("upstream %q: %s in config/upstreams must be a string; every call is refused until it is", [requested.upstream, key])
 }
 
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	not remote(up)
+	some key in ["ca_file", "bearer_token_file", "oauth"]
+	key in object.keys(up)
+	msg := sprintf("upstream %q: %s is for a remote server (url); every call is refused until it is removed", [requested.upstream, key])
+}
+
+# oauth: the client-credentials grant the gateway makes for each exchange.
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	"oauth" in object.keys(up)
+	not oauth_client(up.oauth)
+	msg := sprintf("upstream %q: oauth in config/upstreams must be {token_url, client_id, client_secret_file, and optionally scope, resource, revocation_url}, each a string; every call is refused until it is", [requested.upstream])
+}
+
+oauth_client(o) if {
+	is_object(o)
+	every key, value in o {
+		key in {"token_url", "client_id", "client_secret_file", "scope", "resource", "revocation_url"}
+		is_string(value)
+	}
+	every key in ["token_url", "client_id", "client_secret_file"] {
+		is_string(o[key])
+	}
+}
+
 declaration_keys := {
 	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
 	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
-	"egress", "credential", "url", "ca_file", "bearer_token_file",
+	"egress", "credential", "url", "ca_file", "bearer_token_file", "oauth",
 }
 
 strings(v) if {

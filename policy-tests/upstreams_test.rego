@@ -372,3 +372,20 @@ test_a_built_in_tool_never_gets_a_credential_of_another_type if {
 	some r in d.deny_reasons
 	contains(r, "must be of type kubernetes")
 }
+
+test_an_oauth_client_is_checked_and_only_for_a_remote_server if {
+	oauth := {"token_url": "https://idp.example.com/token", "client_id": "gateway", "client_secret_file": "/etc/gateway/idp.secret"}
+	ok := decide_remote(object.union(remote_declared, {"api": object.union(object.remove(remote_declared.api, ["bearer_token_file"]), {"oauth": oauth})}))
+	ok.allow
+	ok.operation.oauth == oauth
+	every bad in [{"token_url": "x"}, object.union(oauth, {"scope": 7}), object.union(oauth, {"audiences": "x"}), "oauth"] {
+		d := decide_remote(object.union(remote_declared, {"api": object.union(object.remove(remote_declared.api, ["bearer_token_file"]), {"oauth": bad})}))
+		not d.allow
+	}
+	d := gateway.decision with input as call("fs.read_text_file", {"path": "/srv/data/a"})
+		with data.config.upstreams as object.union(declared, {"fs": object.union(declared.fs, {"oauth": oauth})})
+		with data.config.upstream_lock as lock
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "oauth is for a remote server")
+}

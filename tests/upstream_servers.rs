@@ -14,6 +14,8 @@ mod daemon;
 mod openbao;
 #[path = "support/postgres.rs"]
 mod pg;
+#[path = "support/sso.rs"]
+mod sso;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1014,7 +1016,6 @@ fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
             format!("http://127.0.0.1:{elsewhere_port}/mcp"),
         )
         .stderr(std::process::Stdio::null());
-    let _hostile = serving(hostile, hostile_port);
     let secrets = tempfile::tempdir().expect("dir");
     let token = "remote-token-7f3a9c2e51b84d06";
     let token_file = secrets.path().join("remote.token");
@@ -1029,9 +1030,67 @@ fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
             .expect("token file");
         writeln!(f, "{token}").expect("write");
     }
+    // An OAuth authorization server (the real oidc-provider) that grants
+    // the gateway a token for the hostile server, per call.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (ca, cert, tls_key) = common::tls_files(secrets.path());
+    let signing = secrets.path().join("sign.pem");
+    std::fs::write(
+        &signing,
+        rcgen::KeyPair::generate().expect("key").serialize_pem(),
+    )
+    .expect("key");
+    let idp_port = free_port();
+    let hostile_url = format!("http://127.0.0.1:{hostile_port}/mcp");
+    let _idp = sso::Provider::start_opaque(
+        secrets.path(),
+        idp_port,
+        &[(&signing, "key-0")],
+        &hostile_url,
+        (&cert, &tls_key),
+    );
+    // The hostile server checks the tokens it is shown as a resource
+    // server does, by introspection.
+    hostile
+        .env(
+            "INTROSPECT_URL",
+            format!("https://127.0.0.1:{idp_port}/token/introspection"),
+        )
+        .env(
+            "INTROSPECT_CLIENT",
+            format!(
+                "{}:{}",
+                sso::RESOURCE_CLIENT_ID,
+                sso::RESOURCE_CLIENT_SECRET
+            ),
+        )
+        .env("CA_FILE", &ca);
+    let _hostile = serving(hostile, hostile_port);
+    let client_secret = secrets.path().join("client.secret");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&client_secret)
+            .expect("secret file");
+        writeln!(f, "{}", sso::UPSTREAM_CLIENT_SECRET).expect("write");
+    }
     let extra = format!(
         r#"far:
   url: http://127.0.0.1:{everything_port}/mcp
+  default_tier: low
+granted:
+  url: {hostile_url}
+  ca_file: {ca}
+  oauth:
+    token_url: https://127.0.0.1:{idp_port}/token
+    revocation_url: https://127.0.0.1:{idp_port}/token/revocation
+    client_id: {client_id}
+    client_secret_file: {client_secret}
+  timeout_seconds: 5
   default_tier: low
 remote:
   url: http://127.0.0.1:{hostile_port}/mcp
@@ -1041,6 +1100,9 @@ remote:
   default_tier: low
 "#,
         token_file = token_file.display(),
+        ca = ca.display(),
+        client_id = sso::UPSTREAM_CLIENT_ID,
+        client_secret = client_secret.display(),
     );
     let w = world_with(&extra, &[], |_| {});
     let list = w
@@ -1076,6 +1138,50 @@ remote:
     );
     let audit = std::fs::read_to_string(w.home.join("audit.jsonl")).expect("audit");
     assert!(!summary.contains(token) && !audit.contains(token));
+
+    // A token granted for each call by the authorization server, to the
+    // gateway's client, for this server; revoked when the call ends.
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let r = call(&w, "granted.whoami", json!({}));
+        let (ok, summary, _) = completed(&r);
+        assert!(ok, "{summary}");
+        assert!(
+            summary.contains("authorization: Bearer <redacted>"),
+            "{summary}"
+        );
+        let claims: Value = serde_json::from_str(
+            summary
+                .lines()
+                .find_map(|l| l.strip_prefix("claims: "))
+                .unwrap_or_else(|| panic!("no introspection: {summary}")),
+        )
+        .expect("claims");
+        assert_eq!(claims["active"], true, "{claims}");
+        assert_eq!(claims["client_id"], sso::UPSTREAM_CLIENT_ID, "{claims}");
+        assert_eq!(claims["aud"], hostile_url.as_str(), "{claims}");
+        // Once the call has ended, the authorization server says the
+        // token is no longer active.
+        let r = call(&w, "granted.previous", json!({}));
+        let (ok, summary, _) = completed(&r);
+        assert!(ok, "{summary}");
+        assert!(
+            summary.contains(r#"previous: {"active": false"#),
+            "{summary}"
+        );
+        let issued = events_of(&w, &r.request_id, "credential.issued");
+        assert_eq!(issued.len(), 1, "one token for the call");
+        assert_eq!(issued[0]["data"]["role"], sso::UPSTREAM_CLIENT_ID);
+        // Named by its digest, not by itself.
+        leases.push(issued[0]["data"]["lease_id"].clone());
+        assert_eq!(
+            events_of(&w, &r.request_id, "credential.revoked").len(),
+            1,
+            "{:?}",
+            events_of(&w, &r.request_id, "credential.revoke_failed")
+        );
+    }
+    assert_ne!(leases[0], leases[1], "one token served two calls");
 
     // 20 MB: refused at the cap, the call ends.
     let started = std::time::Instant::now();

@@ -1,13 +1,15 @@
 // The OpenID Connect provider the gateway's SSO tests start: the certified
 // `oidc-provider` package (npm), configured from a JSON file, serving HTTPS
 // with a certificate the test made. Not a mock: discovery, JWKS, the
-// authorization-code flow with PKCE, resource indicators (RFC 8707) and JWT
-// access tokens (RFC 9068) are the package's own.
+// authorization-code flow with PKCE, the client-credentials grant, token
+// revocation, resource indicators (RFC 8707) and JWT access tokens (RFC
+// 9068) are the package's own.
 //
 //   node tests/oidc/provider.mjs CONFIG.json
 //
 // CONFIG: {"issuer", "port", "host" (default 127.0.0.1), "tls": {"cert", "key"}, "keys": [PEM paths,
-// the first signs], "resource", "users": {"login": {"email", "groups"}},
+// the first signs], "resource", "other_resources", "opaque_resources" (given opaque
+// tokens, checked by introspection), "users": {"login": {"email", "groups"}},
 // "clients": [client metadata], "access_token_ttl"}. Prints one line,
 // "oidc-provider: ready <issuer>", once it listens.
 //
@@ -58,6 +60,11 @@ const provider = new Provider(config.issuer, {
     devInteractions: { enabled: true },
     registration: { enabled: true },
     deviceFlow: { enabled: true },
+    // A confidential client's own tokens (a remote upstream's grant), and
+    // their revocation (RFC 7009).
+    clientCredentials: { enabled: true },
+    revocation: { enabled: true },
+    introspection: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => config.resource,
@@ -70,7 +77,9 @@ const provider = new Provider(config.issuer, {
           scope: 'mcp',
           audience: resourceIndicator,
           accessTokenTTL: config.access_token_ttl || 300,
-          accessTokenFormat: 'jwt',
+          // A resource that checks tokens by introspection gets opaque
+          // ones (the package revokes only those).
+          accessTokenFormat: (config.opaque_resources || []).includes(resourceIndicator) ? 'opaque' : 'jwt',
           jwt: { sign: { alg: alg(jwks.keys[0]) } },
         };
       },

@@ -14,6 +14,13 @@ use super::daemon::APPROVER;
 
 pub const CLIENT_ID: &str = "agent-cli";
 pub const REDIRECT: &str = "http://127.0.0.1:53682/callback";
+/// The gateway as a confidential client of the provider (a remote upstream's
+/// client-credentials grant).
+pub const UPSTREAM_CLIENT_ID: &str = "gateway-upstreams";
+pub const UPSTREAM_CLIENT_SECRET: &str = "upstream-client-secret-5d1e8a";
+/// A resource server that introspects the tokens it is shown.
+pub const RESOURCE_CLIENT_ID: &str = "remote-mcp-server";
+pub const RESOURCE_CLIENT_SECRET: &str = "resource-client-secret-91c4f0";
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -46,6 +53,29 @@ impl Provider {
         resource: &str,
         tls: (&Path, &Path),
     ) -> Provider {
+        Provider::launch(dir, port, keys, resource, tls, false)
+    }
+
+    /// [`Provider::start`], with opaque access tokens for `resource` (which
+    /// checks them by introspection, and which the provider can revoke).
+    pub fn start_opaque(
+        dir: &Path,
+        port: u16,
+        keys: &[(&Path, &str)],
+        resource: &str,
+        tls: (&Path, &Path),
+    ) -> Provider {
+        Provider::launch(dir, port, keys, resource, tls, true)
+    }
+
+    fn launch(
+        dir: &Path,
+        port: u16,
+        keys: &[(&Path, &str)],
+        resource: &str,
+        tls: (&Path, &Path),
+        opaque: bool,
+    ) -> Provider {
         let modules = common::repo().join("tests/oidc/node_modules/oidc-provider");
         assert!(
             modules.exists(),
@@ -61,6 +91,7 @@ impl Provider {
             "kids": keys.iter().map(|(_, k)| k).collect::<Vec<_>>(),
             "resource": resource,
             "other_resources": ["https://other.example/mcp"],
+            "opaque_resources": if opaque { vec![resource] } else { vec![] },
             "users": {
                 "alice": {"email": "alice@example.com", "groups": ["developers", "gateway-approvers"]},
                 "bob": {"email": "bob@example.com", "groups": ["developers", "gateway-approvers"]},
@@ -74,6 +105,23 @@ impl Provider {
                 "redirect_uris": [REDIRECT],
                 "grant_types": ["authorization_code", "refresh_token"],
                 "response_types": ["code"],
+            }, {
+                // The gateway itself, granted a token for a remote
+                // upstream (tests/upstream_servers.rs).
+                "client_id": UPSTREAM_CLIENT_ID,
+                "client_secret": UPSTREAM_CLIENT_SECRET,
+                "token_endpoint_auth_method": "client_secret_basic",
+                "redirect_uris": [],
+                "grant_types": ["client_credentials"],
+                "response_types": [],
+            }, {
+                // A resource server that checks tokens by introspection.
+                "client_id": RESOURCE_CLIENT_ID,
+                "client_secret": RESOURCE_CLIENT_SECRET,
+                "token_endpoint_auth_method": "client_secret_basic",
+                "redirect_uris": [],
+                "grant_types": [],
+                "response_types": [],
             }, {
                 // gateway login: the device grant, no redirect.
                 "client_id": "gateway-cli",

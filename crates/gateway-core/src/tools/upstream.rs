@@ -38,6 +38,9 @@ pub struct Server {
     /// agent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_file: Option<String>,
+    /// Or a token granted to the gateway for each exchange.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<super::upstream_remote::OAuthClient>,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
     #[serde(default)]
@@ -118,6 +121,11 @@ impl Server {
             (Some(_), Some(_)) => Err(format!(
                 "upstream {name:?} has both a command and a url: it is one or the other"
             )),
+            (Some(_), None) if self.oauth.is_some() && self.bearer_token_file.is_some() => {
+                Err(format!(
+                    "upstream {name:?} has both bearer_token_file and oauth: it presents one token"
+                ))
+            }
             (Some(url), None) => {
                 if !self.read_only.is_empty()
                     || !self.writable.is_empty()
@@ -131,6 +139,9 @@ impl Server {
                 super::upstream_remote::check_url(url)
                     .map_err(|e| format!("upstream {name:?}: {e}"))
             }
+            (None, _) if self.oauth.is_some() || self.bearer_token_file.is_some() => Err(format!(
+                "upstream {name:?}: bearer_token_file and oauth are for a remote server (url)"
+            )),
             (None, Some(p)) if Path::new(p).is_absolute() => Ok(()),
             _ => Err(format!(
                 "upstream {name:?}'s command must start with an absolute path"
@@ -632,6 +643,7 @@ mod tests {
                 url: None,
                 ca_file: None,
                 bearer_token_file: None,
+                oauth: None,
                 max_result_bytes: 1000,
                 timeout_seconds: 5,
                 egress: vec![],

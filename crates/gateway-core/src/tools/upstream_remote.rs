@@ -362,12 +362,9 @@ async fn talk(
     result
 }
 
-/// [`exchange`] with the token from `server`'s `bearer_token_file`, cut
-/// (also encoded) from everything the report holds: a server that echoes
-/// it gives the agent nothing.
-pub async fn exchange_redacted(server: &Server, ex: &McpExchange) -> Result<McpReport, String> {
-    let token = token(server)?;
-    let report = exchange(server, ex, token.as_ref().map(|t| t.as_str())).await;
+/// `report` with `token` cut (also encoded) from everything it holds: a
+/// server that echoes the token gives the agent nothing.
+pub fn redacted(report: McpReport, token: Option<&str>) -> Result<McpReport, String> {
     let Some(t) = token else {
         return Ok(report);
     };
@@ -377,6 +374,192 @@ pub async fn exchange_redacted(server: &Server, ex: &McpExchange) -> Result<McpR
     };
     c.redact_all(&[gateway_base::secret::SecretFile::new(t.as_bytes().to_vec())]);
     serde_json::from_slice(&c.bytes).map_err(|e| format!("the server's answer, its token cut: {e}"))
+}
+
+/// An exchange with no one to tell (a listing: lock, diff, the daemon's
+/// readings): the token obtained, used, cut from the report, and a
+/// granted one revoked.
+pub async fn exchange_redacted(server: &Server, ex: &McpExchange) -> Result<McpReport, String> {
+    let presented = Presented::obtain(server).await?;
+    let report = exchange(server, ex, presented.token()).await;
+    let report = redacted(report, presented.token());
+    if let Err(e) = presented.revoke(server).await {
+        tracing::warn!("revoking the token a listing was granted: {e}");
+    }
+    report
+}
+
+/// How the gateway obtains a token from an OAuth authorization server for
+/// each exchange with a remote upstream: the client-credentials grant
+/// (RFC 6749 §4.4) as the gateway's own client, revoked (RFC 7009) when
+/// the exchange ends if the server has a revocation endpoint.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthClient {
+    pub token_url: String,
+    pub client_id: String,
+    /// A root-owned file (closed to others) holding the client's secret.
+    pub client_secret_file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The resource (RFC 8707) the token is for: the upstream's URL
+    /// unless said otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_url: Option<String>,
+}
+
+/// The token presented to a remote server for one exchange.
+pub enum Presented {
+    None,
+    /// The operator's standing token (`bearer_token_file`).
+    Standing(Zeroizing<String>),
+    /// A token granted for this exchange.
+    Granted {
+        token: Zeroizing<String>,
+        /// Names the token in the audit: `oauth-` and the first 16 hex
+        /// digits of its SHA-256 (not the token).
+        id: String,
+        expires_in: Option<u64>,
+    },
+}
+
+/// What an OAuth endpoint may answer, at most.
+const OAUTH_ANSWER_BYTES: usize = 64 * 1024;
+
+async fn capped_body(mut resp: reqwest::Response, what: &str) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{what}: {e}"))? {
+        if body.len() + chunk.len() > OAUTH_ANSWER_BYTES {
+            return Err(format!(
+                "{what}: the answer is more than {OAUTH_ANSWER_BYTES} bytes"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+impl Presented {
+    /// The token for `server`: granted now, read from its file, or none.
+    pub async fn obtain(server: &Server) -> Result<Presented, String> {
+        if let Some(t) = token(server)? {
+            return Ok(Presented::Standing(t));
+        }
+        let Some(oauth) = &server.oauth else {
+            return Ok(Presented::None);
+        };
+        check_url(&oauth.token_url).map_err(|e| format!("oauth token_url: {e}"))?;
+        let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
+        let resource = oauth
+            .resource
+            .clone()
+            .or_else(|| server.url.clone())
+            .unwrap_or_default();
+        let mut form: Vec<(&str, &str)> = vec![
+            ("grant_type", "client_credentials"),
+            ("resource", &resource),
+        ];
+        if let Some(scope) = &oauth.scope {
+            form.push(("scope", scope));
+        }
+        let what = format!("the client-credentials grant at {}", oauth.token_url);
+        let resp = http_client(server)?
+            .post(&oauth.token_url)
+            .basic_auth(&oauth.client_id, Some(secret.as_str()))
+            .form(&form)
+            .timeout(Duration::from_secs(15))
+            .send()
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        let status = resp.status();
+        let body = capped_body(resp, &what).await?;
+        let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if !status.is_success() {
+            return Err(format!(
+                "{what}: {status} {}",
+                gateway_base::text::escaped(
+                    &answer["error"]
+                        .as_str()
+                        .unwrap_or("(no OAuth error)")
+                        .chars()
+                        .take(200)
+                        .collect::<String>(),
+                    true
+                )
+            ));
+        }
+        let token = answer["access_token"]
+            .as_str()
+            .filter(|t| {
+                t.len() >= 8
+                    && t.bytes()
+                        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+            })
+            .ok_or_else(|| format!("{what}: no usable access_token in the answer"))?;
+        let token = Zeroizing::new(token.to_string());
+        let id = format!(
+            "oauth-{}",
+            &gateway_base::canonical::sha256_hex(token.as_bytes())[..16]
+        );
+        Ok(Presented::Granted {
+            token,
+            id,
+            expires_in: answer["expires_in"].as_u64(),
+        })
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        match self {
+            Presented::None => None,
+            Presented::Standing(t) | Presented::Granted { token: t, .. } => Some(t.as_str()),
+        }
+    }
+
+    /// Revoke a granted token (RFC 7009) when the authorization server
+    /// has a revocation endpoint; `Ok(false)`: there was nothing to
+    /// revoke, or nowhere to (it lives until it expires).
+    pub async fn revoke(&self, server: &Server) -> Result<bool, String> {
+        let (Presented::Granted { token, .. }, Some(oauth)) = (self, &server.oauth) else {
+            return Ok(false);
+        };
+        let Some(url) = &oauth.revocation_url else {
+            return Ok(false);
+        };
+        check_url(url).map_err(|e| format!("oauth revocation_url: {e}"))?;
+        let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
+        let resp = http_client(server)?
+            .post(url)
+            .basic_auth(&oauth.client_id, Some(secret.as_str()))
+            .form(&[
+                ("token", token.as_str()),
+                ("token_type_hint", "access_token"),
+            ])
+            .timeout(Duration::from_secs(15))
+            .send()
+            .await
+            .map_err(|e| format!("revoking at {url}: {e}"))?;
+        if resp.status().is_success() {
+            Ok(true)
+        } else {
+            Err(format!("revoking at {url}: {}", resp.status()))
+        }
+    }
+}
+
+/// One line of a root-owned secret file (closed to others, no link).
+fn read_one_line(path: &str, what: &str) -> Result<Zeroizing<String>, String> {
+    let text = crate::config::store::read_secret_file(
+        std::path::Path::new(path),
+        &crate::config::store::SecretVolumes::default(),
+    )
+    .map_err(|e| format!("{what} {path}: {e}"))?;
+    let t = text.trim();
+    if t.is_empty() || t.contains(['\n', '\r']) {
+        return Err(format!("{what} {path}: must hold one line"));
+    }
+    Ok(Zeroizing::new(t.to_string()))
 }
 
 /// The bearer token the gateway presents to `server`, read from its

@@ -220,11 +220,80 @@ impl Pipeline {
             .mcp
             .as_ref()
             .ok_or_else(|| Stop::refused("no MCP exchange for the call"))?;
-        crate::tools::upstream_remote::exchange_redacted(&op.server, ex)
-            .await
-            .map_err(|e| {
-                Stop::refused(format!("upstream {}: {e}; nothing was called", op.upstream))
-            })
+        use crate::tools::upstream_remote::{self as remote, Presented};
+        let rid = call.request_id();
+        let server = &op.server;
+        let presented = match Presented::obtain(server).await {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(oauth) = &server.oauth {
+                    self.audit.record(
+                        rid,
+                        Event::CredentialRefused {
+                            mount: oauth.token_url.clone(),
+                            role: oauth.client_id.clone(),
+                            error: e.clone(),
+                        },
+                    )?;
+                }
+                return Err(Stop::refused(format!(
+                    "upstream {}: {e}; nothing was called",
+                    op.upstream
+                )));
+            }
+        };
+        if let (Presented::Granted { id, expires_in, .. }, Some(oauth)) =
+            (&presented, &server.oauth)
+        {
+            self.audit.record(
+                rid,
+                Event::CredentialIssued {
+                    lease_id: id.clone(),
+                    mount: oauth.token_url.clone(),
+                    role: oauth.client_id.clone(),
+                    params: Some(json!({"grant": "client_credentials", "scope": oauth.scope})),
+                    ttl_seconds: *expires_in,
+                    credential: Some(json!({"kind": "oauth_access_token"})),
+                    after_cancellation: None,
+                },
+            )?;
+        }
+        let report = remote::exchange(server, ex, presented.token()).await;
+        let report = remote::redacted(report, presented.token());
+        if let Presented::Granted { id, .. } = &presented {
+            let revoked = presented.revoke(server).await;
+            self.audit.record(
+                rid,
+                match revoked {
+                    Ok(true) => Event::CredentialRevoked {
+                        lease_id: id.clone(),
+                        attempt: None,
+                        recovered: None,
+                        reason: None,
+                        issued_at: None,
+                        owner_pid: None,
+                        owner_replica: None,
+                    },
+                    Ok(false) => Event::CredentialRevokeFailed {
+                        lease_id: id.clone(),
+                        error: "the authorization server has no revocation_url: the token lives until it expires".into(),
+                        attempt: None,
+                        of: None,
+                        recovered: None,
+                        expires_at: None,
+                    },
+                    Err(e) => Event::CredentialRevokeFailed {
+                        lease_id: id.clone(),
+                        error: e,
+                        attempt: None,
+                        of: None,
+                        recovered: None,
+                        expires_at: None,
+                    },
+                },
+            )?;
+        }
+        report.map_err(|e| Stop::refused(format!("upstream {}: {e}", op.upstream)))
     }
 
     /// A stdio server's call: the server in its sandbox, the report read.
