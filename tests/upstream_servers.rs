@@ -1127,6 +1127,41 @@ remote:
     assert_eq!(events_of(&w, &r.request_id, "upstream.called").len(), 1);
     assert!(events_of(&w, &r.request_id, "sandbox.started").is_empty());
 
+    // The server's progress reaches the agent as it comes.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let progress = gateway::pipeline::Progress::new(Some(tx));
+    let r = rt
+        .block_on(w.pipeline.call_with(
+            ToolCall {
+                trace: None,
+                tool: "far.trigger-long-running-operation".into(),
+                params: json!({"duration": 1, "steps": 3}),
+                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+                workspace: None,
+            },
+            "req-remote-progress",
+            &progress,
+        ))
+        .expect("call");
+    let (ok, summary, _) = completed(&r);
+    assert!(ok, "{summary}");
+    let mut said = Vec::new();
+    while let Ok(stage) = rx.try_recv() {
+        said.push(stage.message);
+    }
+    assert!(
+        said.iter()
+            .filter(|m| m.starts_with("upstream progress "))
+            .count()
+            >= 3,
+        "{said:?}"
+    );
+
     // The token the gateway presents reaches the server, and is cut from
     // what the server returns.
     let r = call(&w, "remote.whoami", json!({}));

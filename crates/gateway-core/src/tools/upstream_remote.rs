@@ -25,8 +25,8 @@ use std::time::Duration;
 #[allow(deprecated)]
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, ErrorData, Implementation, ListRootsResult,
-    PaginatedRequestParams, ProgressNotificationParam,
+    ElicitRequestParams, ElicitResult, ErrorData, Implementation, ListRootsResult, NumberOrString,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, RequestMetaObject,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleClient};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -52,10 +52,13 @@ struct Seen {
     list_changed: bool,
 }
 
+/// Told of each progress notification of the server's, as a line of text.
+pub type OnProgress = Arc<dyn Fn(String) + Send + Sync>;
+
 /// The client's side of the session: refuses every request of the
-/// server's, counts its notifications.
+/// server's, counts its notifications, passes progress on.
 #[derive(Clone)]
-struct Watcher(Arc<Mutex<Seen>>);
+struct Watcher(Arc<Mutex<Seen>>, Option<OnProgress>);
 
 impl Watcher {
     fn refuse(&self, method: &str) {
@@ -119,6 +122,19 @@ impl ClientHandler for Watcher {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
+        if let Some(tell) = &self.1 {
+            // The server's words are hostile text: escaped, cut short.
+            let said = params
+                .message
+                .as_deref()
+                .map(|m| {
+                    let m: String = m.chars().take(200).collect();
+                    format!(": {}", gateway_base::text::escaped(&m, true))
+                })
+                .unwrap_or_default();
+            let of = params.total.map(|t| format!("/{t}")).unwrap_or_default();
+            tell(format!("upstream progress {}{of}{said}", params.progress));
+        }
         self.notified(|s| s.progress = serde_json::to_value(&params).ok());
     }
 
@@ -190,7 +206,12 @@ fn http_client(server: &Server) -> Result<reqwest::Client, String> {
 /// The exchange `ex` (a listing, or a call made only when the tool's live
 /// definition is the locked one) with the remote server `server`.
 /// `token` is what the gateway presents to it, if anything.
-pub async fn exchange(server: &Server, ex: &McpExchange, token: Option<&str>) -> McpReport {
+pub async fn exchange(
+    server: &Server,
+    ex: &McpExchange,
+    token: Option<&str>,
+    progress: Option<OnProgress>,
+) -> McpReport {
     let mut report = McpReport {
         max_bytes: ex.max_bytes,
         timeout_ms: ex.timeout_ms,
@@ -199,7 +220,13 @@ pub async fn exchange(server: &Server, ex: &McpExchange, token: Option<&str>) ->
     let seen = Arc::new(Mutex::new(Seen::default()));
     let outcome = tokio::time::timeout(
         Duration::from_millis(ex.timeout_ms),
-        talk(server, ex, token, Watcher(Arc::clone(&seen)), &mut report),
+        talk(
+            server,
+            ex,
+            token,
+            Watcher(Arc::clone(&seen), progress),
+            &mut report,
+        ),
     )
     .await;
     match outcome {
@@ -343,6 +370,11 @@ async fn talk(
                 if let Value::Object(args) = &call.arguments {
                     params = params.with_arguments(args.clone());
                 }
+                if call.progress_token.is_some() {
+                    params.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(
+                        NumberOrString::String("gateway".into()),
+                    )));
+                }
                 let result = session
                     .call_tool(params)
                     .await
@@ -380,10 +412,10 @@ pub fn redacted(report: McpReport, token: Option<&str>) -> Result<McpReport, Str
 /// readings): the token obtained, used, cut from the report, and a
 /// granted one revoked.
 pub async fn exchange_redacted(server: &Server, ex: &McpExchange) -> Result<McpReport, String> {
-    let presented = Presented::obtain(server).await?;
-    let report = exchange(server, ex, presented.token()).await;
+    let mut presented = Presented::obtain(server).await?;
+    let report = exchange(server, ex, presented.token(), None).await;
     let report = redacted(report, presented.token());
-    if let Err(e) = presented.revoke(server).await {
+    if let Err(e) = presented.revoke().await {
         tracing::warn!("revoking the token a listing was granted: {e}");
     }
     report
@@ -416,13 +448,80 @@ pub enum Presented {
     /// The operator's standing token (`bearer_token_file`).
     Standing(Zeroizing<String>),
     /// A token granted for this exchange.
-    Granted {
-        token: Zeroizing<String>,
-        /// Names the token in the audit: `oauth-` and the first 16 hex
-        /// digits of its SHA-256 (not the token).
-        id: String,
-        expires_in: Option<u64>,
-    },
+    Granted(Box<Grant>),
+}
+
+/// A token granted for one exchange. Dropped before it was revoked (the
+/// call was cancelled), it is revoked from a task.
+pub struct Grant {
+    token: Zeroizing<String>,
+    /// Names the token in the audit: `oauth-` and the first 16 hex digits
+    /// of its SHA-256 (not the token).
+    pub id: String,
+    pub expires_in: Option<u64>,
+    /// Who granted it, to whom: where it is revoked.
+    server: Server,
+    revoked: bool,
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        if self.revoked {
+            return;
+        }
+        let (Some(oauth), Ok(handle)) = (
+            self.server.oauth.clone(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (server, token, id) = (self.server.clone(), self.token.clone(), self.id.clone());
+        handle.spawn(async move {
+            match revoke_at(&server, &oauth, &token).await {
+                Ok(_) => tracing::info!(token = %id, "revoked the token of a call that ended early"),
+                Err(e) => tracing::warn!(token = %id, "revoking the token of a call that ended early: {e}"),
+            }
+        });
+    }
+}
+
+/// Revoke `token` at `oauth`'s revocation endpoint (RFC 7009); `Ok(false)`:
+/// it has none.
+async fn revoke_at(server: &Server, oauth: &OAuthClient, token: &str) -> Result<bool, String> {
+    let Some(url) = &oauth.revocation_url else {
+        return Ok(false);
+    };
+    check_url(url).map_err(|e| format!("oauth revocation_url: {e}"))?;
+    let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
+    let resp = http_client(server)?
+        .post(url)
+        .basic_auth(&oauth.client_id, Some(secret.as_str()))
+        .form(&[("token", token), ("token_type_hint", "access_token")])
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await
+        .map_err(|e| format!("revoking at {url}: {}", e.without_url()))?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(true);
+    }
+    let body = capped_body(resp, "the revocation's answer")
+        .await
+        .unwrap_or_default();
+    let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    Err(format!(
+        "revoking at {url}: {status} {}",
+        gateway_base::text::escaped(
+            &answer["error_description"]
+                .as_str()
+                .or(answer["error"].as_str())
+                .unwrap_or("")
+                .chars()
+                .take(200)
+                .collect::<String>(),
+            true
+        )
+    ))
 }
 
 /// What an OAuth endpoint may answer, at most.
@@ -472,7 +571,7 @@ impl Presented {
             .timeout(Duration::from_secs(15))
             .send()
             .await
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|e| format!("{what}: {}", e.without_url()))?;
         let status = resp.status();
         let body = capped_body(resp, &what).await?;
         let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -503,48 +602,36 @@ impl Presented {
             "oauth-{}",
             &gateway_base::canonical::sha256_hex(token.as_bytes())[..16]
         );
-        Ok(Presented::Granted {
+        Ok(Presented::Granted(Box::new(Grant {
             token,
             id,
             expires_in: answer["expires_in"].as_u64(),
-        })
+            server: server.clone(),
+            revoked: false,
+        })))
     }
 
     pub fn token(&self) -> Option<&str> {
         match self {
             Presented::None => None,
-            Presented::Standing(t) | Presented::Granted { token: t, .. } => Some(t.as_str()),
+            Presented::Standing(t) => Some(t.as_str()),
+            Presented::Granted(g) => Some(g.token.as_str()),
         }
     }
 
     /// Revoke a granted token (RFC 7009) when the authorization server
     /// has a revocation endpoint; `Ok(false)`: there was nothing to
     /// revoke, or nowhere to (it lives until it expires).
-    pub async fn revoke(&self, server: &Server) -> Result<bool, String> {
-        let (Presented::Granted { token, .. }, Some(oauth)) = (self, &server.oauth) else {
+    pub async fn revoke(&mut self) -> Result<bool, String> {
+        let Presented::Granted(g) = self else {
             return Ok(false);
         };
-        let Some(url) = &oauth.revocation_url else {
+        let Some(oauth) = g.server.oauth.clone() else {
             return Ok(false);
         };
-        check_url(url).map_err(|e| format!("oauth revocation_url: {e}"))?;
-        let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
-        let resp = http_client(server)?
-            .post(url)
-            .basic_auth(&oauth.client_id, Some(secret.as_str()))
-            .form(&[
-                ("token", token.as_str()),
-                ("token_type_hint", "access_token"),
-            ])
-            .timeout(Duration::from_secs(15))
-            .send()
-            .await
-            .map_err(|e| format!("revoking at {url}: {e}"))?;
-        if resp.status().is_success() {
-            Ok(true)
-        } else {
-            Err(format!("revoking at {url}: {}", resp.status()))
-        }
+        // Tried once, whatever comes of it (not again on drop).
+        g.revoked = true;
+        revoke_at(&g.server, &oauth, &g.token).await
     }
 }
 

@@ -223,7 +223,7 @@ impl Pipeline {
         use crate::tools::upstream_remote::{self as remote, Presented};
         let rid = call.request_id();
         let server = &op.server;
-        let presented = match Presented::obtain(server).await {
+        let mut presented = match Presented::obtain(server).await {
             Ok(p) => p,
             Err(e) => {
                 if let Some(oauth) = &server.oauth {
@@ -242,26 +242,31 @@ impl Pipeline {
                 )));
             }
         };
-        if let (Presented::Granted { id, expires_in, .. }, Some(oauth)) =
-            (&presented, &server.oauth)
-        {
+        if let (Presented::Granted(g), Some(oauth)) = (&presented, &server.oauth) {
             self.audit.record(
                 rid,
                 Event::CredentialIssued {
-                    lease_id: id.clone(),
+                    lease_id: g.id.clone(),
                     mount: oauth.token_url.clone(),
                     role: oauth.client_id.clone(),
                     params: Some(json!({"grant": "client_credentials", "scope": oauth.scope})),
-                    ttl_seconds: *expires_in,
+                    ttl_seconds: g.expires_in,
                     credential: Some(json!({"kind": "oauth_access_token"})),
                     after_cancellation: None,
                 },
             )?;
         }
-        let report = remote::exchange(server, ex, presented.token()).await;
+        // The server's progress, passed on to the agent as it comes.
+        let progress = call.progress.clone();
+        let tell: remote::OnProgress = std::sync::Arc::new(move |line: String| progress.say(line));
+        let report = remote::exchange(server, ex, presented.token(), Some(tell)).await;
         let report = remote::redacted(report, presented.token());
-        if let Presented::Granted { id, .. } = &presented {
-            let revoked = presented.revoke(server).await;
+        let granted = match &presented {
+            Presented::Granted(g) => Some(g.id.clone()),
+            _ => None,
+        };
+        if let Some(id) = granted {
+            let revoked = presented.revoke().await;
             self.audit.record(
                 rid,
                 match revoked {
