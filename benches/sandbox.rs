@@ -30,6 +30,7 @@ fn request(name: String) -> SandboxRequest {
         deadline: Duration::from_secs(30),
         network: Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     }
 }
 

@@ -1735,6 +1735,7 @@ async fn real_kernel_probe(
             deadline: std::time::Duration::from_secs(60),
             network: Network::None,
             files_out: vec![],
+            on_stderr_line: None,
         };
         match sb.run(req).await {
             Ok(r) => (

@@ -1030,6 +1030,7 @@ fn run_terraform(
         deadline: std::time::Duration::from_secs(240),
         network: gateway::sandbox::Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     };
     rt().block_on(sb.run(req)).expect("run")
 }

@@ -79,6 +79,7 @@ fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
             port: 6443,
         }]),
         files_out: vec![],
+        on_stderr_line: None,
     }
 }
 

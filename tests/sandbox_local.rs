@@ -42,6 +42,7 @@ fn request(name: &str, script: &str) -> SandboxRequest {
         deadline: Duration::from_secs(30),
         network: Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     }
 }
 

@@ -96,6 +96,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         deadline: Duration::from_secs(240),
         network: Network::None,
         files_out: vec![plan_file.clone(), plan_json.clone()],
+        on_stderr_line: None,
     };
     let r = rt.block_on(sb.run(req)).expect("run");
     assert!(
@@ -161,6 +162,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         deadline: Duration::from_secs(240),
         network: Network::None,
         files_out: vec!["terraform.tfstate".into()],
+        on_stderr_line: None,
     };
     let r = rt.block_on(sb.run(req)).expect("run");
     assert!(

@@ -193,6 +193,35 @@ fn call(w: &World, tool: &str, params: Value) -> CallResult {
     .expect("call")
 }
 
+/// [`call`], with what the agent was told of its progress as it ran.
+fn call_with_progress(w: &World, tool: &str, params: Value) -> (CallResult, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let progress = gateway::pipeline::Progress::new(Some(tx));
+    let r = rt
+        .block_on(w.pipeline.call_with(
+            ToolCall {
+                trace: None,
+                tool: tool.into(),
+                params,
+                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+                workspace: None,
+            },
+            &gateway::policy::input::new_request_id(),
+            &progress,
+        ))
+        .expect("call");
+    let mut said = Vec::new();
+    while let Ok(stage) = rx.try_recv() {
+        said.push(stage.message);
+    }
+    (r, said)
+}
+
 fn completed(r: &CallResult) -> (bool, String, Value) {
     match &r.outcome {
         Outcome::Completed {
@@ -615,8 +644,9 @@ fn the_everything_server_gives_structured_results_progress_and_only_its_declared
         result["structuredContent"]["temperature"].is_number(),
         "{result}"
     );
-    // Progress notifications of a long operation: counted, the call ends.
-    let r = call(
+    // Progress notifications of a long operation: passed on to the agent
+    // as they come, counted, the call ends.
+    let (r, said) = call_with_progress(
         &w,
         "everything.trigger-long-running-operation",
         json!({"duration": 2, "steps": 4}),
@@ -626,6 +656,13 @@ fn the_everything_server_gives_structured_results_progress_and_only_its_declared
     assert!(
         result["notifications"].as_u64().unwrap_or(0) >= 4,
         "{result}"
+    );
+    assert!(
+        said.iter()
+            .filter(|m| m.starts_with("upstream progress ") && m.contains("/4"))
+            .count()
+            >= 4,
+        "{said:?}"
     );
     // Its environment: what the operator declared, nothing of the
     // gateway's (this test process runs under cargo, with CARGO_* set).
@@ -1128,32 +1165,13 @@ remote:
     assert!(events_of(&w, &r.request_id, "sandbox.started").is_empty());
 
     // The server's progress reaches the agent as it comes.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let progress = gateway::pipeline::Progress::new(Some(tx));
-    let r = rt
-        .block_on(w.pipeline.call_with(
-            ToolCall {
-                trace: None,
-                tool: "far.trigger-long-running-operation".into(),
-                params: json!({"duration": 1, "steps": 3}),
-                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
-                workspace: None,
-            },
-            "req-remote-progress",
-            &progress,
-        ))
-        .expect("call");
+    let (r, said) = call_with_progress(
+        &w,
+        "far.trigger-long-running-operation",
+        json!({"duration": 1, "steps": 3}),
+    );
     let (ok, summary, _) = completed(&r);
     assert!(ok, "{summary}");
-    let mut said = Vec::new();
-    while let Ok(stage) = rx.try_recv() {
-        said.push(stage.message);
-    }
     assert!(
         said.iter()
             .filter(|m| m.starts_with("upstream progress "))

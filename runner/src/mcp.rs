@@ -96,12 +96,14 @@ fn writer(mut stdin: ChildStdin) -> std::sync::mpsc::SyncSender<Vec<u8>> {
 }
 
 /// One exchange's state: the server's pipes and what the report says.
-struct Session {
+struct Session<'a> {
     stdin: std::sync::mpsc::SyncSender<Vec<u8>>,
     from: Receiver<Read1>,
     deadline: Instant,
     next_id: u64,
     report: McpReport,
+    /// Told of each progress notification's params, as it comes.
+    on_progress: &'a dyn Fn(&Value),
 }
 
 /// Why a request got no answer.
@@ -110,7 +112,7 @@ enum Failed {
     Stop(&'static str, String),
 }
 
-impl Session {
+impl Session<'_> {
     fn send(&mut self, msg: &Value) -> Result<(), Failed> {
         let mut line = serde_json::to_vec(msg).unwrap_or_default();
         line.push(b'\n');
@@ -190,6 +192,9 @@ impl Session {
                     match m.as_str() {
                         "notifications/progress" => {
                             self.report.progress = msg.get("params").cloned();
+                            if let Some(p) = &self.report.progress {
+                                (self.on_progress)(p);
+                            }
                         }
                         "notifications/tools/list_changed" => self.report.list_changed = true,
                         _ => {}
@@ -244,7 +249,7 @@ fn short(v: &Value) -> String {
 
 /// Run the exchange with a started server (`stdin`/`stdout` piped) and
 /// return the report; the server is killed before returning.
-pub fn exchange(child: &mut Child, ex: &McpExchange) -> McpReport {
+pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value)) -> McpReport {
     let mut report = McpReport {
         max_bytes: ex.max_bytes,
         timeout_ms: ex.timeout_ms,
@@ -261,6 +266,7 @@ pub fn exchange(child: &mut Child, ex: &McpExchange) -> McpReport {
         deadline: Instant::now() + Duration::from_millis(ex.timeout_ms),
         next_id: 0,
         report,
+        on_progress,
     };
     let run = |s: &mut Session| -> Result<(), Failed> {
         let init = s.request(

@@ -165,6 +165,14 @@ pub const READY_LINE: &[u8] = b"r ready\n";
 /// arrays of numbers that is under 4 MiB).
 pub const PAYLOAD_MAX: usize = 4 << 20;
 
+/// How the runner passes an upstream server's progress on as it comes: a
+/// line on its stderr, this and the notification's params as JSON (at
+/// most [`PROGRESS_LINE_MAX`] bytes). The server's own stderr goes the same
+/// way, so the gateway takes such a line as the server's words, never its
+/// own.
+pub const PROGRESS_LINE: &str = "==> upstream progress ";
+pub const PROGRESS_LINE_MAX: usize = 1024;
+
 /// What a pooled runner is given on stdin, as one line of JSON: the files
 /// a cold sandbox would find in [`FILES_IN_DIR`] (the steps file among
 /// them) and the credential a cold sandbox would find at

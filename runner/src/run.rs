@@ -469,7 +469,13 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                         std::sync::atomic::Ordering::SeqCst,
                     );
                     let pump = child.stderr.take().map(|e| out.pump(2, e));
-                    let report = crate::mcp::exchange(&mut child, ex);
+                    let tell = |p: &serde_json::Value| {
+                        let text = p.to_string();
+                        if text.len() <= protocol::PROGRESS_LINE_MAX {
+                            out.say(&format!("{}{text}", protocol::PROGRESS_LINE));
+                        }
+                    };
+                    let report = crate::mcp::exchange(&mut child, ex, &tell);
                     // What the server started is stopped with it.
                     let group = STEP_GROUP.swap(0, std::sync::atomic::Ordering::SeqCst);
                     if group > 0 {

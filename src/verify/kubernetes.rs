@@ -64,6 +64,7 @@ fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
         deadline: Duration::from_secs(120),
         network,
         files_out: vec![],
+        on_stderr_line: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn probe(name: &str, script: &str) -> SandboxRequest {
         deadline: Duration::from_secs(60),
         network: Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     }
 }
 

@@ -169,6 +169,7 @@ pub async fn terraform(
             deadline: limits.1,
             network: Network::None,
             files_out: vec!["plan.json".into()],
+            on_stderr_line: None,
         };
         match sb.run(req).await {
             Ok(r) if r.success() => {
@@ -251,6 +252,7 @@ pub async fn kubectl(
         deadline: limits.1,
         network: Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     };
     match sb.run(req).await {
         Ok(r) if r.success() => {

@@ -165,6 +165,28 @@ pub struct SandboxRequest {
     /// hostile input ([`beneath::read_files_out`]): no link followed,
     /// regular files only, at most `limits.file_out_bytes` each.
     pub files_out: Vec<String>,
+    /// Told of each line of the sandbox's stderr as it comes (lines of at
+    /// most [`LineSink::MAX`] bytes; the backends that stream it: local).
+    /// What it is told is the sandbox's output: hostile.
+    pub on_stderr_line: Option<LineSink>,
+}
+
+/// What a [`LineSink`] calls with each line.
+pub type LineFn = dyn Fn(&[u8]) + Send + Sync;
+
+/// Where a sandbox's stderr lines go as they come ([`SandboxRequest`]).
+#[derive(Clone)]
+pub struct LineSink(pub std::sync::Arc<LineFn>);
+
+impl LineSink {
+    /// The longest line passed on; longer ones are not.
+    pub const MAX: usize = 2048;
+}
+
+impl std::fmt::Debug for LineSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LineSink")
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -673,7 +673,11 @@ impl LocalSandbox {
         stages.mark("runsc_started");
         let cap = req.limits.output_bytes;
         let out = child.stdout.take().map(|s| tokio::spawn(capture(s, cap)));
-        let err = child.stderr.take().map(|s| tokio::spawn(capture(s, cap)));
+        let sink = req.on_stderr_line.clone();
+        let err = child
+            .stderr
+            .take()
+            .map(|s| tokio::spawn(capture_lines(s, cap, sink)));
         let cgroup_memory = req.limits.memory_bytes.saturating_add(SENTRY_HEADROOM);
         let memory_hit = Arc::new(AtomicBool::new(false));
         enum Stop {
@@ -833,6 +837,48 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// [`capture`], telling `sink` of each whole line as it comes.
+async fn capture_lines<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    cap: usize,
+    sink: Option<crate::LineSink>,
+) -> Captured {
+    let Some(sink) = sink else {
+        return capture(r, cap).await;
+    };
+    let mut out = Captured::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    // The line being read (cut at the sink's most; a longer one is skipped).
+    let mut line: Vec<u8> = Vec::new();
+    let mut too_long = false;
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                for &b in &buf[..n] {
+                    if b == b'\n' {
+                        if !too_long {
+                            (sink.0)(&line);
+                        }
+                        line.clear();
+                        too_long = false;
+                    } else if line.len() < crate::LineSink::MAX {
+                        line.push(b);
+                    } else {
+                        too_long = true;
+                    }
+                }
+                let room = cap.saturating_sub(out.bytes.len());
+                if n > room {
+                    out.truncated = true;
+                }
+                out.bytes.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    out
 }
 
 async fn capture<R: tokio::io::AsyncRead + Unpin>(mut r: R, cap: usize) -> Captured {

@@ -1226,6 +1226,12 @@ impl Pipeline {
             deadline: limits.1,
             network,
             files_out: call.files_out,
+            // An upstream server's progress, passed on to the agent as it
+            // comes.
+            on_stderr_line: upstream.then(|| {
+                let progress = progress.clone();
+                tools::upstream::progress_sink(move |line| progress.say(line))
+            }),
         };
         self.audit.record(
             rid,

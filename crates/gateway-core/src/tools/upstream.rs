@@ -222,6 +222,47 @@ impl UpstreamOp {
     }
 }
 
+/// What the agent is told of an upstream's progress notification
+/// (`params` as the server sent it: hostile text, escaped and cut short).
+pub fn progress_line(params: &Value) -> String {
+    let num = |v: &Value| match v {
+        Value::Number(n) => n.to_string(),
+        _ => "?".into(),
+    };
+    let of = params
+        .get("total")
+        .map(|t| format!("/{}", num(t)))
+        .unwrap_or_default();
+    let said = params
+        .get("message")
+        .and_then(Value::as_str)
+        .map(|m| {
+            let m: String = m.chars().take(200).collect();
+            format!(": {}", gateway_base::text::escaped(&m, true))
+        })
+        .unwrap_or_default();
+    format!(
+        "upstream progress {}{of}{said}",
+        num(params.get("progress").unwrap_or(&Value::Null))
+    )
+}
+
+/// A sandbox's stderr line sink that passes the step runner's progress
+/// lines ([`gateway_runner::protocol::PROGRESS_LINE`]) on to `tell`.
+pub fn progress_sink(tell: impl Fn(String) + Send + Sync + 'static) -> gateway_sandbox::LineSink {
+    gateway_sandbox::LineSink(std::sync::Arc::new(move |line: &[u8]| {
+        let Some(rest) = line.strip_prefix(gateway_runner::protocol::PROGRESS_LINE.as_bytes())
+        else {
+            return;
+        };
+        if let Ok(params) = serde_json::from_slice::<Value>(rest)
+            && params.is_object()
+        {
+            tell(progress_line(&params));
+        }
+    }))
+}
+
 /// A tool definition's digest: SHA-256 of its canonical JSON (keys
 /// sorted), over everything the server said of it (name, title,
 /// description, schemas, annotations, _meta).
@@ -599,6 +640,7 @@ pub async fn list(
         deadline: std::time::Duration::from_secs(server.timeout_seconds.saturating_add(30)),
         network: gateway_sandbox::Network::None,
         files_out: vec![],
+        on_stderr_line: None,
     };
     let r = sandbox.run(req).await.map_err(|e| e.to_string())?;
     let report = read_report(&r.stdout.bytes).map_err(|e| {
@@ -672,6 +714,28 @@ mod tests {
         // A schema pointing elsewhere is not fetched: the call is refused.
         let remote = json!({"$ref": "https://attacker.example/schema.json"});
         assert!(!argument_errors(&remote, &json!({})).is_empty());
+    }
+
+    #[test]
+    fn progress_is_told_as_escaped_short_text() {
+        assert_eq!(
+            progress_line(&json!({"progress": 2, "total": 4, "message": "half\nway"})),
+            "upstream progress 2/4: half\\nway"
+        );
+        assert_eq!(
+            progress_line(&json!({"progress": 1.5})),
+            "upstream progress 1.5"
+        );
+        let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = std::sync::Arc::clone(&told);
+        let sink = progress_sink(move |s| t.lock().expect("lock").push(s));
+        (sink.0)(b"==> upstream progress {\"progress\": 3}");
+        (sink.0)(b"==> step 1/1: node server.js");
+        (sink.0)(b"==> upstream progress not json");
+        assert_eq!(
+            *told.lock().expect("lock"),
+            vec!["upstream progress 3".to_string()]
+        );
     }
 
     #[test]

@@ -122,18 +122,8 @@ impl ClientHandler for Watcher {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        if let Some(tell) = &self.1 {
-            // The server's words are hostile text: escaped, cut short.
-            let said = params
-                .message
-                .as_deref()
-                .map(|m| {
-                    let m: String = m.chars().take(200).collect();
-                    format!(": {}", gateway_base::text::escaped(&m, true))
-                })
-                .unwrap_or_default();
-            let of = params.total.map(|t| format!("/{t}")).unwrap_or_default();
-            tell(format!("upstream progress {}{of}{said}", params.progress));
+        if let (Some(tell), Ok(v)) = (&self.1, serde_json::to_value(&params)) {
+            tell(super::upstream::progress_line(&v));
         }
         self.notified(|s| s.progress = serde_json::to_value(&params).ok());
     }

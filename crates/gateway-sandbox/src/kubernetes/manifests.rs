@@ -524,6 +524,7 @@ pub fn shell(req: &SandboxRequest, name: &str) -> SandboxRequest {
         deadline: req.deadline,
         network: req.network.clone(),
         files_out: req.files_out.clone(),
+        on_stderr_line: None,
     }
 }
 
