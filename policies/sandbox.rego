@@ -22,6 +22,9 @@ upstream_limits := {
 } if {
 	op := data.gateway.upstreams.operation
 	op != null
+	# (Not numbers: upstreams.rego refuses the call.)
+	is_number(op.timeout_seconds)
+	is_number(op.max_result_bytes)
 }
 
 merged := object.union(object.union(cfg.base, upstream_limits), overrides)

@@ -375,18 +375,38 @@ deny contains msg if {
 	up := declared[requested.upstream]
 	"oauth" in object.keys(up)
 	not oauth_client(up.oauth)
-	msg := sprintf("upstream %q: oauth in config/upstreams must be {token_url, client_id, client_secret_file, and optionally scope, resource, revocation_url}, each a string; every call is refused until it is", [requested.upstream])
+	msg := sprintf("upstream %q: oauth in config/upstreams must be {token_url, client_id, client_secret_file, and optionally scope, resource, revocation_url, ca_file}, each a string; every call is refused until it is", [requested.upstream])
 }
 
 oauth_client(o) if {
 	is_object(o)
 	every key, value in o {
-		key in {"token_url", "client_id", "client_secret_file", "scope", "resource", "revocation_url"}
+		key in {"token_url", "client_id", "client_secret_file", "scope", "resource", "revocation_url", "ca_file"}
 		is_string(value)
 	}
 	every key in ["token_url", "client_id", "client_secret_file"] {
 		is_string(o[key])
 	}
+}
+
+# What a server may send in a call (read, checked and redacted in the
+# gateway's memory) and how long it may take: bounded whatever is declared.
+limits := {"max_result_bytes": 16777216, "timeout_seconds": 900}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	some key, most in limits
+	v := object.get(up, key, 1)
+	not within(v, most)
+	msg := sprintf("upstream %q: %s in config/upstreams must be a whole number from 1 to %d; every call is refused until it is", [requested.upstream, key, most])
+}
+
+within(v, most) if {
+	is_number(v)
+	v >= 1
+	v <= most
+	round(v) == v
 }
 
 declaration_keys := {

@@ -389,3 +389,13 @@ test_an_oauth_client_is_checked_and_only_for_a_remote_server if {
 	some r in d.deny_reasons
 	contains(r, "oauth is for a remote server")
 }
+
+test_result_size_and_time_are_bounded_whatever_is_declared if {
+	every bad in [{"max_result_bytes": 33554432}, {"max_result_bytes": 0}, {"timeout_seconds": 3600}, {"timeout_seconds": "60"}, {"timeout_seconds": 1.5}] {
+		d := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, bad)}))
+		not d.allow
+		some r in d.deny_reasons
+		contains(r, "must be a whole number from 1 to")
+	}
+	decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {"max_result_bytes": 16777216, "timeout_seconds": 900})})).allow
+}

@@ -1121,8 +1121,8 @@ fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
   default_tier: low
 granted:
   url: {hostile_url}
-  ca_file: {ca}
   oauth:
+    ca_file: {ca}
     token_url: https://127.0.0.1:{idp_port}/token
     revocation_url: https://127.0.0.1:{idp_port}/token/revocation
     client_id: {client_id}
@@ -1248,6 +1248,66 @@ remote:
     assert!(!ok);
     assert_eq!(result["error"]["kind"], "timeout", "{result}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // Requests of the client's without end, or notifications without end,
+    // on a stream that never answers: the session ends at the count, long
+    // before the timeout, and the next call works.
+    for (kind, why) in [
+        ("flood", "requests of the gateway"),
+        ("chatter", "messages"),
+    ] {
+        let started = std::time::Instant::now();
+        let r = call(&w, "remote.attack", json!({ "kind": kind }));
+        let (ok, summary, result) = completed(&r);
+        assert!(!ok, "{summary}");
+        assert!(
+            result["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains(why),
+            "{kind}: {result}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(4),
+            "{kind} took {:?}",
+            started.elapsed()
+        );
+    }
+    let r = call(&w, "remote.whoami", json!({}));
+    assert!(completed(&r).0);
+    // Nothing of those sessions stays in a runtime that lives on (the
+    // daemon's): no connection is left open (the server holds its end for
+    // a minute), no task keeps one.
+    let fds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let before = fds();
+    for _ in 0..4 {
+        let r = rt
+            .block_on(w.pipeline.call(ToolCall {
+                trace: None,
+                tool: "remote.attack".into(),
+                params: json!({"kind": "flood"}),
+                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+                workspace: None,
+            }))
+            .expect("call");
+        assert!(!completed(&r).0);
+    }
+    rt.block_on(async { tokio::time::sleep(std::time::Duration::from_secs(9)).await });
+    let after = fds();
+    assert!(
+        after <= before + 2,
+        "{before} file descriptors before, {after} after"
+    );
+    drop(rt);
+
     // A redirect is not followed.
     let r = call(&w, "remote.attack", json!({"kind": "redirect"}));
     let (ok, summary, _) = completed(&r);

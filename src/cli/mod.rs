@@ -144,14 +144,16 @@ impl Cli {
 }
 
 /// Logs go to stderr (stdout is for results and, for `serve`, protocol),
-/// filtered by `RUST_LOG` (default: warnings and errors). rmcp's service
-/// loop logs each error response it sends at WARN; those are answers to a
-/// client (an unknown tool, a task id it does not have), audited where they
-/// matter, not the daemon's problems, so only its errors are shown.
+/// filtered by `RUST_LOG` (default: warnings and errors). rmcp logs
+/// nothing by default: its service loop logs each error response it sends
+/// (answers to a client: an unknown tool, a task id it does not have,
+/// audited where they matter), and as a remote upstream's client it logs
+/// a hostile server's text as it came (content types, error bodies, tool
+/// names), which could forge log lines or carry a token; the gateway logs
+/// what matters of both itself.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,rustify=off,rmcp::service=error")
-    });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rustify=off,rmcp=off"));
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

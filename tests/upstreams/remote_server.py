@@ -8,7 +8,9 @@ attacks the client through its tools:
             token for it must never reach the agent) and, for a JWT, its
             client_id, aud and jti claims
   attack    kind = huge (a 20 MB answer), hang (never answers), redirect
-            (a 307 to $REDIRECT_TO)
+            (a 307 to $REDIRECT_TO), flood (an SSE answer of 64 pings of the
+            client, then silence), chatter (5000 notifications, then
+            silence)
 
 Usage: remote_server.py PORT
 """
@@ -60,7 +62,7 @@ TOOLS = [
         "description": "Misbehaves.",
         "inputSchema": {
             "type": "object",
-            "properties": {"kind": {"type": "string", "enum": ["huge", "hang", "redirect"]}},
+            "properties": {"kind": {"type": "string", "enum": ["huge", "hang", "redirect", "flood", "chatter"]}},
             "required": ["kind"],
         },
         "annotations": {"readOnlyHint": True},
@@ -143,6 +145,26 @@ class Handler(BaseHTTPRequestHandler):
                 )
             if kind == "hang":
                 time.sleep(600)
+                return
+            if kind in ("flood", "chatter"):
+                # An SSE answer that never ends: requests of the client's
+                # (flood) or notifications (chatter), then silence.
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()
+                try:
+                    for i in range(64 if kind == "flood" else 5000):
+                        if kind == "flood":
+                            m = {"jsonrpc": "2.0", "id": "srv-%d" % i, "method": "ping"}
+                        else:
+                            m = {"jsonrpc": "2.0", "method": "notifications/message",
+                                 "params": {"level": "info", "data": "chatter %d" % i}}
+                        self.wfile.write(b"event: message\ndata: " + json.dumps(m).encode() + b"\n\n")
+                        self.wfile.flush()
+                    time.sleep(60)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
                 return
             if kind == "redirect":
                 return self.reply(307, None, {"Location": os.environ.get("REDIRECT_TO", "http://127.0.0.1:9/mcp")})

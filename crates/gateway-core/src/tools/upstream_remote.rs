@@ -141,13 +141,90 @@ impl ClientHandler for Watcher {
     }
 }
 
+/// The most requests a remote server may make of the gateway in one
+/// exchange (all are refused), and the most messages of any kind.
+const MAX_SERVER_REQUESTS: u64 = 16;
+const MAX_SERVER_MESSAGES: u64 = 1024;
+
+type HttpTransport = StreamableHttpClientTransport<reqwest::Client>;
+
+/// rmcp's streamable HTTP transport, bounded: it ends the session when the
+/// server sends more than [`MAX_SERVER_REQUESTS`] requests or
+/// [`MAX_SERVER_MESSAGES`] messages (rmcp spawns a task per request and
+/// per reply), and its `close` never waits on rmcp's worker (which can
+/// block for good on a server that keeps streaming once nobody reads):
+/// it cancels the worker and drops it, which ends it.
+struct Bounded {
+    inner: Option<HttpTransport>,
+    requests: u64,
+    messages: u64,
+    /// Why the transport ended the session, if it did.
+    stopped: Arc<Mutex<Option<String>>>,
+    /// Cancelled when it does: what waits on the server stops waiting.
+    abort: tokio_util::sync::CancellationToken,
+}
+
+impl rmcp::transport::Transport<RoleClient> for Bounded {
+    type Error = <HttpTransport as rmcp::transport::Transport<RoleClient>>::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let sent = self.inner.as_mut().map(|t| t.send(item));
+        async move {
+            match sent {
+                Some(f) => f.await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
+        let msg = self.inner.as_mut()?.receive().await?;
+        self.messages += 1;
+        if matches!(msg, rmcp::model::JsonRpcMessage::Request(_)) {
+            self.requests += 1;
+        }
+        let over = if self.requests > MAX_SERVER_REQUESTS {
+            Some(format!(
+                "the server made more than {MAX_SERVER_REQUESTS} requests of the gateway"
+            ))
+        } else if self.messages > MAX_SERVER_MESSAGES {
+            Some(format!(
+                "the server sent more than {MAX_SERVER_MESSAGES} messages"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = over {
+            *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            self.abort.cancel();
+            return None;
+        }
+        Some(msg)
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        if let Some(t) = self.inner.take() {
+            t.cancel_token().cancel();
+            drop(t);
+        }
+        Ok(())
+    }
+}
+
 /// Why the declared URL cannot be used, if it cannot: `https://`, or
 /// `http://` to a loopback address only.
 pub fn check_url(url: &str) -> Result<(), String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("url {url:?}: {e}"))?;
-    if !parsed.username().is_empty() || parsed.password().is_some() {
+    if !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+    {
         return Err(format!(
-            "url {url:?} carries a user or password: give the server's credential in bearer_token_file"
+            "url {url:?} carries a user, password, query or fragment: a URL is shown in errors and logs, so a credential goes in bearer_token_file or oauth"
         ));
     }
     match parsed.scheme() {
@@ -174,6 +251,11 @@ pub fn check_url(url: &str) -> Result<(), String> {
 /// The HTTP client: TLS verified against the system's roots and the
 /// declared CA, no redirect, no proxy from the environment.
 fn http_client(server: &Server) -> Result<reqwest::Client, String> {
+    http_client_trusting(server.ca_file.as_deref())
+}
+
+/// The HTTP client trusting the system's roots and `ca_file`'s.
+fn http_client_trusting(ca_file: Option<&str>) -> Result<reqwest::Client, String> {
     // The process's provider (ring, as the daemon installs it at start);
     // a no-op when one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -182,7 +264,7 @@ fn http_client(server: &Server) -> Result<reqwest::Client, String> {
         .no_proxy()
         .pool_max_idle_per_host(0)
         .connect_timeout(Duration::from_secs(10));
-    if let Some(ca) = &server.ca_file {
+    if let Some(ca) = ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("ca_file {ca}: {e}"))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| format!("ca_file {ca}: {e}"))?;
@@ -208,17 +290,41 @@ pub async fn exchange(
         ..McpReport::default()
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let outcome = tokio::time::timeout(
-        Duration::from_millis(ex.timeout_ms),
-        talk(
-            server,
-            ex,
-            token,
-            Watcher(Arc::clone(&seen), progress),
-            &mut report,
-        ),
-    )
+    let stopped = Arc::new(Mutex::new(None));
+    let abort = tokio_util::sync::CancellationToken::new();
+    let mut session = None;
+    let outcome = tokio::time::timeout(Duration::from_millis(ex.timeout_ms), async {
+        tokio::select! {
+            r = talk(
+                server,
+                ex,
+                token,
+                (Watcher(Arc::clone(&seen), progress), Arc::clone(&stopped), abort.clone()),
+                &mut report,
+                &mut session,
+            ) => r,
+            _ = abort.cancelled() => Err(("protocol", String::new())),
+        }
+    })
     .await;
+    let outcome = match (
+        outcome,
+        stopped.lock().unwrap_or_else(|p| p.into_inner()).take(),
+    ) {
+        (_, Some(why)) => Ok(Err(("protocol", why))),
+        (o, None) => o,
+    };
+    // A session that ended well is closed (rmcp deletes it on the server),
+    // outside the exchange's time and within a time of its own. One the
+    // server would not let end is dropped: rmcp's tasks end in the
+    // background, its worker with the transport ([`Bounded`]).
+    if let Some(s) = session {
+        if matches!(outcome, Ok(Ok(()))) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.cancel()).await;
+        } else {
+            drop(s);
+        }
+    }
     match outcome {
         Ok(Ok(())) => {}
         Ok(Err((kind, why))) => {
@@ -269,12 +375,19 @@ fn service_error(what: &str, e: rmcp::service::ServiceError) -> Failed {
     }
 }
 
+type Session = rmcp::service::RunningService<RoleClient, Watcher>;
+
 async fn talk(
     server: &Server,
     ex: &McpExchange,
     token: Option<&str>,
-    watcher: Watcher,
+    (watcher, stopped, abort): (
+        Watcher,
+        Arc<Mutex<Option<String>>>,
+        tokio_util::sync::CancellationToken,
+    ),
     report: &mut McpReport,
+    slot: &mut Option<Session>,
 ) -> Result<(), Failed> {
     let url = server.url.as_deref().unwrap_or_default();
     check_url(url).map_err(|e| ("protocol", e))?;
@@ -283,15 +396,25 @@ async fn talk(
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     config.max_json_response_size = cap;
     config.max_sse_event_size = cap;
+    // An error's body is the server's text: a little of it is enough.
+    config.max_error_response_size = 512;
     if let Some(t) = token {
         config = config.auth_header(t.to_string());
     }
-    let transport = StreamableHttpClientTransport::with_client(client, config);
-    let session = watcher
-        .serve(transport)
-        .await
-        .map_err(|e| ("closed", format!("initialize: {e}")))?;
-    let result = async {
+    let transport = Bounded {
+        inner: Some(StreamableHttpClientTransport::with_client(client, config)),
+        requests: 0,
+        messages: 0,
+        stopped,
+        abort,
+    };
+    let session = slot.insert(
+        watcher
+            .serve(transport)
+            .await
+            .map_err(|e| ("closed", format!("initialize: {e}")))?,
+    );
+    {
         if let Some(info) = session.peer_info() {
             report.server = Some(serde_json::json!({
                 "protocolVersion": info.protocol_version,
@@ -378,10 +501,6 @@ async fn talk(
         }
         Ok(())
     }
-    .await;
-    // The session ends with the exchange (rmcp deletes it on the server).
-    let _ = session.cancel().await;
-    result
 }
 
 /// `report` with `token` cut (also encoded) from everything it holds: a
@@ -390,12 +509,35 @@ pub fn redacted(report: McpReport, token: Option<&str>) -> Result<McpReport, Str
     let Some(t) = token else {
         return Ok(report);
     };
-    let mut c = gateway_sandbox::Captured {
-        bytes: serde_json::to_vec(&report).unwrap_or_default(),
-        truncated: false,
+    // Each string (and key) of the report on its own: the report stays
+    // JSON whatever the server put around the token.
+    let secret = [gateway_base::secret::SecretFile::new(t.as_bytes().to_vec())];
+    let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+    redact_strings(&mut v, &secret);
+    serde_json::from_value(v).map_err(|e| format!("the server's answer, its token cut: {e}"))
+}
+
+fn redact_strings(v: &mut Value, secrets: &[gateway_base::secret::SecretFile]) {
+    let cut = |s: &str| {
+        let mut c = gateway_sandbox::Captured {
+            bytes: s.as_bytes().to_vec(),
+            truncated: false,
+        };
+        c.redact_all(secrets);
+        String::from_utf8_lossy(&c.bytes).into_owned()
     };
-    c.redact_all(&[gateway_base::secret::SecretFile::new(t.as_bytes().to_vec())]);
-    serde_json::from_slice(&c.bytes).map_err(|e| format!("the server's answer, its token cut: {e}"))
+    match v {
+        Value::String(s) => *s = cut(s),
+        Value::Array(a) => a.iter_mut().for_each(|x| redact_strings(x, secrets)),
+        Value::Object(m) => {
+            let old = std::mem::take(m);
+            for (k, mut x) in old {
+                redact_strings(&mut x, secrets);
+                m.insert(cut(&k), x);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// An exchange with no one to tell (a listing: lock, diff, the daemon's
@@ -424,6 +566,11 @@ pub struct OAuthClient {
     pub client_secret_file: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// PEM CAs the authorization server's TLS is also checked against
+    /// (the upstream's `ca_file` is not: a CA trusted for the upstream is
+    /// not trusted with the client's secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// The resource (RFC 8707) the token is for: the upstream's URL
     /// unless said otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -465,9 +612,9 @@ impl Drop for Grant {
         ) else {
             return;
         };
-        let (server, token, id) = (self.server.clone(), self.token.clone(), self.id.clone());
+        let (token, id) = (self.token.clone(), self.id.clone());
         handle.spawn(async move {
-            match revoke_at(&server, &oauth, &token).await {
+            match revoke_at(&oauth, &token).await {
                 Ok(_) => tracing::info!(token = %id, "revoked the token of a call that ended early"),
                 Err(e) => tracing::warn!(token = %id, "revoking the token of a call that ended early: {e}"),
             }
@@ -477,13 +624,13 @@ impl Drop for Grant {
 
 /// Revoke `token` at `oauth`'s revocation endpoint (RFC 7009); `Ok(false)`:
 /// it has none.
-async fn revoke_at(server: &Server, oauth: &OAuthClient, token: &str) -> Result<bool, String> {
+async fn revoke_at(oauth: &OAuthClient, token: &str) -> Result<bool, String> {
     let Some(url) = &oauth.revocation_url else {
         return Ok(false);
     };
     check_url(url).map_err(|e| format!("oauth revocation_url: {e}"))?;
     let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
-    let resp = http_client(server)?
+    let resp = http_client_trusting(oauth.ca_file.as_deref())?
         .post(url)
         .basic_auth(&oauth.client_id, Some(secret.as_str()))
         .form(&[("token", token), ("token_type_hint", "access_token")])
@@ -554,7 +701,7 @@ impl Presented {
             form.push(("scope", scope));
         }
         let what = format!("the client-credentials grant at {}", oauth.token_url);
-        let resp = http_client(server)?
+        let resp = http_client_trusting(oauth.ca_file.as_deref())?
             .post(&oauth.token_url)
             .basic_auth(&oauth.client_id, Some(secret.as_str()))
             .form(&form)
@@ -619,9 +766,17 @@ impl Presented {
         let Some(oauth) = g.server.oauth.clone() else {
             return Ok(false);
         };
-        // Tried once, whatever comes of it (not again on drop).
+        // Tried a few times, whatever comes of it (not again on drop).
         g.revoked = true;
-        revoke_at(&g.server, &oauth, &g.token).await
+        let mut last = Ok(false);
+        for pause in [0u64, 200, 1000] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            last = revoke_at(&oauth, &g.token).await;
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
     }
 }
 

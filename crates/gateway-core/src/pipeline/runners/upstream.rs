@@ -243,7 +243,9 @@ impl Pipeline {
             }
         };
         if let (Presented::Granted(g), Some(oauth)) = (&presented, &server.oauth) {
-            self.audit.record(
+            // Not recorded: nothing is called, and the token is revoked
+            // (the drop below) before the error goes on.
+            let recorded = self.audit.record(
                 rid,
                 Event::CredentialIssued {
                     lease_id: g.id.clone(),
@@ -254,7 +256,11 @@ impl Pipeline {
                     credential: Some(json!({"kind": "oauth_access_token"})),
                     after_cancellation: None,
                 },
-            )?;
+            );
+            if let Err(e) = recorded {
+                let _ = presented.revoke().await;
+                return Err(e.into());
+            }
         }
         // The server's progress, passed on to the agent as it comes.
         let progress = call.progress.clone();
