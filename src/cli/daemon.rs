@@ -521,6 +521,8 @@ pub fn run(cli: &Cli, a: &DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     pipeline.endpoints = endpoints;
     pipeline.kubernetes = kubernetes;
+    // Upstreams' token files may be Secret volumes, as the store's are.
+    crate::tools::upstream_remote::use_secret_volumes(file.secret_volumes());
     // The approval page is served on the HTTP listener, at the resource
     // URL's origin.
     pipeline.approval_page = file

@@ -173,7 +173,7 @@ impl GatewayConfig {
     }
 
     /// Where this daemon may read a Secret volume's files.
-    fn secret_volumes(&self) -> store::SecretVolumes {
+    pub fn secret_volumes(&self) -> store::SecretVolumes {
         store::SecretVolumes {
             read_only: self.daemon.read_only_volumes.clone(),
             not_group: Some(

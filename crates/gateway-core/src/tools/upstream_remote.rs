@@ -780,13 +780,29 @@ impl Presented {
     }
 }
 
+/// Where this process may read a Secret volume's files besides its own
+/// (the daemon's `[daemon] read_only_volumes`), set once at its start.
+static SECRET_VOLUMES: std::sync::OnceLock<crate::config::store::SecretVolumes> =
+    std::sync::OnceLock::new();
+
+/// Read the upstreams' token and client-secret files as the daemon reads
+/// its other secrets: a Kubernetes Secret volume (root's, group-readable)
+/// on one of `volumes.read_only` is taken too.
+pub fn use_secret_volumes(volumes: crate::config::store::SecretVolumes) {
+    let _ = SECRET_VOLUMES.set(volumes);
+}
+
+fn secret_file(path: &str) -> Result<Zeroizing<String>, String> {
+    let none = crate::config::store::SecretVolumes::default();
+    crate::config::store::read_secret_file(
+        std::path::Path::new(path),
+        SECRET_VOLUMES.get().unwrap_or(&none),
+    )
+}
+
 /// One line of a root-owned secret file (closed to others, no link).
 fn read_one_line(path: &str, what: &str) -> Result<Zeroizing<String>, String> {
-    let text = crate::config::store::read_secret_file(
-        std::path::Path::new(path),
-        &crate::config::store::SecretVolumes::default(),
-    )
-    .map_err(|e| format!("{what} {path}: {e}"))?;
+    let text = secret_file(path).map_err(|e| format!("{what} {path}: {e}"))?;
     let t = text.trim();
     if t.is_empty() || t.contains(['\n', '\r']) {
         return Err(format!("{what} {path}: must hold one line"));
@@ -800,11 +816,7 @@ pub fn token(server: &Server) -> Result<Option<Zeroizing<String>>, String> {
     let Some(path) = &server.bearer_token_file else {
         return Ok(None);
     };
-    let text = crate::config::store::read_secret_file(
-        std::path::Path::new(path),
-        &crate::config::store::SecretVolumes::default(),
-    )
-    .map_err(|e| format!("bearer_token_file {path}: {e}"))?;
+    let text = secret_file(path).map_err(|e| format!("bearer_token_file {path}: {e}"))?;
     let t = text.trim();
     // Printable, without quotes or backslashes: so that it is found, and
     // cut, wherever the server puts it in a JSON answer.
@@ -823,6 +835,48 @@ pub fn token(server: &Server) -> Result<Option<Zeroizing<String>>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_file_must_be_the_processs_own_closed_and_one_plain_token() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gw-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("token");
+        let server = |path: &std::path::Path| Server {
+            command: vec![],
+            url: Some("https://mcp.example.com/mcp".into()),
+            ca_file: None,
+            bearer_token_file: Some(path.display().to_string()),
+            oauth: None,
+            env: Default::default(),
+            read_only: vec![],
+            writable: vec![],
+            max_result_bytes: 1000,
+            timeout_seconds: 5,
+            egress: vec![],
+            credential: None,
+        };
+        let write = |text: &str, mode: u32| {
+            let _ = std::fs::remove_file(&f);
+            std::fs::write(&f, text).expect("write");
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        };
+        write("tok-0123456789abcdef\n", 0o600);
+        assert_eq!(
+            token(&server(&f))
+                .expect("read")
+                .as_deref()
+                .map(|t| t.as_str()),
+            Some("tok-0123456789abcdef")
+        );
+        write("tok-0123456789abcdef\n", 0o644);
+        assert!(token(&server(&f)).is_err(), "a file others may read");
+        for bad in ["short", "has \"quote\" in it", "two\nlines-of-token"] {
+            write(bad, 0o600);
+            assert!(token(&server(&f)).is_err(), "{bad:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn only_https_or_loopback_http_is_reached() {
