@@ -324,16 +324,22 @@ fn write_lock(path: &Path, lock: &BTreeMap<String, Value>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Each named upstream's tools, read from its server in a sandbox.
+/// Each named upstream's tools, read from its server in a sandbox (a
+/// stdio server; this needs root and gVisor) or at its URL (a remote one).
 fn read_live(
     cli: &Cli,
     declared: &BTreeMap<String, Server>,
     names: &[String],
 ) -> anyhow::Result<BTreeMap<String, crate::protocol::McpReport>> {
-    super::dev::ensure_runner()?;
-    super::dev::ensure_root("upstream")?;
-    let sb =
-        crate::sandbox::local::LocalSandbox::new(crate::sandbox::local::LocalConfig::default())?;
+    let sb = if names.iter().any(|n| !declared[n].remote()) {
+        super::dev::ensure_runner()?;
+        super::dev::ensure_root("upstream")?;
+        Some(crate::sandbox::local::LocalSandbox::new(
+            crate::sandbox::local::LocalConfig::default(),
+        )?)
+    } else {
+        None
+    };
     let tools = crate::tools::ToolPaths::installed();
     let home: PathBuf = cli.home();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -342,13 +348,21 @@ fn read_live(
     let mut out = BTreeMap::new();
     for n in names {
         let report = rt
-            .block_on(upstream::list(
-                &sb,
-                &tools,
-                (&home, std::slice::from_ref(&cli.policies)),
-                n,
-                &declared[n],
-            ))
+            .block_on(async {
+                match &sb {
+                    Some(sb) if !declared[n].remote() => {
+                        upstream::list(
+                            sb,
+                            &tools,
+                            (&home, std::slice::from_ref(&cli.policies)),
+                            n,
+                            &declared[n],
+                        )
+                        .await
+                    }
+                    _ => upstream::list_remote(n, &declared[n]).await,
+                }
+            })
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("reading the tools of upstream {n:?}"))?;
         out.insert(n.clone(), report);

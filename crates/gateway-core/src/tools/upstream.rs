@@ -590,6 +590,21 @@ pub fn unusable(definition: &Value) -> Option<String> {
 /// The tools the server of upstream `name` lists, read in a throwaway
 /// sandbox (no network, its declared paths), with the server's
 /// `serverInfo`.
+/// [`list`] of a remote server: no sandbox is involved.
+pub async fn list_remote(name: &str, server: &Server) -> Result<McpReport, String> {
+    server.check(name)?;
+    let step = server.list_step();
+    let ex = step.mcp.as_ref().ok_or("no exchange")?;
+    let report = super::upstream_remote::exchange_redacted(server, ex).await?;
+    match &report.error_kind {
+        Some(kind) => Err(format!(
+            "upstream {name:?}: {} ({kind})",
+            report.error.clone().unwrap_or_default()
+        )),
+        None => Ok(report),
+    }
+}
+
 pub async fn list(
     sandbox: &dyn gateway_sandbox::Sandbox,
     tools: &super::ToolPaths,
@@ -599,16 +614,7 @@ pub async fn list(
 ) -> Result<McpReport, String> {
     server.check(name)?;
     if server.remote() {
-        let step = server.list_step();
-        let ex = step.mcp.as_ref().ok_or("no exchange")?;
-        let report = super::upstream_remote::exchange_redacted(server, ex).await?;
-        return match &report.error_kind {
-            Some(kind) => Err(format!(
-                "upstream {name:?}: {} ({kind})",
-                report.error.clone().unwrap_or_default()
-            )),
-            None => Ok(report),
-        };
+        return list_remote(name, server).await;
     }
     let mut binds = tools.runner_binds().map_err(|e| e.to_string())?;
     binds.extend(self::binds(name, server, gateway_home, policies)?);
