@@ -1239,6 +1239,9 @@ impl VaultBroker {
                     "the policy's ttl {t:?} is not a duration (like 5m)"
                 )),
             },
+            None if scope.credential_type == "database" => {
+                Some("the policy gave no ttl for a database credential".to_string())
+            }
             _ => None,
         };
         // Record before anything uses it: a crash from here on is recovered.

@@ -1214,6 +1214,15 @@ impl Pipeline {
                 }
             }
         }
+        // An upstream server's progress, passed on to the agent as it
+        // comes, this call's credential cut from it.
+        let on_stderr_line = upstream.then(|| {
+            let progress = progress.clone();
+            tools::upstream::progress_sink(
+                move |line| progress.say(line),
+                credential.iter().cloned().collect(),
+            )
+        });
         let req = SandboxRequest {
             name: name.clone(),
             argv: tools::runner_argv(),
@@ -1226,12 +1235,7 @@ impl Pipeline {
             deadline: limits.1,
             network,
             files_out: call.files_out,
-            // An upstream server's progress, passed on to the agent as it
-            // comes.
-            on_stderr_line: upstream.then(|| {
-                let progress = progress.clone();
-                tools::upstream::progress_sink(move |line| progress.say(line))
-            }),
+            on_stderr_line,
         };
         self.audit.record(
             rid,

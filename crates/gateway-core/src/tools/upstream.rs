@@ -224,7 +224,7 @@ impl UpstreamOp {
 
 /// What the agent is told of an upstream's progress notification
 /// (`params` as the server sent it: hostile text, escaped and cut short).
-pub fn progress_line(params: &Value) -> String {
+pub fn progress_line(params: &Value, secrets: &[gateway_base::secret::SecretFile]) -> String {
     let num = |v: &Value| match v {
         Value::Number(n) => n.to_string(),
         _ => "?".into(),
@@ -237,7 +237,17 @@ pub fn progress_line(params: &Value) -> String {
         .get("message")
         .and_then(Value::as_str)
         .map(|m| {
-            let m: String = m.chars().take(200).collect();
+            // The call's credential cut out first (a server that echoes
+            // it), then the text escaped and cut short.
+            let mut c = gateway_sandbox::Captured {
+                bytes: m.as_bytes().to_vec(),
+                truncated: false,
+            };
+            c.redact_all(secrets);
+            let m: String = String::from_utf8_lossy(&c.bytes)
+                .chars()
+                .take(200)
+                .collect();
             format!(": {}", gateway_base::text::escaped(&m, true))
         })
         .unwrap_or_default();
@@ -249,7 +259,10 @@ pub fn progress_line(params: &Value) -> String {
 
 /// A sandbox's stderr line sink that passes the step runner's progress
 /// lines ([`gateway_runner::protocol::PROGRESS_LINE`]) on to `tell`.
-pub fn progress_sink(tell: impl Fn(String) + Send + Sync + 'static) -> gateway_sandbox::LineSink {
+pub fn progress_sink(
+    tell: impl Fn(String) + Send + Sync + 'static,
+    secrets: Vec<gateway_base::secret::SecretFile>,
+) -> gateway_sandbox::LineSink {
     gateway_sandbox::LineSink(std::sync::Arc::new(move |line: &[u8]| {
         let Some(rest) = line.strip_prefix(gateway_runner::protocol::PROGRESS_LINE.as_bytes())
         else {
@@ -258,7 +271,7 @@ pub fn progress_sink(tell: impl Fn(String) + Send + Sync + 'static) -> gateway_s
         if let Ok(params) = serde_json::from_slice::<Value>(rest)
             && params.is_object()
         {
-            tell(progress_line(&params));
+            tell(progress_line(&params, &secrets));
         }
     }))
 }
@@ -725,16 +738,30 @@ mod tests {
     #[test]
     fn progress_is_told_as_escaped_short_text() {
         assert_eq!(
-            progress_line(&json!({"progress": 2, "total": 4, "message": "half\nway"})),
+            progress_line(
+                &json!({"progress": 2, "total": 4, "message": "half\nway"}),
+                &[]
+            ),
             "upstream progress 2/4: half\\nway"
         );
         assert_eq!(
-            progress_line(&json!({"progress": 1.5})),
+            progress_line(&json!({"progress": 1.5}), &[]),
             "upstream progress 1.5"
+        );
+        // A server that echoes its credential in its progress.
+        let secret = gateway_base::secret::SecretFile::new(
+            b"password = s3cret-value-of-the-call\n".to_vec(),
+        );
+        assert_eq!(
+            progress_line(
+                &json!({"progress": 1, "message": "using s3cret-value-of-the-call now"}),
+                std::slice::from_ref(&secret),
+            ),
+            "upstream progress 1: using <redacted> now"
         );
         let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let t = std::sync::Arc::clone(&told);
-        let sink = progress_sink(move |s| t.lock().expect("lock").push(s));
+        let sink = progress_sink(move |s| t.lock().expect("lock").push(s), vec![secret]);
         (sink.0)(b"==> upstream progress {\"progress\": 3}");
         (sink.0)(b"==> step 1/1: node server.js");
         (sink.0)(b"==> upstream progress not json");

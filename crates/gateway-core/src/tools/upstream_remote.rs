@@ -58,7 +58,12 @@ pub type OnProgress = Arc<dyn Fn(String) + Send + Sync>;
 /// The client's side of the session: refuses every request of the
 /// server's, counts its notifications, passes progress on.
 #[derive(Clone)]
-struct Watcher(Arc<Mutex<Seen>>, Option<OnProgress>);
+struct Watcher(
+    Arc<Mutex<Seen>>,
+    Option<OnProgress>,
+    /// The token the gateway presents, cut from what progress says.
+    Vec<gateway_base::secret::SecretFile>,
+);
 
 impl Watcher {
     fn refuse(&self, method: &str) {
@@ -123,7 +128,7 @@ impl ClientHandler for Watcher {
         _context: NotificationContext<RoleClient>,
     ) {
         if let (Some(tell), Ok(v)) = (&self.1, serde_json::to_value(&params)) {
-            tell(super::upstream::progress_line(&v));
+            tell(super::upstream::progress_line(&v, &self.2));
         }
         self.notified(|s| s.progress = serde_json::to_value(&params).ok());
     }
@@ -251,11 +256,16 @@ pub fn check_url(url: &str) -> Result<(), String> {
 /// The HTTP client: TLS verified against the system's roots and the
 /// declared CA, no redirect, no proxy from the environment.
 fn http_client(server: &Server) -> Result<reqwest::Client, String> {
-    http_client_trusting(server.ca_file.as_deref())
+    // No request outlives the exchange (rmcp's worker does not watch its
+    // cancellation while it starts a session).
+    http_client_trusting(
+        server.ca_file.as_deref(),
+        Duration::from_secs(server.timeout_seconds.saturating_add(10)),
+    )
 }
 
 /// The HTTP client trusting the system's roots and `ca_file`'s.
-fn http_client_trusting(ca_file: Option<&str>) -> Result<reqwest::Client, String> {
+fn http_client_trusting(ca_file: Option<&str>, most: Duration) -> Result<reqwest::Client, String> {
     // The process's provider (ring, as the daemon installs it at start);
     // a no-op when one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -263,7 +273,8 @@ fn http_client_trusting(ca_file: Option<&str>) -> Result<reqwest::Client, String
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .pool_max_idle_per_host(0)
-        .connect_timeout(Duration::from_secs(10));
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(most);
     if let Some(ca) = ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("ca_file {ca}: {e}"))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
@@ -299,7 +310,18 @@ pub async fn exchange(
                 server,
                 ex,
                 token,
-                (Watcher(Arc::clone(&seen), progress), Arc::clone(&stopped), abort.clone()),
+                (
+                    Watcher(
+                        Arc::clone(&seen),
+                        progress,
+                        token
+                            .map(|t| gateway_base::secret::SecretFile::new(t.as_bytes().to_vec()))
+                            .into_iter()
+                            .collect(),
+                    ),
+                    Arc::clone(&stopped),
+                    abort.clone(),
+                ),
                 &mut report,
                 &mut session,
             ) => r,
@@ -408,12 +430,15 @@ async fn talk(
         stopped,
         abort,
     };
-    let session = slot.insert(
-        watcher
-            .serve(transport)
-            .await
-            .map_err(|e| ("closed", format!("initialize: {e}")))?,
-    );
+    let session = slot.insert(watcher.serve(transport).await.map_err(|e| {
+        (
+            "closed",
+            format!(
+                "initialize: {}",
+                e.to_string().chars().take(500).collect::<String>()
+            ),
+        )
+    })?);
     {
         if let Some(info) = session.peer_info() {
             report.server = Some(serde_json::json!({
@@ -513,7 +538,10 @@ pub fn redacted(report: McpReport, token: Option<&str>) -> Result<McpReport, Str
     // JSON whatever the server put around the token.
     let secret = [gateway_base::secret::SecretFile::new(t.as_bytes().to_vec())];
     let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
-    redact_strings(&mut v, &secret);
+    // The report's own field names stay; everything under them is cut.
+    if let Value::Object(m) = &mut v {
+        m.values_mut().for_each(|x| redact_strings(x, &secret));
+    }
     serde_json::from_value(v).map_err(|e| format!("the server's answer, its token cut: {e}"))
 }
 
@@ -606,12 +634,14 @@ impl Drop for Grant {
         if self.revoked {
             return;
         }
-        let (Some(oauth), Ok(handle)) = (
-            self.server.oauth.clone(),
-            tokio::runtime::Handle::try_current(),
-        ) else {
+        let Some(oauth) = self.server.oauth.clone() else {
             return;
         };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(token = %self.id, "a granted token could not be revoked (no runtime left): it lives until it expires");
+            return;
+        };
+        tracing::warn!(token = %self.id, "the call ended before its granted token was revoked: revoking it now");
         let (token, id) = (self.token.clone(), self.id.clone());
         handle.spawn(async move {
             match revoke_at(&oauth, &token).await {
@@ -630,7 +660,7 @@ async fn revoke_at(oauth: &OAuthClient, token: &str) -> Result<bool, String> {
     };
     check_url(url).map_err(|e| format!("oauth revocation_url: {e}"))?;
     let secret = read_one_line(&oauth.client_secret_file, "oauth client_secret_file")?;
-    let resp = http_client_trusting(oauth.ca_file.as_deref())?
+    let resp = http_client_trusting(oauth.ca_file.as_deref(), Duration::from_secs(15))?
         .post(url)
         .basic_auth(&oauth.client_id, Some(secret.as_str()))
         .form(&[("token", token), ("token_type_hint", "access_token")])
@@ -646,15 +676,16 @@ async fn revoke_at(oauth: &OAuthClient, token: &str) -> Result<bool, String> {
         .await
         .unwrap_or_default();
     let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    // The OAuth error code only: free text from the server could echo the
+    // token, which is still live when its revocation failed.
     Err(format!(
         "revoking at {url}: {status} {}",
         gateway_base::text::escaped(
-            &answer["error_description"]
+            &answer["error"]
                 .as_str()
-                .or(answer["error"].as_str())
                 .unwrap_or("")
                 .chars()
-                .take(200)
+                .take(64)
                 .collect::<String>(),
             true
         )
@@ -701,7 +732,7 @@ impl Presented {
             form.push(("scope", scope));
         }
         let what = format!("the client-credentials grant at {}", oauth.token_url);
-        let resp = http_client_trusting(oauth.ca_file.as_deref())?
+        let resp = http_client_trusting(oauth.ca_file.as_deref(), Duration::from_secs(15))?
             .post(&oauth.token_url)
             .basic_auth(&oauth.client_id, Some(secret.as_str()))
             .form(&form)
@@ -766,8 +797,8 @@ impl Presented {
         let Some(oauth) = g.server.oauth.clone() else {
             return Ok(false);
         };
-        // Tried a few times, whatever comes of it (not again on drop).
-        g.revoked = true;
+        // Tried a few times, whatever comes of it; not again on drop once
+        // tried (a call dropped while trying leaves it to the drop).
         let mut last = Ok(false);
         for pause in [0u64, 200, 1000] {
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -776,6 +807,7 @@ impl Presented {
                 break;
             }
         }
+        g.revoked = true;
         last
     }
 }
