@@ -178,39 +178,38 @@ fn lock(policies: &Path, home: &Path, names: &[&str]) -> String {
 }
 
 fn call(w: &World, tool: &str, params: Value) -> CallResult {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    runtime()
+        .block_on(w.pipeline.call(tool_call(tool, params)))
+        .expect("call")
+}
+
+/// A runtime of the test's own, as the daemon's.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
-    rt.block_on(w.pipeline.call(ToolCall {
+        .expect("runtime")
+}
+
+/// A call of `tool` by alice.
+fn tool_call(tool: &str, params: Value) -> ToolCall {
+    ToolCall {
         trace: None,
         tool: tool.into(),
         params,
         principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
         workspace: None,
-    }))
-    .expect("call")
+    }
 }
 
 /// [`call`], with what the agent was told of its progress as it ran.
 fn call_with_progress(w: &World, tool: &str, params: Value) -> (CallResult, Vec<String>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let progress = gateway::pipeline::Progress::new(Some(tx));
-    let r = rt
+    let r = runtime()
         .block_on(w.pipeline.call_with(
-            ToolCall {
-                trace: None,
-                tool: tool.into(),
-                params,
-                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
-                workspace: None,
-            },
+            tool_call(tool, params),
             &gateway::policy::input::new_request_id(),
             &progress,
         ))
@@ -1018,6 +1017,19 @@ fn serving(mut cmd: std::process::Command, port: u16) -> Killed {
     child
 }
 
+/// A file only its owner (this test, root) reads, holding `text`.
+fn secret_file(path: &Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .expect("secret file");
+    writeln!(f, "{text}").expect("write");
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -1056,17 +1068,7 @@ fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
     let secrets = tempfile::tempdir().expect("dir");
     let token = "remote-token-7f3a9c2e51b84d06";
     let token_file = secrets.path().join("remote.token");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&token_file)
-            .expect("token file");
-        writeln!(f, "{token}").expect("write");
-    }
+    secret_file(&token_file, token);
     // An OAuth authorization server (the real oidc-provider) that grants
     // the gateway a token for the hostile server, per call.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -1104,17 +1106,7 @@ fn a_remote_upstream_is_locked_called_and_capped_and_never_shows_its_token() {
         .env("CA_FILE", &ca);
     let _hostile = serving(hostile, hostile_port);
     let client_secret = secrets.path().join("client.secret");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&client_secret)
-            .expect("secret file");
-        writeln!(f, "{}", sso::UPSTREAM_CLIENT_SECRET).expect("write");
-    }
+    secret_file(&client_secret, sso::UPSTREAM_CLIENT_SECRET);
     let extra = format!(
         r#"far:
   url: http://127.0.0.1:{everything_port}/mcp
@@ -1282,21 +1274,14 @@ remote:
             .map(|d| d.count())
             .unwrap_or(0)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let before = fds();
     for _ in 0..4 {
         let r = rt
-            .block_on(w.pipeline.call(ToolCall {
-                trace: None,
-                tool: "remote.attack".into(),
-                params: json!({"kind": "flood"}),
-                principal: Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
-                workspace: None,
-            }))
+            .block_on(
+                w.pipeline
+                    .call(tool_call("remote.attack", json!({"kind": "flood"}))),
+            )
             .expect("call");
         assert!(!completed(&r).0);
     }
