@@ -31,6 +31,7 @@ fn request(name: String) -> SandboxRequest {
         network: Network::None,
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     }
 }
 

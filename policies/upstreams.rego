@@ -124,6 +124,7 @@ operation := {
 	"upstream": requested.upstream,
 	"tool": requested.tool,
 	"command": object.get(up, "command", []),
+	"image": object.get(up, "image", null),
 	"url": object.get(up, "url", null),
 	"ca_file": object.get(up, "ca_file", null),
 	"bearer_token_file": object.get(up, "bearer_token_file", null),
@@ -345,9 +346,34 @@ deny contains msg if {
 	requested
 	up := declared[requested.upstream]
 	remote(up)
-	some key in ["command", "read_only", "writable", "egress", "credential", "env"]
+	some key in ["command", "image", "read_only", "writable", "egress", "credential", "env"]
 	key in object.keys(up)
 	msg := sprintf("upstream %q is remote (url): %s is for a server the gateway runs; every call is refused until it is removed", [requested.upstream, key])
+}
+
+# `image`: what a stdio server runs from on the kubernetes sandbox backend,
+# pinned by its digest (a tag can be moved to another server after the
+# approval was given). It sees its image's files, never a host path.
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	"image" in object.keys(up)
+	not pinned_image(up.image)
+	msg := sprintf("upstream %q: image in config/upstreams must be pinned by its digest (NAME@sha256: and 64 hex digits); every call is refused until it is", [requested.upstream])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	"image" in object.keys(up)
+	some key in ["read_only", "writable"]
+	key in object.keys(up)
+	msg := sprintf("upstream %q runs from an image: %s (host paths) cannot be shown to it; every call is refused until it is removed", [requested.upstream, key])
+}
+
+pinned_image(image) if {
+	is_string(image)
+	regex.match(`^[a-z0-9._/:-]{1,255}@sha256:[0-9a-f]{64}$`, image)
 }
 
 deny contains msg if {
@@ -412,7 +438,7 @@ within(v, most) if {
 declaration_keys := {
 	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
 	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
-	"egress", "credential", "url", "ca_file", "bearer_token_file", "oauth",
+	"egress", "credential", "url", "ca_file", "bearer_token_file", "oauth", "image",
 }
 
 strings(v) if {

@@ -338,7 +338,7 @@ test_a_remote_servers_call_is_decided_like_any_other if {
 }
 
 test_a_remote_server_declared_with_what_only_a_run_server_has_is_refused if {
-	every key, value in {"command": ["/bin/x"], "read_only": ["/usr"], "egress": ["postgres"], "credential": {"tiers": {}}, "env": {"A": "b"}} {
+	every key, value in {"command": ["/bin/x"], "image": kit_image, "read_only": ["/usr"], "egress": ["postgres"], "credential": {"tiers": {}}, "env": {"A": "b"}} {
 		d := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {key: value})}))
 		not d.allow
 		some r in d.deny_reasons
@@ -346,6 +346,40 @@ test_a_remote_server_declared_with_what_only_a_run_server_has_is_refused if {
 	}
 	d := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {"ca_file": 7})}))
 	not d.allow
+}
+
+# --- A stdio server run from an image (the kubernetes backend) -------------
+
+kit_image := "registry.example.com/mcp/kit@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+decide_kit(kit) := d if {
+	d := gateway.decision with input as call("kit.ping", {})
+		with data.config.upstreams as object.union(declared, {"kit": kit})
+		with data.config.upstream_lock as object.union(lock, {"kit": {"tools": {"ping": entry("k1", def("ping", {"annotations": {"readOnlyHint": true}}))}}})
+}
+
+kit := {"command": ["/usr/local/bin/kit-server"], "image": kit_image, "default_tier": "low"}
+
+test_a_stdio_server_run_from_an_image_names_it_pinned_by_digest if {
+	d := decide_kit(kit)
+	d.allow
+	d.operation.image == kit_image
+	d.operation.command == ["/usr/local/bin/kit-server"]
+	every bad in ["registry.example.com/mcp/kit:1.2", "registry.example.com/mcp/kit@sha256:0123", 7, concat("", ["Registry.example.com/kit@sha256:", substring(kit_image, count(kit_image) - 64, 64)])] {
+		refused := decide_kit(object.union(kit, {"image": bad}))
+		not refused.allow
+		some r in refused.deny_reasons
+		contains(r, "must be pinned by its digest")
+	}
+}
+
+test_a_server_run_from_an_image_is_shown_no_host_path if {
+	every key in ["read_only", "writable"] {
+		d := decide_kit(object.union(kit, {key: ["/srv/data"]}))
+		not d.allow
+		some r in d.deny_reasons
+		contains(r, sprintf("runs from an image: %s (host paths)", [key]))
+	}
 }
 
 test_a_declaration_without_command_or_url_is_refused if {

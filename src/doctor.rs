@@ -335,6 +335,7 @@ pub async fn platforms(runsc: Option<&Path>, configured: &str, probe: bool) -> F
             network: crate::sandbox::Network::None,
             files_out: vec![],
             on_stderr_line: None,
+            image: None,
         };
         match crate::sandbox::Sandbox::run(&sb, req).await {
             Ok(r) if r.success() => works.push(platform),

@@ -1736,6 +1736,7 @@ async fn real_kernel_probe(
             network: Network::None,
             files_out: vec![],
             on_stderr_line: None,
+            image: None,
         };
         match sb.run(req).await {
             Ok(r) => (

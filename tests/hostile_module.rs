@@ -1031,6 +1031,7 @@ fn run_terraform(
         network: gateway::sandbox::Network::None,
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     };
     rt().block_on(sb.run(req)).expect("run")
 }

@@ -80,7 +80,81 @@ fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
         }]),
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     }
+}
+
+/// A stdio upstream's image (any digest: the fake runs no image).
+const KIT_IMAGE: &str = "registry.example.com/mcp/kit@sha256:5f0c5e3d2b1a09876543210fedcba9876543210fedcba9876543210fedcba987";
+
+/// The kubelet of a Job named `prefix…` not yet run: runs the real step
+/// runner over the steps its Secret holds (on this host, with the Job's
+/// environment), writes its framed output as the pod's log, and ends the
+/// pod as the runner ended. Returns the pod.
+async fn kubelet_runs_the_runner(c: &Cluster, prefix: &str) -> Value {
+    let start = Instant::now();
+    let job = loop {
+        let found = c.kube.with(|s| {
+            s.live("jobs").into_iter().find(|j| {
+                j["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+        });
+        if let Some(j) = found {
+            break j;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no Job {prefix}…"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let name = job["metadata"]["name"].as_str().expect("name").to_string();
+    let pod_name = pod_of(c, &name).await;
+    let pod = c
+        .kube
+        .with(|s| s.objects[&("pods".to_string(), NS.to_string(), pod_name.clone())].clone());
+    let secret = c.kube.with(|s| {
+        s.objects[&("secrets".to_string(), NS.to_string(), format!("{name}-in"))].clone()
+    });
+    let steps = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"]["steps.json"].as_str().expect("steps"))
+            .expect("base64")
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("steps.json"), steps).expect("steps");
+    let mut runner = tokio::process::Command::new(common::runner_bin());
+    runner
+        .arg("exec")
+        .arg(dir.path().join("steps.json"))
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin");
+    for e in pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        runner.env(
+            e["name"].as_str().expect("env name"),
+            e["value"].as_str().unwrap_or_default(),
+        );
+    }
+    running(c, &pod_name);
+    let out = runner.output().await.expect("the runner");
+    let code = out.status.code().unwrap_or(1);
+    terminate(
+        c,
+        &pod_name,
+        if code == 0 { "Succeeded" } else { "Failed" },
+        code,
+        if code == 0 { "Completed" } else { "Error" },
+        &String::from_utf8_lossy(&out.stdout),
+    );
+    pod
 }
 
 /// Run `req` on the cluster in the background (the test plays the kubelet meanwhile).
@@ -1796,7 +1870,8 @@ async fn a_warm_pod_the_scheduler_cannot_place_is_said_while_it_waits() {
 /// by the daemon's readings; a stdio upstream, which this backend does not
 /// run, is refused with the reason before anything is asked of anyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_refused() {
+async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run_from_its_pinned_image()
+ {
     use gateway::pipeline::{Outcome, Pipeline, ToolCall};
     let c = cluster(|_| {}).await;
     let home = tempfile::tempdir().expect("home");
@@ -1804,12 +1879,22 @@ async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_r
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("port");
-    let mut server = std::process::Command::new("/usr/bin/python3")
+    let server = std::process::Command::new("/usr/bin/python3")
         .arg(common::repo().join("tests/upstreams/remote_server.py"))
         .arg(port.to_string())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("the remote server");
+    // Ended whatever the test comes to (it holds no pipe of the test's).
+    struct Ends(std::process::Child);
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = Ends(server);
     let up = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -1822,7 +1907,8 @@ async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_r
     std::fs::write(
         policies.path().join("config/upstreams/data.yaml"),
         format!(
-            "remote:\n  url: http://127.0.0.1:{port}/mcp\n  default_tier: low\nlocal:\n  command: [/usr/bin/python3, /srv/server.py]\n  default_tier: low\n"
+            "remote:\n  url: http://127.0.0.1:{port}/mcp\n  default_tier: low\nlocal:\n  command: [/usr/bin/python3, /srv/server.py]\n  default_tier: low\nkit:\n  command: [/usr/bin/python3, {}]\n  image: {KIT_IMAGE}\n  default_tier: low\n",
+            common::repo().join("tests/upstreams/hostile_server.py").display()
         ),
     )
     .expect("declare");
@@ -1843,6 +1929,49 @@ async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_r
     lock["local"] = json!({"tools": {"echo": {
         "sha256": gateway::tools::upstream::definition_digest(&def),
         "definition": def, "definition_json": text}}});
+    // The image's server is locked from a Job of its image, as `gateway
+    // upstream lock` does with --config naming this backend: the kubelet
+    // (this test) runs the real runner over the Job's steps.
+    let kit_server: gateway::tools::upstream::Server = serde_json::from_value(json!({
+        "command": ["/usr/bin/python3", common::repo().join("tests/upstreams/hostile_server.py")],
+        "image": KIT_IMAGE,
+    }))
+    .expect("declaration");
+    let listing = {
+        let sb = c.sandbox.clone();
+        let home = home.path().to_path_buf();
+        let dirs = vec![policies.path().to_path_buf()];
+        tokio::spawn(async move {
+            gateway::tools::upstream::list(
+                &sb,
+                &gateway::tools::ToolPaths::installed(),
+                (&home, &dirs),
+                "kit",
+                &kit_server,
+            )
+            .await
+        })
+    };
+    let listed_pod = kubelet_runs_the_runner(&c, "gw-upstream-list-").await;
+    let report = listing
+        .await
+        .expect("join")
+        .expect("the kit's tools, listed on the cluster");
+    assert_eq!(listed_pod["spec"]["containers"][0]["image"], KIT_IMAGE);
+    assert!(
+        eventually(|| c.kube.with(|s| s.live("jobs").is_empty())).await,
+        "the listing's Job was left"
+    );
+    let echo = report
+        .tools
+        .iter()
+        .flatten()
+        .find(|t| t["name"] == "echo")
+        .expect("the kit lists echo")
+        .clone();
+    lock["kit"] = json!({"tools": {"echo": {
+        "sha256": gateway::tools::upstream::definition_digest(&echo),
+        "definition": echo, "definition_json": echo.to_string()}}});
     std::fs::write(&lock_path, lock.to_string()).expect("lock");
     let store = std::sync::Arc::new(gateway::policy::PolicyStore::open(
         vec![policies.path().to_path_buf()],
@@ -1891,19 +2020,83 @@ async fn a_remote_upstream_is_called_on_the_kubernetes_backend_and_a_stdio_one_r
         }
         other => panic!("expected a completed call, got {other:?}"),
     }
+    let jobs_before = c.kube.with(|s| s.live("jobs").len());
     let r = call("local.echo").await;
     match &r.outcome {
         Outcome::Refused { reason, .. } => assert!(
-            reason.contains("run on the local sandbox backend only"),
+            reason.contains("declared without an image") && reason.contains("nothing was run"),
             "{reason}"
         ),
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert!(
-        c.kube
-            .with(|s| s.objects.keys().all(|(resource, _, _)| resource != "jobs")),
-        "an upstream call made a Job"
+    assert_eq!(
+        c.kube.with(|s| s.live("jobs").len()),
+        jobs_before,
+        "a refused upstream call made a Job"
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    // The image's server: a Job of its image, the runner copied in by the
+    // runner image's init container, the call made by the real runner.
+    let kit = {
+        let p = std::sync::Arc::clone(&p);
+        tokio::spawn(async move {
+            p.call(ToolCall {
+                trace: None,
+                tool: "kit.echo".into(),
+                params: json!({"text": "from the cluster"}),
+                principal: gateway::policy::Principal::os_user(
+                    "test".into(),
+                    "alice".into(),
+                    1000,
+                    vec![],
+                ),
+                workspace: None,
+            })
+            .await
+            .expect("call")
+        })
+    };
+    let pod = kubelet_runs_the_runner(&c, "gw-").await;
+    let r = kit.await.expect("join");
+    match &r.outcome {
+        Outcome::Completed { ok, result, .. } => {
+            assert!(ok, "{result}");
+            assert_eq!(result["content"][0]["text"], "from the cluster", "{result}");
+        }
+        other => panic!("expected a completed call, got {other:?}"),
+    }
+    let spec = &pod["spec"];
+    assert_eq!(spec["containers"][0]["image"], KIT_IMAGE);
+    assert_eq!(
+        spec["containers"][0]["command"][0],
+        "/opt/gateway/gateway-runner"
+    );
+    assert_eq!(spec["initContainers"][0]["image"], "gateway-runner:0.1.0");
+    assert_eq!(
+        spec["initContainers"][0]["command"],
+        json!([
+            "/opt/gateway/gateway-runner",
+            "install",
+            "/opt/gateway-install/gateway-runner"
+        ])
+    );
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["mountPath"] == "/opt/gateway")
+        .expect("the runner's volume")
+        .clone();
+    assert_eq!(
+        mount["readOnly"], true,
+        "the server could replace the runner"
+    );
+    let restricted = gateway::sandbox::kubernetes::podsecurity::restricted(
+        &serde_json::from_value(spec.clone()).expect("a PodSpec"),
+    );
+    assert!(restricted.is_empty(), "{restricted:?}");
+    assert!(
+        eventually(|| c.kube.with(|s| s.live("jobs").len() == jobs_before)).await,
+        "the call's Job was left"
+    );
+    drop(server);
 }

@@ -409,3 +409,34 @@ fn set(doc: &mut Value, pointer: &str, value: Value) {
         }
     }
 }
+
+#[test]
+fn an_upstream_servers_job_runs_its_pinned_image_with_the_runner_copied_in_read_only() {
+    let r = recorded();
+    let mut req = manifests::shell(&r.pods, "req-0123456789abcdef0123456789abcdef");
+    req.files_in = r.pods.files_in.clone();
+    req.env = vec![("HOME".into(), "/tmp".into())];
+    req.image = Some(
+        "registry.example.com/mcp/kit@sha256:5f0c5e3d2b1a09876543210fedcba9876543210fedcba9876543210fedcba987"
+            .into(),
+    );
+    let (job, _, pod) = manifests_json(&r.cfg, &req);
+    snapshot("upstream_from_its_image_job", &job);
+    let v = podsecurity::violations(&pod);
+    assert!(v.is_empty(), "{v:?}");
+    let restricted = podsecurity::restricted(&pod);
+    assert!(restricted.is_empty(), "{restricted:?}");
+    // Never a warm pod of the runner image in its place.
+    assert!(!manifests::poolable(&req));
+    // A tag (which the registry may move) or anything else unpinned.
+    for bad in [
+        "registry.example.com/mcp/kit:1.2",
+        "registry.example.com/mcp/kit@sha256:5f0c",
+        "Registry.example.com/kit@sha256:5f0c5e3d2b1a09876543210fedcba9876543210fedcba9876543210fedcba987",
+        "@sha256:5f0c5e3d2b1a09876543210fedcba9876543210fedcba9876543210fedcba987",
+    ] {
+        req.image = Some(bad.into());
+        let e = manifests::build(&r.cfg, &req).expect_err(bad);
+        assert!(e.to_string().contains("not pinned by its digest"), "{e}");
+    }
+}

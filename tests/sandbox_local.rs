@@ -43,6 +43,7 @@ fn request(name: &str, script: &str) -> SandboxRequest {
         network: Network::None,
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     }
 }
 

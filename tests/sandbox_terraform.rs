@@ -97,6 +97,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         network: Network::None,
         files_out: vec![plan_file.clone(), plan_json.clone()],
         on_stderr_line: None,
+        image: None,
     };
     let r = rt.block_on(sb.run(req)).expect("run");
     assert!(
@@ -163,6 +164,7 @@ fn terraform_plans_and_applies_the_demo_module_inside_gvisor() {
         network: Network::None,
         files_out: vec!["terraform.tfstate".into()],
         on_stderr_line: None,
+        image: None,
     };
     let r = rt.block_on(sb.run(req)).expect("run");
     assert!(

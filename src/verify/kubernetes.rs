@@ -65,6 +65,7 @@ fn probe(name: &str, args: &[&str], network: Network) -> SandboxRequest {
         network,
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     }
 }
 

@@ -170,6 +170,7 @@ pub async fn terraform(
             network: Network::None,
             files_out: vec!["plan.json".into()],
             on_stderr_line: None,
+            image: None,
         };
         match sb.run(req).await {
             Ok(r) if r.success() => {
@@ -253,6 +254,7 @@ pub async fn kubectl(
         network: Network::None,
         files_out: vec![],
         on_stderr_line: None,
+        image: None,
     };
     match sb.run(req).await {
         Ok(r) if r.success() => {

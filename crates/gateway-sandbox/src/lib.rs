@@ -169,6 +169,12 @@ pub struct SandboxRequest {
     /// most [`LineSink::MAX`] bytes; the backends that stream it: local).
     /// What it is told is the sandbox's output: hostile.
     pub on_stderr_line: Option<LineSink>,
+    /// The image the sandbox's container runs from, pinned by digest, when
+    /// it is not the backend's own: an upstream MCP server's, whose runtime
+    /// (Node.js, Python…) the runner image does not carry. The runner is
+    /// put beside it at the same path. Only the kubernetes backend runs
+    /// one; the local backend runs this host's files and refuses it.
+    pub image: Option<String>,
 }
 
 /// What a [`LineSink`] calls with each line.

@@ -593,6 +593,11 @@ impl LocalSandbox {
         if req.argv.is_empty() {
             return Err(SandboxError::Invalid("empty command".into()));
         }
+        if let Some(image) = &req.image {
+            return Err(SandboxError::Invalid(format!(
+                "this sandbox runs from the image {image:?}: the local backend runs this host's files, not images (the kubernetes backend runs images)"
+            )));
+        }
         let started = Instant::now();
         let mut stages = super::Stages::start();
         let bundle = tempfile::Builder::new()

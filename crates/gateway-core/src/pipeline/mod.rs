@@ -404,6 +404,8 @@ pub enum Toolset {
     Upstream {
         binds: Vec<gateway_sandbox::Bind>,
         env: Vec<(String, String)>,
+        /// The image it runs from (the kubernetes backend), if declared.
+        image: Option<String>,
     },
 }
 
@@ -1098,16 +1100,26 @@ impl Pipeline {
         let network = self.network(decision).map_err(Stop::refused)?;
         let terraform = call.tool == Toolset::Terraform;
         let upstream = matches!(call.tool, Toolset::Upstream { .. });
+        let mut image = None;
         let (binds, mut env) = match call.tool {
             Toolset::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Toolset::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
-            Toolset::Upstream { binds, env } => {
-                if !self.sandbox.uses_host_tools() {
+            Toolset::Upstream {
+                binds,
+                env,
+                image: from,
+            } => {
+                // The local backend binds this host's files (the runner's
+                // and the declared paths); the kubernetes backend runs the
+                // declared image, which has no host path.
+                let host = self.sandbox.uses_host_tools();
+                if host == from.is_some() || (!host && !binds.is_empty()) {
                     return Err(Stop::refused(format!(
-                        "upstream MCP servers run on the local sandbox backend only (this gateway's is {}); nothing was run",
+                        "this upstream MCP server cannot run on the {} sandbox backend as declared (a stdio server runs from this host's files on the local backend, from a pinned image without host paths on the kubernetes backend); nothing was run",
                         self.sandbox.backend()
                     )));
                 }
+                image = from;
                 (
                     self.tools.runner_binds().map(|mut b| {
                         b.extend(binds);
@@ -1236,6 +1248,7 @@ impl Pipeline {
             network,
             files_out: call.files_out,
             on_stderr_line,
+            image,
         };
         self.audit.record(
             rid,

@@ -157,7 +157,9 @@ impl Pipeline {
         server: &Server,
         reported: &mut std::collections::BTreeSet<(String, String, String)>,
     ) {
-        if !server.remote() && !self.sandbox.uses_host_tools() {
+        if let Err(e) = server.runs_on(name, self.sandbox.uses_host_tools(), self.sandbox.backend())
+        {
+            tracing::warn!(upstream = name, "not read: {e}");
             return;
         }
         let report = upstream::list(

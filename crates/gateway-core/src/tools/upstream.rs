@@ -25,6 +25,12 @@ pub struct Server {
     /// remote server.
     #[serde(default)]
     pub command: Vec<String>,
+    /// The image a stdio server runs from on the kubernetes sandbox
+    /// backend (`NAME@sha256:…`): its runtime and files, with the runner
+    /// put beside it. Not for the local backend, which runs this host's
+    /// files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// A remote server (streamable HTTP): its URL, spoken to by the
     /// gateway itself ([`super::upstream_remote`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,9 +137,10 @@ impl Server {
                     || !self.writable.is_empty()
                     || !self.egress.is_empty()
                     || self.credential.is_some()
+                    || self.image.is_some()
                 {
                     return Err(format!(
-                        "upstream {name:?} is remote: read_only, writable, egress and credential are for a server the gateway runs"
+                        "upstream {name:?} is remote: read_only, writable, egress, credential and image are for a server the gateway runs"
                     ));
                 }
                 super::upstream_remote::check_url(url)
@@ -142,10 +149,39 @@ impl Server {
             (None, _) if self.oauth.is_some() || self.bearer_token_file.is_some() => Err(format!(
                 "upstream {name:?}: bearer_token_file and oauth are for a remote server (url)"
             )),
-            (None, Some(p)) if Path::new(p).is_absolute() => Ok(()),
+            (None, Some(_))
+                if self.image.is_some()
+                    && !(self.read_only.is_empty() && self.writable.is_empty()) =>
+            {
+                Err(format!(
+                    "upstream {name:?} runs from an image: it sees its image's files and its own /tmp, never a host path (read_only, writable)"
+                ))
+            }
+            (None, Some(p)) if Path::new(p).is_absolute() => match &self.image {
+                Some(image) => gateway_sandbox::kubernetes::manifests::check_image(image)
+                    .map_err(|e| format!("upstream {name:?}: {e}")),
+                None => Ok(()),
+            },
             _ => Err(format!(
                 "upstream {name:?}'s command must start with an absolute path"
             )),
+        }
+    }
+
+    /// Whether the server can run on this gateway's sandbox backend: a
+    /// remote server anywhere (the gateway speaks to it); a stdio server
+    /// from this host's files on the local backend, from its declared
+    /// image on the kubernetes backend.
+    pub fn runs_on(&self, name: &str, host_tools: bool, backend: &str) -> Result<(), String> {
+        match (&self.image, self.remote()) {
+            (_, true) => Ok(()),
+            (Some(image), false) if host_tools => Err(format!(
+                "upstream {name:?} runs from the image {image:?}, which the kubernetes sandbox backend runs; this gateway's backend is {backend}, which runs this host's files (declare it without image here)"
+            )),
+            (None, false) if !host_tools => Err(format!(
+                "upstream {name:?} is a stdio server declared without an image: on the {backend} sandbox backend it runs from the image its declaration names (image: NAME@sha256:…, holding its command)"
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -629,9 +665,16 @@ pub async fn list(
     if server.remote() {
         return list_remote(name, server).await;
     }
-    let mut binds = tools.runner_binds().map_err(|e| e.to_string())?;
-    binds.extend(self::binds(name, server, gateway_home, policies)?);
-    binds.sort_by(|a, b| a.inside.cmp(&b.inside));
+    let host = sandbox.uses_host_tools();
+    server.runs_on(name, host, sandbox.backend())?;
+    // The local backend binds this host's runner and the declared paths;
+    // the kubernetes backend's pod has its image and the runner's.
+    let mut binds = Vec::new();
+    if host {
+        binds = tools.runner_binds().map_err(|e| e.to_string())?;
+        binds.extend(self::binds(name, server, gateway_home, policies)?);
+        binds.sort_by(|a, b| a.inside.cmp(&b.inside));
+    }
     let steps = vec![server.list_step()];
     let limits = gateway_sandbox::Limits {
         output_bytes: 8 << 20,
@@ -660,6 +703,7 @@ pub async fn list(
         network: gateway_sandbox::Network::None,
         files_out: vec![],
         on_stderr_line: None,
+        image: server.image.clone(),
     };
     let r = sandbox.run(req).await.map_err(|e| e.to_string())?;
     let report = read_report(&r.stdout.bytes).map_err(|e| {
@@ -698,6 +742,7 @@ mod tests {
             tool: "write_note".into(),
             server: Server {
                 command: vec!["/usr/bin/true".into()],
+                image: None,
                 env: Default::default(),
                 read_only: vec![],
                 writable: vec![],
@@ -714,6 +759,38 @@ mod tests {
             definition,
             credential: None,
         }
+    }
+
+    #[test]
+    fn a_stdio_server_runs_from_host_files_locally_and_from_its_pinned_image_on_kubernetes() {
+        let image = "registry.example.com/mcp/kit@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let host = op().server;
+        let mut pinned = host.clone();
+        pinned.image = Some(image.into());
+        assert!(pinned.check("kit").is_ok());
+        assert!(host.runs_on("kit", true, "local").is_ok());
+        assert!(pinned.runs_on("kit", false, "kubernetes").is_ok());
+        let e = host.runs_on("kit", false, "kubernetes").unwrap_err();
+        assert!(e.contains("declared without an image"), "{e}");
+        let e = pinned.runs_on("kit", true, "local").unwrap_err();
+        assert!(e.contains("this host's files"), "{e}");
+        // An image's server sees no host path; a tag is not a pin.
+        let mut paths = pinned.clone();
+        paths.read_only = vec!["/srv".into()];
+        assert!(
+            paths
+                .check("kit")
+                .unwrap_err()
+                .contains("never a host path")
+        );
+        let mut tagged = pinned.clone();
+        tagged.image = Some("registry.example.com/mcp/kit:1.2".into());
+        assert!(tagged.check("kit").unwrap_err().contains("not pinned"));
+        // A remote server has no image.
+        let mut remote = pinned.clone();
+        remote.command.clear();
+        remote.url = Some("https://mcp.example.com/mcp".into());
+        assert!(remote.check("kit").unwrap_err().contains("image"));
     }
 
     #[test]

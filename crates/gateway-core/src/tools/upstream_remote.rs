@@ -876,6 +876,7 @@ mod tests {
         let f = dir.join("token");
         let server = |path: &std::path::Path| Server {
             command: vec![],
+            image: None,
             url: Some("https://mcp.example.com/mcp".into()),
             ca_file: None,
             bearer_token_file: Some(path.display().to_string()),

@@ -122,6 +122,14 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const INSTANCE: &str = "gateway.dev/instance";
 pub const REQUEST: &str = "gateway.dev/request";
 pub const CONTAINER: &str = "runner";
+/// The init container that copies the runner out of the runner image
+/// for a sandbox that runs from another image ([`SandboxRequest::image`]).
+pub const INSTALL_CONTAINER: &str = "install-runner";
+/// Where that init container puts the runner (an emptyDir), which the
+/// sandbox's container sees, read-only, where the runner image has it.
+const INSTALL_DIR: &str = "/opt/gateway-install";
+/// The emptyDir's size: the runner binary and room to spare.
+const INSTALL_DIR_SIZE: &str = "64Mi";
 /// The Secret key of the credential.
 pub const CREDENTIAL_KEY: &str = "credential";
 
@@ -434,8 +442,54 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
     };
+    // A sandbox run from another image (an upstream MCP server's): the
+    // runner image's init container copies the runner into a volume the
+    // sandbox's container sees, read-only, where the runner image has it.
+    let mut container = container;
+    let mut init_containers = Vec::new();
+    if let Some(image) = &req.image {
+        check_image(image)?;
+        let runner_dir = Path::new(gateway_runner::protocol::RUNNER)
+            .parent()
+            .and_then(Path::to_str)
+            .unwrap_or("/opt/gateway")
+            .to_string();
+        volumes.push(Volume {
+            name: "runner".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(INSTALL_DIR_SIZE.into())),
+            }),
+            ..Volume::default()
+        });
+        let mut install = container.clone();
+        install.name = INSTALL_CONTAINER.into();
+        install.command = Some(vec![
+            gateway_runner::protocol::RUNNER.into(),
+            "install".into(),
+            format!("{INSTALL_DIR}/gateway-runner"),
+        ]);
+        install.env = None;
+        install.working_dir = Some(INSTALL_DIR.into());
+        install.volume_mounts = Some(vec![VolumeMount {
+            name: "runner".into(),
+            mount_path: INSTALL_DIR.into(),
+            ..VolumeMount::default()
+        }]);
+        init_containers.push(install);
+        container.image = Some(image.clone());
+        if let Some(m) = container.volume_mounts.as_mut() {
+            m.push(VolumeMount {
+                name: "runner".into(),
+                mount_path: runner_dir,
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+    }
     let pod = PodSpec {
         containers: vec![container],
+        init_containers: (!init_containers.is_empty()).then_some(init_containers),
         restart_policy: Some("Never".into()),
         runtime_class_name: Some(cfg.runtime_class.clone()),
         automount_service_account_token: Some(false),
@@ -489,6 +543,32 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
     Ok((job, secret))
 }
 
+/// An image a sandbox may run from: a name pinned by its digest
+/// (`registry/name@sha256:` and 64 hex digits), so the server that runs is
+/// the one the operator declared and an approval was given for, whatever
+/// the registry's tags say later.
+pub fn check_image(image: &str) -> Result<(), SandboxError> {
+    let pinned = image.rsplit_once("@sha256:").is_some_and(|(name, digest)| {
+        !name.is_empty()
+            && name.len() <= 255
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c))
+            && digest.len() == 64
+            && digest
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    });
+    if pinned {
+        Ok(())
+    } else {
+        Err(SandboxError::Invalid(format!(
+            "image {:?} is not pinned by its digest (NAME@sha256:64 hex digits)",
+            image.chars().take(300).collect::<String>()
+        )))
+    }
+}
+
 /// The label of a warm Job and its pod: the shape of call it was made for
 /// (see [`warm_job`]).
 pub const POOL: &str = "gateway.dev/pool";
@@ -504,7 +584,8 @@ const RUN_DIR_SIZE: &str = "16Mi";
 /// file, with no working dir and no files out (a Terraform call, which
 /// mounts its own dir of the workspace, always runs cold).
 pub fn poolable(req: &SandboxRequest) -> bool {
-    req.argv == gateway_runner::protocol::runner_argv()
+    req.image.is_none()
+        && req.argv == gateway_runner::protocol::runner_argv()
         && req.workdir.is_none()
         && req.files_out.is_empty()
 }
@@ -525,6 +606,7 @@ pub fn shell(req: &SandboxRequest, name: &str) -> SandboxRequest {
         network: req.network.clone(),
         files_out: req.files_out.clone(),
         on_stderr_line: None,
+        image: req.image.clone(),
     }
 }
 

@@ -8,7 +8,8 @@
 //! approval bound to the upstream, the tool, its definition's digest and
 //! the exact arguments ([`upstream::call_digest`]), spent once by the
 //! same call with `approval_id`. The server runs in a throwaway sandbox
-//! per call (its declared paths, no network), where the step runner
+//! per call (its declared paths or its declared image, no network but
+//! its declared endpoints), where the step runner
 //! speaks MCP to it and calls the tool only if its live definition is
 //! still the locked one; what comes back is hostile input, capped.
 
@@ -52,12 +53,13 @@ impl ToolRunner for Upstream {
                 .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
             op.credential = first.credential.as_ref().map(|c| json!(c));
             // Before anyone is asked to approve a call that cannot run.
-            if !op.server.remote() && !p.sandbox.uses_host_tools() {
-                return Err(Stop::refused(format!(
-                    "upstream MCP servers run on the local sandbox backend only (this gateway's is {}); nothing was run",
-                    p.sandbox.backend()
-                )));
-            }
+            op.server
+                .runs_on(
+                    &op.upstream,
+                    p.sandbox.uses_host_tools(),
+                    p.sandbox.backend(),
+                )
+                .map_err(|e| Stop::refused(format!("{e}; nothing was run")))?;
             let outcome = self.call_upstream(p, call, &first, op).await;
             // The audit keeps what the call came to, never the server's
             // content (a file read through it may be a secret).
@@ -330,6 +332,7 @@ impl Pipeline {
                     tool: Toolset::Upstream {
                         binds,
                         env: op.server.env(),
+                        image: op.server.image.clone(),
                     },
                     steps: vec![op.call_step(arguments)],
                     workdir: None,
