@@ -159,7 +159,10 @@ impl Pipeline {
     ) {
         if let Err(e) = server.runs_on(name, self.sandbox.uses_host_tools(), self.sandbox.backend())
         {
-            tracing::warn!(upstream = name, "not read: {e}");
+            // Said once per declaration, not at every reading.
+            if reported.insert((name.to_string(), String::new(), e.clone())) {
+                tracing::warn!(upstream = name, "not read (its calls are refused): {e}");
+            }
             return;
         }
         let report = upstream::list(
