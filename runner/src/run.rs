@@ -178,6 +178,76 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
     finish(&out, code)
 }
 
+/// Copy this binary to `dest` (a new file, mode 0555): how a sandbox that
+/// runs from another image (an upstream MCP server's) gets the runner, from
+/// an init container of the runner image. Only a statically linked runner
+/// is installed: a dynamic one would be loaded by that image's own loader
+/// and libc (and its `LD_PRELOAD`), which could then act as the runner.
+pub fn install(dest: &Path) -> ExitCode {
+    let copied = (|| -> Result<(), String> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let me = std::fs::read(&exe).map_err(|e| format!("{}: {e}", exe.display()))?;
+        if !statically_linked(&me)? {
+            return Err(format!(
+                "{} is dynamically linked: the image it would run in would load it with its own loader and libc; install the static runner ({})",
+                exe.display(),
+                protocol::RUNNER_STATIC
+            ));
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o555)
+            .open(dest)
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        f.write_all(&me)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| format!("{}: {e}", dest.display()))
+    })();
+    match copied {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gateway-runner install: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Whether an ELF64 file has no program interpreter (`PT_INTERP`): the
+/// kernel maps it and jumps to it, with no dynamic loader involved.
+pub fn statically_linked(elf: &[u8]) -> Result<bool, String> {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let word = |at: usize| {
+        elf.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    if elf.get(..5) != Some(b"\x7fELF\x02".as_slice()) || elf.get(5) != Some(&1) {
+        return Err("not a little-endian ELF64 file".into());
+    }
+    let (Some(phoff), Some(size), Some(count)) = (word(0x20), u16_at(0x36), u16_at(0x38)) else {
+        return Err("a truncated ELF header".into());
+    };
+    let phoff = usize::try_from(phoff).map_err(|_| "a program header table past the file")?;
+    for i in 0..count {
+        let at = phoff + i * size;
+        let kind = elf
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or("a program header table past the file")?;
+        if kind == PT_INTERP {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// `gateway-runner pooled`, a warm pod's runner: show the network locked
 /// down, write [`protocol::READY_LINE`], then wait for the one call this
 /// pod will ever run: its files and credential as one line of JSON on
@@ -186,30 +256,6 @@ pub fn run_steps(steps_file: &Path) -> ExitCode {
 /// pod's memory-backed /run/gateway), then its steps, as `exec` runs
 /// them. Nothing is read before the network is locked down, and the
 /// runner exits after the one call.
-/// Copy this binary to `dest` (a new file, mode 0555): how a sandbox that
-/// runs from another image (an upstream MCP server's) gets the runner, from
-/// an init container of the runner image. `dest` must not exist.
-pub fn install(dest: &Path) -> ExitCode {
-    let copied = (|| -> std::io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let me = std::fs::read(std::env::current_exe()?)?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o555)
-            .open(dest)?;
-        f.write_all(&me)?;
-        f.sync_all()
-    })();
-    match copied {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gateway-runner: installing to {}: {e}", dest.display());
-            ExitCode::from(1)
-        }
-    }
-}
-
 pub fn run_pooled() -> ExitCode {
     let out = Out::from_env();
     stop_on_sigterm(&out);
@@ -737,6 +783,29 @@ pub fn probe(args: &[String]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_runner_without_a_program_interpreter_counts_as_static() {
+        // This test binary is dynamically linked (cargo's default).
+        let me = std::fs::read(std::env::current_exe().expect("exe")).expect("read");
+        assert_eq!(statically_linked(&me), Ok(false));
+        // An ELF64 header whose one program header is PT_LOAD (1).
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[64] = 1;
+        assert_eq!(statically_linked(&elf), Ok(true));
+        elf[64] = 3;
+        assert_eq!(statically_linked(&elf), Ok(false));
+        // Its table past the end, or not an ELF64 file at all.
+        elf[64] = 1;
+        elf[0x38..0x3a].copy_from_slice(&2u16.to_le_bytes());
+        assert!(statically_linked(&elf).is_err());
+        assert!(statically_linked(b"#!/bin/sh\n").is_err());
+        assert!(statically_linked(&elf[..0x30]).is_err());
+    }
 
     fn scratch(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("gw-runner-{name}-{}", std::process::id()));

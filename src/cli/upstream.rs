@@ -336,27 +336,36 @@ fn read_live(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let sb: Option<Box<dyn crate::sandbox::Sandbox>> =
-        if !names.iter().any(|n| !declared[n].remote()) {
-            None
-        } else if cli.file.sandbox.backend == "kubernetes" {
-            let mut cfg = cli.file.sandbox.kubernetes.clone();
-            // Its Job carries no replica's name: the replicas' reaping of
-            // a dead one's Jobs leaves it alone.
-            cfg.replica = None;
-            let client = rt
-                .block_on(crate::sandbox::kubernetes::client(&cfg))
-                .context("the kubernetes sandbox backend of --config")?;
-            Some(Box::new(
-                crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg),
-            ))
-        } else {
-            super::dev::ensure_runner()?;
-            super::dev::ensure_root("upstream")?;
-            Some(Box::new(crate::sandbox::local::LocalSandbox::new(
-                crate::sandbox::local::LocalConfig::default(),
-            )?))
-        };
+    let sb: Option<Box<dyn crate::sandbox::Sandbox>> = if !names
+        .iter()
+        .any(|n| !declared[n].remote())
+    {
+        None
+    } else if cli.file.sandbox.backend == "kubernetes" {
+        let mut cfg = cli.file.sandbox.kubernetes.clone();
+        // As the daemon: a server's pod runs nothing until its
+        // network policy is seen to hold.
+        if cfg.egress_canary.is_none() {
+            anyhow::bail!(
+                "[sandbox.kubernetes] egress_canary is not set in --config: a listing's pod would run the server before its network policy holds (name an IP:PORT every sandbox's network policy denies, e.g. the cluster DNS service)"
+            );
+        }
+        // Its Job carries no replica's name: the replicas' reaping of
+        // a dead one's Jobs leaves it alone.
+        cfg.replica = None;
+        let client = rt
+            .block_on(crate::sandbox::kubernetes::client(&cfg))
+            .context("the kubernetes sandbox backend of --config")?;
+        Some(Box::new(
+            crate::sandbox::kubernetes::KubernetesSandbox::new(client, cfg),
+        ))
+    } else {
+        super::dev::ensure_runner()?;
+        super::dev::ensure_root("upstream")?;
+        Some(Box::new(crate::sandbox::local::LocalSandbox::new(
+            crate::sandbox::local::LocalConfig::default(),
+        )?))
+    };
     let tools = crate::tools::ToolPaths::installed();
     let home: PathBuf = cli.home();
     let mut out = BTreeMap::new();

@@ -464,10 +464,14 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         });
         let mut install = container.clone();
         install.name = INSTALL_CONTAINER.into();
+        let file = Path::new(gateway_runner::protocol::RUNNER)
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or("gateway-runner");
         install.command = Some(vec![
-            gateway_runner::protocol::RUNNER.into(),
+            gateway_runner::protocol::RUNNER_STATIC.into(),
             "install".into(),
-            format!("{INSTALL_DIR}/gateway-runner"),
+            format!("{INSTALL_DIR}/{file}"),
         ]);
         install.env = None;
         install.working_dir = Some(INSTALL_DIR.into());
@@ -478,6 +482,15 @@ pub fn build(cfg: &KubeSandboxConfig, req: &SandboxRequest) -> Result<(Job, Secr
         }]);
         init_containers.push(install);
         container.image = Some(image.clone());
+        // A static glibc still reads GLIBC_TUNABLES as it starts: the
+        // image's environment sets none for the runner.
+        if let Some(env) = container.env.as_mut() {
+            env.push(EnvVar {
+                name: "GLIBC_TUNABLES".into(),
+                value: Some(String::new()),
+                value_from: None,
+            });
+        }
         if let Some(m) = container.volume_mounts.as_mut() {
             m.push(VolumeMount {
                 name: "runner".into(),

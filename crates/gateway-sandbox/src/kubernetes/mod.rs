@@ -192,6 +192,22 @@ struct Seen {
 /// call ends with it rather than waiting for the deadline.
 const POD_PROBLEM_REPEATS: i32 = 3;
 
+/// Why a container waiting in `w` will never start by itself, if it won't
+/// (`REASON): message`, closing the parenthesis its caller opens).
+fn cannot_start(w: &k8s_openapi::api::core::v1::ContainerStateWaiting) -> Option<String> {
+    let reason = w.reason.clone().unwrap_or_default();
+    matches!(
+        reason.as_str(),
+        "ErrImagePull"
+            | "ImagePullBackOff"
+            | "InvalidImageName"
+            | "ErrImageNeverPull"
+            | "CreateContainerConfigError"
+            | "CreateContainerError"
+    )
+    .then(|| format!("{reason}): {}", w.message.clone().unwrap_or_default()))
+}
+
 impl Seen {
     fn pod(&mut self, pod: &Pod) {
         self.pod = pod.metadata.name.clone();
@@ -220,22 +236,33 @@ impl Seen {
             if let Some(t) = &state.terminated {
                 self.terminated = Some((t.exit_code, t.reason.clone().unwrap_or_default()));
             }
-            if let Some(w) = &state.waiting {
-                let reason = w.reason.clone().unwrap_or_default();
-                if matches!(
-                    reason.as_str(),
-                    "ErrImagePull"
-                        | "ImagePullBackOff"
-                        | "InvalidImageName"
-                        | "ErrImageNeverPull"
-                        | "CreateContainerConfigError"
-                        | "CreateContainerError"
-                ) {
-                    self.failure = Some(format!(
-                        "the sandbox container cannot start ({reason}): {}",
-                        w.message.clone().unwrap_or_default()
-                    ));
-                }
+            if let Some(w) = &state.waiting
+                && let Some(why) = cannot_start(w)
+            {
+                self.failure = Some(format!("the sandbox container cannot start ({why}"));
+            }
+        }
+        // A sandbox run from another image first has the runner copied in
+        // by an init container of the runner image: its failure ends the
+        // call now (the sandbox's container would wait for it forever).
+        for cs in status.init_container_statuses.iter().flatten() {
+            let Some(state) = &cs.state else { continue };
+            if let Some(t) = &state.terminated
+                && t.exit_code != 0
+            {
+                self.failure = Some(format!(
+                    "the step runner could not be put beside the sandbox's image (init container {} ended with {} {}); nothing was run",
+                    cs.name,
+                    t.exit_code,
+                    t.reason.clone().unwrap_or_default()
+                ));
+            }
+            if let Some(w) = &state.waiting
+                && let Some(why) = cannot_start(w)
+            {
+                self.failure = Some(format!(
+                    "the runner image's init container cannot start ({why}; nothing was run"
+                ));
             }
         }
     }
