@@ -895,3 +895,36 @@ async fn deadlines_dry_runs_short_tokens_and_empty_bookmarks_are_what_the_real_s
         .expect("a version");
     assert!(rv >= 1000, "{bookmark}");
 }
+
+/// As the real API server validates a Job's pod template: a container's or
+/// init container's volume mount must name one of the pod's volumes, or
+/// the Job is refused whole (422 Invalid, the field's path in the message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_mounting_a_volume_it_does_not_have_is_refused_as_invalid() {
+    use reqwest::Method;
+    let api = Api::start().await;
+    let job = |init_mount: &str| {
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "mounts"},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                "volumes": [{"name": "runner", "emptyDir": {}}],
+                "initContainers": [{"name": "install", "image": "i",
+                    "volumeMounts": [{"name": init_mount, "mountPath": "/x"}]}],
+                "containers": [{"name": "runner", "image": "r",
+                    "volumeMounts": [{"name": "runner", "mountPath": "/opt/gateway", "readOnly": true}]}]}}}})
+    };
+    let path = format!("/apis/batch/v1/namespaces/{NS}/jobs");
+    let (status, body) = api
+        .json(Method::POST, &path, &api.admin(), Some(job("nope")))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["reason"], "Invalid");
+    assert_eq!(
+        body["message"],
+        "Job.batch \"mounts\" is invalid: spec.template.spec.initContainers[0].volumeMounts[0].name: Not found: \"nope\""
+    );
+    assert!(api.kube.with(|s| s.live("jobs").is_empty()));
+    let (status, body) = api
+        .json(Method::POST, &path, &api.admin(), Some(job("runner")))
+        .await;
+    assert_eq!(status, 201, "{body}");
+}

@@ -84,6 +84,17 @@ fn request(name: &str, workdir: Option<PathBuf>) -> SandboxRequest {
     }
 }
 
+/// A call of `tool` by alice, over the OS-user socket.
+fn alice_calls(tool: &str, params: Value) -> gateway::pipeline::ToolCall {
+    gateway::pipeline::ToolCall {
+        trace: None,
+        tool: tool.into(),
+        params,
+        principal: gateway::policy::Principal::os_user("test".into(), "alice".into(), 1000, vec![]),
+        workspace: None,
+    }
+}
+
 /// A stdio upstream's image (any digest: the fake runs no image).
 const KIT_IMAGE: &str = "registry.example.com/mcp/kit@sha256:5f0c5e3d2b1a09876543210fedcba9876543210fedcba9876543210fedcba987";
 
@@ -865,7 +876,7 @@ impl gateway::broker::Broker for StandInBroker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
-    use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline, ToolCall};
+    use gateway::pipeline::{KubernetesAccess, Outcome, Pipeline};
     let c = cluster(|_| {}).await;
     let home = tempfile::tempdir().expect("home");
     let store = std::sync::Arc::new(gateway::policy::PolicyStore::open(
@@ -895,18 +906,10 @@ async fn the_pipeline_runs_k8s_get_pod_status_as_a_job() {
     });
     let p = std::sync::Arc::new(p);
     let call = tokio::spawn(async move {
-        p.call(ToolCall {
-            trace: None,
-            tool: "k8s_get_pod_status".into(),
-            params: json!({"namespace": "demo-app"}),
-            principal: gateway::policy::Principal::os_user(
-                "test".into(),
-                "alice".into(),
-                1000,
-                vec![],
-            ),
-            workspace: None,
-        })
+        p.call(alice_calls(
+            "k8s_get_pod_status",
+            json!({"namespace": "demo-app"}),
+        ))
         .await
     });
     // The kubelet: find the Job's pod, check what it was given, run "kubectl".
@@ -1912,7 +1915,7 @@ async fn a_warm_pod_the_scheduler_cannot_place_is_said_while_it_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run_from_its_pinned_image()
  {
-    use gateway::pipeline::{Outcome, Pipeline, ToolCall};
+    use gateway::pipeline::{Outcome, Pipeline};
     let c = cluster(|_| {}).await;
     let home = tempfile::tempdir().expect("home");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -2034,23 +2037,8 @@ async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run
     );
     let call = |tool: &str| {
         let p = std::sync::Arc::clone(&p);
-        let tool = tool.to_string();
-        async move {
-            p.call(ToolCall {
-                trace: None,
-                tool,
-                params: json!({}),
-                principal: gateway::policy::Principal::os_user(
-                    "test".into(),
-                    "alice".into(),
-                    1000,
-                    vec![],
-                ),
-                workspace: None,
-            })
-            .await
-            .expect("call")
-        }
+        let call = alice_calls(tool, json!({}));
+        async move { p.call(call).await.expect("call") }
     };
     let r = call("remote.whoami").await;
     match &r.outcome {
@@ -2079,20 +2067,9 @@ async fn upstreams_on_the_kubernetes_backend_a_remote_one_called_a_stdio_one_run
     let kit = {
         let p = std::sync::Arc::clone(&p);
         tokio::spawn(async move {
-            p.call(ToolCall {
-                trace: None,
-                tool: "kit.echo".into(),
-                params: json!({"text": "from the cluster"}),
-                principal: gateway::policy::Principal::os_user(
-                    "test".into(),
-                    "alice".into(),
-                    1000,
-                    vec![],
-                ),
-                workspace: None,
-            })
-            .await
-            .expect("call")
+            p.call(alice_calls("kit.echo", json!({"text": "from the cluster"})))
+                .await
+                .expect("call")
         })
     };
     let pod = kubelet_runs_the_runner(&c, "gw-").await;

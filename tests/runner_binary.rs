@@ -514,11 +514,7 @@ fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it(
         .arg(common::repo().join("target/static"))
         .output()
         .expect("cargo");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    assert!(built.status.success(), "{}", common::stderr(&built));
     let fixed = common::repo().join("target/static/x86_64-unknown-linux-gnu/debug/gateway-runner");
     let dir = tempfile::tempdir().expect("tmp");
     let dest = dir.path().join("gateway-runner");
@@ -530,9 +526,9 @@ fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it(
         .expect("runner");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("dynamically linked"),
+        common::stderr(&out).contains("dynamically linked"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        common::stderr(&out)
     );
     assert!(!dest.exists());
     // The static one does: a new file, 0555, with no program interpreter.
@@ -541,11 +537,7 @@ fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it(
         .arg(&dest)
         .output()
         .expect("static runner");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
     use std::os::unix::fs::PermissionsExt as _;
     let meta = std::fs::metadata(&dest).expect("installed");
     assert_eq!(meta.permissions().mode() & 0o7777, 0o555);
@@ -562,16 +554,16 @@ fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it(
         .output()
         .expect("installed runner");
     assert_eq!(out.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&out.stderr);
+    let said = common::stderr(&out);
     assert!(said.starts_with("usage: gateway-runner"), "{said}");
     let out = std::process::Command::new(common::runner_bin())
         .env("LD_PRELOAD", dir.path().join("hostile.so"))
         .output()
         .expect("runner");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot be preloaded"),
+        common::stderr(&out).contains("cannot be preloaded"),
         "the check above proves nothing: {}",
-        String::from_utf8_lossy(&out.stderr)
+        common::stderr(&out)
     );
     // It never replaces a file that is there.
     let again = std::process::Command::new(&fixed)

@@ -2551,6 +2551,9 @@ async fn workload_route(
             if let Some(r) = bad_dry_run(q) {
                 return r;
             }
+            if let Some(r) = mount_of_no_volume(resource, &obj) {
+                return r;
+            }
             if q.get("dryRun").is_some() {
                 return respond(StatusCode::CREATED, obj);
             }
@@ -2781,6 +2784,53 @@ fn bad_query(q: &BTreeMap<String, String>) -> Option<Response<Body>> {
             json!({}),
         )
     })
+}
+
+/// The API server's validation of a pod template (a Job's) or a pod: each
+/// container's and init container's volume mount must name one of the
+/// pod's volumes (`spec.template.spec.containers[0].volumeMounts[0].name:
+/// Not found: "x"`, 422 Invalid).
+fn mount_of_no_volume(resource: &str, obj: &Value) -> Option<Response<Body>> {
+    let (spec, at) = match resource {
+        "jobs" => (&obj["spec"]["template"]["spec"], "spec.template.spec"),
+        "pods" => (&obj["spec"], "spec"),
+        _ => return None,
+    };
+    let volumes: Vec<&str> = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    for list in ["initContainers", "containers"] {
+        for (i, c) in spec[list].as_array().into_iter().flatten().enumerate() {
+            for (j, m) in c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let name = m["name"].as_str().unwrap_or_default();
+                if !volumes.contains(&name) {
+                    let kind = if resource == "jobs" {
+                        "Job.batch"
+                    } else {
+                        "Pod"
+                    };
+                    let obj_name = obj["metadata"]["name"].as_str().unwrap_or_default();
+                    return Some(status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        format!(
+                            "{kind} \"{obj_name}\" is invalid: {at}.{list}[{i}].volumeMounts[{j}].name: Not found: \"{name}\""
+                        ),
+                        json!({"name": obj_name, "kind": resource}),
+                    ));
+                }
+            }
+        }
+    }
+    None
 }
 
 fn bad_dry_run(q: &BTreeMap<String, String>) -> Option<Response<Body>> {
