@@ -1,15 +1,18 @@
 //! An upstream MCP server's call through the gateway, against calling the
 //! same server directly, in the same run (real policy, audit, gVisor):
-//! - `upstream/direct_call`: the step runner on the host, outside any
-//!   sandbox, starting the hostile test server (tests/upstreams/
-//!   hostile_server.py, Python's standard library only) and making the
-//!   same exchange (initialize, tools/list, tools/call `echo`): what a
-//!   client that starts the server itself pays;
-//! - `upstream/allowed_call`: `hostile.echo` through the pipeline: the
-//!   schema check, the decision, the audit, a gVisor sandbox for the call
-//!   and the same exchange inside it;
-//! - `upstream/denied_call`: `hostile.echo` with arguments its locked
-//!   schema refuses: checked, decided, audited, nothing started.
+//! - `upstream/direct_call`: the hostile test server (tests/upstreams/
+//!   hostile_server.py, Python's standard library only) started once on
+//!   the host, outside any sandbox, and a `tools/call` of `echo` sent over
+//!   its pipes: what a client that keeps the server running pays;
+//! - `upstream/allowed_call`: `warm.echo` through the pipeline, the same
+//!   server declared `warm: true`: the schema check, the decision, the
+//!   audit, and the call in the server's long-lived gVisor sandbox (the
+//!   runner lists the tools to compare the live definition with the lock,
+//!   then calls);
+//! - `upstream/cold_call`: `hostile.echo`, the same server without
+//!   `warm`: a gVisor sandbox and the server's start for the call;
+//! - `upstream/denied_call`: `warm.echo` with arguments its locked schema
+//!   refuses: checked, decided, audited, nothing started.
 //!
 //! `allowed_call - direct_call` is what the gateway adds. Run as root:
 //! `cargo bench --bench upstream`.
@@ -80,7 +83,7 @@ fn bench(c: &mut Criterion) {
     std::fs::write(
         policies.path().join("config/upstreams/data.yaml"),
         format!(
-            "hostile:\n  command: [/usr/bin/python3, {server}]\n  read_only: [/usr, /lib, /lib64, {server}]\n  default_tier: low\n",
+            "hostile:\n  command: [/usr/bin/python3, {server}]\n  read_only: [/usr, /lib, /lib64, {server}]\n  default_tier: low\nwarm:\n  command: [/usr/bin/python3, {server}]\n  read_only: [/usr, /lib, /lib64, {server}]\n  default_tier: low\n  warm: true\n",
             server = server.display()
         ),
     )
@@ -121,61 +124,91 @@ fn bench(c: &mut Criterion) {
         .build()
         .expect("rt");
     let principal = Principal::os_user("bench".into(), "bench".into(), 1000, vec![]);
-    let call = |params: serde_json::Value| ToolCall {
+    let call = |tool: &str, params: serde_json::Value| ToolCall {
         trace: None,
-        tool: "hostile.echo".into(),
+        tool: tool.into(),
         params,
         principal: principal.clone(),
         workspace: None,
     };
 
-    // The direct call: the same step, run by the same runner, on the host.
-    let lock: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(policies.path().join("config/upstream_lock/data.json")).expect("lock"),
-    )
-    .expect("lock json");
-    let definition = lock["hostile"]["tools"]["echo"]["definition"].clone();
-    let steps = json!([{
-        "argv": ["/usr/bin/python3", server],
-        "mcp": {"max_bytes": 1048576, "timeout_ms": 60000,
-                "call": {"name": "echo", "arguments": {"text": "hi"}, "definition": definition}}
-    }]);
-    let steps_file = home.path().join("direct-steps.json");
-    std::fs::write(&steps_file, serde_json::to_vec(&steps).expect("steps")).expect("write");
-    let direct = || {
-        let out = std::process::Command::new(runner(&repo))
-            .arg("exec")
-            .arg(&steps_file)
-            .output()
-            .expect("runner");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
-        assert_eq!(report["result"]["content"][0]["text"], "hi", "{report}");
+    // The direct call: the same server kept running on the host, a
+    // tools/call over its pipes.
+    use std::io::{BufRead, Write};
+    let mut direct_server = std::process::Command::new("/usr/bin/python3")
+        .arg(&server)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut to = direct_server.stdin.take().expect("stdin");
+    let mut from = std::io::BufReader::new(direct_server.stdout.take().expect("stdout"));
+    let mut id = 0u64;
+    let mut rpc = |method: &str, params: serde_json::Value| -> serde_json::Value {
+        id += 1;
+        let mut line = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .expect("json");
+        line.push(b'\n');
+        to.write_all(&line).expect("write");
+        to.flush().expect("flush");
+        loop {
+            let mut got = String::new();
+            assert!(
+                from.read_line(&mut got).expect("read") > 0,
+                "the server ended"
+            );
+            let v: serde_json::Value = serde_json::from_str(&got).expect("json");
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
     };
+    rpc(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}),
+    );
 
     let mut g = c.benchmark_group("upstream");
-    g.sample_size(20);
-    g.measurement_time(Duration::from_secs(30));
-    g.bench_function("direct_call", |b| b.iter(direct));
-    g.bench_function("allowed_call", |b| {
+    g.sample_size(50);
+    g.measurement_time(Duration::from_secs(10));
+    g.bench_function("direct_call", |b| {
         b.iter(|| {
-            let r = rt
-                .block_on(pipeline.call(call(json!({"text": "hi"}))))
-                .expect("call");
-            match r.outcome {
-                Outcome::Completed {
-                    ok: true, summary, ..
-                } => assert_eq!(summary, "hi"),
-                other => panic!("{other:?}"),
-            }
+            let r = rpc(
+                "tools/call",
+                json!({"name": "echo", "arguments": {"text": "hi"}}),
+            );
+            assert_eq!(r["result"]["content"][0]["text"], "hi", "{r}");
         })
     });
+    let through = |tool: &str| {
+        let r = rt
+            .block_on(pipeline.call(call(tool, json!({"text": "hi"}))))
+            .expect("call");
+        match r.outcome {
+            Outcome::Completed {
+                ok: true, summary, ..
+            } => assert_eq!(summary, "hi"),
+            other => panic!("{other:?}"),
+        }
+    };
+    // The warm sandbox started outside the measurement.
+    through("warm.echo");
+    g.bench_function("allowed_call", |b| b.iter(|| through("warm.echo")));
+    g.finish();
+    let mut g = c.benchmark_group("upstream");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    g.bench_function("cold_call", |b| b.iter(|| through("hostile.echo")));
     g.finish();
     let mut g = c.benchmark_group("upstream");
     g.measurement_time(Duration::from_secs(10));
     g.bench_function("denied_call", |b| {
         b.iter(|| {
             let r = rt
-                .block_on(pipeline.call(call(json!({"text": "x".repeat(101)}))))
+                .block_on(pipeline.call(call("warm.echo", json!({"text": "x".repeat(101)}))))
                 .expect("call");
             assert!(
                 matches!(r.outcome, Outcome::Denied { .. }),
@@ -185,6 +218,9 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+    pipeline.warm_upstreams.stop_all();
+    let _ = direct_server.kill();
+    let _ = direct_server.wait();
 }
 
 criterion_group!(benches, bench);

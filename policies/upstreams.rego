@@ -138,6 +138,7 @@ operation := {
 	"timeout_seconds": object.get(up, "timeout_seconds", 60),
 	"egress": egress,
 	"credential": credential_use,
+	"warm": object.get(up, "warm", false),
 } if {
 	requested
 	up := declared[requested.upstream]
@@ -346,9 +347,28 @@ deny contains msg if {
 	requested
 	up := declared[requested.upstream]
 	remote(up)
-	some key in ["command", "image", "read_only", "writable", "egress", "credential", "env"]
+	some key in ["command", "image", "read_only", "writable", "egress", "credential", "env", "warm"]
 	key in object.keys(up)
 	msg := sprintf("upstream %q is remote (url): %s is for a server the gateway runs; every call is refused until it is removed", [requested.upstream, key])
+}
+
+# `warm: true`: the server is kept running between calls, in one sandbox
+# of its own, on the backends that can (local); each call is still checked
+# against the lock. It then serves the calls of every principal and keeps
+# what it likes between them, so it is never handed a per-call credential.
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	not is_boolean(object.get(up, "warm", false))
+	msg := sprintf("upstream %q: warm in config/upstreams must be true or false; every call is refused until it is", [requested.upstream])
+}
+
+deny contains msg if {
+	requested
+	up := declared[requested.upstream]
+	object.get(up, "warm", false) == true
+	"credential" in object.keys(up)
+	msg := sprintf("upstream %q is warm: a warm server serves the calls of many and is never handed a per-call credential; declare it without warm or without credential", [requested.upstream])
 }
 
 # `image`: what a stdio server runs from on the kubernetes sandbox backend,
@@ -438,7 +458,7 @@ within(v, most) if {
 declaration_keys := {
 	"command", "env", "read_only", "writable", "tiers", "default_tier", "max_result_bytes",
 	"timeout_seconds", "clients", "path_arguments", "allowed_paths", "check_seconds",
-	"egress", "credential", "url", "ca_file", "bearer_token_file", "oauth", "image",
+	"egress", "credential", "url", "ca_file", "bearer_token_file", "oauth", "image", "warm",
 }
 
 strings(v) if {

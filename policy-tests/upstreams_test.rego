@@ -348,6 +348,35 @@ test_a_remote_server_declared_with_what_only_a_run_server_has_is_refused if {
 	not d.allow
 }
 
+# --- A warm server (kept running between calls) -----------------------------
+
+test_a_warm_server_is_named_so_in_the_operation_and_cold_by_default if {
+	cold := decide_kit(kit)
+	cold.operation.warm == false
+	d := decide_kit(object.union(kit, {"warm": true}))
+	d.allow
+	d.operation.warm == true
+	d.credential == null
+}
+
+test_a_warm_server_is_never_handed_a_credential_and_warm_is_a_boolean if {
+	d := gateway.decision with input as call("pg.query", {"sql": "select 1"})
+		with data.config.upstreams as object.union(db_declared, {"pg": object.union(db_declared.pg, {"warm": true})})
+		with data.config.upstream_lock as db_lock
+		with data.config.scopes.credential_kinds as db_kinds
+	not d.allow
+	some r in d.deny_reasons
+	contains(r, "is never handed a per-call credential")
+	bad := decide_kit(object.union(kit, {"warm": "yes"}))
+	not bad.allow
+	some r2 in bad.deny_reasons
+	contains(r2, "warm in config/upstreams must be true or false")
+	remote := decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {"warm": true})}))
+	not remote.allow
+	some r3 in remote.deny_reasons
+	contains(r3, "is remote (url): warm is for a server the gateway runs")
+}
+
 # --- A stdio server run from an image (the kubernetes backend) -------------
 
 kit_image := "registry.example.com/mcp/kit@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

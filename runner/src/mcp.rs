@@ -16,12 +16,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 
 use std::process::{Child, ChildStdin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::protocol::{McpExchange, McpReport};
+use crate::protocol::{McpCall, McpExchange, McpReport, ServeLine, ServeRequest};
 
 /// The MCP revision the client speaks.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
@@ -40,16 +42,17 @@ enum Read1 {
     Closed,
 }
 
-/// Reads the server's stdout, one message per line, at most `cap` bytes in
-/// all (a line is never held whole beyond what is left of the cap).
-fn reader(stdout: impl Read + Send + 'static, cap: u64) -> Receiver<Read1> {
+/// Reads the server's stdout, one message per line, while `budget` (bytes
+/// left, shared with the session, which gives each call its own) lasts:
+/// a line is never held whole beyond what is left of it.
+fn reader(stdout: impl Read + Send + 'static, budget: Arc<AtomicU64>) -> Receiver<Read1> {
     let (tx, rx) = sync_channel(64);
     std::thread::spawn(move || {
         let mut r = BufReader::new(stdout);
-        let mut left = cap;
         let mut line = Vec::new();
         loop {
             line.clear();
+            let left = budget.load(Ordering::SeqCst);
             let got = (&mut r)
                 .take(left.saturating_add(1))
                 .read_until(b'\n', &mut line);
@@ -64,7 +67,9 @@ fn reader(stdout: impl Read + Send + 'static, cap: u64) -> Receiver<Read1> {
                 let _ = tx.send(Read1::TooLarge);
                 return;
             }
-            left -= n;
+            let _ = budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                Some(b.saturating_sub(n))
+            });
             let text = line.trim_ascii();
             if text.is_empty() {
                 continue;
@@ -99,6 +104,8 @@ fn writer(mut stdin: ChildStdin) -> std::sync::mpsc::SyncSender<Vec<u8>> {
 struct Session<'a> {
     stdin: std::sync::mpsc::SyncSender<Vec<u8>>,
     from: Receiver<Read1>,
+    /// Bytes the server may still write (the reader's).
+    budget: Arc<AtomicU64>,
     deadline: Instant,
     next_id: u64,
     report: McpReport,
@@ -247,57 +254,68 @@ fn short(v: &Value) -> String {
     s.chars().take(500).collect()
 }
 
-/// Run the exchange with a started server (`stdin`/`stdout` piped) and
-/// return the report; the server is killed before returning.
-pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value)) -> McpReport {
-    let mut report = McpReport {
-        max_bytes: ex.max_bytes,
-        timeout_ms: ex.timeout_ms,
-        ..McpReport::default()
-    };
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        report.error_kind = Some("closed".into());
-        report.error = Some("the server's pipes are missing".into());
-        return report;
-    };
-    let mut s = Session {
-        stdin: writer(stdin),
-        from: reader(stdout, ex.max_bytes),
-        deadline: Instant::now() + Duration::from_millis(ex.timeout_ms),
-        next_id: 0,
-        report,
-        on_progress,
-    };
-    let run = |s: &mut Session| -> Result<(), Failed> {
-        let init = s.request(
+impl<'a> Session<'a> {
+    /// A session over a started server's pipes (`None`: they are missing).
+    fn over(child: &mut Child, max_bytes: u64, on_progress: &'a dyn Fn(&Value)) -> Option<Self> {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return None;
+        };
+        let budget = Arc::new(AtomicU64::new(max_bytes));
+        Some(Session {
+            stdin: writer(stdin),
+            from: reader(stdout, Arc::clone(&budget)),
+            budget,
+            deadline: Instant::now(),
+            next_id: 0,
+            report: McpReport::default(),
+            on_progress,
+        })
+    }
+
+    /// A fresh report, byte budget and deadline for the next exchange.
+    fn begin(&mut self, max_bytes: u64, timeout_ms: u64) {
+        self.report = McpReport {
+            max_bytes,
+            timeout_ms,
+            server: self.report.server.take(),
+            ..McpReport::default()
+        };
+        self.budget.store(max_bytes, Ordering::SeqCst);
+        self.deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    }
+
+    /// `initialize` and `notifications/initialized`.
+    fn initialize(&mut self) -> Result<(), Failed> {
+        let init = self.request(
             "initialize",
             json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
                    "clientInfo": {"name": "gateway", "version": env!("CARGO_PKG_VERSION")}}),
         )?;
-        s.report.server = Some(json!({
+        self.report.server = Some(json!({
             "protocolVersion": init.get("protocolVersion").cloned().unwrap_or(Value::Null),
             "serverInfo": init.get("serverInfo").cloned().unwrap_or(Value::Null),
         }));
-        s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
-        let tools = s.list_tools()?;
-        let Some(call) = &ex.call else {
-            s.report.tools = Some(tools);
-            return Ok(());
-        };
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    }
+
+    /// The tools listed, and `call` made only when the tool's live
+    /// definition is exactly the locked one.
+    fn call_checked(&mut self, call: &McpCall) -> Result<(), Failed> {
+        let tools = self.list_tools()?;
         let live = tools
             .iter()
             .find(|t| t.get("name").and_then(Value::as_str) == Some(call.name.as_str()))
             .cloned();
         match live {
             None => {
-                s.report.refused = Some(format!(
+                self.report.refused = Some(format!(
                     "the server no longer offers tool {:?}; nothing was called",
                     call.name
                 ));
             }
             Some(live) if live != call.definition => {
-                s.report.live_definition = Some(live);
-                s.report.refused = Some(format!(
+                self.report.live_definition = Some(live);
+                self.report.refused = Some(format!(
                     "tool {:?}'s definition is not the one locked (it changed on the server); nothing was called",
                     call.name
                 ));
@@ -307,18 +325,131 @@ pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value
                 if let Some(token) = &call.progress_token {
                     params["_meta"] = json!({"progressToken": token});
                 }
-                s.report.result = Some(s.request("tools/call", params)?);
+                self.report.result = Some(self.request("tools/call", params)?);
             }
         }
         Ok(())
-    };
-    if let Err(Failed::Stop(kind, why)) = run(&mut s) {
-        s.report.error_kind = Some(kind.into());
-        s.report.error = Some(why);
     }
+
+    /// What stopped an exchange, into its report.
+    fn failed(&mut self, r: Result<(), Failed>) {
+        if let Err(Failed::Stop(kind, why)) = r {
+            self.report.error_kind = Some(kind.into());
+            self.report.error = Some(why);
+        }
+    }
+}
+
+/// The report for a server whose pipes are missing.
+fn no_pipes(max_bytes: u64, timeout_ms: u64) -> McpReport {
+    McpReport {
+        max_bytes,
+        timeout_ms,
+        error_kind: Some("closed".into()),
+        error: Some("the server's pipes are missing".into()),
+        ..McpReport::default()
+    }
+}
+
+/// Run the exchange with a started server (`stdin`/`stdout` piped) and
+/// return the report; the server is killed before returning.
+pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value)) -> McpReport {
+    let Some(mut s) = Session::over(child, ex.max_bytes, on_progress) else {
+        return no_pipes(ex.max_bytes, ex.timeout_ms);
+    };
+    s.begin(ex.max_bytes, ex.timeout_ms);
+    let run = |s: &mut Session| -> Result<(), Failed> {
+        s.initialize()?;
+        match &ex.call {
+            None => {
+                s.report.tools = Some(s.list_tools()?);
+                Ok(())
+            }
+            Some(call) => s.call_checked(call),
+        }
+    };
+    let r = run(&mut s);
+    s.failed(r);
     let _ = child.kill();
     let _ = child.wait();
     s.report
+}
+
+/// A warm server (`gateway-runner serve`): initialized once within `ex`'s
+/// time, then one call per [`ServeRequest`] line read from `input`, each
+/// with its own byte cap and time, its progress and then its report handed
+/// to `emit` as they come. Ends when `input` ends or holds a line that is
+/// not a request, or when a call ends in anything but the server's own
+/// error answer (a server over its cap, late, gone or speaking garbage is
+/// not trusted with another call); the server is killed before returning.
+pub fn serve(
+    child: &mut Child,
+    ex: &McpExchange,
+    input: &mut dyn BufRead,
+    emit: &(dyn Fn(&ServeLine) + Sync),
+) {
+    let on_progress = |p: &Value| emit(&ServeLine::Progress(p.clone()));
+    let Some(mut s) = Session::over(child, ex.max_bytes, &on_progress) else {
+        emit(&ServeLine::Report(Box::new(no_pipes(
+            ex.max_bytes,
+            ex.timeout_ms,
+        ))));
+        return;
+    };
+    s.begin(ex.max_bytes, ex.timeout_ms);
+    let init = s.initialize();
+    let mut broken = init.is_err();
+    s.failed(init);
+    loop {
+        let req = match read_request(input) {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(why) => {
+                let report = McpReport {
+                    error_kind: Some("protocol".into()),
+                    error: Some(why),
+                    ..McpReport::default()
+                };
+                emit(&ServeLine::Report(Box::new(report)));
+                break;
+            }
+        };
+        if broken {
+            // The server never started well: the first call is told why.
+            emit(&ServeLine::Report(Box::new(std::mem::take(&mut s.report))));
+            break;
+        }
+        s.begin(req.max_bytes, req.timeout_ms);
+        let r = s.call_checked(&req.call);
+        broken = matches!(&r, Err(Failed::Stop(kind, _)) if *kind != "rpc_error");
+        s.failed(r);
+        let report = s.report.clone();
+        emit(&ServeLine::Report(Box::new(report)));
+        if broken {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The next [`ServeRequest`] line; `Ok(None)` at the end of the input.
+fn read_request(input: &mut dyn BufRead) -> Result<Option<ServeRequest>, String> {
+    let mut line = Vec::new();
+    let max = crate::protocol::SERVE_REQUEST_MAX;
+    input
+        .take(u64::try_from(max).unwrap_or(u64::MAX) + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("reading the call failed: {e}"))?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if line.len() > max {
+        return Err(format!("a call is longer than {max} bytes"));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| format!("a call does not read: {e}"))
 }
 
 /// The call's credential as `KEY = value` lines (the credential file a

@@ -151,6 +151,43 @@ pub fn runner_argv() -> Vec<String> {
     ]
 }
 
+/// The sandbox's command for a warm upstream MCP server: the step runner
+/// starts the server of the one step in the steps file, initializes it,
+/// then makes one call per [`ServeRequest`] line on its stdin and writes
+/// [`ServeLine`]s on its stdout, until its stdin ends.
+pub fn serve_argv() -> Vec<String> {
+    vec![
+        RUNNER.into(),
+        "serve".into(),
+        format!("{FILES_IN_DIR}/{STEPS_FILE}"),
+    ]
+}
+
+/// One call to a warm server: a line of JSON on the serving runner's stdin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeRequest {
+    /// Bytes the server may write during this call, every message
+    /// together; over it the server is stopped.
+    pub max_bytes: u64,
+    /// Time for this call, in milliseconds; past it the server is stopped.
+    pub timeout_ms: u64,
+    pub call: McpCall,
+}
+
+/// The most a serving runner reads of one [`ServeRequest`] line.
+pub const SERVE_REQUEST_MAX: usize = 4 << 20;
+
+/// What a serving runner writes on its stdout, one line of JSON each: a
+/// call's progress as it comes, then its report. The gateway reads them
+/// as hostile input (the server may have got hold of the runner).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServeLine {
+    Progress(serde_json::Value),
+    Report(Box<McpReport>),
+}
+
 /// The sandbox's command in a warm pod (the kubernetes backend's pool):
 /// the step runner shows the network locked down, writes [`READY_LINE`],
 /// then takes its one call from stdin ([`Payload`]).

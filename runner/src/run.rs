@@ -455,19 +455,24 @@ fn unblock_sigterm(cmd: &mut Command) {
 }
 
 /// Run the steps in `steps_file`, the network already shown locked down.
-fn steps(out: &Out, steps_file: &Path) -> u8 {
-    let steps: Vec<Step> = match std::fs::read(steps_file)
+/// The steps file, or the exit code after saying why it does not read.
+fn read_steps(out: &Out, steps_file: &Path) -> Result<Vec<Step>, u8> {
+    std::fs::read(steps_file)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-    {
-        Ok(s) => s,
-        Err(e) => {
+        .map_err(|e| {
             out.say(&format!(
                 "gateway-runner: cannot read steps {}: {e}",
                 steps_file.display()
             ));
-            return 125;
-        }
+            125
+        })
+}
+
+fn steps(out: &Out, steps_file: &Path) -> u8 {
+    let steps = match read_steps(out, steps_file) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let me = std::env::current_exe().unwrap_or_else(|_| protocol::RUNNER.into());
     let work = Path::new(protocol::WORKDIR);
@@ -520,24 +525,8 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                     }
                 }
             }
-            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-            unblock_sigterm(&mut cmd);
-            cmd.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            // The server runs as the runner's user: it must not be able to
-            // reach into the runner (ptrace, /proc/1/fd/1) to write a
-            // report of its own.
-            // SAFETY: prctl with constant arguments, on this process.
-            unsafe {
-                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-            }
-            let report = match cmd.spawn() {
+            let report = match spawn_server(&mut cmd) {
                 Ok(mut child) => {
-                    STEP_GROUP.store(
-                        i32::try_from(child.id()).unwrap_or(0),
-                        std::sync::atomic::Ordering::SeqCst,
-                    );
                     let pump = child.stderr.take().map(|e| out.pump(2, e));
                     let tell = |p: &serde_json::Value| {
                         let text = p.to_string();
@@ -546,27 +535,7 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
                         }
                     };
                     let report = crate::mcp::exchange(&mut child, ex, &tell);
-                    // What the server started is stopped with it.
-                    let group = STEP_GROUP.swap(0, std::sync::atomic::Ordering::SeqCst);
-                    if group > 0 {
-                        // SAFETY: a signal to the step's own process group.
-                        unsafe {
-                            libc::kill(-group, libc::SIGKILL);
-                        }
-                    }
-                    // Something the server started outside its group may
-                    // hold its stderr open: not waited for past 2 s.
-                    if let Some(p) = pump {
-                        let waited = std::time::Instant::now();
-                        while !p.is_finished()
-                            && waited.elapsed() < std::time::Duration::from_secs(2)
-                        {
-                            std::thread::sleep(std::time::Duration::from_millis(20));
-                        }
-                        if p.is_finished() {
-                            let _ = p.join();
-                        }
-                    }
+                    stop_server(pump);
                     report
                 }
                 Err(e) => protocol::McpReport {
@@ -639,6 +608,105 @@ fn steps(out: &Out, steps_file: &Path) -> u8 {
             }
         }
     }
+    0
+}
+
+/// Start an upstream MCP server (`cmd`) with its pipes, in its own process
+/// group (the step's, stopped by SIGTERM and after the exchange).
+fn spawn_server(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    std::os::unix::process::CommandExt::process_group(cmd, 0);
+    unblock_sigterm(cmd);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // The server runs as the runner's user: it must not be able to reach
+    // into the runner (ptrace, /proc/1/fd/1) to write a report of its own.
+    // SAFETY: prctl with constant arguments, on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    let child = cmd.spawn()?;
+    STEP_GROUP.store(
+        i32::try_from(child.id()).unwrap_or(0),
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    Ok(child)
+}
+
+/// Stop what the server started with it, and its stderr's pump.
+fn stop_server(pump: Option<std::thread::JoinHandle<()>>) {
+    let group = STEP_GROUP.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if group > 0 {
+        // SAFETY: a signal to the step's own process group.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+    }
+    // Something the server started outside its group may hold its stderr
+    // open: not waited for past 2 s.
+    if let Some(p) = pump {
+        let waited = std::time::Instant::now();
+        while !p.is_finished() && waited.elapsed() < std::time::Duration::from_secs(2) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if p.is_finished() {
+            let _ = p.join();
+        }
+    }
+}
+
+/// `gateway-runner serve STEPS`: a warm upstream MCP server. The steps
+/// file holds one step, an MCP exchange without a call and without a
+/// credential (a warm server is never handed one: it serves calls of
+/// many); the server is started and initialized, then each line of stdin
+/// is a call ([`protocol::ServeRequest`]) and each call's progress and
+/// report go to stdout as [`protocol::ServeLine`]s. Exits when stdin ends
+/// or a call leaves the server untrustworthy ([`crate::mcp::serve`]).
+pub fn run_serve(steps_file: &Path) -> ExitCode {
+    let out = Out::from_env();
+    stop_on_sigterm(&out);
+    if let Err(why) = locked_down(&out) {
+        out.say(&format!("gateway-runner: {why}"));
+        return finish(&out, protocol::EXIT_NOT_LOCKED_DOWN);
+    }
+    let code = serve(&out, steps_file);
+    finish(&out, code)
+}
+
+fn serve(out: &Out, steps_file: &Path) -> u8 {
+    let steps = match read_steps(out, steps_file) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let (Some(program), Some(ex), 1) = (
+        steps.first().and_then(|s| s.argv.first()),
+        steps.first().and_then(|s| s.mcp.as_ref()),
+        steps.len(),
+    ) else {
+        out.say("gateway-runner: serve takes one step, an MCP server's; nothing was run");
+        return 125;
+    };
+    if ex.credential.is_some() || ex.call.is_some() {
+        out.say("gateway-runner: a warm server takes no credential and no call of its own; nothing was run");
+        return 125;
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(&steps[0].argv[1..]);
+    let mut child = match spawn_server(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            out.say(&format!("gateway-runner: cannot start {program}: {e}"));
+            return 127;
+        }
+    };
+    let pump = child.stderr.take().map(|e| out.pump(2, e));
+    let emit = |line: &protocol::ServeLine| {
+        let mut bytes = serde_json::to_vec(line).unwrap_or_default();
+        bytes.push(b'\n');
+        out.line(1, &bytes);
+    };
+    crate::mcp::serve(&mut child, ex, &mut std::io::stdin().lock(), &emit);
+    stop_server(pump);
     0
 }
 

@@ -483,6 +483,42 @@ pub type RunFuture<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<SandboxResult, SandboxError>> + Send + 'a>,
 >;
 
+/// What [`Sandbox::start_session`] returns.
+pub type SessionFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<SandboxSession, SandboxError>> + Send + 'a>,
+>;
+
+/// A sandbox that lives on after it started ([`Sandbox::start_session`]):
+/// its command's stdin and stdout are the caller's. It is killed and
+/// removed when this is dropped, when its command ends, or at its
+/// request's deadline and limits, whichever comes first.
+pub struct SandboxSession {
+    pub name: String,
+    /// The command's stdin.
+    pub input: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+    /// The command's stdout: hostile.
+    pub output: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    /// False once the sandbox has ended or is ending.
+    pub alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Dropped with the session: the sandbox is stopped.
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SandboxSession {
+    pub fn alive(&self) -> bool {
+        self.alive.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Debug for SandboxSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxSession")
+            .field("name", &self.name)
+            .field("alive", &self.alive())
+            .finish()
+    }
+}
+
 /// A sandbox backend.
 pub trait Sandbox: Send + Sync {
     /// Run one request in a new sandbox and remove it afterwards. Dropping
@@ -491,6 +527,25 @@ pub trait Sandbox: Send + Sync {
 
     /// The backend's name, as the audit records it.
     fn backend(&self) -> &'static str;
+
+    /// Start a sandbox that lives on, its command's stdin and stdout the
+    /// caller's ([`SandboxSession`]); for a server that serves many calls
+    /// (a warm upstream MCP server, which is handed no credential). The
+    /// backends that cannot say so ([`Sandbox::runs_sessions`]).
+    fn start_session(&self, req: SandboxRequest) -> SessionFuture<'_> {
+        let backend = self.backend();
+        drop(req);
+        Box::pin(async move {
+            Err(SandboxError::Invalid(format!(
+                "the {backend} sandbox backend runs no long-lived sandbox"
+            )))
+        })
+    }
+
+    /// Whether [`Sandbox::start_session`] can start one.
+    fn runs_sessions(&self) -> bool {
+        false
+    }
 
     /// Whether the tools come from this host (bound into the sandbox, the
     /// local backend) rather than from the sandbox's image.

@@ -34,7 +34,7 @@ use super::cgroups::Hierarchy;
 use super::net::NetNs;
 use super::{
     CREDENTIAL_PATH, Captured, Ended, FILES_IN_DIR, Network, RunFuture, SANDBOX_UID, Sandbox,
-    SandboxError, SandboxRequest, SandboxResult, WORKDIR, valid_name,
+    SandboxError, SandboxRequest, SandboxResult, SandboxSession, WORKDIR, valid_name,
 };
 
 /// Syscalls refused (EPERM) inside the sandbox on top of gVisor's own
@@ -583,7 +583,9 @@ impl LocalSandbox {
         self.write_bundle(req, dir, &[]).map(|_| ())
     }
 
-    async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
+    /// Write the bundle, make the network and start `runsc run`; the
+    /// sandbox is removed when the returned guard is.
+    async fn launch(&self, req: SandboxRequest, stdin: bool) -> Result<Launched, SandboxError> {
         if !valid_name(&req.name) {
             return Err(SandboxError::Invalid(format!(
                 "sandbox name {:?} must be [A-Za-z0-9-], at most 64",
@@ -667,15 +669,34 @@ impl LocalSandbox {
             .arg("--bundle")
             .arg(&bundle_path)
             .arg(&req.name)
-            .stdin(Stdio::null())
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         guard.started = true;
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .map_err(|e| SandboxError::Setup(format!("starting runsc: {e}")))?;
         stages.mark("runsc_started");
+        Ok(Launched {
+            guard,
+            child,
+            req,
+            endpoints,
+            stages,
+            started,
+        })
+    }
+
+    async fn run_inner(&self, req: SandboxRequest) -> Result<SandboxResult, SandboxError> {
+        let Launched {
+            mut guard,
+            mut child,
+            req,
+            endpoints,
+            mut stages,
+            started,
+        } = self.launch(req, false).await?;
         let cap = req.limits.output_bytes;
         let out = child.stdout.take().map(|s| tokio::spawn(capture(s, cap)));
         let sink = req.on_stderr_line.clone();
@@ -777,9 +798,87 @@ impl LocalSandbox {
     }
 }
 
+/// Marks a session's sandbox as ended when dropped.
+struct Dead(Arc<AtomicBool>);
+
+impl Drop for Dead {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A started `runsc run` and what removes it.
+struct Launched {
+    guard: Cleanup,
+    child: tokio::process::Child,
+    req: SandboxRequest,
+    endpoints: BTreeMap<String, String>,
+    stages: super::Stages,
+    started: Instant,
+}
+
+impl LocalSandbox {
+    async fn session_inner(&self, req: SandboxRequest) -> Result<SandboxSession, SandboxError> {
+        let Launched {
+            mut guard,
+            mut child,
+            req,
+            ..
+        } = self.launch(req, true).await?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(SandboxError::Setup("runsc's pipes are missing".into()));
+        };
+        // The sandbox's stderr (the server's own words) is read and
+        // dropped: nothing waits on a full pipe.
+        let drain = child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(capture(e, 64 * 1024)));
+        let alive = Arc::new(AtomicBool::new(true));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let cgroups = Arc::clone(&self.cgroups);
+        let name = req.name.clone();
+        let still = Arc::clone(&alive);
+        tokio::spawn(async move {
+            // Not alive from the moment this task ends, or is dropped
+            // with its runtime (the guard then removes the sandbox).
+            let _dead = Dead(still);
+            let memory = req.limits.memory_bytes.saturating_add(SENTRY_HEADROOM);
+            tokio::select! {
+                _ = child.wait() => {}
+                _ = tokio::time::sleep(req.deadline) => {}
+                _ = watch_cgroup(cgroups, req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), memory, Arc::new(AtomicBool::new(false))) => {}
+                _ = stopped => {}
+            }
+            _dead.0.store(false, Ordering::SeqCst);
+            guard.kill();
+            let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+            if let Some(d) = drain {
+                d.abort();
+            }
+            let _ = tokio::task::spawn_blocking(move || guard.finish()).await;
+        });
+        Ok(SandboxSession {
+            name,
+            input: Box::new(input),
+            output: Box::new(output),
+            alive,
+            stop: Some(stop),
+        })
+    }
+}
+
 impl Sandbox for LocalSandbox {
     fn run(&self, req: SandboxRequest) -> RunFuture<'_> {
         Box::pin(self.run_inner(req))
+    }
+
+    fn start_session(&self, req: SandboxRequest) -> super::SessionFuture<'_> {
+        Box::pin(self.session_inner(req))
+    }
+
+    fn runs_sessions(&self) -> bool {
+        true
     }
 
     fn backend(&self) -> &'static str {

@@ -254,6 +254,10 @@ pub enum Event {
         error: Option<String>,
         requests_refused: u64,
         notifications: u64,
+        /// The warm sandbox that served the call (its `sandbox.started`
+        /// is in the call that started it); absent: a sandbox of its own.
+        #[serde(skip_serializing_if = "no")]
+        warm_sandbox: Option<String>,
     },
     /// A call's arguments do not match the upstream tool's locked input
     /// schema; nothing was run.

@@ -22,6 +22,7 @@ pub mod notify;
 pub mod plans;
 pub mod runners;
 pub mod upstreams;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -174,6 +175,8 @@ pub struct Pipeline {
     /// What the gateway last read of each upstream MCP server's tools
     /// (`input.upstreams`), kept by [`Pipeline::watch_upstreams`].
     pub upstream_readings: Arc<upstreams::UpstreamReadings>,
+    /// Upstream servers kept running between calls (declared `warm`).
+    pub warm_upstreams: warm::WarmUpstreams,
     /// Every call's own task: a call runs on it, not on its caller's
     /// future, so that one past its point of no return outlives its client.
     running: tokio_util::task::TaskTracker,
@@ -332,6 +335,17 @@ pub struct KubernetesAccess {
     pub endpoint: String,
     pub ca_pem: Vec<u8>,
     pub tls_server_name: String,
+}
+
+/// A sandbox's request as [`Pipeline::prepare_sandbox`] makes it.
+pub(crate) struct Prepared {
+    pub limits: (gateway_sandbox::Limits, std::time::Duration),
+    pub network: Network,
+    pub binds: Vec<gateway_sandbox::Bind>,
+    pub env: Vec<(String, String)>,
+    pub files_in: Vec<FileIn>,
+    pub image: Option<String>,
+    pub upstream: bool,
 }
 
 /// One sandbox of a call.
@@ -577,6 +591,7 @@ impl Pipeline {
             approval_poll: APPROVAL_POLL,
             approval_page: None,
             upstream_readings: Default::default(),
+            warm_upstreams: Default::default(),
             running: tokio_util::task::TaskTracker::new(),
             applying: Mutex::new(BTreeMap::new()),
             interrupted: Mutex::new(std::collections::BTreeSet::new()),
@@ -1064,44 +1079,21 @@ impl Pipeline {
         Ok(Network::Endpoints(list))
     }
 
-    /// Run one sandbox of a call: limits and network from the decision, a
-    /// credential minted for it (when `call.with_credential` and the
-    /// decision names one) and revoked as soon as it ends, its output
-    /// cleared of every live credential, each step audited.
-    pub async fn run_sandbox(
+    /// What the decision and the tool make of a sandbox, before any
+    /// credential: its limits, network, files, environment and image.
+    pub(crate) fn prepare_sandbox(
         &self,
-        progress: &Progress,
-        rid: &str,
         decision: &Decision,
-        call: SandboxCall<'_>,
-    ) -> Result<SandboxResult, Stop> {
-        // A sandbox without the call's credential gets no egress either.
-        let stripped;
-        let decision = if call.with_credential {
-            decision
-        } else {
-            let mut d = decision.clone();
-            d.credential = None;
-            d.sandbox.egress.clear();
-            stripped = d;
-            &stripped
-        };
-        let name = if call.suffix.is_empty() {
-            rid.to_string()
-        } else {
-            format!("{rid}-{}", call.suffix)
-        };
-        if decision.credential.is_some() && self.broker.is_none() {
-            return Err(Stop::refused(
-                "the decision needs a credential and no credential broker is configured; nothing was run",
-            ));
-        }
+        tool: Toolset,
+        steps: &[tools::Step],
+        files_in: Vec<FileIn>,
+    ) -> Result<Prepared, Stop> {
         let limits = limits::from_decision(&decision.sandbox).map_err(Stop::refused)?;
         let network = self.network(decision).map_err(Stop::refused)?;
-        let terraform = call.tool == Toolset::Terraform;
-        let upstream = matches!(call.tool, Toolset::Upstream { .. });
+        let terraform = tool == Toolset::Terraform;
+        let upstream = matches!(tool, Toolset::Upstream { .. });
         let mut image = None;
-        let (binds, mut env) = match call.tool {
+        let (binds, mut env) = match tool {
             Toolset::Terraform => (self.tools.terraform_binds(), tools::terraform_env()),
             Toolset::Kubectl => (self.tools.kubectl_binds(), tools::kubectl_env()),
             Toolset::Upstream {
@@ -1136,10 +1128,10 @@ impl Pipeline {
             Ok(b) => b,
             Err(e) => return Err(Stop::refused(e.to_string())),
         };
-        let mut files_in = call.files_in;
+        let mut files_in = files_in;
         files_in.push(FileIn {
             path: tools::STEPS_FILE.into(),
-            contents: serde_json::to_vec(&call.steps).unwrap_or_default(),
+            contents: serde_json::to_vec(steps).unwrap_or_default(),
         });
         if terraform {
             let mirror = self
@@ -1177,6 +1169,58 @@ impl Pipeline {
                 )));
             }
         }
+        Ok(Prepared {
+            limits,
+            network,
+            binds,
+            env,
+            files_in,
+            image,
+            upstream,
+        })
+    }
+
+    /// Run one sandbox of a call: limits and network from the decision, a
+    /// credential minted for it (when `call.with_credential` and the
+    /// decision names one) and revoked as soon as it ends, its output
+    /// cleared of every live credential, each step audited.
+    pub async fn run_sandbox(
+        &self,
+        progress: &Progress,
+        rid: &str,
+        decision: &Decision,
+        call: SandboxCall<'_>,
+    ) -> Result<SandboxResult, Stop> {
+        // A sandbox without the call's credential gets no egress either.
+        let stripped;
+        let decision = if call.with_credential {
+            decision
+        } else {
+            let mut d = decision.clone();
+            d.credential = None;
+            d.sandbox.egress.clear();
+            stripped = d;
+            &stripped
+        };
+        let name = if call.suffix.is_empty() {
+            rid.to_string()
+        } else {
+            format!("{rid}-{}", call.suffix)
+        };
+        if decision.credential.is_some() && self.broker.is_none() {
+            return Err(Stop::refused(
+                "the decision needs a credential and no credential broker is configured; nothing was run",
+            ));
+        }
+        let Prepared {
+            limits,
+            network,
+            binds,
+            env,
+            files_in,
+            image,
+            upstream,
+        } = self.prepare_sandbox(decision, call.tool, &call.steps, call.files_in)?;
         // Everything is checked; only now is a credential minted, and from
         // here on it is revoked on every path (the guard covers
         // cancellation and panics).

@@ -65,6 +65,11 @@ pub struct Server {
     /// `{{username}}`, `{{password}}` templates), when it gets one.
     #[serde(default)]
     pub credential: Option<CredentialFill>,
+    /// A stdio server kept running between calls, in one sandbox of its
+    /// own, on the backends that can ([`crate::pipeline::warm`]): for a
+    /// server that is handed no credential, whose callers may share it.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 fn default_max_result_bytes() -> u64 {
@@ -123,6 +128,11 @@ impl Server {
     /// A command that starts with an absolute path, or a URL the gateway
     /// may reach; not both.
     pub fn check(&self, name: &str) -> Result<(), String> {
+        if self.warm && (self.url.is_some() || self.credential.is_some()) {
+            return Err(format!(
+                "upstream {name:?} is declared warm: a warm server is a stdio server the gateway runs, and it serves the calls of many, so it is handed no per-call credential"
+            ));
+        }
         match (&self.url, self.command.first()) {
             (Some(_), Some(_)) => Err(format!(
                 "upstream {name:?} has both a command and a url: it is one or the other"
@@ -198,9 +208,34 @@ impl Server {
             }),
         }
     }
+
+    /// The step of a warm server's sandbox (`gateway-runner serve`): the
+    /// server started and initialized within its timeout; its calls come
+    /// later, one by one.
+    pub fn serve_step(&self) -> Step {
+        let mut step = self.list_step();
+        if let Some(ex) = &mut step.mcp {
+            ex.credential = None;
+        }
+        step
+    }
 }
 
 impl UpstreamOp {
+    /// The call as a warm server's runner takes it.
+    pub fn serve_request(&self, arguments: &Value) -> gateway_runner::protocol::ServeRequest {
+        gateway_runner::protocol::ServeRequest {
+            max_bytes: self.server.max_result_bytes,
+            timeout_ms: self.server.timeout_seconds.saturating_mul(1000),
+            call: McpCall {
+                name: self.tool.clone(),
+                arguments: arguments.clone(),
+                definition: self.definition.clone(),
+                progress_token: Some(json!("gateway")),
+            },
+        }
+    }
+
     pub fn from_decision(operation: Option<&Value>) -> Result<UpstreamOp, String> {
         let op = operation.ok_or("the policy gave no operation for this upstream tool")?;
         let wire: OpWire = serde_json::from_value(op.clone())
@@ -754,11 +789,35 @@ mod tests {
                 timeout_seconds: 5,
                 egress: vec![],
                 credential: None,
+                warm: false,
             },
             definition_sha256: definition_digest(&definition),
             definition,
             credential: None,
         }
+    }
+
+    #[test]
+    fn a_warm_server_is_a_stdio_one_without_a_credential_and_serves_without_one() {
+        let mut warm = op().server;
+        warm.warm = true;
+        assert!(warm.check("notes").is_ok());
+        let mut with_credential = warm.clone();
+        with_credential.credential = Some(CredentialFill::default());
+        let e = with_credential.check("notes").unwrap_err();
+        assert!(e.contains("no per-call credential"), "{e}");
+        let mut remote = warm.clone();
+        remote.command.clear();
+        remote.url = Some("https://mcp.example.com/mcp".into());
+        assert!(remote.check("notes").unwrap_err().contains("warm"));
+        // Its runner's step starts the server and calls nothing itself.
+        let step = warm.serve_step();
+        let ex = step.mcp.expect("mcp");
+        assert!(ex.call.is_none() && ex.credential.is_none());
+        let req = op().serve_request(&json!({"text": "hi"}));
+        assert_eq!(req.call.definition, op().definition);
+        assert_eq!(req.max_bytes, 1000);
+        assert_eq!(req.timeout_ms, 5000);
     }
 
     #[test]

@@ -888,6 +888,7 @@ mod tests {
             timeout_seconds: 5,
             egress: vec![],
             credential: None,
+            warm: false,
         };
         let write = |text: &str, mode: u32| {
             let _ = std::fs::remove_file(&f);

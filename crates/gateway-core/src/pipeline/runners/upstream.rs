@@ -190,14 +190,32 @@ impl Pipeline {
         arguments: &Value,
     ) -> Result<Outcome, Stop> {
         binds.sort_by(|a, b| a.inside.cmp(&b.inside));
-        let report = if op.server.remote() {
-            self.remote_upstream_call(call, decision, op, arguments)
+        let (report, warm) = if op.server.remote() {
+            (
+                self.remote_upstream_call(call, decision, op, arguments)
+                    .await?,
+                None,
+            )
+        } else if op.server.warm && self.sandbox.runs_sessions() {
+            match self
+                .warm_upstream_call(call, decision, op, &binds, arguments)
                 .await?
+            {
+                Some((report, name)) => (report, Some(name)),
+                None => (
+                    self.sandboxed_upstream_call(call, decision, op, binds, arguments)
+                        .await?,
+                    None,
+                ),
+            }
         } else {
-            self.sandboxed_upstream_call(call, decision, op, binds, arguments)
-                .await?
+            (
+                self.sandboxed_upstream_call(call, decision, op, binds, arguments)
+                    .await?,
+                None,
+            )
         };
-        self.upstream_reported(call, op, arguments, report)
+        self.upstream_reported(call, op, arguments, report, warm)
     }
 
     /// A remote server's call: made by the gateway over streamable HTTP
@@ -369,6 +387,130 @@ impl Pipeline {
         }
     }
 
+    /// A warm server's call ([`crate::pipeline::warm`]): made in its
+    /// long-lived sandbox, started first when there is none fit for this
+    /// call's decision. `None` when that sandbox is busy with another call
+    /// (this one then gets a sandbox of its own). Returns the report and
+    /// the warm sandbox's name.
+    async fn warm_upstream_call(
+        &self,
+        call: &Call,
+        decision: &Decision,
+        op: &UpstreamOp,
+        binds: &[gateway_sandbox::Bind],
+        arguments: &Value,
+    ) -> Result<Option<(gateway_runner::protocol::McpReport, String)>, Stop> {
+        use crate::pipeline::warm::{self, Warm};
+        if decision.credential.is_some() {
+            return Err(Stop::refused(format!(
+                "upstream {} is warm: it serves the calls of many and is handed no per-call credential, yet the decision names one; nothing was run",
+                op.upstream
+            )));
+        }
+        let slot = self.warm_upstreams.slot(&op.upstream);
+        let Ok(mut held) = slot.try_lock() else {
+            call.progress.say(format!(
+                "{}'s warm sandbox is busy with another call: this one gets a sandbox of its own",
+                op.upstream
+            ));
+            return Ok(None);
+        };
+        let step = op.server.serve_step();
+        let prepared = self.prepare_sandbox(
+            decision,
+            Toolset::Upstream {
+                binds: binds.to_vec(),
+                env: op.server.env(),
+                image: op.server.image.clone(),
+            },
+            std::slice::from_ref(&step),
+            vec![],
+        )?;
+        let rid = call.request_id();
+        let line_cap = prepared.limits.0.output_bytes;
+        let req = gateway_sandbox::SandboxRequest {
+            name: format!("{rid}-warm"),
+            argv: gateway_runner::protocol::serve_argv(),
+            env: prepared.env,
+            binds: prepared.binds,
+            workdir: None,
+            files_in: prepared.files_in,
+            credential: None,
+            limits: prepared.limits.0,
+            deadline: warm::LIFETIME,
+            network: prepared.network,
+            files_out: vec![],
+            on_stderr_line: None,
+            image: prepared.image,
+        };
+        let key = warm::key(&req);
+        // Out of the slot for the call: a call dropped half-way (its
+        // client gone) drops the sandbox with it, and no later call reads
+        // what was meant for this one. Put back only after a clean call.
+        let mut w = match held.take() {
+            Some(w) if w.usable(&key) => w,
+            _ => {
+                self.audit.record(
+                    rid,
+                    Event::SandboxStarted {
+                        sandbox: req.name.clone(),
+                        backend: self.sandbox.backend().into(),
+                        limits: json!(req.limits),
+                        deadline_seconds: warm::LIFETIME.as_secs(),
+                        egress: decision.sandbox.egress.clone(),
+                        credential: false,
+                        steps: json!([step]),
+                    },
+                )?;
+                call.progress.say(format!(
+                    "starting {}'s warm sandbox {}",
+                    op.upstream, req.name
+                ));
+                let session = self.sandbox.start_session(req).await.map_err(|e| {
+                    Stop::refused(format!(
+                        "upstream {}'s warm sandbox did not start: {e}; nothing was called",
+                        op.upstream
+                    ))
+                })?;
+                Warm::new(key, session)
+            }
+        };
+        call.progress.say(format!(
+            "calling {}.{} in its warm sandbox {}",
+            op.upstream, op.tool, w.session.name
+        ));
+        let progress = call.progress.clone();
+        let tell = move |p: &Value| progress.say(upstream::progress_line(p, &[]));
+        let name = w.session.name.clone();
+        match w.call(&op.serve_request(arguments), line_cap, &tell).await {
+            Ok(report) => {
+                // A server over its cap, late, gone or garbled is not
+                // trusted with another call (its runner has stopped it).
+                let clean = report
+                    .error_kind
+                    .as_deref()
+                    .is_none_or(|k| k == "rpc_error");
+                if clean {
+                    *held = Some(w);
+                }
+                Ok(Some((report, name)))
+            }
+            Err(broken) => {
+                drop(w);
+                tracing::warn!(
+                    request_id = rid,
+                    upstream = %op.upstream,
+                    sandbox = %name,
+                    "the warm sandbox was stopped: {broken}"
+                );
+                Err(Stop::refused(format!(
+                    "upstream {}: {broken}; it was stopped, and the next call starts a new one",
+                    op.upstream
+                )))
+            }
+        }
+    }
+
     /// What the server's report comes to: the audit and the outcome.
     fn upstream_reported(
         &self,
@@ -376,6 +518,7 @@ impl Pipeline {
         op: &UpstreamOp,
         arguments: &Value,
         report: gateway_runner::protocol::McpReport,
+        warm: Option<String>,
     ) -> Result<Outcome, Stop> {
         if report.list_changed {
             // The server says its list changed: read it again now.
@@ -415,6 +558,7 @@ impl Pipeline {
                     .or_else(|| report.refused.as_ref().map(|_| "refused".to_string())),
                 requests_refused: report.requests_refused,
                 notifications: report.notifications,
+                warm_sandbox: warm,
             },
         )?;
         Ok(Outcome::Completed {
