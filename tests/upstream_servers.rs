@@ -1436,10 +1436,10 @@ fn a_warm_server_serves_calls_in_one_sandbox_and_is_replaced_when_it_misbehaves(
         "{names:?}"
     );
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    for name in names {
+    for name in &names {
         loop {
             let out = std::process::Command::new("pgrep")
-                .args(["-f", &name])
+                .args(["-f", name])
                 .output()
                 .expect("pgrep");
             if common::stdout(&out).trim().is_empty() {
@@ -1453,5 +1453,28 @@ fn a_warm_server_serves_calls_in_one_sandbox_and_is_replaced_when_it_misbehaves(
         }
     }
     assert_eq!(w.pipeline.warm_upstreams.running(), 0);
+    // Each warm sandbox's end is in the audit of the call that started it
+    // (the one that hung: stopped; the others: stopped with the pipeline).
+    let warm: Vec<String> = names
+        .iter()
+        .filter(|n| n.ends_with("-warm"))
+        .cloned()
+        .collect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let ended: Vec<String> = common::audit_events(&w.home)
+            .into_iter()
+            .filter(|e| e["event"] == "sandbox.completed")
+            .filter_map(|e| e["data"]["sandbox"].as_str().map(str::to_string))
+            .collect();
+        if warm.iter().all(|n| ended.contains(n)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no end recorded for some of {warm:?}: {ended:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     audit_verifies(&w);
 }

@@ -42,19 +42,23 @@ enum Read1 {
     Closed,
 }
 
-/// Reads the server's stdout, one message per line, while `budget` (bytes
-/// left, shared with the session, which gives each call its own) lasts:
-/// a line is never held whole beyond what is left of it.
-fn reader(stdout: impl Read + Send + 'static, budget: Arc<AtomicU64>) -> Receiver<Read1> {
+/// Reads the server's stdout, one message per line: no line longer than
+/// `line_cap` is held, and each line is charged to `budget` (bytes left,
+/// shared with the session, which gives each call its own) once read, so
+/// a budget set while the reader waits applies to the next line.
+fn reader(
+    stdout: impl Read + Send + 'static,
+    line_cap: u64,
+    budget: Arc<AtomicU64>,
+) -> Receiver<Read1> {
     let (tx, rx) = sync_channel(64);
     std::thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         let mut line = Vec::new();
         loop {
             line.clear();
-            let left = budget.load(Ordering::SeqCst);
             let got = (&mut r)
-                .take(left.saturating_add(1))
+                .take(line_cap.saturating_add(1))
                 .read_until(b'\n', &mut line);
             let n = match got {
                 Ok(0) | Err(_) => {
@@ -63,13 +67,12 @@ fn reader(stdout: impl Read + Send + 'static, budget: Arc<AtomicU64>) -> Receive
                 }
                 Ok(n) => n as u64,
             };
-            if n > left {
+            let charged =
+                budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(n));
+            if n > line_cap || charged.is_err() {
                 let _ = tx.send(Read1::TooLarge);
                 return;
             }
-            let _ = budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
-                Some(b.saturating_sub(n))
-            });
             let text = line.trim_ascii();
             if text.is_empty() {
                 continue;
@@ -263,7 +266,7 @@ impl<'a> Session<'a> {
         let budget = Arc::new(AtomicU64::new(max_bytes));
         Some(Session {
             stdin: writer(stdin),
-            from: reader(stdout, Arc::clone(&budget)),
+            from: reader(stdout, max_bytes, Arc::clone(&budget)),
             budget,
             deadline: Instant::now(),
             next_id: 0,

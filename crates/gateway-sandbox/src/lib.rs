@@ -502,6 +502,16 @@ pub struct SandboxSession {
     pub alive: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Dropped with the session: the sandbox is stopped.
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Told once the sandbox has ended and is removed: why, and when.
+    pub ended: Option<tokio::sync::oneshot::Receiver<SessionEnd>>,
+}
+
+/// How a [`SandboxSession`] ended.
+#[derive(Debug, Clone)]
+pub struct SessionEnd {
+    pub ended: Ended,
+    pub exit_code: Option<i32>,
+    pub duration_ms: u128,
 }
 
 impl SandboxSession {

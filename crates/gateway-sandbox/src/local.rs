@@ -836,6 +836,8 @@ impl LocalSandbox {
             .map(|e| tokio::spawn(capture(e, 64 * 1024)));
         let alive = Arc::new(AtomicBool::new(true));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (tell_end, ended) = tokio::sync::oneshot::channel::<super::SessionEnd>();
+        let since = Instant::now();
         let cgroups = Arc::clone(&self.cgroups);
         let name = req.name.clone();
         let still = Arc::clone(&alive);
@@ -844,12 +846,22 @@ impl LocalSandbox {
             // with its runtime (the guard then removes the sandbox).
             let _dead = Dead(still);
             let memory = req.limits.memory_bytes.saturating_add(SENTRY_HEADROOM);
-            tokio::select! {
-                _ = child.wait() => {}
-                _ = tokio::time::sleep(req.deadline) => {}
-                _ = watch_cgroup(cgroups, req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), memory, Arc::new(AtomicBool::new(false))) => {}
-                _ = stopped => {}
-            }
+            let memory_hit = Arc::new(AtomicBool::new(false));
+            let why = tokio::select! {
+                s = child.wait() => match s.ok().and_then(|s| s.code()) {
+                    Some(c) if c != 0 && memory_hit.load(Ordering::Relaxed) => {
+                        (Some(c), Ended::Limit("memory".into()))
+                    }
+                    Some(c) => (Some(c), Ended::Exited),
+                    None => (None, Ended::Signal(-1)),
+                },
+                _ = tokio::time::sleep(req.deadline) => (None, Ended::Deadline),
+                _ = watch_cgroup(cgroups, req.name.clone(), Duration::from_secs(req.limits.cpu_seconds), memory, Arc::clone(&memory_hit)) => {
+                    let what = if memory_hit.load(Ordering::Relaxed) { "memory" } else { "CPU time" };
+                    (None, Ended::Limit(what.into()))
+                }
+                _ = stopped => (None, Ended::Exited),
+            };
             _dead.0.store(false, Ordering::SeqCst);
             guard.kill();
             let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
@@ -857,6 +869,11 @@ impl LocalSandbox {
                 d.abort();
             }
             let _ = tokio::task::spawn_blocking(move || guard.finish()).await;
+            let _ = tell_end.send(super::SessionEnd {
+                ended: why.1,
+                exit_code: why.0,
+                duration_ms: since.elapsed().as_millis(),
+            });
         });
         Ok(SandboxSession {
             name,
@@ -864,6 +881,7 @@ impl LocalSandbox {
             output: Box::new(output),
             alive,
             stop: Some(stop),
+            ended: Some(ended),
         })
     }
 }

@@ -46,6 +46,9 @@ pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Warm>>>;
 #[derive(Default)]
 pub struct WarmUpstreams {
     slots: Mutex<HashMap<String, Slot>>,
+    /// Raised by [`WarmUpstreams::stop_all`]: a sandbox busy then is not
+    /// put back after its call.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl WarmUpstreams {
@@ -68,14 +71,36 @@ impl WarmUpstreams {
             .count()
     }
 
-    /// Stop every warm sandbox (the ones busy stop when their call ends).
+    /// Stop every warm sandbox (one busy with a call stops when the call
+    /// ends: it is not put back).
     pub fn stop_all(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for s in slots.values() {
             if let Ok(mut w) = s.try_lock() {
                 w.take();
             }
         }
+    }
+
+    /// Stop the upstream's warm sandbox, if it has one and it is idle (a
+    /// call found the upstream no longer declared warm).
+    pub fn retire(&self, upstream: &str) {
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            slots.get(upstream).cloned()
+        };
+        if let Some(slot) = slot
+            && let Ok(mut w) = slot.try_lock()
+        {
+            w.take();
+        }
+    }
+
+    /// The current generation ([`WarmUpstreams::stop_all`]).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -111,12 +136,18 @@ impl Warm {
         }
     }
 
-    /// Whether it may take another call made from `key`.
-    pub fn usable(&self, key: &str) -> bool {
+    /// Whether it may take another call made from `key`, one that may
+    /// last `call_time`: it must outlive the call.
+    pub fn usable(&self, key: &str, call_time: Duration) -> bool {
         self.key == key
             && self.session.alive()
             && self.calls < MAX_CALLS
-            && self.started.elapsed() < LIFETIME
+            && self
+                .started
+                .elapsed()
+                .saturating_add(call_time)
+                .saturating_add(REPORT_GRACE)
+                < LIFETIME
     }
 
     /// One call: the request written, progress lines handed to
@@ -131,6 +162,11 @@ impl Warm {
         on_progress: &(dyn Fn(&serde_json::Value) + Send + Sync),
     ) -> Result<McpReport, Broken> {
         self.calls += 1;
+        // The runner writes nothing between calls: a line already waiting
+        // would be taken for this call's.
+        if !self.output.buffer().is_empty() {
+            return Err(Broken("the warm sandbox wrote between two calls".into()));
+        }
         let mut line = serde_json::to_vec(req).map_err(|e| Broken(e.to_string()))?;
         line.push(b'\n');
         let timeout = Duration::from_millis(req.timeout_ms).saturating_add(REPORT_GRACE);
@@ -169,7 +205,8 @@ impl Warm {
                     Ok(ServeLine::Report(r)) => return Ok(*r),
                     Err(e) => {
                         return Err(Broken(format!(
-                            "the warm sandbox wrote a line that is not its runner's: {e}"
+                            "the warm sandbox wrote a line that is not its runner's: {}",
+                            gateway_base::text::escaped(&e.to_string(), true)
                         )));
                     }
                 }

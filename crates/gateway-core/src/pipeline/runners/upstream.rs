@@ -196,7 +196,15 @@ impl Pipeline {
                     .await?,
                 None,
             )
-        } else if op.server.warm && self.sandbox.runs_sessions() {
+        } else if !op.server.warm {
+            // No longer declared warm: a warm sandbox left from before goes.
+            self.warm_upstreams.retire(&op.upstream);
+            (
+                self.sandboxed_upstream_call(call, decision, op, binds, arguments)
+                    .await?,
+                None,
+            )
+        } else if self.sandbox.runs_sessions() {
             match self
                 .warm_upstream_call(call, decision, op, &binds, arguments)
                 .await?
@@ -428,6 +436,18 @@ impl Pipeline {
         )?;
         let rid = call.request_id();
         let line_cap = prepared.limits.0.output_bytes;
+        // The call's time: the server's own, within the policy's deadline.
+        let mut request = op.serve_request(arguments);
+        request.timeout_ms = request
+            .timeout_ms
+            .min(u64::try_from(prepared.limits.1.as_millis()).unwrap_or(u64::MAX));
+        let call_time = std::time::Duration::from_millis(request.timeout_ms);
+        // CPU time for the sandbox's whole life (the policy's is for one
+        // call; its CPU quota still holds each call to its cores).
+        let mut limits = prepared.limits.0;
+        limits.cpu_seconds = warm::LIFETIME
+            .as_secs()
+            .saturating_mul(limits.cpu_millicores.div_ceil(1000).max(1));
         let req = gateway_sandbox::SandboxRequest {
             name: format!("{rid}-warm"),
             argv: gateway_runner::protocol::serve_argv(),
@@ -436,7 +456,7 @@ impl Pipeline {
             workdir: None,
             files_in: prepared.files_in,
             credential: None,
-            limits: prepared.limits.0,
+            limits,
             deadline: warm::LIFETIME,
             network: prepared.network,
             files_out: vec![],
@@ -447,8 +467,9 @@ impl Pipeline {
         // Out of the slot for the call: a call dropped half-way (its
         // client gone) drops the sandbox with it, and no later call reads
         // what was meant for this one. Put back only after a clean call.
+        let generation = self.warm_upstreams.generation();
         let mut w = match held.take() {
-            Some(w) if w.usable(&key) => w,
+            Some(w) if w.usable(&key, call_time) => w,
             _ => {
                 self.audit.record(
                     rid,
@@ -466,12 +487,49 @@ impl Pipeline {
                     "starting {}'s warm sandbox {}",
                     op.upstream, req.name
                 ));
-                let session = self.sandbox.start_session(req).await.map_err(|e| {
-                    Stop::refused(format!(
-                        "upstream {}'s warm sandbox did not start: {e}; nothing was called",
-                        op.upstream
-                    ))
-                })?;
+                let name = req.name.clone();
+                let mut session = match self.sandbox.start_session(req).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.audit.record(
+                            rid,
+                            Event::SandboxFailed {
+                                sandbox: name,
+                                error: e.to_string(),
+                                stages: Value::Null,
+                            },
+                        )?;
+                        return Err(Stop::refused(format!(
+                            "upstream {}'s warm sandbox did not start: {e}; nothing was called",
+                            op.upstream
+                        )));
+                    }
+                };
+                // Its end, whenever and however it comes, in the audit of
+                // the call that started it.
+                if let Some(ended) = session.ended.take() {
+                    let audit = std::sync::Arc::clone(&self.audit);
+                    let rid = rid.to_string();
+                    tokio::spawn(async move {
+                        if let Ok(end) = ended.await {
+                            let recorded = audit.record(
+                                &rid,
+                                Event::SandboxCompleted {
+                                    sandbox: name,
+                                    exit_code: end.exit_code,
+                                    ended: json!(end.ended),
+                                    duration_ms: end.duration_ms,
+                                    stdout_truncated: false,
+                                    stderr_truncated: false,
+                                    stages: Value::Null,
+                                },
+                            );
+                            if let Err(e) = recorded {
+                                tracing::warn!(request_id = %rid, "the warm sandbox's end was not recorded: {e}");
+                            }
+                        }
+                    });
+                }
                 Warm::new(key, session)
             }
         };
@@ -482,17 +540,33 @@ impl Pipeline {
         let progress = call.progress.clone();
         let tell = move |p: &Value| progress.say(upstream::progress_line(p, &[]));
         let name = w.session.name.clone();
-        match w.call(&op.serve_request(arguments), line_cap, &tell).await {
+        match w.call(&request, line_cap, &tell).await {
             Ok(report) => {
-                // A server over its cap, late, gone or garbled is not
-                // trusted with another call (its runner has stopped it).
-                let clean = report
-                    .error_kind
-                    .as_deref()
-                    .is_none_or(|k| k == "rpc_error");
-                if clean {
+                // A server over its cap, late, gone, garbled or never
+                // initialized is not trusted with another call (its runner
+                // has stopped it); nor is one the gateway stopped meanwhile.
+                let clean = report.server.is_some()
+                    && report
+                        .error_kind
+                        .as_deref()
+                        .is_none_or(|k| k == "rpc_error");
+                if clean && generation == self.warm_upstreams.generation() {
                     *held = Some(w);
                 }
+                // No live credential in what it says (it is handed none,
+                // but a path it shares with another upstream might be).
+                let secrets = self.live_secrets.all();
+                let report = if secrets.is_empty() {
+                    report
+                } else {
+                    let mut bytes = gateway_sandbox::Captured {
+                        bytes: serde_json::to_vec(&report).unwrap_or_default(),
+                        truncated: false,
+                    };
+                    bytes.redact_all(&secrets);
+                    upstream::read_report(&bytes.bytes)
+                        .map_err(|e| Stop::refused(format!("upstream {}: {e}", op.upstream)))?
+                };
                 Ok(Some((report, name)))
             }
             Err(broken) => {
