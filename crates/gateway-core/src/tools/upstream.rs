@@ -66,7 +66,7 @@ pub struct Server {
     #[serde(default)]
     pub credential: Option<CredentialFill>,
     /// A stdio server kept running between calls, in one sandbox of its
-    /// own, on the backends that can ([`crate::pipeline::warm`]): for a
+    /// own, on the backends that can (the pipeline's warm module): for a
     /// server that is handed no credential, whose callers may share it.
     #[serde(default)]
     pub warm: bool,

@@ -100,7 +100,9 @@ impl Upstream {
                         message: format!("{}: {msg}", if at.is_empty() { "arguments" } else { at }),
                     })
                     .collect();
-                p.audit.record(
+                // Durable with the call's result, which the refusal
+                // comes to before the client hears of it.
+                p.audit.record_deferred(
                     call.request_id(),
                     Event::UpstreamArgumentsRefused {
                         upstream: op.upstream.clone(),
