@@ -78,7 +78,7 @@ fn watched_copy_of_default_policies() -> Fixture {
 }
 
 #[test]
-fn an_edited_data_file_takes_effect_within_a_second() {
+fn an_edited_data_file_takes_effect_at_the_next_polls() {
     let f = watched_copy_of_default_policies();
     assert!(!f.store.decide(&pod_status("staging")).decision.allow);
     // The Vault setup defines the new role (alone, it changes no decision)...
@@ -93,10 +93,22 @@ fn an_edited_data_file_takes_effect_within_a_second() {
         "namespaces:\n",
         "namespaces:\n  staging:\n    roles:\n      pod_reader: ro-staging\n",
     );
-    let took = wait_for(Duration::from_secs(1), || {
+    // Two polls 250 ms apart see the same change, then the set is
+    // compiled: well under a second in a release build; an unoptimised
+    // build compiling it while the rest of the suite runs on 2 cores took
+    // over a second once (CI, 2026-12-07), so it gets three.
+    let within = if cfg!(debug_assertions) {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(1)
+    };
+    let took = wait_for(within, || {
         f.store.decide(&pod_status("staging")).decision.allow
     });
-    assert!(took.is_some(), "the edit was not picked up within a second");
+    assert!(
+        took.is_some(),
+        "the edit was not picked up within {within:?}"
+    );
     // The watcher swaps the set first and reports afterwards, so the event
     // may trail the first allowed decision by a moment.
     let reported = wait_for(Duration::from_secs(1), || {
