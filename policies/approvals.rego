@@ -221,10 +221,15 @@ sso_client_may_approve(id) if {
 	object.get(id, "client_id", "") in object.get(cfg.identity, "sso_clients", [])
 }
 
+# A tool's tier as the catalog gives it ("unknown" for a tool it lacks).
+tier_of(tool) := t if {
+	t := data.gateway.tools.entry_of(tool).tier
+} else := "unknown"
+
 # What an approver's scope is matched against.
 call_facts(tool, params, sigs) := {
 	"tool": tool,
-	"tier": object.get(data.gateway.tools.catalog, [tool, "tier"], "unknown"),
+	"tier": tier_of(tool),
 	"module": object.get(params, "working_dir", ""),
 	"namespace": object.get(params, "namespace", object.get(data.config.scopes.modules, [object.get(params, "working_dir", ""), "namespace"], "")),
 	"signal_kinds": {s.kind | some s in sigs},

@@ -6,9 +6,12 @@
 # taken as the agent wrote it.
 package gateway.kubernetes
 
-import data.gateway.tools
+# (The tools package is named in full, not imported: regorus evaluates
+# every rule of an imported package at its first use, the whole catalog
+# with every upstream's tools included, which cost an upstream call's
+# decision 2.3 of its 3.4 ms.)
 
-params := tools.params
+params := data.gateway.tools.params
 
 cfg := data.config.kubernetes
 
@@ -20,18 +23,18 @@ change_verbs := {"scale", "rollout_restart", "set_image", "rollout_undo", "apply
 verbs := read_verbs | change_verbs
 
 # The tool's kubectl verb (undefined for a tool that is not a Kubernetes read).
-verb := tools.tool.kubernetes.verb
+verb := data.gateway.tools.tool.kubernetes.verb
 
 deny contains msg if {
-	tools.tool.kubernetes
+	data.gateway.tools.tool.kubernetes
 	not verb in verbs
-	msg := sprintf("the catalog gives tool %s the kubernetes verb %s, which no Kubernetes runner has (they have: %s)", [tools.quoted(input.tool), tools.quoted(sprintf("%v", [object.get(tools.tool.kubernetes, "verb", null)])), concat(", ", sort(verbs))])
+	msg := sprintf("the catalog gives tool %s the kubernetes verb %s, which no Kubernetes runner has (they have: %s)", [data.gateway.tools.quoted(input.tool), data.gateway.tools.quoted(sprintf("%v", [object.get(data.gateway.tools.tool.kubernetes, "verb", null)])), concat(", ", sort(verbs))])
 }
 
 deny contains msg if {
-	tools.tool.kubernetes
-	tools.tool.scope != "namespace"
-	msg := sprintf("tool %s is a Kubernetes tool but its scope is not `namespace`", [tools.quoted(input.tool)])
+	data.gateway.tools.tool.kubernetes
+	data.gateway.tools.tool.scope != "namespace"
+	msg := sprintf("tool %s is a Kubernetes tool but its scope is not `namespace`", [data.gateway.tools.quoted(input.tool)])
 }
 
 # The kind the call names, as config/scopes defines it ({} when it names
@@ -45,11 +48,11 @@ kind := k if {
 } else := {}
 
 deny contains msg if {
-	tools.tool.kubernetes
+	data.gateway.tools.tool.kubernetes
 	is_string(params.kind)
-	not tools.violated("kind")
+	not data.gateway.tools.violated("kind")
 	not data.config.scopes.kinds[params.kind]
-	msg := sprintf("kind %s is not defined in config/scopes (kinds)", [tools.quoted(params.kind)])
+	msg := sprintf("kind %s is not defined in config/scopes (kinds)", [data.gateway.tools.quoted(params.kind)])
 }
 
 # Events are of a namespace, or of one object: a kind and a name together.
@@ -87,7 +90,7 @@ read_operation := {
 	"values": values,
 	"result_bytes": cfg.result_bytes,
 } if {
-	count(tools.violations) == 0
+	count(data.gateway.tools.violations) == 0
 	count(deny) == 0
 }
 
@@ -111,7 +114,7 @@ change_operation := {
 	"manifest": object.get(params, "manifest", null),
 	"result_bytes": cfg.result_bytes,
 } if {
-	count(tools.violations) == 0
+	count(data.gateway.tools.violations) == 0
 	count(deny) == 0
 }
 
@@ -128,7 +131,7 @@ manifest := params.manifest if is_object(params.manifest)
 
 # The kinds the tool applies (its manifest param's `kinds`), as defined in
 # config/scopes.
-apply_kinds := {k | some name in tools.tool.params.manifest.kinds; k := data.config.scopes.kinds[name]}
+apply_kinds := {k | some name in data.gateway.tools.tool.params.manifest.kinds; k := data.config.scopes.kinds[name]}
 
 manifest_kind := k if {
 	some k in apply_kinds
@@ -144,7 +147,7 @@ deny contains msg if {
 	manifest
 	not manifest_kind
 	msg := sprintf("the manifest's kind %s is not one this tool applies (it applies: %s)", [
-		tools.quoted(sprintf("%v", [object.get(manifest, "kind", null)])),
+		data.gateway.tools.quoted(sprintf("%v", [object.get(manifest, "kind", null)])),
 		concat(", ", sort([k.kind | some k in apply_kinds])),
 	])
 }
@@ -152,7 +155,7 @@ deny contains msg if {
 deny contains msg if {
 	manifest_kind
 	object.get(manifest, "apiVersion", null) != api_version(manifest_kind)
-	msg := sprintf("the manifest's apiVersion %s does not serve kind %s here (expected %q)", [tools.quoted(sprintf("%v", [object.get(manifest, "apiVersion", null)])), manifest_kind.kind, api_version(manifest_kind)])
+	msg := sprintf("the manifest's apiVersion %s does not serve kind %s here (expected %q)", [data.gateway.tools.quoted(sprintf("%v", [object.get(manifest, "apiVersion", null)])), manifest_kind.kind, api_version(manifest_kind)])
 }
 
 deny contains msg if {
@@ -163,7 +166,7 @@ deny contains msg if {
 
 valid_name(n) if {
 	is_string(n)
-	not tools.longer_than(n, 253)
+	not data.gateway.tools.longer_than(n, 253)
 	regex.match("^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", n)
 }
 
@@ -176,7 +179,7 @@ deny contains msg if {
 	ns := object.get(object.get(manifest, "metadata", {}), "namespace", null)
 	ns != null
 	ns != params.namespace
-	msg := sprintf("the manifest's namespace %s is not the call's (%q): an apply stays in its namespace", [tools.quoted(sprintf("%v", [ns])), params.namespace])
+	msg := sprintf("the manifest's namespace %s is not the call's (%q): an apply stays in its namespace", [data.gateway.tools.quoted(sprintf("%v", [ns])), params.namespace])
 }
 
 # What the server owns, or what would tie the object to another one: the

@@ -10,7 +10,13 @@ package gateway.tools
 catalog := object.union(data.gateway.upstreams.catalog, data.config.tools)
 
 # The catalog entry of the requested tool (undefined for an unknown tool).
-tool := catalog[input.tool]
+tool := entry_of(input.tool)
+
+# The catalog entry of tool `name`, as `catalog[name]`, without building
+# the whole catalog.
+entry_of(name) := e if {
+	e := data.config.tools[name]
+} else := data.gateway.upstreams.catalog_entry(name)
 
 # The request's params as sent; a missing params object counts as empty.
 raw_params := object.get(input, "params", {})
