@@ -490,7 +490,7 @@ pub fn binds(
 /// What is wrong with `arguments` for the locked `input_schema` (empty:
 /// nothing). A schema that cannot be compiled refuses every call.
 pub fn argument_errors(input_schema: &Value, arguments: &Value) -> Vec<(String, String)> {
-    let validator = match jsonschema::options().build(input_schema) {
+    let validator = match validator(input_schema) {
         Ok(v) => v,
         Err(e) => {
             return vec![(
@@ -508,6 +508,37 @@ pub fn argument_errors(input_schema: &Value, arguments: &Value) -> Vec<(String, 
             (at, msg)
         })
         .collect()
+}
+
+/// Compiled schemas by the digest of their canonical JSON: a locked
+/// schema is compiled once, not at every call (the same schema text always
+/// compiles to the same validator).
+type Validators = std::collections::HashMap<String, std::sync::Arc<jsonschema::Validator>>;
+static VALIDATORS: std::sync::Mutex<Option<Validators>> = std::sync::Mutex::new(None);
+
+fn validator(schema: &Value) -> Result<std::sync::Arc<jsonschema::Validator>, String> {
+    let key = gateway_base::canonical::sha256_hex(
+        gateway_base::canonical::canonical_json(schema).as_bytes(),
+    );
+    if let Ok(cache) = VALIDATORS.lock()
+        && let Some(v) = cache.as_ref().and_then(|c| c.get(&key))
+    {
+        return Ok(std::sync::Arc::clone(v));
+    }
+    let compiled = std::sync::Arc::new(
+        jsonschema::options()
+            .build(schema)
+            .map_err(|e| e.to_string())?,
+    );
+    if let Ok(mut cache) = VALIDATORS.lock() {
+        let cache = cache.get_or_insert_with(Default::default);
+        // Bounded: the locked tools' schemas, and a few after a re-lock.
+        if cache.len() >= 512 {
+            cache.clear();
+        }
+        cache.insert(key, std::sync::Arc::clone(&compiled));
+    }
+    Ok(compiled)
 }
 
 /// The report of the runner read from the sandbox's stdout (hostile: it

@@ -617,7 +617,11 @@ impl Pipeline {
             gateway_telemetry::metrics::metrics().upstream_tool_changed(&op.upstream);
         }
         let (ok, summary, result) = upstream::outcome(op, &report);
-        self.audit.record(
+        // Durable with the call's result, which follows at once and is on
+        // disk before the client hears anything (one fsync fewer a call);
+        // a crash between the two loses both, as one during the call
+        // loses its result: the decision to call is on disk already.
+        self.audit.record_deferred(
             call.request_id(),
             Event::UpstreamCalled {
                 upstream: op.upstream.clone(),
