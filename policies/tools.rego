@@ -10,7 +10,9 @@ package gateway.tools
 catalog := object.union(data.gateway.upstreams.catalog, data.config.tools)
 
 # The catalog entry of the requested tool (undefined for an unknown tool).
-tool := entry_of(input.tool)
+tool := t if {
+	t := data.config.tools[input.tool]
+} else := data.gateway.upstreams.requested_entry
 
 # The catalog entry of tool `name`, as `catalog[name]`, without building
 # the whole catalog.

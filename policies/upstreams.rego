@@ -75,8 +75,7 @@ tier(u, t, def) := tier_of_rank[max({rank[pattern_tier(u, t)], annotation_rank(d
 # Whether what the gateway read of the upstream says the tool is not as
 # locked (changed, or gone). Unknown (not read yet): not stale here; the
 # call's own sandbox compares the definition before it calls.
-stale(name) if {
-	entry := tool_of(name)
+stale(entry) if {
 	listed := live[entry.upstream].tools
 	object.get(listed, entry.tool, "") != entry.sha256
 }
@@ -84,13 +83,19 @@ stale(name) if {
 # The catalog entries (tools.rego adds them to config/tools).
 catalog[name] := e if {
 	some name, _ in tools
-	e := catalog_entry(name)
+	e := entry_for(name, tools[name])
 }
 
 # The catalog entry of locked tool `name` (undefined when it is stale).
-catalog_entry(name) := e if {
-	entry := tool_of(name)
-	not stale(name)
+catalog_entry(name) := entry_for(name, tool_of(name))
+
+# The requested tool's catalog entry (a rule: evaluated once a decision,
+# where a function is evaluated at every use).
+requested_entry := entry_for(input.tool, requested)
+
+# The catalog entry of `entry`, locked tool `name` (undefined when stale).
+entry_for(name, entry) := e if {
+	not stale(entry)
 	tr := tier(entry.upstream, entry.tool, entry.definition)
 	e := object.union(
 		{
@@ -125,7 +130,7 @@ requested := tool_of(input.tool)
 
 deny contains msg if {
 	requested
-	stale(input.tool)
+	stale(requested)
 	msg := sprintf("tool %s of upstream %q is not the one locked (the server changed or removed it): hidden and refused until an operator locks it again (gateway upstream diff, gateway upstream lock)", [data.gateway.tools.quoted(input.tool), requested.upstream])
 }
 

@@ -462,3 +462,29 @@ test_result_size_and_time_are_bounded_whatever_is_declared if {
 	}
 	decide_remote(object.union(remote_declared, {"api": object.union(remote_declared.api, {"max_result_bytes": 16777216, "timeout_seconds": 900})})).allow
 }
+
+# One tool's entry, as the decision and the approvers' scopes look it up,
+# is the catalog's entry for it (a stale or unknown tool has none).
+entries_and_catalog(names) := [[gateway.tools.entry_of(n) | some n in names], gateway.tools.catalog]
+
+test_one_tools_entry_is_its_catalog_entry if {
+	# read_text_file changed, read_sneaky gone from the server's list.
+	live := {"fs": {"tools": {"read_text_file": "changed", "write_file": "ddd", "list_directory": "ccc"}}}
+	names := ["fs.write_file", "fs.list_directory", "team.lookup"]
+	got := entries_and_catalog(names) with input as {"upstreams": live}
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+	got[0] == [got[1][n] | some n in names]
+	count(got[0]) == 3
+	none := [n |
+		some n in ["fs.read_text_file", "fs.read_sneaky", "gone.x", "fs.nothing", "nodots", "team.lookup.x"]
+		gateway.tools.entry_of(n)
+	] with input as {"upstreams": live}
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+	none == []
+	gateway.approvals.tier_of("fs.write_file") == "high" with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+	gateway.approvals.tier_of("fs.nothing") == "unknown" with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+}
