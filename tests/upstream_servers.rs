@@ -1424,6 +1424,39 @@ fn a_warm_server_serves_calls_in_one_sandbox_and_is_replaced_when_it_misbehaves(
     let fresh = echo("eight");
     assert_eq!(completed(&fresh).1, "eight");
 
+    // The operator declares the server cold: once the policy is reloaded
+    // its warm sandbox stops, without waiting for a call or its lifetime.
+    // (First the dropped call's hang ends at its timeout, taking its
+    // sandbox with it; the next call starts one and leaves it idle.)
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while w.pipeline.warm_upstreams.running() > 0 {
+        assert!(std::time::Instant::now() < until, "the hang never ended");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let idle = echo("nine");
+    assert_eq!(served_by(&idle), json!(format!("{}-warm", idle.request_id)));
+    let watch = rt.spawn(Arc::clone(&w.pipeline).watch_upstreams());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(w.pipeline.warm_upstreams.running(), 1);
+    let decl = w.policies.join("config/upstreams/data.yaml");
+    let text = std::fs::read_to_string(&decl).expect("decl");
+    assert!(text.contains("  warm: true\n"), "{text}");
+    std::fs::write(&decl, text.replace("  warm: true\n", "  warm: false\n")).expect("write");
+    let event = w.pipeline.policy.reload();
+    assert!(
+        matches!(event, Some(gateway::policy::PolicyEvent::Reloaded { .. })),
+        "{event:?}"
+    );
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while w.pipeline.warm_upstreams.running() > 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the warm sandbox outlived its declaration"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    watch.abort();
+
     // Nothing left: every warm sandbox stops with the pipeline's say-so.
     w.pipeline.warm_upstreams.stop_all();
     let names: Vec<String> = common::audit_events(&w.home)

@@ -96,10 +96,18 @@ impl Pipeline {
         let mut last: BTreeMap<String, std::time::Instant> = BTreeMap::new();
         // (upstream, tool, live digest) already reported.
         let mut reported = std::collections::BTreeSet::new();
+        let mut swaps = self.policy.swaps();
         loop {
             let declared = self.declared_upstreams();
             let names: Vec<String> = declared.keys().cloned().collect();
             self.upstream_readings.keep_only(&names);
+            self.warm_upstreams.keep_only(
+                &declared
+                    .iter()
+                    .filter(|(_, (server, _))| server.warm)
+                    .map(|(name, _)| name.clone())
+                    .collect(),
+            );
             last.retain(|k, _| names.contains(k));
             let mut next = Duration::from_secs(DEFAULT_CHECK_SECONDS);
             for (name, (server, every)) in &declared {
@@ -116,6 +124,9 @@ impl Pipeline {
             }
             tokio::select! {
                 _ = tokio::time::sleep(next) => {}
+                // Another policy: a server no longer declared warm loses
+                // its warm sandbox now.
+                r = swaps.changed() => if r.is_err() { return },
                 // A server said its list changed: read again what was not
                 // read in the last 10 s (a server that says so at every
                 // call does not get a sandbox per call).

@@ -98,6 +98,31 @@ impl WarmUpstreams {
         }
     }
 
+    /// Stop the warm sandbox of every upstream not in `warm` (the policy
+    /// in force no longer declares it, or no longer warm): an operator who
+    /// removes a server expects it gone, not serving until its lifetime
+    /// ends. One busy with a call stops when the call ends.
+    pub fn keep_only(&self, warm: &std::collections::BTreeSet<String>) {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, s) in slots.iter().filter(|(name, _)| !warm.contains(*name)) {
+            match s.try_lock() {
+                Ok(mut w) => {
+                    if w.take().is_some() {
+                        tracing::info!(
+                            upstream = %name,
+                            "its warm sandbox is stopped: the policy no longer declares it warm"
+                        );
+                    }
+                }
+                // Busy: not put back after its call.
+                Err(_) => {
+                    self.generation
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
     /// The current generation ([`WarmUpstreams::stop_all`]).
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::SeqCst)
@@ -236,4 +261,54 @@ pub(crate) fn key(req: &gateway_sandbox::SandboxRequest) -> String {
         text.push('\n');
     }
     gateway_base::canonical::sha256_hex(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A warm sandbox whose stop the test can watch.
+    fn warm(name: &str) -> (Warm, tokio::sync::oneshot::Receiver<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let session = SandboxSession {
+            name: name.into(),
+            input: Box::new(tokio::io::sink()),
+            output: Box::new(tokio::io::empty()),
+            alive: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            stop: Some(stop),
+            ended: None,
+        };
+        (Warm::new(name.into(), session), stopped)
+    }
+
+    #[tokio::test]
+    async fn an_upstream_no_longer_declared_warm_loses_its_sandbox_and_a_busy_one_is_not_put_back()
+    {
+        let w = WarmUpstreams::default();
+        let (a, mut a_stop) = warm("a");
+        let (b, mut b_stop) = warm("b");
+        *w.slot("a").lock().await = Some(a);
+        *w.slot("b").lock().await = Some(b);
+        let busy = w.slot("c");
+        let held = busy.lock().await;
+        let generation = w.generation();
+
+        w.keep_only(&["a".to_string()].into_iter().collect());
+        // b is stopped (its session dropped), a still runs.
+        assert!(matches!(
+            b_stop.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        ));
+        assert!(matches!(
+            a_stop.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ));
+        assert!(w.slot("b").lock().await.is_none());
+        assert!(w.slot("a").lock().await.is_some());
+        // c was busy: the call holding it sees another generation and
+        // does not put it back.
+        assert_ne!(w.generation(), generation);
+        drop(held);
+        assert_eq!(w.running(), 1);
+    }
 }
