@@ -15,7 +15,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 
-use std::process::{Child, ChildStdin};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
@@ -91,7 +91,7 @@ fn reader(
 
 /// Writes to the server's stdin on a thread of its own: a server that
 /// never reads its stdin cannot hold the exchange past its deadline.
-fn writer(mut stdin: ChildStdin) -> std::sync::mpsc::SyncSender<Vec<u8>> {
+fn writer(mut stdin: impl Write + Send + 'static) -> std::sync::mpsc::SyncSender<Vec<u8>> {
     let (tx, rx) = sync_channel::<Vec<u8>>(64);
     std::thread::spawn(move || {
         for line in rx {
@@ -218,7 +218,17 @@ impl Session<'_> {
                             format!("{method}: {}", short(&e["message"])),
                         ));
                     }
-                    return Ok(msg.get("result").cloned().unwrap_or(Value::Null));
+                    // Every result this client asks for (initialize,
+                    // tools/list, tools/call) is an object; an answer
+                    // without one is no answer (and `null` would read back
+                    // as no result at all).
+                    return match msg.get("result") {
+                        Some(r) if r.is_object() => Ok(r.clone()),
+                        _ => Err(Failed::Stop(
+                            "protocol",
+                            format!("the server's answer to {method} has no result object"),
+                        )),
+                    };
                 }
                 _ => self.report.garbage_lines += 1,
             }
@@ -263,8 +273,18 @@ impl<'a> Session<'a> {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return None;
         };
+        Some(Session::on(stdin, stdout, max_bytes, on_progress))
+    }
+
+    /// A session over a server's input and output.
+    fn on(
+        stdin: impl Write + Send + 'static,
+        stdout: impl Read + Send + 'static,
+        max_bytes: u64,
+        on_progress: &'a dyn Fn(&Value),
+    ) -> Self {
         let budget = Arc::new(AtomicU64::new(max_bytes));
-        Some(Session {
+        Session {
             stdin: writer(stdin),
             from: reader(stdout, max_bytes, Arc::clone(&budget)),
             budget,
@@ -272,7 +292,7 @@ impl<'a> Session<'a> {
             next_id: 0,
             report: McpReport::default(),
             on_progress,
-        })
+        }
     }
 
     /// A fresh report, byte budget and deadline for the next exchange.
@@ -357,9 +377,27 @@ fn no_pipes(max_bytes: u64, timeout_ms: u64) -> McpReport {
 /// Run the exchange with a started server (`stdin`/`stdout` piped) and
 /// return the report; the server is killed before returning.
 pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value)) -> McpReport {
-    let Some(mut s) = Session::over(child, ex.max_bytes, on_progress) else {
+    let Some(s) = Session::over(child, ex.max_bytes, on_progress) else {
         return no_pipes(ex.max_bytes, ex.timeout_ms);
     };
+    let report = run_exchange(s, ex);
+    let _ = child.kill();
+    let _ = child.wait();
+    report
+}
+
+/// The exchange with a server that reads `stdin` and writes `stdout`
+/// (hostile: anything at all), as [`exchange`] makes it; for the fuzz
+/// targets and tests, which play the server without a process.
+pub fn exchange_over(
+    stdin: impl Write + Send + 'static,
+    stdout: impl Read + Send + 'static,
+    ex: &McpExchange,
+) -> McpReport {
+    run_exchange(Session::on(stdin, stdout, ex.max_bytes, &|_| {}), ex)
+}
+
+fn run_exchange(mut s: Session, ex: &McpExchange) -> McpReport {
     s.begin(ex.max_bytes, ex.timeout_ms);
     let run = |s: &mut Session| -> Result<(), Failed> {
         s.initialize()?;
@@ -373,8 +411,6 @@ pub fn exchange(child: &mut Child, ex: &McpExchange, on_progress: &dyn Fn(&Value
     };
     let r = run(&mut s);
     s.failed(r);
-    let _ = child.kill();
-    let _ = child.wait();
     s.report
 }
 
@@ -546,6 +582,53 @@ pub fn filled(
 #[cfg(test)]
 mod fill_tests {
     use super::*;
+    use crate::protocol::{McpCall, McpExchange, McpReport};
+
+    /// An exchange with a server whose whole output is `lines`.
+    fn against(lines: &str) -> McpReport {
+        let ex = McpExchange {
+            max_bytes: 65536,
+            timeout_ms: 2000,
+            call: Some(McpCall {
+                name: "echo".into(),
+                arguments: json!({"text": "hi"}),
+                definition: json!({"name": "echo", "inputSchema": {"type": "object"}}),
+                progress_token: None,
+            }),
+            credential: None,
+        };
+        exchange_over(
+            std::io::sink(),
+            std::io::Cursor::new(lines.as_bytes().to_vec()),
+            &ex,
+        )
+    }
+
+    // Found by the fuzz target mcp_server_output: an answer to tools/call
+    // without a result was taken as a call that returned `null`, a report
+    // the gateway then read back as one with no result.
+    #[test]
+    fn an_answer_without_a_result_object_is_a_protocol_error_and_the_report_reads_back() {
+        let init = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","serverInfo":{"name":"s"}}}"#;
+        let list = r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}}"#;
+        for answer in [
+            r#"{"jsonrpc":"2.0","id":3,"TTTresult":{"content":[]}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"result":null}"#,
+            r#"{"jsonrpc":"2.0","id":3,"result":[1]}"#,
+        ] {
+            let report = against(&format!("{init}\n{list}\n{answer}\n"));
+            assert_eq!(report.result, None, "{answer}");
+            assert_eq!(report.error_kind.as_deref(), Some("protocol"), "{answer}");
+            let line = serde_json::to_string(&report).expect("json");
+            assert_eq!(McpReport::from_stdout(line.as_bytes()), Ok(report));
+        }
+        let ok = against(&format!(
+            "{init}\n{list}\n{}\n",
+            r#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"hi"}]}}"#
+        ));
+        assert_eq!(ok.error_kind, None, "{ok:?}");
+        assert!(ok.result.is_some());
+    }
 
     #[test]
     fn the_credential_is_filled_in_and_a_listing_gets_empty_fields() {

@@ -142,6 +142,27 @@ pub struct McpReport {
     pub garbage_lines: u64,
 }
 
+impl McpReport {
+    /// The report as the gateway reads it from an upstream sandbox's
+    /// stdout (hostile: the server ran there): exactly one line of JSON.
+    pub fn from_stdout(stdout: &[u8]) -> Result<McpReport, String> {
+        let mut lines = stdout
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.trim_ascii().is_empty());
+        let line = lines
+            .next()
+            .ok_or("the upstream's sandbox wrote no report")?;
+        // The runner writes one line; more is someone else's writing.
+        if lines.next().is_some() {
+            return Err(
+                "the upstream's sandbox wrote more than the runner's one report line".into(),
+            );
+        }
+        serde_json::from_slice(line)
+            .map_err(|e| format!("the upstream's report does not read: {e}"))
+    }
+}
+
 /// The sandbox's command: the step runner over the steps file.
 pub fn runner_argv() -> Vec<String> {
     vec![

@@ -544,17 +544,7 @@ fn validator(schema: &Value) -> Result<std::sync::Arc<jsonschema::Validator>, St
 /// The report of the runner read from the sandbox's stdout (hostile: it
 /// is the server's sandbox).
 pub fn read_report(stdout: &[u8]) -> Result<McpReport, String> {
-    let mut lines = stdout
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.trim_ascii().is_empty());
-    let line = lines
-        .next()
-        .ok_or("the upstream's sandbox wrote no report")?;
-    // The runner writes one line; more is someone else's writing.
-    if lines.next().is_some() {
-        return Err("the upstream's sandbox wrote more than the runner's one report line".into());
-    }
-    serde_json::from_slice(line).map_err(|e| format!("the upstream's report does not read: {e}"))
+    McpReport::from_stdout(stdout)
 }
 
 /// What an ended exchange comes to: `(ok, summary, result)`. The content
