@@ -82,5 +82,24 @@ for c in clippy rustfmt; do
   fi
 done
 
+# Fuzzing (fuzz/, scripts/fuzz.sh): cargo-fuzz drives libFuzzer, which
+# needs a nightly compiler (its sanitizer and coverage flags are unstable);
+# the gateway itself builds with stable. cargo-fuzz pinned to the version
+# the targets were written for.
+cargo_fuzz_version="0.13.1"
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    say "adding the nightly toolchain (for cargo-fuzz only)"
+    rustup toolchain install nightly --profile minimal
+  fi
+else
+  say "no rustup: the fuzz targets need a nightly toolchain (install rustup, then run this again)"
+  exit 1
+fi
+if ! cargo fuzz --version 2>/dev/null | grep -q "cargo-fuzz $cargo_fuzz_version"; then
+  say "installing cargo-fuzz $cargo_fuzz_version"
+  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked --quiet
+fi
+
 "$root/scripts/install-tools.sh"
 say "ready: $(rustc --version), $("$root/.tools/bin/terraform" version 2>/dev/null | head -n 1)"

@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run runs exactly this):
 # set-up, format and lint checks, the policy set's own checks and Rego unit
 # tests (100% line coverage of policies/ required), the same tests and a
-# matrix of decisions under OPA's own engine, every Rust test, and last the
+# matrix of decisions under OPA's own engine, the fuzz targets for a few
+# seconds each (scripts/fuzz.sh), every Rust test, and last the
 # README's quick start as written (scripts/readme-check.sh).
 set -euo pipefail
 
@@ -44,6 +45,9 @@ step "OPA conformance: the Rego tests and the fixture decisions under OPA's own 
 
 step "benchmarks, once each as a smoke test (criterion --test mode)"
 cargo test --benches --locked
+
+step "fuzz targets, 10 s each from their corpora (scripts/fuzz.sh; longer runs: --minutes N)"
+scripts/fuzz.sh --seconds 10
 
 step "cargo test"
 # CI=true: insta never writes snapshots, a mismatch fails.
