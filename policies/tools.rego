@@ -9,15 +9,24 @@ package gateway.tools
 # operator locked (upstreams.rego): a name in config/tools wins.
 catalog := object.union(data.gateway.upstreams.catalog, data.config.tools)
 
-# The catalog entry of the requested tool (undefined for an unknown tool).
-tool := t if {
-	t := data.config.tools[input.tool]
+# The catalog entry of the requested tool (undefined for an unknown tool),
+# as `catalog[input.tool]`: an upstream's tool with what config/tools says
+# of it merged over it (a tier, say), without building the whole catalog.
+tool := merged if {
+	u := data.gateway.upstreams.requested_entry
+	c := data.config.tools[input.tool]
+	merged := object.union(u, c)
+} else := c if {
+	c := data.config.tools[input.tool]
 } else := data.gateway.upstreams.requested_entry
 
-# The catalog entry of tool `name`, as `catalog[name]`, without building
-# the whole catalog.
-entry_of(name) := e if {
-	e := data.config.tools[name]
+# The catalog entry of tool `name`, as `catalog[name]`.
+entry_of(name) := merged if {
+	u := data.gateway.upstreams.catalog_entry(name)
+	c := data.config.tools[name]
+	merged := object.union(u, c)
+} else := c if {
+	c := data.config.tools[name]
 } else := data.gateway.upstreams.catalog_entry(name)
 
 # The request's params as sent; a missing params object counts as empty.

@@ -34,9 +34,9 @@ tools[name] := entry if {
 
 # The locked tool `name` (`UPSTREAM.TOOL`) of a declared upstream. A call
 # looks up its own tool only: building every upstream's entries made a
-# decision about ten times slower with two small servers locked. A tool's
-# name has no dot (the gateway offers no other), so the upstream's name is
-# what comes before the last one.
+# decision about ten times slower with two small servers locked. Neither
+# name has a dot (`gateway upstream lock` takes no other), so an upstream
+# declared with one offers nothing.
 tool_of(name) := {
 	"upstream": u,
 	"tool": t,
@@ -45,10 +45,7 @@ tool_of(name) := {
 	"sha256": entry.sha256,
 } if {
 	is_string(name)
-	parts := split(name, ".")
-	count(parts) > 1
-	t := parts[count(parts) - 1]
-	u := concat(".", array.slice(parts, 0, count(parts) - 1))
+	[u, t] := split(name, ".")
 	declared[u]
 	entry := locks[u].tools[t]
 }

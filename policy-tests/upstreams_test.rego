@@ -426,6 +426,38 @@ test_the_credential_follows_the_calls_tier_where_config_tools_sets_it if {
 		with data.config.tools["pg.execute"] as {"tier": "medium"}
 	d.tier == "medium"
 	d.credential.role == "app-read"
+	# Merged over the upstream's entry, not instead of it.
+	d.runner == "mcp_upstream"
+	d.operation.tool == "execute"
+}
+
+# What config/tools says of an upstream's tool is merged over its entry:
+# the upstream's runner, schema and clients stay unless it says otherwise.
+test_config_tools_is_merged_over_an_upstreams_tool if {
+	d := gateway.decision with input as call("fs.write_file", {"path": "/srv/data/a"})
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+		with data.config.tools["fs.write_file"] as {"tier": "low", "title": "Write"}
+	d.allow
+	d.tier == "low"
+	d.runner == "mcp_upstream"
+	# team's tools are for claude-code only, whatever config/tools adds.
+	t := gateway.decision with input as call("team.lookup", {})
+		with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+		with data.config.tools["team.lookup"] as {"tier": "low"}
+	not t.allow
+	some r in t.deny_reasons
+	contains(r, "not available to client")
+	e := gateway.tools.entry_of("team.lookup") with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+		with data.config.tools["team.lookup"] as {"tier": "low"}
+	c := gateway.tools.catalog with data.config.upstreams as declared
+		with data.config.upstream_lock as lock
+		with data.config.tools["team.lookup"] as {"tier": "low"}
+	e == c["team.lookup"]
+	e.clients == ["claude-code"]
+	e.tier == "low"
 }
 
 test_a_built_in_tool_never_gets_a_credential_of_another_type if {
@@ -477,12 +509,21 @@ test_one_tools_entry_is_its_catalog_entry if {
 	got[0] == [got[1][n] | some n in names]
 	count(got[0]) == 3
 	none := [n |
-		some n in ["fs.read_text_file", "fs.read_sneaky", "gone.x", "fs.nothing", "nodots", "team.lookup.x"]
+		some n in ["fs.read_text_file", "fs.read_sneaky", "gone.x", "fs.nothing", "nodots", "team.lookup.x", "a.b.t"]
 		gateway.tools.entry_of(n)
 	] with input as {"upstreams": live}
 		with data.config.upstreams as declared
 		with data.config.upstream_lock as lock
 	none == []
+	# An upstream declared with a dot in its name offers nothing.
+	dotted := [n |
+		some n in ["a.b.t", "a.b"]
+		gateway.tools.entry_of(n)
+	] with data.config.upstreams as object.union(declared, {"a.b": {"command": ["/x"]}})
+		with data.config.upstream_lock as object.union(lock, {"a.b": {"tools": {"t": entry("ggg", def("t", {}))}}})
+	dotted == []
+	not gateway.tools.catalog["a.b.t"] with data.config.upstreams as object.union(declared, {"a.b": {"command": ["/x"]}})
+		with data.config.upstream_lock as object.union(lock, {"a.b": {"tools": {"t": entry("ggg", def("t", {}))}}})
 	gateway.approvals.tier_of("fs.write_file") == "high" with data.config.upstreams as declared
 		with data.config.upstream_lock as lock
 	gateway.approvals.tier_of("fs.nothing") == "unknown" with data.config.upstreams as declared
