@@ -39,6 +39,10 @@ if ! rustup run nightly rustc --version >/dev/null 2>&1; then
 fi
 if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(cargo fuzz list --fuzz-dir fuzz)
+  if [ ${#targets[@]} -eq 0 ]; then
+    say "cargo fuzz list found no target in fuzz/"
+    exit 1
+  fi
 fi
 
 say "building ${#targets[@]} targets (nightly, address sanitizer, optimised)"

@@ -10,7 +10,27 @@
 use gateway_runner::mcp::exchange_over;
 use gateway_runner::protocol::{McpCall, McpExchange, McpReport};
 use libfuzzer_sys::fuzz_target;
-use serde_json::json;
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+
+/// The server's stdin: what the runner sent it, kept for the checks. The
+/// runner writes on a thread of its own; `_done` ends with that thread.
+struct Sent {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    _done: std::sync::mpsc::Sender<()>,
+}
+
+impl std::io::Write for Sent {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.bytes.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let definition = json!({"name": "echo", "description": "Echo the text.",
@@ -26,7 +46,42 @@ fuzz_target!(|data: &[u8]| {
         }),
         credential: None,
     };
-    let report = exchange_over(std::io::sink(), std::io::Cursor::new(data.to_vec()), &ex);
+    let bytes = Arc::new(Mutex::new(Vec::new()));
+    let (done, writer_gone) = std::sync::mpsc::channel();
+    let sent = Sent {
+        bytes: Arc::clone(&bytes),
+        _done: done,
+    };
+    let report = exchange_over(sent, std::io::Cursor::new(data.to_vec()), &ex);
+    // Everything the runner sent is written once its writer has ended.
+    let _ = writer_gone.recv();
+    let sent: Vec<Value> = bytes
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default()
+        .split(|c| *c == b'\n')
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect();
+    // The call went out only if the server listed the tool exactly as
+    // locked (the runner compares the whole definition).
+    if sent.iter().any(|m| m["method"] == "tools/call") {
+        let listed_as_locked = data
+            .split(|c| *c == b'\n')
+            .filter_map(|l| serde_json::from_slice::<Value>(l.trim_ascii()).ok())
+            .any(|m| {
+                m["result"]["tools"]
+                    .as_array()
+                    .is_some_and(|t| t.contains(&definition))
+            });
+        assert!(
+            listed_as_locked,
+            "tools/call sent without the locked definition listed"
+        );
+        assert_eq!(
+            sent.iter().filter(|m| m["method"] == "tools/call").count(),
+            1
+        );
+    }
     assert!(report.refused_methods.len() <= 16);
     assert!(
         report

@@ -200,8 +200,11 @@ impl Session<'_> {
                 (Some(m), None) => {
                     self.report.notifications += 1;
                     match m.as_str() {
+                        // Params that are an object, as MCP says (`null`
+                        // would read back as no progress at all).
                         "notifications/progress" => {
-                            self.report.progress = msg.get("params").cloned();
+                            self.report.progress =
+                                msg.get("params").filter(|p| p.is_object()).cloned();
                             if let Some(p) = &self.report.progress {
                                 (self.on_progress)(p);
                             }
@@ -628,6 +631,15 @@ mod fill_tests {
         ));
         assert_eq!(ok.error_kind, None, "{ok:?}");
         assert!(ok.result.is_some());
+        // Progress whose params are not an object is counted, not kept (a
+        // `null` read back as no progress). Found by the attack review.
+        let odd = against(&format!(
+            "{init}\n{}\n{list}\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":null}"#
+        ));
+        assert_eq!((odd.notifications, odd.progress.clone()), (1, None));
+        let line = serde_json::to_string(&odd).expect("json");
+        assert_eq!(McpReport::from_stdout(line.as_bytes()), Ok(odd));
     }
 
     #[test]

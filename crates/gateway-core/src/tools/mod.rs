@@ -429,10 +429,11 @@ pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
     {
         return Ok(binds.clone());
     }
-    let binds = run_ldd(file)?;
+    let (binds, whole) = run_ldd(file)?;
     // Stamped before ldd ran: a file changed meanwhile is read again next
     // time.
     if let Some(stamp) = stamp
+        && whole
         && let Ok(mut cache) = LDD.lock()
     {
         let cache = cache.get_or_insert_with(Default::default);
@@ -445,7 +446,11 @@ pub fn shared_lib_binds(file: &Path) -> Result<Vec<Bind>, ToolError> {
     Ok(binds)
 }
 
-fn run_ldd(file: &Path) -> Result<Vec<Bind>, ToolError> {
+/// ldd's answer for `file`, and whether it is a whole one to keep: ldd
+/// succeeded and found every library, or said the file is not dynamic.
+/// Anything else (ldd failed for a moment, a library missing) is used
+/// once and asked again next time.
+fn run_ldd(file: &Path) -> Result<(Vec<Bind>, bool), ToolError> {
     let out = std::process::Command::new("ldd")
         .arg(file)
         .output()
@@ -454,6 +459,9 @@ fn run_ldd(file: &Path) -> Result<Vec<Bind>, ToolError> {
             source,
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
+    let said = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    let whole = (out.status.success() && !text.contains("not found"))
+        || said.contains("not a dynamic executable");
     let mut binds = Vec::new();
     for line in text.lines() {
         let line = line.trim();
@@ -474,7 +482,7 @@ fn run_ldd(file: &Path) -> Result<Vec<Bind>, ToolError> {
             });
         }
     }
-    Ok(binds)
+    Ok((binds, whole))
 }
 
 /// Where the plan sandbox writes its plan file, inside its working dir.
@@ -841,5 +849,17 @@ provider "registry.terraform.io/hashicorp/kubernetes" {
         std::fs::write(&new, b"#!/bin/sh\n").expect("write");
         std::fs::rename(&new, &bin).expect("rename");
         assert_eq!(shared_lib_binds(&bin).expect("ldd again"), Vec::new());
+    }
+
+    #[test]
+    fn only_a_whole_answer_of_ldd_is_kept() {
+        let dir = tempfile::tempdir().expect("dir");
+        let script = dir.path().join("script");
+        std::fs::write(&script, b"#!/bin/sh\n").expect("write");
+        assert!(run_ldd(Path::new("/bin/ls")).expect("ldd").1);
+        // Not dynamic: nothing to bind, and that is the answer.
+        assert!(run_ldd(&script).expect("ldd").1);
+        // ldd failed: asked again next time.
+        assert!(!run_ldd(&dir.path().join("missing")).expect("ldd").1);
     }
 }

@@ -180,6 +180,11 @@ impl Pipeline {
             Err(Stop::Denied { reasons, .. }) => json!({"status": "denied", "reasons": reasons}),
             Err(Stop::Failed(e)) => json!({"status": "error", "error": e.to_string()}),
         };
+        // What the call recorded with its result deferred (upstream.called)
+        // is on disk before the approval says how it ended.
+        if let Err(e) = self.audit.sync() {
+            tracing::error!(request_id = %rid, "the audit could not be synced: {e}");
+        }
         if let Err(e) = self.approvals().record_outcome(approval_id, &rid, &kept) {
             tracing::error!(approval_id, request_id = %rid, "the call's outcome could not be kept with its approval: {e}");
         }
